@@ -1,0 +1,39 @@
+# Two commands: `make demo` and `make test`. Both set up everything they need in .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build on a machine without GPU; set TORCH_SPEC (e.g. TORCH_SPEC=torch) for a GPU build.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+DEMO_OUT := uberprof-runs
+DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	@echo "== a 2-rank DDP job on this machine, under uberprof run"
+	$(BIN)/uberprof run --out $(DEMO_OUT) --run-id $(DEMO_RUN) -- \
+		$(BIN)/torchrun --standalone --nproc_per_node=2 samples/train_ddp.py --steps 30
+	@echo "== what was collected"
+	$(BIN)/uberprof info $(DEMO_OUT)/$(DEMO_RUN)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check uberprof dashboards tests benchmarks samples
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,134 @@
+"""A small transformer trained with DDP on synthetic data: uberprof's demo and test workload.
+
+CPU/Gloo or GPU/NCCL is chosen automatically. Fault knobs make one rank misbehave, for demos
+and tests of the diagnosis:
+  --slow-rank R --slow-compute X   rank R does X times the compute (a straggler)
+  --slow-data-rank R --data-delay-ms D   rank R's data loader waits D ms per batch
+  --host-work-ms H                 every rank does H ms of extra host work per step
+Run it alone (`python samples/train_ddp.py`) or under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(1, seq, dim))
+        layer = nn.TransformerEncoderLayer(dim, heads, dim * 4, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens) + self.pos))
+
+
+class SyntheticTokens(Dataset):
+    def __init__(self, n: int, seq: int, vocab: int, delay_s: float) -> None:
+        self.n, self.seq, self.vocab, self.delay_s = n, seq, vocab, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        g = torch.Generator().manual_seed(i)
+        x = torch.randint(0, self.vocab, (self.seq + 1,), generator=g)
+        return x[:-1], x[1:]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-compute", type=float, default=1.0)
+    p.add_argument("--slow-data-rank", type=int, default=-1)
+    p.add_argument("--data-delay-ms", type=float, default=0.0)
+    p.add_argument("--host-work-ms", type=float, default=0.0)
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
+    distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    if distributed:
+        backend = "nccl" if use_cuda and args.backend != "gloo" else "gloo"
+        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+        return dist.get_rank(), dist.get_world_size(), device
+    return 0, 1, device
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rank, world, device = setup(args)
+    torch.manual_seed(args.seed)
+    model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
+    if world > 1:
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    delay = args.data_delay_ms / 1e3 if rank == args.slow_data_rank else 0.0
+    data = SyntheticTokens(args.steps * args.batch, args.seq, args.vocab, delay)
+    loader = DataLoader(data, batch_size=args.batch, num_workers=args.workers)
+    extra = max(0, round(args.slow_compute) - 1) if rank == args.slow_rank else 0
+    loss_fn = nn.CrossEntropyLoss()
+    t_start = time.perf_counter()
+    for step, (x, y) in enumerate(loader):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits = model(x)
+        loss = loss_fn(logits.reshape(-1, args.vocab), y.reshape(-1))
+        for _ in range(extra):  # a straggler: the same work again, outside autograd
+            with torch.no_grad():
+                model(x)
+        if args.host_work_ms:
+            _busy_wait(args.host_work_ms / 1e3)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step + 1 >= args.steps:
+            break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    if rank == 0:
+        elapsed = time.perf_counter() - t_start
+        print(f"trained {args.steps} steps on {world} rank(s) in {elapsed:.2f} s, "
+              f"final loss {loss.item():.3f}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def _busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+if __name__ == "__main__":
+    main()

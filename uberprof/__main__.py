@@ -1,0 +1,3 @@
+from uberprof.cli import main
+
+main()

@@ -1,0 +1,36 @@
+"""The `uberprof` command: one module per subcommand."""
+
+from __future__ import annotations
+
+import click
+
+from uberprof import __version__
+from uberprof.cli.doctor import doctor
+from uberprof.cli.info import info
+from uberprof.cli.run import run
+
+HELP = """\
+Profile and troubleshoot distributed PyTorch training.
+
+\b
+Wrap the command you already use; no change to your script:
+  uberprof run -- torchrun --nproc_per_node=8 train.py --lr 3e-4
+  uberprof run --trace-steps 50-52 -- python train.py
+\b
+Then look at what was collected:
+  uberprof info uberprof-runs/<run-id>
+\b
+Check what this machine lets uberprof collect:
+  uberprof doctor
+"""
+
+
+@click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="uberprof")
+def main() -> None:
+    pass
+
+
+main.add_command(run)
+main.add_command(info)
+main.add_command(doctor)

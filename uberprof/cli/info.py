@@ -1,0 +1,91 @@
+"""`uberprof info`: what a run directory holds, and what is missing from it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from uberprof.inventory import NotARunDirectory, inventory
+
+
+@click.command(short_help="Show what a run directory holds.")
+@click.argument("runs", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (see README).")
+@click.option("--no-verify", is_flag=True, help="Skip reading trace archives to the end.")
+def info(runs: tuple[Path, ...], as_json: bool, no_verify: bool) -> None:
+    """Summarise RUNS: ranks, steps, trace windows, counters and problems.
+
+    Give one run directory, or several local directories of one multi-node job to read them as
+    one run. Exits with 1 when the folder is not a run directory.
+    """
+    try:
+        inv = inventory(list(runs), check_traces=not no_verify)
+    except NotARunDirectory as exc:
+        click.echo(f"uberprof info: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(inv, option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    render(inv, Console())
+
+
+def render(inv: dict[str, Any], console: Console) -> None:
+    cmd = " ".join(inv["command"] or []) or "?"
+    console.print(f"[bold]run[/bold] {inv['run_id']}  [dim]{', '.join(inv['paths'])}[/dim]")
+    console.print(f"[bold]command[/bold] {cmd}")
+    exit_code = inv["exit_code"]
+    status = ("[green]0[/green]" if exit_code == 0 else
+              "[yellow]unknown (still running or killed)[/yellow]" if exit_code is None else
+              f"[red]{exit_code}[/red]")
+    console.print(f"[bold]exit code[/bold] {status}   [bold]duration[/bold] {_duration(inv)}")
+    hosts = ", ".join(f"{n['node']} ({n['host']})" for n in inv["nodes"]) or "none recorded"
+    console.print(f"[bold]nodes[/bold] {hosts}")
+
+    table = Table(title=None, show_edge=False, header_style="bold")
+    for col in ("rank", "host", "device", "steps", "trace windows", "clock offset"):
+        table.add_column(col, justify="right" if col in ("rank", "steps") else "left")
+    for r in inv["ranks"]:
+        windows = ", ".join(f"{a}-{b}" for a, b in (w["steps"] for w in r["trace_windows"]))
+        if not windows:
+            windows = f"[dim]{r['trace_disabled_reason'] or 'none'}[/dim]"
+        steps = str(r["steps"]) if r["finished"] else f"[yellow]{r['steps']}*[/yellow]"
+        table.add_row(str(r["rank"]), r["host"] or "?", _device(r.get("device")), steps, windows,
+                      _offset(r.get("clock") or {}))
+    console.print(table)
+    if inv["counters"]:
+        console.print(f"[bold]counters[/bold] {len(inv['counters'])} series")
+    if inv["problems"]:
+        console.print("[bold red]problems[/bold red]")
+        for p in inv["problems"]:
+            console.print(f"  - {p}", markup=False, highlight=False)
+    else:
+        console.print("[green]no problems found[/green]")
+
+
+def _duration(inv: dict[str, Any]) -> str:
+    if inv["start_ns"] and inv["end_ns"]:
+        return f"{(inv['end_ns'] - inv['start_ns']) / 1e9:.1f} s"
+    if inv["start_ns"]:
+        return "started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(inv["start_ns"] / 1e9))
+    return "?"
+
+
+def _device(device: dict[str, Any] | None) -> str:
+    if not device:
+        return "cpu"
+    return f"{device.get('name', device.get('type'))} #{device.get('index', '?')}"
+
+
+def _offset(clock: dict[str, Any]) -> str:
+    off, unc = clock.get("offset_to_rank0_ns"), clock.get("offset_uncertainty_ns")
+    if off is None:
+        return "[dim]shared with host[/dim]" if clock.get("method") == "host-shared" else "-"
+    return f"{off / 1e3:+.0f} ± {unc / 1e3:.0f} µs" if unc else f"{off / 1e3:+.0f} µs"

@@ -1,0 +1,125 @@
+"""`uberprof run`: wrap a training command and collect from every rank."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from uberprof.collect.config import CollectConfig, TraceSchedule
+from uberprof.collect.launcher import CommandNotFound, run_wrapped
+from uberprof.collect.node_agent import NodeAgent
+from uberprof.collect.runid import resolve_run_id
+from uberprof.rundir import RunDir
+
+EPILOG = """\
+\b
+Examples:
+  uberprof run -- torchrun --nproc_per_node=4 train.py
+  uberprof run --trace-steps 100-102 -- python train.py --epochs 1
+  uberprof run --trace-every 500 --trace-active 2 -- torchrun ... train.py
+  uberprof run --no-trace -- srun python train.py        (step timeline only)
+\b
+Multi-node: run the same `uberprof run -- torchrun --nnodes=N ...` on every node. Nodes land in
+one run directory when --out is shared and the job has an id: torchrun's --rdzv-id, or the
+scheduler's (SLURM_JOB_ID, PBS_JOBID, LSB_JOBID), or --run-id. With local --out folders, read
+them together later: uberprof info node0/RUN node1/RUN.
+\b
+Steps are found without code changes (the optimizer step; ProfilerStep#N when your script
+runs torch.profiler itself). For loops without an optimizer, call uberprof.step() each step.
+"""
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog=EPILOG,
+    short_help="Run a training command and collect from every rank.",
+)
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("uberprof-runs"), envvar="UBERPROF_OUT", show_default=True,
+              help="Where run directories go (<out>/<run-id>).")
+@click.option("--run-id", help="Name of the run directory; give the same on every node of a "
+              "multi-node job that has no rendezvous or scheduler id.")
+@click.option("--trace-steps", metavar="A-B[,C-D]",
+              help=f"Record torch.profiler traces on these steps on every rank "
+              f"[default: {TraceSchedule().describe()}].")
+@click.option("--trace-every", type=click.IntRange(min=1), metavar="N",
+              help="Record a trace window every N steps.")
+@click.option("--trace-active", type=click.IntRange(min=1), default=3, show_default=True,
+              metavar="K", help="Steps per window with --trace-every.")
+@click.option("--no-trace", is_flag=True, help="No traces: the step timeline only (cheapest).")
+@click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
+        trace_active: int, no_trace: bool, with_stack: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND under uberprof: every rank's steps, trace windows and clocks are recorded.
+
+    COMMAND is what you would run anyway (torchrun, python, srun, a launcher script); put `--`
+    before it. Its output, exit code and signals pass through unchanged.
+    """
+    schedule = _schedule(trace_steps, trace_every, trace_active, no_trace)
+    config = CollectConfig(trace=schedule, with_stack=with_stack)
+    try:
+        rid = resolve_run_id(run_id, command, os.environ)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--run-id") from None
+    run_dir = RunDir((out / rid).absolute())
+    options = {"out": str(out), "run_id": run_id, "trace": schedule.describe(),
+               "with_stack": with_stack}
+    try:
+        agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options)
+    except OSError as exc:
+        _say(f"cannot write the run directory {run_dir.root} ({exc.strerror or exc}); "
+             "running the command without profiling")
+        agent = None
+    if agent is not None:
+        _say(f"run directory {run_dir.root} (traces: {schedule.describe()})")
+    env = agent.child_env(os.environ) if agent else dict(os.environ)
+    try:
+        code = run_wrapped(command, env)
+    except CommandNotFound as exc:
+        _say(str(exc))
+        code = exc.exit_code
+    if agent is not None:
+        agent.finish(code)
+        _say(_closing_line(run_dir, code))
+    sys.exit(code)
+
+
+def _schedule(steps: str | None, every: int | None, active: int, off: bool) -> TraceSchedule:
+    chosen = [name for name, v in (("--trace-steps", steps), ("--trace-every", every),
+                                   ("--no-trace", off)) if v]
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join(chosen)} do not go together: pick one")
+    try:
+        if off:
+            return TraceSchedule.off()
+        if every:
+            return TraceSchedule.periodic(every, active)
+        if steps:
+            return TraceSchedule.parse_steps(steps)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return TraceSchedule()
+
+
+def _closing_line(run_dir: RunDir, code: int) -> str:
+    from uberprof.inventory import inventory
+
+    try:
+        inv = inventory([run_dir.root], check_traces=False)
+    except Exception as exc:  # noqa: BLE001 - the summary is a courtesy
+        return f"run directory {run_dir.root} (could not summarise it: {exc})"
+    ranks = inv["ranks"]
+    steps = sum(r["steps"] for r in ranks)
+    windows = sum(len(r["trace_windows"]) for r in ranks)
+    status = "" if code == 0 else f"; the command exited with code {code}"
+    return (f"{len(ranks)} rank(s), {steps} steps, {windows} trace window file(s) in "
+            f"{run_dir.root}{status}\nuberprof: next: uberprof info {run_dir.root}")
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"uberprof: {message}\n")
+    sys.stderr.flush()

@@ -1,0 +1,102 @@
+"""What to collect: the options of `uberprof run`, carried to every rank through one env variable."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+ENV_CONFIG = "UBERPROF_CONFIG"
+ENV_RUN_DIR = "UBERPROF_RUN_DIR"
+ENV_NODE = "UBERPROF_NODE"
+ENV_HOME = "UBERPROF_HOME"
+
+DEFAULT_TRACE_STEPS = (10, 12)
+"""Early enough that short jobs get one, late enough that DDP bucket rebuilding and warm-up are over."""
+
+
+@dataclass(frozen=True)
+class TraceSchedule:
+    """Which steps torch.profiler records. The same on every rank, so windows line up."""
+
+    windows: tuple[tuple[int, int], ...] = (DEFAULT_TRACE_STEPS,)
+    every: int = 0
+    active: int = 3
+
+    @classmethod
+    def off(cls) -> TraceSchedule:
+        return cls(windows=(), every=0)
+
+    @classmethod
+    def parse_steps(cls, text: str) -> TraceSchedule:
+        """`20-22`, `20`, or several: `5-7,100-102`."""
+        windows = []
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            first, _, last = part.partition("-")
+            try:
+                a, b = int(first), int(last or first)
+            except ValueError:
+                raise ValueError(f"not a step range: {part!r} (expected e.g. 20-22)") from None
+            if a < 0 or b < a:
+                raise ValueError(f"bad step range {part!r}: need 0 <= first <= last")
+            windows.append((a, b))
+        if not windows:
+            raise ValueError("empty step range")
+        return cls(windows=tuple(sorted(windows)), every=0)
+
+    @classmethod
+    def periodic(cls, every: int, active: int) -> TraceSchedule:
+        if every <= 0 or active <= 0 or active > every:
+            raise ValueError("need --trace-every N and --trace-active K with 0 < K <= N")
+        return cls(windows=(), every=every, active=active)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.windows) or self.every > 0
+
+    def window_at(self, step: int) -> tuple[int, int] | None:
+        """The window that starts at `step`, if one does."""
+        for a, b in self.windows:
+            if a == step:
+                return (a, b)
+        if self.every and step > 0 and step % self.every == 0:
+            return (step, step + self.active - 1)
+        return None
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "off"
+        if self.every:
+            return f"{self.active} steps every {self.every}"
+        return ", ".join(f"steps {a}-{b}" for a, b in self.windows)
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    trace: TraceSchedule = field(default_factory=TraceSchedule)
+    record_shapes: bool = True
+    with_stack: bool = False
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> CollectConfig:
+        raw = (environ or os.environ).get(ENV_CONFIG)
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        t = data.get("trace", {})
+        trace = TraceSchedule(
+            windows=tuple(tuple(w) for w in t.get("windows", ())),  # type: ignore[misc]
+            every=int(t.get("every", 0)),
+            active=int(t.get("active", 3)),
+        )
+        return cls(
+            trace=trace,
+            record_shapes=bool(data.get("record_shapes", True)),
+            with_stack=bool(data.get("with_stack", False)),
+        )

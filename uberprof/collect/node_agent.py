@@ -1,0 +1,84 @@
+"""The node agent: the `uberprof run` process on one node.
+
+It owns the node's folder in the run directory, prepares the environment that arms the rank
+agent in every Python process of the job, and records the invocation (command, times, exit code,
+versions, options) in `node.json`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import uberprof
+from uberprof.collect.bootstrap import BOOTSTRAP_DIR
+from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR, CollectConfig
+from uberprof.collect.safety import AgentLog
+from uberprof.rundir import LOG_FILE, NODE_FILE, RunDir, write_json_atomic
+
+
+class NodeAgent:
+    def __init__(self, run: RunDir, run_id: str, command: Sequence[str], config: CollectConfig,
+                 options: Mapping[str, Any]) -> None:
+        self.run = run
+        self.run_id = run_id
+        self.command = list(command)
+        self.config = config
+        self.log = AgentLog("node")
+        run.create(run_id)
+        self.dir: Path = run.claim_node_dir()
+        self.log.set_path(self.dir / LOG_FILE)
+        self.meta: dict[str, Any] = {
+            "run_id": run_id,
+            "node": self.dir.name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "command": self.command,
+            "cwd": os.getcwd(),
+            "start_ns": time.time_ns(),
+            "end_ns": None,
+            "exit_code": None,
+            "options": dict(options),
+            "versions": versions(),
+            "platform": platform.platform(),
+        }
+        write_json_atomic(self.dir / NODE_FILE, self.meta)
+
+    def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The job's environment plus what arms the rank agent in every process."""
+        env = dict(base)
+        pythonpath = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + pythonpath if pythonpath else "")
+        env[ENV_RUN_DIR] = str(self.run.root)
+        env[ENV_NODE] = self.dir.name
+        env[ENV_CONFIG] = self.config.to_env()
+        env[ENV_HOME] = str(Path(uberprof.__file__).resolve().parent.parent)
+        # Kineto keeps CUPTI attached after a window unless told otherwise, slowing later steps.
+        env.setdefault("TEARDOWN_CUPTI", "1")
+        return env
+
+    def finish(self, exit_code: int) -> None:
+        self.meta["end_ns"] = time.time_ns()
+        self.meta["exit_code"] = exit_code
+        try:
+            write_json_atomic(self.dir / NODE_FILE, self.meta)
+        except OSError as exc:
+            self.log.error("writing node.json at the end of the run", exc)
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of what matters for reading the data later; cheap (no import of torch)."""
+    out: dict[str, str | None] = {"uberprof": uberprof.__version__, "python": sys.version.split()[0]}
+    for dist in ("torch", "nvidia-ml-py"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out

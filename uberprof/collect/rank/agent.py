@@ -1,0 +1,211 @@
+"""The rank agent: the part of uberprof that lives inside one training process.
+
+It turns step boundaries into the step timeline and trace windows, writes the rank's metadata, and
+accounts for its own time on the training thread. Hooks call it through `activation`; every entry
+point here is wrapped so that an exception inside uberprof is logged and swallowed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from uberprof import __version__
+from uberprof.collect.config import CollectConfig
+from uberprof.collect.rank import clock
+from uberprof.collect.rank.steps import StepDetector, StepSource
+from uberprof.collect.rank.timeline import StepTimeline
+from uberprof.collect.rank.windows import TraceWindows
+from uberprof.collect.safety import AgentLog
+from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir, write_json_atomic
+
+
+class RankAgent:
+    def __init__(
+        self,
+        run: RunDir,
+        run_id: str,
+        node: str | None,
+        config: CollectConfig,
+        identity: dict[str, Any],
+        log: AgentLog,
+        first_activity_ns: int | None,
+    ) -> None:
+        self.pid = os.getpid()
+        self.log = log
+        self.rank: int = identity["rank"]
+        self.dir: Path = run.claim_rank_dir(self.rank)
+        log.set_path(self.dir / LOG_FILE)
+        self._cuda: Any = None
+        self._cuda_possible = True
+        self._meta_lock = threading.Lock()
+        self.meta: dict[str, Any] = {
+            **identity,
+            "run_id": run_id,
+            "job_id": run_id,
+            "node": node,
+            "host": socket.gethostname(),
+            "pid": self.pid,
+            "argv": list(getattr(sys, "orig_argv", sys.argv)),
+            "uberprof_version": __version__,
+            "torch_version": _torch_version(),
+            "start_ns": time.time_ns(),
+            "end_ns": None,
+            "exit": None,
+            "clock": clock.clock_reference(),
+            "trace": {"schedule": config.trace.describe(), "disabled_reason": None},
+        }
+        self._write_meta()
+        self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns)
+        self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank)
+        self.detector = StepDetector(self._boundary)
+        self.closed = False
+        self.windows.step_started(0)
+
+    # ---- called from hooks on the training thread -------------------------------------------
+
+    def optimizer_stepped(self, optimizer: Any) -> None:
+        t0 = time.perf_counter_ns()
+        self.detector.optimizer_stepped(id(optimizer), time.time_ns())
+        self.timeline.uberprof_ns += time.perf_counter_ns() - t0
+
+    def profiler_stepped(self) -> None:
+        t0 = time.perf_counter_ns()
+        self.detector.profiler_stepped(time.time_ns())
+        self.timeline.uberprof_ns += time.perf_counter_ns() - t0
+
+    def explicit_step(self) -> None:
+        t0 = time.perf_counter_ns()
+        self.detector.explicit_step(time.time_ns())
+        self.timeline.uberprof_ns += time.perf_counter_ns() - t0
+
+    def data_waited(self, ns: int, end_ns: int, overhead_ns: int) -> None:
+        self.timeline.add_data_wait(ns, end_ns)
+        self.timeline.uberprof_ns += overhead_ns
+
+    def user_profiler_started(self) -> None:
+        self.windows.user_profiler_seen()
+        with self._meta_lock:
+            self.meta["trace"]["disabled_reason"] = self.windows.disabled_reason
+        self._write_meta()
+
+    def cuda_in_use(self) -> Any:
+        """torch.cuda once the script has initialised CUDA; uberprof never initialises it."""
+        if self._cuda is None and self._cuda_possible:
+            torch = sys.modules.get("torch")
+            self._cuda_possible = torch is not None and torch.cuda.is_available()
+            if self._cuda_possible and torch.cuda.is_initialized():
+                self._cuda = torch.cuda
+                self.timeline.mark_gpu_start(torch.cuda)
+                self._describe_device(torch)
+        return self._cuda
+
+    def _boundary(self, t_ns: int, source: StepSource) -> None:
+        cuda = self.cuda_in_use()
+        ended = self.timeline.boundary(t_ns, source.name.lower(), cuda)
+        self.windows.step_ended(ended)
+        self.windows.step_started(ended + 1)
+
+    # ---- process group, clock, exit -----------------------------------------------------------
+
+    def process_group_ready(self) -> None:
+        import torch.distributed as dist
+
+        info = process_group_info(dist)
+        with self._meta_lock:
+            self.meta.update(info)
+        self._write_meta()
+        store = _default_store(dist)
+        if store is None:
+            return
+        clock.start_offset_estimate(
+            store,
+            self.rank,
+            info["world_size"],
+            self.meta.get("local_rank") or 0,
+            self.meta["host"],
+            self.meta["run_id"],
+            on_result=self._clock_result,
+            on_error=lambda exc: self.log.write(f"clock offset estimate failed: {exc!r}"),
+        )
+
+    def _clock_result(self, result: dict[str, Any]) -> None:
+        with self._meta_lock:
+            self.meta["job_id"] = result.pop("job_id", self.meta["job_id"])
+            self.meta["clock"].update(result)
+        self._write_meta()
+
+    def new_group(self, ranks: Any, backend: Any) -> None:
+        with self._meta_lock:
+            groups = self.meta.setdefault("process_groups", [])
+            groups.append({"ranks": list(ranks) if ranks is not None else None,
+                           "backend": str(backend) if backend else None})
+        self._write_meta()
+
+    def close(self, exit_reason: str = "exit") -> None:
+        if self.closed or os.getpid() != self.pid:
+            return
+        self.closed = True
+        self.detector.flush()
+        self.windows.close(self.timeline.step - 1)
+        self.timeline.close(self._cuda)
+        with self._meta_lock:
+            self.meta["end_ns"] = time.time_ns()
+            self.meta["exit"] = exit_reason
+            self.meta["steps"] = self.timeline.steps_written
+            self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
+        self._write_meta()
+
+    def _describe_device(self, torch: Any) -> None:
+        try:
+            idx = torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(idx)
+            device = {"type": "cuda", "index": idx, "name": props.name,
+                      "uuid": str(getattr(props, "uuid", "")) or None,
+                      "total_memory_bytes": props.total_memory,
+                      "hip": bool(getattr(torch.version, "hip", None))}
+        except Exception as exc:  # noqa: BLE001
+            device = {"type": "cuda", "error": repr(exc)}
+        with self._meta_lock:
+            self.meta["device"] = device
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        with self._meta_lock:
+            snapshot = dict(self.meta)
+        try:
+            write_json_atomic(self.dir / RANK_FILE, snapshot)
+        except OSError as exc:
+            self.log.error("writing rank metadata", exc)
+
+
+def process_group_info(dist: Any) -> dict[str, Any]:
+    """Rank, world and the default group's layout, as torch.distributed sees them."""
+    info: dict[str, Any] = {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "backend": str(dist.get_backend()),
+    }
+    try:
+        info["process_groups"] = [{"name": "default", "ranks": list(range(info["world_size"])),
+                                   "backend": info["backend"]}]
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def _default_store(dist: Any) -> Any:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - some backends have no store; no estimate then
+        return None
+
+
+def _torch_version() -> str | None:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__version__", None) if torch else None

@@ -1,0 +1,133 @@
+"""The cheap, always-on step timeline of one rank, appended to `steps.jsonl` as steps end.
+
+Each finished step is written and flushed at once, so a rank killed with `kill -9` leaves every
+step it finished on disk. GPU times come from CUDA events recorded at step boundaries and are
+read only once the GPU has passed them (`Event.query()`), so the training thread never waits; they
+land as separate `gpu` rows a step or two later.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO, Any
+
+try:
+    import orjson
+
+    def _line(row: dict[str, Any]) -> bytes:
+        return orjson.dumps(row) + b"\n"
+except ImportError:  # the rank side works with the standard library alone
+
+    def _line(row: dict[str, Any]) -> bytes:
+        return (json.dumps(row, separators=(",", ":")) + "\n").encode()
+
+
+class StepTimeline:
+    def __init__(self, path: Path, start_ns: int | None = None) -> None:
+        self._file: IO[bytes] | None = open(path, "ab", buffering=0)
+        self.step = 0
+        self.start_ns = start_ns if start_ns is not None else time.time_ns()
+        self.data_wait_ns = 0
+        self.uberprof_ns = 0
+        self.steps_written = 0
+        self._start_event: Any = None
+        # Until the first boundary, data waits keep their times: the first boundary of an
+        # optimizer-detected run is placed in the past, and later waits belong to step 1.
+        self._early_waits: list[tuple[int, int]] | None = []
+        self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
+
+    def add_data_wait(self, ns: int, end_ns: int) -> None:
+        self.data_wait_ns += ns
+        if self._early_waits is not None:
+            self._early_waits.append((end_ns, ns))
+
+    def first_activity(self, t_ns: int) -> None:
+        if self.steps_written == 0:
+            self.start_ns = t_ns
+
+    def boundary(self, t_ns: int, source: str, torch_cuda: Any | None) -> int:
+        """End the open step at `t_ns` (epoch ns) and open the next; returns the step ended."""
+        ended = self.step
+        carried = 0
+        if self._early_waits is not None:
+            carried = sum(ns for end, ns in self._early_waits if end > t_ns)
+            self.data_wait_ns -= carried
+            self._early_waits = None
+        self._write(
+            {
+                "kind": "step",
+                "step": ended,
+                "host_start_ns": self.start_ns,
+                "host_end_ns": t_ns,
+                "data_wait_ns": self.data_wait_ns,
+                "uberprof_ns": self.uberprof_ns,
+                "source": source,
+            }
+        )
+        self.steps_written += 1
+        if torch_cuda is not None:
+            self._mark_gpu(ended, torch_cuda)
+        self.step = ended + 1
+        self.start_ns = max(t_ns, self.start_ns)
+        self.data_wait_ns = carried
+        self.uberprof_ns = 0
+        return ended
+
+    def mark_gpu_start(self, torch_cuda: Any) -> None:
+        """Record the GPU position where the first step starts (once CUDA is in use)."""
+        if self._start_event is None:
+            self._start_event = _record_event(torch_cuda)
+
+    def _mark_gpu(self, step: int, torch_cuda: Any) -> None:
+        end = _record_event(torch_cuda)
+        if self._start_event is not None:
+            self._pending_gpu.append((step, self._start_event, end))
+        self._start_event = end
+        self.poll_gpu(torch_cuda, block=False)
+
+    def poll_gpu(self, torch_cuda: Any, block: bool) -> None:
+        while self._pending_gpu:
+            step, start, end = self._pending_gpu[0]
+            if block:
+                end.synchronize()
+            elif not end.query():
+                return
+            self._pending_gpu.popleft()
+            row: dict[str, Any] = {
+                "kind": "gpu",
+                "step": step,
+                "gpu_time_ns": int(start.elapsed_time(end) * 1e6),
+            }
+            try:
+                stats = torch_cuda.memory_stats()
+                row["gpu_mem_peak_bytes"] = stats.get("allocated_bytes.all.peak", 0)
+                row["gpu_mem_bytes"] = stats.get("allocated_bytes.all.current", 0)
+            except Exception:  # noqa: BLE001 - memory stats are a bonus
+                pass
+            self._write(row)
+
+    def write_event(self, row: dict[str, Any]) -> None:
+        self._write(row)
+
+    def close(self, torch_cuda: Any | None) -> None:
+        if torch_cuda is not None:
+            try:
+                self.poll_gpu(torch_cuda, block=True)
+            except Exception:  # noqa: BLE001 - at exit, the CUDA context may be gone
+                pass
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, row: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(_line(row))
+
+
+def _record_event(torch_cuda: Any) -> Any:
+    ev = torch_cuda.Event(enable_timing=True)
+    ev.record()
+    return ev

@@ -1,0 +1,163 @@
+"""torch.profiler windows on the same steps on every rank.
+
+A window starts at the boundary that opens its first step and stops at the boundary that ends its
+last, with `ProfilerStep#N` annotations numbered like uberprof's steps, so traces from all ranks and
+the step timeline share one step index. The trace is exported on the training thread (the profiler
+object needs it) and gzipped on a background thread. If the script runs a profiler of its own,
+uberprof backs off for the rest of the run: Kineto allows one at a time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from uberprof.collect.config import CollectConfig
+from uberprof.collect.safety import AgentLog
+from uberprof.rundir import trace_file_name
+
+
+class TraceWindows:
+    def __init__(self, config: CollectConfig, traces_dir: Path, log: AgentLog, rank: int) -> None:
+        self._schedule = config.trace
+        self._config = config
+        self._dir = traces_dir
+        self._log = log
+        self._rank = rank
+        self._prof: Any = None
+        self._window: tuple[int, int] | None = None
+        self._step_annotation: Any = None
+        self._compressors: list[threading.Thread] = []
+        self.disabled_reason: str | None = None
+        self.windows_written: list[tuple[int, int]] = []
+
+    @property
+    def active(self) -> bool:
+        return self._prof is not None
+
+    def step_started(self, step: int) -> None:
+        if self._prof is not None:
+            self._annotate(step)
+            return
+        if self.disabled_reason is not None or not self._schedule.enabled:
+            return
+        window = self._schedule.window_at(step)
+        if window is not None:
+            self._start(window, step)
+
+    def step_ended(self, step: int) -> None:
+        if self._window is not None and step >= self._window[1]:
+            self._stop(self._window[0], step)
+
+    def user_profiler_seen(self) -> None:
+        """The script started its own profiler: finish ours now and stay out of the way."""
+        if self.disabled_reason is None:
+            self.disabled_reason = "the script runs its own torch.profiler"
+            self._log.notice(
+                "the script runs its own torch.profiler; uberprof will not start a second one "
+                "(steps are still timed; ProfilerStep#N marks the steps)",
+                key="user-profiler",
+            )
+        if self._prof is not None and self._window is not None:
+            self._stop(self._window[0], None)
+
+    def close(self, last_step: int) -> None:
+        if self._prof is not None and self._window is not None:
+            self._stop(self._window[0], last_step)
+        for t in self._compressors:
+            t.join(timeout=60)
+
+    def _start(self, window: tuple[int, int], step: int) -> None:
+        import torch
+        from torch.autograd import profiler as autograd_profiler
+        from torch.profiler import ProfilerActivity, profile
+
+        if getattr(autograd_profiler, "_is_profiler_enabled", False):
+            self.user_profiler_seen()
+            return
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(ProfilerActivity.CUDA)
+        prof = _OwnProfile(
+            activities=activities,
+            record_shapes=self._config.record_shapes,
+            with_stack=self._config.with_stack,
+        )
+        prof.start()
+        prof.add_metadata("uberprof_window", f"{window[0]}-{window[1]}")
+        self._prof = prof
+        self._window = window
+        self._annotate(step)
+
+    def _annotate(self, step: int) -> None:
+        import torch
+
+        self._end_annotation()
+        rf = torch.profiler.record_function(f"ProfilerStep#{step}")
+        rf.__enter__()
+        self._step_annotation = rf
+
+    def _end_annotation(self) -> None:
+        if self._step_annotation is not None:
+            self._step_annotation.__exit__(None, None, None)
+            self._step_annotation = None
+
+    def _stop(self, first: int, last: int | None) -> None:
+        prof, self._prof, self._window = self._prof, None, None
+        self._end_annotation()
+        try:
+            prof.stop()
+        except Exception as exc:  # noqa: BLE001
+            self._log.error("stopping the profiler", exc)
+            return
+        if last is None:
+            return  # interrupted by the user's own profiler: a partial window is not worth keeping
+        self._dir.mkdir(parents=True, exist_ok=True)
+        path = self._dir / trace_file_name(first, last)
+        prof.export_chrome_trace(str(path))
+        self.windows_written.append((first, last))
+        self._log.write(f"trace window steps {first}-{last} -> {path}")
+        t = threading.Thread(target=_gzip_in_place, args=(path, self._log), daemon=True)
+        t.start()
+        self._compressors.append(t)
+
+
+def _gzip_in_place(path: Path, log: AgentLog) -> None:
+    """`trace.json` -> `trace.json.gz`, the original kept until the archive is complete."""
+    tmp = path.with_name(path.name + ".gz.tmp")
+    try:
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, path.with_name(path.name + ".gz"))
+        os.unlink(path)
+    except Exception as exc:  # noqa: BLE001 - the uncompressed trace stays readable
+        log.error(f"compressing {path.name}", exc)
+
+
+def _own_profile_class() -> type:
+    from torch.profiler import profile
+
+    class OwnProfile(profile):
+        """Marks uberprof's profiler so the hook on `profile.start` can tell it from the user's."""
+
+    return OwnProfile
+
+
+class _LazyOwnProfile:
+    cls: type | None = None
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if self.cls is None:
+            self.cls = _own_profile_class()
+        return self.cls(**kwargs)
+
+    def is_own(self, obj: Any) -> bool:
+        return self.cls is not None and isinstance(obj, self.cls)
+
+
+_OwnProfile = _LazyOwnProfile()
+is_own_profiler = _OwnProfile.is_own

@@ -1,0 +1,214 @@
+"""What a run directory holds, and what is missing from it (the data behind `uberprof info`).
+
+Several directories can be read as one run: the nodes of a multi-node job that each wrote to a
+local disk. Their ranks are merged; the job id the ranks agreed on through the process group
+tells whether they really belong together.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from uberprof.rundir import (
+    NODE_FILE,
+    RANK_FILE,
+    STEPS_FILE,
+    TRACES_DIR,
+    RunDir,
+    parse_trace_file_name,
+    read_json,
+    read_jsonl,
+)
+
+
+class NotARunDirectory(Exception):
+    pass
+
+
+def read_steps(rank_dir: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rank's step rows with their GPU rows merged in, and whether the file was cut off."""
+    path = rank_dir / STEPS_FILE
+    if not path.exists():
+        return [], False
+    rows, truncated = read_jsonl(path)
+    steps: dict[int, dict[str, Any]] = {}
+    gpu: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        kind = row.get("kind")
+        if kind == "step":
+            steps[row["step"]] = {k: v for k, v in row.items() if k != "kind"}
+        elif kind == "gpu":
+            gpu[row["step"]] = row
+    for step, row in gpu.items():
+        if step in steps:
+            steps[step].update({k: v for k, v in row.items() if k not in ("kind", "step")})
+    return [steps[s] for s in sorted(steps)], truncated
+
+
+def trace_windows(rank_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    tdir = rank_dir / TRACES_DIR
+    if tdir.is_dir():
+        for p in sorted(tdir.iterdir()):
+            steps = parse_trace_file_name(p.name)
+            if steps is not None:
+                out.append({"steps": list(steps), "path": str(p), "bytes": p.stat().st_size})
+    return out
+
+
+def gzip_is_complete(path: Path) -> bool:
+    """Decompress to the end without keeping anything: a cut-off archive has no valid trailer."""
+    d = zlib.decompressobj(wbits=31)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                d.decompress(chunk, 0)
+                while d.unconsumed_tail:
+                    d.decompress(d.unconsumed_tail, 0)
+    except zlib.error:
+        return False
+    return d.eof
+
+
+def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any]:
+    """The `uberprof info --json` document for one run (possibly spread over several folders)."""
+    runs = [RunDir(Path(p)) for p in paths]
+    for run in runs:
+        if not run.root.is_dir():
+            raise NotARunDirectory(f"{run.root}: no such directory")
+        if not run.is_run():
+            raise NotARunDirectory(
+                f"{run.root}: not a uberprof run directory (no run.json and no ranks/ folder); "
+                "point at <out>/<run-id>, e.g. uberprof-runs/20260101-120000-ab12cd"
+            )
+    problems: list[str] = []
+    run_ids = []
+    for run in runs:
+        try:
+            run_ids.append(read_json(run.run_file).get("run_id", run.root.name))
+        except (OSError, ValueError):
+            run_ids.append(run.root.name)
+            problems.append(f"{run.run_file}: missing or unreadable")
+
+    nodes = [_node(p, problems) for run in runs for p in run.node_dirs()]
+    ranks = [_rank(p, problems, check_traces) for run in runs for p in run.rank_dirs()]
+    ranks = [r for r in ranks if r is not None]
+    ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["dir"]))
+
+    _cross_rank_problems(ranks, problems)
+    exit_codes = [n["exit_code"] for n in nodes if n.get("exit_code") is not None]
+    for n in nodes:
+        if n.get("exit_code"):
+            problems.append(f"the command exited with code {n['exit_code']} on node {n['node']}")
+        elif n.get("end_ns") is None:
+            problems.append(f"node {n['node']}: uberprof run did not finish (still running, "
+                            "or killed)")
+    job_ids = sorted({r["job_id"] for r in ranks if r.get("job_id")})
+    if len(job_ids) > 1:
+        problems.append(f"ranks come from different jobs: {', '.join(job_ids)}")
+
+    return {
+        "run_id": run_ids[0] if len(set(run_ids)) == 1 else run_ids,
+        "paths": [str(r.root) for r in runs],
+        "command": nodes[0]["command"] if nodes else None,
+        "exit_code": next((c for c in exit_codes if c), exit_codes[0] if exit_codes else None),
+        "start_ns": min((n["start_ns"] for n in nodes if n.get("start_ns")), default=None),
+        "end_ns": max((n["end_ns"] for n in nodes if n.get("end_ns")), default=None),
+        "nodes": nodes,
+        "ranks": ranks,
+        "counters": [],
+        "problems": problems,
+    }
+
+
+def _node(path: Path, problems: list[str]) -> dict[str, Any]:
+    try:
+        meta = read_json(path / NODE_FILE)
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path / NODE_FILE}: unreadable ({exc})")
+        return {"node": path.name, "host": None, "exit_code": None, "command": None,
+                "start_ns": None, "end_ns": None}
+    return {k: meta.get(k) for k in ("node", "host", "command", "exit_code", "start_ns",
+                                      "end_ns", "options", "versions")}
+
+
+def _rank(path: Path, problems: list[str], check_traces: bool) -> dict[str, Any] | None:
+    try:
+        meta = read_json(path / RANK_FILE)
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path / RANK_FILE}: unreadable ({exc}); rank data in {path} ignored")
+        return None
+    steps, truncated = read_steps(path)
+    windows = trace_windows(path)
+    rank = meta.get("rank")
+    if truncated:
+        problems.append(f"rank {rank}: {path / STEPS_FILE} ends with a cut-off line "
+                        f"(the rank stopped mid-write); {len(steps)} whole steps kept")
+    if meta.get("end_ns") is None:
+        last = steps[-1]["step"] if steps else None
+        problems.append(
+            f"rank {rank} stopped abruptly (killed, crashed, or still running)"
+            + (f" after step {last}: its {len(steps)} finished steps are kept" if steps
+               else " before finishing any step")
+        )
+    for w in windows:
+        p = Path(w["path"])
+        if check_traces and p.suffix == ".gz" and not gzip_is_complete(p):
+            problems.append(f"rank {rank}: trace {p} is truncated")
+            w["truncated"] = True
+    return {
+        "rank": rank,
+        "dir": str(path),
+        "host": meta.get("host"),
+        "node": meta.get("node"),
+        "pid": meta.get("pid"),
+        "local_rank": meta.get("local_rank"),
+        "world_size": meta.get("world_size"),
+        "backend": meta.get("backend"),
+        "device": meta.get("device"),
+        "job_id": meta.get("job_id"),
+        "steps": len(steps),
+        "first_step": steps[0]["step"] if steps else None,
+        "last_step": steps[-1]["step"] if steps else None,
+        "finished": meta.get("end_ns") is not None,
+        "trace_windows": windows,
+        "trace_disabled_reason": (meta.get("trace") or {}).get("disabled_reason"),
+        "clock": meta.get("clock"),
+    }
+
+
+def _cross_rank_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
+    counts = Counter(r["rank"] for r in ranks)
+    for rank, n in sorted(counts.items(), key=lambda kv: str(kv[0])):
+        if n > 1:
+            dirs = ", ".join(r["dir"] for r in ranks if r["rank"] == rank)
+            problems.append(f"rank {rank} appears {n} times ({dirs}): restarted, or two jobs "
+                            "wrote into one run directory")
+    world = max((r["world_size"] or 0 for r in ranks), default=0)
+    missing = sorted(set(range(world)) - set(counts))
+    if missing:
+        problems.append(f"missing ranks: {_ranges(missing)} of a world of {world}")
+    window_sets = {tuple(tuple(w["steps"]) for w in r["trace_windows"]) for r in ranks}
+    if len(window_sets) > 1:
+        problems.append("ranks have different trace windows: "
+                        + "; ".join(f"rank {r['rank']}: "
+                                    + (", ".join(f"{a}-{b}" for a, b in
+                                                 (w["steps"] for w in r["trace_windows"]))
+                                       or "none")
+                                    for r in ranks))
+
+
+def _ranges(values: list[int]) -> str:
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)

@@ -1,0 +1,170 @@
+"""The run directory: one versioned layout, written and read through this module alone.
+
+Every writer owns its own files (one folder per node, one per rank), so many processes on many
+hosts can share a run directory on a shared file system without ever writing the same file.
+
+    <out>/<run-id>/
+      run.json                      run identity (format version, run id); same content from every node
+      nodes/<node>/node.json        the `uberprof run` invocation on that node: command, times, exit code
+      nodes/<node>/uberprof.log     the node agent's own log
+      nodes/<node>/counters/        counter tables sampled on that node
+      ranks/<rank>/rank.json        rank metadata: rank, world, host, device, clock reference
+      ranks/<rank>/steps.jsonl      one row per finished step, appended as it ends
+      ranks/<rank>/traces/          torch.profiler windows, steps-<first>-<last>.pt.trace.json.gz
+      ranks/<rank>/uberprof.log     the rank agent's own log
+      derived/                      analysis tables; can be rebuilt from the rest at any time
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+RUN_FILE = "run.json"
+NODE_FILE = "node.json"
+RANK_FILE = "rank.json"
+STEPS_FILE = "steps.jsonl"
+LOG_FILE = "uberprof.log"
+TRACES_DIR = "traces"
+COUNTERS_DIR = "counters"
+DERIVED_DIR = "derived"
+
+_TRACE_NAME = re.compile(r"^steps-(\d+)-(\d+)\.pt\.trace\.json(\.gz)?$")
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        import orjson
+
+        return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    except ImportError:  # the rank side must work with the standard library alone
+        return json.dumps(obj, indent=2, default=str).encode()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON so that a reader never sees half a file, even if the writer is killed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_dumps(obj))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """Rows of a JSON-lines file, and whether its tail was cut off (a writer killed mid-line)."""
+    rows: list[dict[str, Any]] = []
+    truncated = False
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                truncated = True
+    return rows, truncated
+
+
+def claim_dir(parent: Path, name: str) -> Path:
+    """Create a folder no other writer holds: `name`, else `name-2`, `name-3`, ...
+
+    `mkdir` is atomic (also on NFS), so two writers racing for one name never share it.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot claim a folder named {name} under {parent}")
+
+
+def trace_file_name(first_step: int, last_step: int) -> str:
+    return f"steps-{first_step:06d}-{last_step:06d}.pt.trace.json"
+
+
+def parse_trace_file_name(name: str) -> tuple[int, int] | None:
+    """Steps covered by a trace window file written by uberprof, or None for other names."""
+    m = _TRACE_NAME.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory."""
+
+    root: Path
+
+    @property
+    def run_file(self) -> Path:
+        return self.root / RUN_FILE
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.root / "nodes"
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.root / "ranks"
+
+    @property
+    def derived_dir(self) -> Path:
+        return self.root / DERIVED_DIR
+
+    def is_run(self) -> bool:
+        return self.run_file.is_file() or self.ranks_dir.is_dir()
+
+    def node_dirs(self) -> Iterator[Path]:
+        if self.nodes_dir.is_dir():
+            yield from sorted(p for p in self.nodes_dir.iterdir() if p.is_dir())
+
+    def rank_dirs(self) -> Iterator[Path]:
+        if self.ranks_dir.is_dir():
+            dirs = [p for p in self.ranks_dir.iterdir() if p.is_dir()]
+            yield from sorted(dirs, key=_rank_dir_sort_key)
+
+    def create(self, run_id: str) -> None:
+        """Make the folder and its run.json; idempotent, so every node of a job may call it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.run_file.exists():
+            write_json_atomic(
+                self.run_file,
+                {"format": "uberprof-run", "format_version": FORMAT_VERSION, "run_id": run_id},
+            )
+
+    def claim_node_dir(self, host: str | None = None) -> Path:
+        return claim_dir(self.nodes_dir, _safe_name(host or socket.gethostname()))
+
+    def claim_rank_dir(self, rank: int) -> Path:
+        return claim_dir(self.ranks_dir, str(rank))
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "node"
+
+
+def _rank_dir_sort_key(p: Path) -> tuple[int, str]:
+    head = p.name.split("-", 1)[0]
+    return (int(head), p.name) if head.isdigit() else (1 << 30, p.name)
