@@ -70,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
+    """Rank, world size and device; joins the process group unless the caller already did."""
     distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     use_cuda = torch.cuda.is_available() and args.backend != "gloo"
     if use_cuda:
@@ -79,6 +80,8 @@ def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)
+    if dist.is_initialized():  # started by something else, e.g. samples/train_spawn.py
+        return dist.get_rank(), dist.get_world_size(), device
     if distributed:
         backend = "nccl" if use_cuda and args.backend != "gloo" else "gloo"
         dist.init_process_group(backend, device_id=device if backend == "nccl" else None)

@@ -1,0 +1,129 @@
+"""`uberprof run` around real jobs: torchrun, FSDP, mp.spawn, re-launch, plain python."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import PY, SAMPLES, SCRIPTS, info_json, torchrun, uberprof_run
+
+pytestmark = pytest.mark.slow
+
+
+def _assert_ranks(info: dict, world: int, steps: int, window: list[int] | None) -> None:
+    assert [r["rank"] for r in info["ranks"]] == list(range(world)), info["problems"]
+    for r in info["ranks"]:
+        assert r["steps"] == steps, (r["rank"], r["steps"])
+        assert r["first_step"] == 0 and r["last_step"] == steps - 1
+        assert r["finished"]
+        if window is None:
+            assert r["trace_windows"] == []
+        else:
+            assert [w["steps"] for w in r["trace_windows"]] == [window]
+    assert info["problems"] == []
+    assert info["exit_code"] == 0
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_torchrun_ddp(tmp_path: Path, nproc: int) -> None:
+    proc = uberprof_run(tmp_path, "ddp", torchrun(nproc, SAMPLES / "train_ddp.py", "--steps", "30"))
+    run = tmp_path / "ddp"
+    assert f"run directory {run}" in proc.stderr  # printed at start...
+    assert f"uberprof info {run}" in proc.stderr  # ...and at the end
+    assert "trained 30 steps" in proc.stdout  # the job's own output passes through
+    info = info_json(run)
+    _assert_ranks(info, nproc, 30, [10, 12])
+    rank1 = json.loads((run / "ranks" / "1" / "rank.json").read_text())
+    assert rank1["world_size"] == nproc and rank1["backend"] == "gloo"
+    assert rank1["local_rank"] == 1 and rank1["launcher"] == "torchrun"
+    assert rank1["clock"]["method"] == "same-host" and rank1["clock"]["offset_to_rank0_ns"] == 0
+    assert rank1["process_groups"][0]["ranks"] == list(range(nproc))
+    # The trace window holds the same steps, numbered like the step timeline, with shapes.
+    trace = json.load(gzip.open(run / "ranks" / "1" / "traces" /
+                                "steps-000010-000012.pt.trace.json.gz"))
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"ProfilerStep#10", "ProfilerStep#11", "ProfilerStep#12"} <= names
+    assert "ProfilerStep#13" not in names and "ProfilerStep#9" not in names
+    assert trace["distributedInfo"]["rank"] == 1
+    gloo = [e for e in trace["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+    assert gloo, "Gloo all-reduces are in the window"
+    assert any("Input Dims" in e.get("args", {}) for e in trace["traceEvents"])
+    # The step timeline: contiguous host windows, data wait inside the step.
+    steps = [json.loads(line) for line in (run / "ranks" / "1" / "steps.jsonl").open()]
+    steps = [s for s in steps if s["kind"] == "step"]
+    for a, b in zip(steps, steps[1:]):
+        assert a["host_end_ns"] == b["host_start_ns"]
+    for s in steps:
+        assert s["host_end_ns"] > s["host_start_ns"]
+        assert 0 <= s["data_wait_ns"] < s["host_end_ns"] - s["host_start_ns"]
+        assert s["source"] == "optimizer"
+
+
+def test_fsdp(tmp_path: Path) -> None:
+    uberprof_run(tmp_path, "fsdp", torchrun(2, SAMPLES / "train_fsdp.py", "--steps", "20"))
+    info = info_json(tmp_path / "fsdp")
+    _assert_ranks(info, 2, 20, [10, 12])
+    trace = json.load(gzip.open(tmp_path / "fsdp/ranks/0/traces/"
+                                "steps-000010-000012.pt.trace.json.gz"))
+    assert any(e.get("name", "").startswith("gloo:all_gather") for e in trace["traceEvents"])
+
+
+def test_multiprocessing_spawn(tmp_path: Path) -> None:
+    uberprof_run(tmp_path, "spawn", [PY, str(SAMPLES / "train_spawn.py"), "--nprocs", "2",
+                                     "--steps", "20"], "--trace-steps", "4-5")
+    info = info_json(tmp_path / "spawn")
+    _assert_ranks(info, 2, 20, [4, 5])
+    assert {r["pid"] for r in info["ranks"]} != {None}
+
+
+def test_relaunch_of_sys_argv(tmp_path: Path) -> None:
+    uberprof_run(tmp_path, "relaunch", [PY, str(SCRIPTS / "train_relaunch.py"), "--steps", "12"],
+                 "--trace-steps", "3-4")
+    _assert_ranks(info_json(tmp_path / "relaunch"), 2, 12, [3, 4])
+
+
+def test_plain_python_with_dataloader_workers(tmp_path: Path) -> None:
+    # Data-loader workers import torch too; they must not become ranks.
+    proc = uberprof_run(tmp_path, "plain", [PY, str(SAMPLES / "train_ddp.py"), "--steps", "8",
+                                            "--workers", "2"], "--no-trace")
+    assert "trained 8 steps on 1 rank(s)" in proc.stdout
+    info = info_json(tmp_path / "plain")
+    _assert_ranks(info, 1, 8, None)
+    assert len(list((tmp_path / "plain" / "ranks").iterdir())) == 1
+
+
+def test_periodic_trace_windows(tmp_path: Path) -> None:
+    uberprof_run(tmp_path, "every", [PY, str(SAMPLES / "train_ddp.py"), "--steps", "14"],
+                 "--trace-every", "5", "--trace-active", "2")
+    [rank] = info_json(tmp_path / "every")["ranks"]
+    assert [w["steps"] for w in rank["trace_windows"]] == [[5, 6], [10, 11]]
+
+
+def test_own_profiler_is_respected(tmp_path: Path) -> None:
+    proc = uberprof_run(tmp_path, "own", [PY, str(SCRIPTS / "own_profiler.py"), "12"],
+                        "--trace-steps", "2-3")
+    assert "own profiler done" in proc.stdout
+    assert "runs its own torch.profiler" in proc.stderr
+    [rank] = info_json(tmp_path / "own")["ranks"]
+    assert rank["trace_windows"] == []
+    assert "own torch.profiler" in rank["trace_disabled_reason"]
+    assert rank["steps"] == 12  # ProfilerStep boundaries, one per prof.step()
+    rows = [json.loads(x) for x in (tmp_path / "own/ranks/0/steps.jsonl").open()]
+    assert {r["source"] for r in rows[1:]} == {"profiler"}
+
+
+def test_explicit_steps_without_optimizer(tmp_path: Path) -> None:
+    uberprof_run(tmp_path, "explicit", [PY, str(SCRIPTS / "explicit_steps.py"), "7"],
+                 "--trace-steps", "2-3")
+    [rank] = info_json(tmp_path / "explicit")["ranks"]
+    assert rank["steps"] == 7
+    assert [w["steps"] for w in rank["trace_windows"]] == [[2, 3]]
+
+
+def test_several_optimizers_and_accumulation_count_iterations(tmp_path: Path) -> None:
+    uberprof_run(tmp_path, "gan", [PY, str(SCRIPTS / "two_optimizers.py"), "6"], "--no-trace")
+    [rank] = info_json(tmp_path / "gan")["ranks"]
+    assert rank["steps"] == 6
