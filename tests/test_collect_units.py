@@ -1,0 +1,152 @@
+"""Unit tests of the collect pieces that need no job: step detection, schedules, run ids."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from uberprof.collect.config import CollectConfig, TraceSchedule
+from uberprof.collect.rank.steps import StepDetector, StepSource
+from uberprof.collect.rank.timeline import StepTimeline
+from uberprof.collect.runid import resolve_run_id, torchrun_rdzv_id
+from uberprof.inventory import inventory, read_steps
+from uberprof.rundir import RunDir, claim_dir, parse_trace_file_name, trace_file_name
+from tests.jobs import PY, job_env
+
+
+def _detector() -> tuple[StepDetector, list[tuple[int, StepSource]]]:
+    seen: list[tuple[int, StepSource]] = []
+    return StepDetector(lambda t, s: seen.append((t, s))), seen
+
+
+def test_one_optimizer_one_boundary_per_step() -> None:
+    det, seen = _detector()
+    for t in (10, 20, 30):
+        det.optimizer_stepped(1, t)
+    # The first boundary is known once the optimizer comes round again, and dated back.
+    assert [t for t, _ in seen] == [10, 20, 30]
+
+
+def test_several_optimizers_close_the_iteration_at_the_last_one() -> None:
+    det, seen = _detector()
+    for it in range(3):
+        det.optimizer_stepped(1, 100 * it + 10)
+        det.optimizer_stepped(2, 100 * it + 20)
+    det.flush()
+    assert [t for t, _ in seen] == [20, 120, 220]
+
+
+def test_flush_counts_a_single_iteration() -> None:
+    det, seen = _detector()
+    det.optimizer_stepped(1, 5)
+    det.optimizer_stepped(2, 6)
+    det.flush()
+    assert seen == [(6, StepSource.OPTIMIZER)]
+
+
+def test_stronger_source_takes_over_without_a_spurious_step() -> None:
+    det, seen = _detector()
+    det.optimizer_stepped(1, 10)
+    det.optimizer_stepped(1, 20)  # boundaries at 10 and 20
+    det.profiler_stepped(21)  # the script's prof.step() shows up: absorbed, no 1 µs step
+    det.optimizer_stepped(1, 30)  # ignored from now on
+    det.profiler_stepped(31)
+    det.explicit_step(40)  # absorbed again
+    det.profiler_stepped(41)  # ignored
+    det.explicit_step(50)
+    assert seen == [(10, StepSource.OPTIMIZER), (20, StepSource.OPTIMIZER),
+                    (31, StepSource.PROFILER), (50, StepSource.EXPLICIT)]
+
+
+def test_explicit_steps_alone() -> None:
+    det, seen = _detector()
+    for t in (1, 2, 3):
+        det.explicit_step(t)
+    assert [t for t, _ in seen] == [1, 2, 3]
+
+
+def test_trace_schedule_parsing_and_windows() -> None:
+    s = TraceSchedule.parse_steps("50-52, 5-7,9")
+    assert s.windows == ((5, 7), (9, 9), (50, 52))
+    assert s.window_at(5) == (5, 7) and s.window_at(6) is None
+    p = TraceSchedule.periodic(100, 2)
+    assert p.window_at(0) is None and p.window_at(200) == (200, 201)
+    assert not TraceSchedule.off().enabled
+    for bad in ("7-5", "x", "", "-3"):
+        with pytest.raises(ValueError):
+            TraceSchedule.parse_steps(bad)
+    with pytest.raises(ValueError):
+        TraceSchedule.periodic(2, 3)
+
+
+def test_config_round_trips_through_the_environment() -> None:
+    cfg = CollectConfig(trace=TraceSchedule.periodic(10, 2), with_stack=True)
+    assert CollectConfig.from_env({"UBERPROF_CONFIG": cfg.to_env()}) == cfg
+    assert CollectConfig.from_env({}) == CollectConfig()
+
+
+def test_run_id_sources() -> None:
+    tr = ["torchrun", "--nnodes=2", "--rdzv-id=job42", "train.py"]
+    assert resolve_run_id(None, tr, {}) == "job42"
+    assert resolve_run_id("mine", tr, {"SLURM_JOB_ID": "7"}) == "mine"
+    assert torchrun_rdzv_id(["python", "-m", "torch.distributed.run", "--rdzv_id", "a/b",
+                             "t.py"]) == "a/b"
+    assert resolve_run_id(None, ["python", "-m", "torch.distributed.run", "--rdzv_id", "a/b"],
+                          {}) == "a_b"
+    assert torchrun_rdzv_id(["python", "train.py", "--rdzv-id=x"]) is None  # not torchrun's
+    assert resolve_run_id(None, ["srun", "python"], {"SLURM_JOB_ID": "7",
+                                                     "SLURM_STEP_ID": "0"}) == "slurm-7.0"
+    generated = resolve_run_id(None, ["python", "t.py"], {})
+    assert generated != resolve_run_id(None, ["python", "t.py"], {})
+    # Inside a rank without the CLI, torchrun's id is shared by all ranks.
+    assert resolve_run_id(None, [], {"TORCHELASTIC_RUN_ID": "abc"}, per_process=True) == "abc"
+
+
+def test_claim_dir_never_shares(tmp_path: Path) -> None:
+    assert [claim_dir(tmp_path, "n").name for _ in range(3)] == ["n", "n-2", "n-3"]
+
+
+def test_trace_names_round_trip() -> None:
+    name = trace_file_name(10, 12)
+    assert parse_trace_file_name(name) == (10, 12)
+    assert parse_trace_file_name(name + ".gz") == (10, 12)
+    assert parse_trace_file_name("rank0.123.pt.trace.json") is None
+
+
+def test_timeline_is_readable_line_by_line_and_after_a_cut(tmp_path: Path) -> None:
+    tl = StepTimeline(tmp_path / "steps.jsonl", start_ns=100)
+    tl.add_data_wait(5, end_ns=150)
+    tl.add_data_wait(7, end_ns=260)  # after the (retroactive) first boundary: belongs to step 1
+    tl.boundary(200, "optimizer", None)
+    tl.boundary(300, "optimizer", None)
+    # A writer killed mid-line leaves a partial last line.
+    with open(tmp_path / "steps.jsonl", "ab") as f:
+        f.write(b'{"kind":"step","step":2,"host_st')
+    rows, truncated = read_steps(tmp_path)
+    assert truncated
+    assert [(r["step"], r["host_start_ns"], r["host_end_ns"], r["data_wait_ns"]) for r in rows] \
+        == [(0, 100, 200, 5), (1, 200, 300, 7)]
+
+
+def test_inventory_names_missing_and_duplicate_ranks(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r")
+    run.create("r")
+    for rank, finished in ((0, True), (0, True), (2, False)):
+        d = run.claim_rank_dir(rank)
+        (d / "rank.json").write_text(json.dumps({"rank": rank, "world_size": 4,
+                                                 "end_ns": 1 if finished else None}))
+    inv = inventory([run.root])
+    problems = " | ".join(inv["problems"])
+    assert "missing ranks: 1, 3 of a world of 4" in problems
+    assert "rank 0 appears 2 times" in problems
+    assert "rank 2 stopped abruptly" in problems
+
+
+def test_inventory_rejects_other_folders(tmp_path: Path) -> None:
+    proc = subprocess.run([PY, "-m", "uberprof", "info", str(tmp_path)], capture_output=True,
+                          text=True, env=job_env())
+    assert proc.returncode == 1
+    assert "not a uberprof run directory" in proc.stderr and str(tmp_path) in proc.stderr
