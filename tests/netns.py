@@ -1,0 +1,66 @@
+"""Two "nodes" on one machine: network namespaces joined by a veth pair (needs root and iproute2).
+
+Each node gets its own host name through `unshare --uts` when commands run with `node.run()`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+
+
+def netns_available() -> bool:
+    return os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "unshare"))
+
+
+requires_netns = pytest.mark.skipif(not netns_available(),
+                                    reason="needs root, iproute2 and unshare")
+
+
+@dataclass(frozen=True)
+class Node:
+    ns: str
+    veth: str
+    addr: str
+    hostname: str
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` run inside this node's namespace under its own host name."""
+        script = f'hostname {self.hostname} && exec "$@"'
+        return ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c", script, "sh", *argv]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@contextmanager
+def two_nodes(tag: str, rate: str | None = None) -> Iterator[tuple[Node, Node]]:
+    """Namespaces `<tag>a`/`<tag>b`, linked by a veth pair, optionally capped with tc at `rate`."""
+    suffix = f"{tag}{os.getpid() % 10000}"
+    subnet = 10 + os.getpid() % 200
+    a = Node(f"up{suffix}a", f"v{suffix}a"[:15], f"10.{subnet}.7.1", f"node-{tag}-a")
+    b = Node(f"up{suffix}b", f"v{suffix}b"[:15], f"10.{subnet}.7.2", f"node-{tag}-b")
+    try:
+        for n in (a, b):
+            _ip("netns", "add", n.ns)
+        _ip("link", "add", a.veth, "type", "veth", "peer", "name", b.veth)
+        for n in (a, b):
+            _ip("link", "set", n.veth, "netns", n.ns)
+            _ip("-n", n.ns, "addr", "add", f"{n.addr}/24", "dev", n.veth)
+            _ip("-n", n.ns, "link", "set", n.veth, "up")
+            _ip("-n", n.ns, "link", "set", "lo", "up")
+            if rate:
+                subprocess.run(["ip", "netns", "exec", n.ns, "tc", "qdisc", "add", "dev", n.veth,
+                                "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
+                               check=True, capture_output=True)
+        yield a, b
+    finally:
+        for n in (a, b):
+            subprocess.run(["ip", "netns", "del", n.ns], capture_output=True)
