@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from uberprof.rundir import (
+    COUNTERS_DIR,
     NODE_FILE,
     RANK_FILE,
     STEPS_FILE,
@@ -95,6 +96,7 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
             problems.append(f"{run.run_file}: missing or unreadable")
 
     nodes = [_node(p, problems) for run in runs for p in run.node_dirs()]
+    counters = [c for run in runs for p in run.node_dirs() for c in node_counters(p)]
     ranks = [_rank(p, problems, check_traces) for run in runs for p in run.rank_dirs()]
     ranks = [r for r in ranks if r is not None]
     ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["dir"]))
@@ -120,9 +122,23 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
         "end_ns": max((n["end_ns"] for n in nodes if n.get("end_ns")), default=None),
         "nodes": nodes,
         "ranks": ranks,
-        "counters": [],
+        "counters": counters,
         "problems": problems,
     }
+
+
+def node_counters(node_dir: Path) -> list[dict[str, Any]]:
+    """The counter series a node folder holds: node, source, metric, unit, samples (rows),
+    devices, first_ns, last_ns. From the index the sampler keeps, else by scanning the tables."""
+    from uberprof.collect.counters.store import read_index, scan_index, source_files
+
+    cdir = node_dir / COUNTERS_DIR
+    if not source_files(cdir):
+        return []
+    series = read_index(cdir)
+    if series is None:
+        series = scan_index(cdir)
+    return [{"node": node_dir.name, **s} for s in series]
 
 
 def _node(path: Path, problems: list[str]) -> dict[str, Any]:
@@ -131,9 +147,9 @@ def _node(path: Path, problems: list[str]) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         problems.append(f"{path / NODE_FILE}: unreadable ({exc})")
         return {"node": path.name, "host": None, "exit_code": None, "command": None,
-                "start_ns": None, "end_ns": None}
+                "start_ns": None, "end_ns": None, "counters": None}
     return {k: meta.get(k) for k in ("node", "host", "command", "exit_code", "start_ns",
-                                      "end_ns", "options", "versions")}
+                                      "end_ns", "options", "versions", "counters")}
 
 
 def _rank(path: Path, problems: list[str], check_traces: bool) -> dict[str, Any] | None:

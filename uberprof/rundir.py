@@ -7,7 +7,15 @@ hosts can share a run directory on a shared file system without ever writing the
       run.json                      run identity (format version, run id); same content from every node
       nodes/<node>/node.json        the `uberprof run` invocation on that node: command, times, exit code
       nodes/<node>/uberprof.log     the node agent's own log
-      nodes/<node>/counters/        counter tables sampled on that node
+      nodes/<node>/counters/        counters of that node's host (one sampler per host: the first agent
+                                    on a host samples, the others note which node did)
+        <source>.arrows             Arrow IPC stream, appended every ~2 s, one file per source
+                                    (host, nic, ib, proc, nvml, gpm, dcgm); long format:
+                                    ts_ns (epoch ns), device, metric, value (float64), unit.
+                                    A killed agent leaves every whole batch readable.
+        index.json                  per (source, metric): unit, samples, devices, first/last ts_ns
+        meta.json                   settings, GPUs (index, UUID, name), NICs (link speed, tc cap),
+                                    InfiniBand ports, processes, unsupported metrics, notes
       ranks/<rank>/rank.json        rank metadata: rank, world, host, device, clock reference
       ranks/<rank>/steps.jsonl      one row per finished step, appended as it ends
       ranks/<rank>/traces/          torch.profiler windows, steps-<first>-<last>.pt.trace.json.gz
@@ -35,6 +43,9 @@ STEPS_FILE = "steps.jsonl"
 LOG_FILE = "uberprof.log"
 TRACES_DIR = "traces"
 COUNTERS_DIR = "counters"
+COUNTERS_SUFFIX = ".arrows"
+COUNTERS_INDEX = "index.json"
+COUNTERS_META = "meta.json"
 DERIVED_DIR = "derived"
 
 _TRACE_NAME = re.compile(r"^steps-(\d+)-(\d+)\.pt\.trace\.json(\.gz)?$")

@@ -60,14 +60,44 @@ def render(inv: dict[str, Any], console: Console) -> None:
         table.add_row(str(r["rank"]), r["host"] or "?", _device(r.get("device")), steps, windows,
                       _offset(r.get("clock") or {}))
     console.print(table)
-    if inv["counters"]:
-        console.print(f"[bold]counters[/bold] {len(inv['counters'])} series")
+    _render_counters(inv, console)
     if inv["problems"]:
         console.print("[bold red]problems[/bold red]")
         for p in inv["problems"]:
             console.print(f"  - {p}", markup=False, highlight=False)
     else:
         console.print("[green]no problems found[/green]")
+
+
+def _render_counters(inv: dict[str, Any], console: Console) -> None:
+    """One row per node and source: metrics, devices, samples and the rate they amount to."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in inv["counters"]:
+        groups.setdefault((c["node"], c["source"]), []).append(c)
+    notes = [(n["node"], note) for n in inv["nodes"] for note in
+             ((n.get("counters") or {}).get("notes") or [])]
+    if not groups:
+        off = [n["node"] for n in inv["nodes"] if (n.get("counters") or {}).get("mode") == "none"]
+        console.print("[bold]counters[/bold] " + ("off (--counters none)" if off else "none"))
+    else:
+        table = Table(title=None, show_edge=False, header_style="bold")
+        for col in ("node", "source", "metrics", "devices", "samples", "rate"):
+            table.add_column(col, justify="left" if col in ("node", "source", "metrics")
+                             else "right")
+        for (node, source), series in sorted(groups.items()):
+            names = [s["metric"] for s in series]
+            shown = ", ".join(names[:4]) + (f", … (+{len(names) - 4})" if len(names) > 4 else "")
+            per_device = [s["samples"] / max(1, s.get("devices") or 1) for s in series]
+            spans = [(s["last_ns"] - s["first_ns"]) / 1e9 for s in series
+                     if s.get("first_ns") and s.get("last_ns")]
+            span = max(spans, default=0.0)
+            rate = f"{(max(per_device) - 1) / span:.2g} Hz" if span > 0 else "-"
+            table.add_row(node, source, shown, str(max(s.get("devices") or 0 for s in series)),
+                          str(sum(s["samples"] for s in series)), rate)
+        console.print("[bold]counters[/bold]")
+        console.print(table)
+    for node, note in notes:
+        console.print(f"  [dim]{node}: {note}[/dim]", highlight=False)
 
 
 def _duration(inv: dict[str, Any]) -> str:

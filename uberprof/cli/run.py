@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from uberprof.collect.config import CollectConfig, TraceSchedule
+from uberprof.collect.counters.sampler import DEFAULT_HZ, MODES, CounterSettings
 from uberprof.collect.launcher import CommandNotFound, run_wrapped
 from uberprof.collect.node_agent import NodeAgent
 from uberprof.collect.runid import resolve_run_id
@@ -51,9 +52,16 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               metavar="K", help="Steps per window with --trace-every.")
 @click.option("--no-trace", is_flag=True, help="No traces: the step timeline only (cheapest).")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
+@click.option("--counters", "counters_mode", type=click.Choice(MODES), default="auto",
+              show_default=True, help="Node counters: auto = host + NVML/GPM where present; "
+              "host = host only; dcgm = auto + DCGM profiling fields; none = off.")
+@click.option("--sample-hz", type=click.FloatRange(min=0.1, max=100), default=DEFAULT_HZ,
+              show_default=True, metavar="HZ",
+              help="Rate of the cheap counters (host, NVML); PCIe/ECC/GPM/DCGM run at <= 1 Hz.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
-        trace_active: int, no_trace: bool, with_stack: bool, command: tuple[str, ...]) -> None:
+        trace_active: int, no_trace: bool, with_stack: bool, counters_mode: str,
+        sample_hz: float, command: tuple[str, ...]) -> None:
     """Run COMMAND under uberprof: every rank's steps, trace windows and clocks are recorded.
 
     COMMAND is what you would run anyway (torchrun, python, srun, a launcher script); put `--`
@@ -67,9 +75,10 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
         raise click.BadParameter(str(exc), param_hint="--run-id") from None
     run_dir = RunDir((out / rid).absolute())
     options = {"out": str(out), "run_id": run_id, "trace": schedule.describe(),
-               "with_stack": with_stack}
+               "with_stack": with_stack, "counters": counters_mode, "sample_hz": sample_hz}
+    counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)
     try:
-        agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options)
+        agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options, counters)
     except OSError as exc:
         _say(f"cannot write the run directory {run_dir.root} ({exc.strerror or exc}); "
              "running the command without profiling")

@@ -1,8 +1,9 @@
 """The node agent: the `uberprof run` process on one node.
 
 It owns the node's folder in the run directory, prepares the environment that arms the rank
-agent in every Python process of the job, and records the invocation (command, times, exit code,
-versions, options) in `node.json`.
+agent in every Python process of the job, records the invocation (command, times, exit code,
+versions, options) in `node.json`, and runs the node's counter sampler (background threads,
+started before the command and stopped after it exits).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from typing import Any
 import uberprof
 from uberprof.collect.bootstrap import BOOTSTRAP_DIR
 from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR, CollectConfig
+from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import LOG_FILE, NODE_FILE, RunDir, write_json_atomic
 
 
 class NodeAgent:
     def __init__(self, run: RunDir, run_id: str, command: Sequence[str], config: CollectConfig,
-                 options: Mapping[str, Any]) -> None:
+                 options: Mapping[str, Any], counters: CounterSettings | None = None) -> None:
         self.run = run
         self.run_id = run_id
         self.command = list(command)
@@ -50,6 +52,19 @@ class NodeAgent:
             "platform": platform.platform(),
         }
         write_json_atomic(self.dir / NODE_FILE, self.meta)
+        self.sampler: NodeSampler | None = None
+        self._start_counters(counters or CounterSettings())
+
+    def _start_counters(self, settings: CounterSettings) -> None:
+        """Start sampling in the background (returns at once); a failure costs counters only."""
+        try:
+            sampler = NodeSampler(self.run, self.run_id, self.dir, settings, self.log)
+            sampler.start()
+            self.sampler = sampler
+            self.meta["counters"] = sampler.status()
+            write_json_atomic(self.dir / NODE_FILE, self.meta)
+        except Exception as exc:  # noqa: BLE001 - never harm the job
+            self.log.error("starting the counter sampler", exc)
 
     def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The job's environment plus what arms the rank agent in every process."""
@@ -67,6 +82,12 @@ class NodeAgent:
     def finish(self, exit_code: int) -> None:
         self.meta["end_ns"] = time.time_ns()
         self.meta["exit_code"] = exit_code
+        if self.sampler is not None:
+            try:
+                self.sampler.stop()
+                self.meta["counters"] = self.sampler.status()
+            except Exception as exc:  # noqa: BLE001
+                self.log.error("stopping the counter sampler", exc)
         try:
             write_json_atomic(self.dir / NODE_FILE, self.meta)
         except OSError as exc:
