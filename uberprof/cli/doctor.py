@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from uberprof.collect.capabilities import check_all
+from uberprof.collect.capabilities import check_all, counter_backends
 
 
 @click.command(short_help="Check what uberprof can collect on this machine.")
@@ -15,14 +15,17 @@ from uberprof.collect.capabilities import check_all
               default=Path("uberprof-runs"), envvar="UBERPROF_OUT", show_default=True,
               help="The output folder `uberprof run` would use.")
 def doctor(out: Path) -> None:
-    """Check torch, CUDA, NCCL/Gloo, NVML, DCGM and write access, and say what will be collected."""
+    """Check torch, CUDA, NCCL/Gloo, NVML/GPM, DCGM, NICs, InfiniBand and write access, and say
+    what will be collected."""
     console = Console()
     checks = check_all(out)
     for c in checks:
         mark = {True: "[green]ok[/green]  ", False: "[red]FAIL[/red]", None: "[dim]--[/dim]  "}[c.ok]
         console.print(f"{mark} [bold]{c.name:<18}[/bold] {c.detail}")
     console.print()
+    counters = counter_backends(checks)
     console.print("[bold]uberprof run will collect:[/bold] step timelines and torch.profiler "
-                  "trace windows of every rank")
+                  "trace windows of every rank; counters: "
+                  + ("; ".join(counters) if counters else "none (psutil missing)"))
     if any(c.ok is False for c in checks):
         raise SystemExit(1)

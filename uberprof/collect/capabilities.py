@@ -17,7 +17,20 @@ class Check:
 
 
 def check_all(out: Path) -> list[Check]:
-    return [_torch(), *_distributed(), _nvml(), _dcgm(), _psutil(), _writable(out)]
+    return [_torch(), *_distributed(), *_nvml(), _dcgm(), _psutil(), *_network(), _writable(out)]
+
+
+def counter_backends(checks: list[Check]) -> list[str]:
+    """What the node sampler of `uberprof run` would read on this machine, for doctor's summary."""
+    ok = {c.name for c in checks if c.ok}
+    out = []
+    if "psutil" in ok:
+        out.append("host CPU/memory/NICs" + (" + InfiniBand" if "infiniband" in ok else ""))
+    if "nvml" in ok:
+        out.append("GPU via NVML" + (" + GPM" if "gpm" in ok else ""))
+    if "dcgm" in ok:
+        out.append("DCGM profiling fields with --counters dcgm")
+    return out
 
 
 def _torch() -> Check:
@@ -54,27 +67,85 @@ def _distributed() -> list[Check]:
     return out
 
 
-def _nvml() -> Check:
+def _nvml() -> list[Check]:
     try:
         import pynvml
     except ImportError:
-        return Check("nvml", None, "nvidia-ml-py is not installed: no GPU counters")
+        return [Check("nvml", None, "nvidia-ml-py is not installed: no GPU counters")]
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return Check("nvml", None, f"no NVIDIA GPU or driver ({exc}): no GPU counters")
+        return [Check("nvml", None, f"no NVIDIA GPU or driver ({exc}): no GPU counters")]
     try:
         n = pynvml.nvmlDeviceGetCount()
         driver = pynvml.nvmlSystemGetDriverVersion()
-        return Check("nvml", True, f"driver {driver}, {n} GPU(s): GPU counters available")
+        checks = [Check("nvml", True, f"driver {driver}, {n} GPU(s): GPU counters available")]
+        gpm = 0
+        for i in range(n):
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                gpm += bool(pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+            except (pynvml.NVMLError, AttributeError):
+                pass
+        checks.append(Check("gpm", True if gpm else None,
+                            f"{gpm} of {n} GPU(s): SM/tensor activity, DRAM, NVLink, PCIe rates"
+                            if gpm else "not supported (Hopper or newer): no GPM metrics"))
+        return checks
     finally:
         pynvml.nvmlShutdown()
 
 
 def _dcgm() -> Check:
-    if importlib.util.find_spec("pydcgm") or importlib.util.find_spec("dcgm_structs"):
-        return Check("dcgm", True, "bindings found: --counters dcgm can add profiling fields")
-    return Check("dcgm", None, "bindings not installed (they ship with DCGM, not PyPI)")
+    from uberprof.collect.counters.dcgm import bindings_location
+
+    where = bindings_location()
+    if where is None:
+        return Check("dcgm", None, "bindings not installed (they ship with DCGM, not PyPI)")
+    engine = _listening("127.0.0.1", 5555)
+    how = ("a host engine is running: --counters dcgm connects to it" if engine else
+           "no host engine running: --counters dcgm starts an embedded one")
+    return Check("dcgm", True, f"bindings at {Path(where).parent}; {how}")
+
+
+def _listening(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _network() -> list[Check]:
+    """NICs with their speed and tc cap, and InfiniBand ports: the links the counters watch."""
+    from uberprof.collect.counters.host import InfinibandSource, NicSource
+
+    nic = NicSource()
+    try:
+        nic.prime()
+        nic.sample_links()
+    except Exception as exc:  # noqa: BLE001
+        return [Check("nics", None, f"cannot list network interfaces ({exc})")]
+    parts = []
+    for name, info in sorted(nic.links.items()):
+        speed = info.get("link_speed")
+        desc = f"{speed * 8 / 1e9:g} Gbit/s" if speed else "speed unknown"
+        if info.get("tc_rate"):
+            desc += f", tc cap {info['tc_rate'] * 8 / 1e9:g} Gbit/s"
+        parts.append(f"{name} ({desc})")
+    tc = "" if nic.tc_available else "; no `tc`: caps set with tc cannot be read"
+    checks = [Check("nics", True if parts else None,
+                    (", ".join(parts) if parts else "no network interface up") + tc)]
+    ib = InfinibandSource()
+    ib.sample_links()
+    if ib.ports:
+        ports = ", ".join(f"{p} ({(i.get('rate') or 0) * 8 / 1e9:g} Gbit/s)"
+                          for p, i in ib.ports.items())
+        checks.append(Check("infiniband", True, ports))
+    else:
+        checks.append(Check("infiniband", None, "no InfiniBand ports"))
+    return checks
 
 
 def _psutil() -> Check:
