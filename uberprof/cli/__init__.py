@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from uberprof import __version__
+from uberprof.cli.analyze import analyze
 from uberprof.cli.doctor import doctor
 from uberprof.cli.info import info
 from uberprof.cli.run import run
@@ -34,3 +35,4 @@ def main() -> None:
 main.add_command(run)
 main.add_command(info)
 main.add_command(doctor)
+main.add_command(analyze)

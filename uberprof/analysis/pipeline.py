@@ -1,0 +1,432 @@
+"""`uberprof analyze`: map every trace file to its tables (in parallel), then reduce across ranks.
+
+The map is `uberprof.analysis.rank.analyze_input`, run on a process pool; it writes each input's
+tables under `<derived>/inputs/<key>/`. The reduce reads only the small per-input tables (steps,
+summaries, collectives) and the run directory's step timelines, decides which rank each trace
+belongs to, and writes the run-level tables:
+
+    <derived>/manifest.json         the inputs analysed (size, mtime) and how each went
+    <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet, summary.json
+    <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
+    <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
+    <derived>/collectives.parquet   one row per collective instance on each rank
+    <derived>/summary.json          the `uberprof analyze --json` document
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from uberprof.analysis import metrics as M
+from uberprof.analysis.rank import (
+    BREAKDOWN_FIELDS,
+    COLLECTIVE_SCHEMA,
+    COLLECTIVES_FILE,
+    STEP_SCHEMA,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    analyze_input,
+)
+from uberprof.ingest.discover import Source, TraceInput, discover
+from uberprof.inventory import read_steps
+from uberprof.rundir import DERIVED_DIR, write_json_atomic
+
+__all__ = ["analyze", "Analysis", "derived_dir_for", "MANIFEST_FILE", "FORMAT_VERSION",
+           "RUN_STEP_SCHEMA", "RANK_SCHEMA"]
+
+FORMAT_VERSION = 1  # bump when derived tables change: inputs are analysed again
+MANIFEST_FILE = "manifest.json"
+INPUTS_DIR = "inputs"
+
+Progress = Callable[[int, int, str], None]
+
+RUN_STEP_SCHEMA = pa.schema([
+    ("rank", pa.int64()),
+    *STEP_SCHEMA,
+    ("traced", pa.bool_()),  # False: the step is known from the step timeline only
+    ("step_time_ns", pa.int64()),  # host window length
+    ("trace", pa.string()),  # the input it comes from (relative path)
+])
+
+RANK_SCHEMA = pa.schema([
+    ("rank", pa.int64()),
+    ("mode", pa.string()),  # device or cpu
+    ("device_type", pa.string()),
+    ("host", pa.string()),
+    ("traces", pa.int64()),
+    ("steps", pa.int64()),
+    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
+    ("idle_pct", pa.float64()),
+    ("compute_pct", pa.float64()),
+    ("non_compute_pct", pa.float64()),
+    ("overlap_pct", pa.float64()),
+    ("exposed_comm_pct", pa.float64()),
+    ("memory_pct", pa.float64()),
+    ("step_time_median_ms", pa.float64()),
+    ("step_time_p90_ms", pa.float64()),
+])
+
+
+@dataclass
+class Analysis:
+    """What `analyze` produced: where the tables are, the summary document, and its numbers."""
+
+    source: Path
+    derived: Path
+    summary: dict[str, Any]  # the --json document
+    ranks: list[dict[str, Any]]  # RANK_SCHEMA rows
+    inputs: dict[str, dict[str, Any]]  # manifest entries of this source's inputs, by rel path
+    analysed: int = 0  # inputs analysed this time (the others were up to date)
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether at least one rank could be analysed."""
+        return bool(self.ranks)
+
+
+def derived_dir_for(source: Source, out: Path | None) -> tuple[Path, str | None]:
+    """Where derived tables go: `--out`, else beside the data, else (read-only data) a cache."""
+    if out is not None:
+        return Path(out), None
+    beside = source.root / DERIVED_DIR
+    if _writable(beside):
+        return beside, None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha1(str(source.root.resolve()).encode()).hexdigest()[:10]
+    cache = base / "uberprof" / "derived" / f"{_safe(source.root.name)}-{digest}"
+    return cache, (f"{source.root} is read-only: derived tables go to {cache} "
+                   "(choose another place with --out)")
+
+
+def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+            workers: int | None = None, progress: Progress | None = None,
+            force: bool = False, executor: Executor | None = None) -> Analysis:
+    """Analyse every trace under `path` (run directory, trace folder or file).
+
+    Inputs already analysed (same size and mtime) are reused unless `force`. `workers`: processes
+    for the per-trace map (default: one per CPU, at most one per input; 1 = in this process).
+    `executor` replaces the pool (any concurrent.futures Executor, e.g. Dask's).
+    """
+    source = discover(Path(path))
+    derived, notice = derived_dir_for(source, Path(out) if out is not None else None)
+    derived.mkdir(parents=True, exist_ok=True)
+    manifest = _read_manifest(derived)
+    entries: dict[str, dict[str, Any]] = manifest.setdefault("inputs", {})
+
+    todo: list[tuple[TraceInput, dict[str, Any]]] = []
+    for inp in source.inputs:
+        try:
+            st = inp.path.stat()
+        except OSError as exc:
+            entries[inp.rel] = {"key": _key(inp.rel), "size": None, "mtime_ns": None,
+                                "status": "error", "message": f"{inp.path}: cannot read ({exc})"}
+            continue
+        key = _key(inp.rel)
+        old = entries.get(inp.rel)
+        fresh = (not force and old is not None and old.get("version") == FORMAT_VERSION
+                 and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
+                 and (old.get("status") == "error"
+                      or (derived / INPUTS_DIR / key / SUMMARY_FILE).exists()))
+        entry = {"key": key, "path": str(inp.path), "size": st.st_size,
+                 "mtime_ns": st.st_mtime_ns, "version": FORMAT_VERSION}
+        if fresh:
+            continue
+        todo.append((inp, entry))
+
+    total = len(todo)
+    if progress:
+        progress(0, total, "")
+    for n, (inp, entry, res) in enumerate(_map(todo, derived, workers, executor), 1):
+        entry.update(status=res["status"], message=res["message"])
+        entries[inp.rel] = entry
+        if progress:
+            progress(n, total, inp.rel)
+    manifest["format"] = "uberprof-derived"
+    manifest["version"] = FORMAT_VERSION
+    write_json_atomic(derived / MANIFEST_FILE, manifest)
+
+    result = _reduce(source, derived, entries)
+    result.analysed = total
+    if notice:
+        result.notices.append(notice)
+    return result
+
+
+# --- the map ------------------------------------------------------------------------------------
+
+def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: int | None,
+         executor: Executor | None):
+    if not todo:
+        return
+    if workers is None:
+        workers = min(os.cpu_count() or 1, len(todo))
+    jobs = [(inp, entry, str(inp.path), str(derived / INPUTS_DIR / entry["key"]))
+            for inp, entry in todo]
+    if executor is None and (workers <= 1 or len(todo) == 1):
+        for inp, entry, p, o in jobs:
+            yield inp, entry, analyze_input(p, o)
+        return
+    own = executor is None
+    if own:
+        ctx = None
+        if sys.platform.startswith("linux"):
+            import multiprocessing as mp
+
+            ctx = mp.get_context("fork")  # workers start in milliseconds, sharing our imports
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    assert executor is not None
+    try:
+        futures = {executor.submit(analyze_input, p, o): (inp, entry)
+                   for inp, entry, p, o in jobs}
+        for fut in as_completed(futures):
+            inp, entry = futures[fut]
+            try:
+                res = fut.result()
+            except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory)
+                res = {"status": "error", "summary": None, "problems": [],
+                       "message": f"{inp.path}: the worker analysing it died "
+                                  f"({type(exc).__name__}: {exc})"}
+            yield inp, entry, res
+    finally:
+        if own:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+# --- the reduce ---------------------------------------------------------------------------------
+
+def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]]) -> Analysis:
+    problems: list[str] = []
+    loaded: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]] = []
+    for inp in source.inputs:
+        e = entries.get(inp.rel)
+        if e is None:
+            continue
+        if e.get("status") != "ok":
+            problems.append(e.get("message") or f"{inp.path}: could not be analysed")
+            continue
+        try:
+            doc = orjson.loads((derived / INPUTS_DIR / e["key"] / SUMMARY_FILE).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            problems.append(f"{inp.path}: its derived tables are unreadable ({exc}); "
+                            "run uberprof analyze --force")
+            continue
+        problems.extend(doc.get("problems") or [])
+        loaded.append((inp, e, doc["summary"]))
+
+    # Which rank each trace belongs to: the trace itself, then the run directory, then its name.
+    assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
+    unranked = []
+    for inp, e, s in loaded:
+        rank = s.get("trace_rank")
+        if rank is not None:
+            if inp.rank_hint is not None and inp.hint_source == "run directory" \
+                    and inp.rank_hint != rank:
+                problems.append(f"{inp.path}: the trace says rank {rank} but it sits in the "
+                                f"folder of rank {inp.rank_hint}; using rank {rank}")
+        elif inp.rank_hint is not None:
+            rank = inp.rank_hint
+        if rank is None:
+            unranked.append((inp, e, s))
+        else:
+            assigned.append((rank, inp, e, s))
+    if unranked and len(source.inputs) == 1:
+        inp, e, s = unranked[0]
+        problems.append(f"{inp.path}: no rank in the trace (distributedInfo), its folder or its "
+                        "name; analysed as rank 0, the only trace here")
+        assigned.append((0, inp, e, s))
+    else:
+        for inp, _, _ in unranked:
+            problems.append(f"{inp.path}: cannot tell which rank wrote it: no distributedInfo.rank "
+                            "in the trace, not under ranks/<rank>/ of a run directory, and no "
+                            "rank in its name (such as rank-3.json or worker3.pt.trace.json); "
+                            "left out")
+
+    kept = _drop_duplicates(assigned, problems)
+    ranks_info: dict[int, list[tuple[TraceInput, dict[str, Any], dict[str, Any]]]] = {}
+    for rank, inp, e, s in kept:
+        ranks_info.setdefault(rank, []).append((inp, e, s))
+
+    timelines = _timelines(source, problems)
+    step_rows = _steps(derived, ranks_info, timelines)
+    coll = _collectives(derived, ranks_info)
+    rank_rows = [_rank_row(rank, items, [r for r in step_rows if r["rank"] == rank])
+                 for rank, items in sorted(ranks_info.items())]
+
+    pq.write_table(pa.Table.from_pylist(step_rows, schema=RUN_STEP_SCHEMA),
+                   derived / "steps.parquet")
+    pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA), derived / "ranks.parquet")
+    pq.write_table(coll, derived / "collectives.parquet")
+    summary = {
+        "ranks": [
+            {
+                "rank": r["rank"],
+                "steps": r["steps"],
+                "idle_pct": r["idle_pct"],
+                "compute_pct": r["compute_pct"],
+                "non_compute_pct": r["non_compute_pct"],
+                "overlap_pct": r["overlap_pct"],
+                "exposed_comm_pct": r["exposed_comm_pct"],
+                "step_time_ms": {"median": r["step_time_median_ms"],
+                                 "p90": r["step_time_p90_ms"]},
+            }
+            for r in rank_rows
+        ],
+        "problems": problems,
+    }
+    write_json_atomic(derived / SUMMARY_FILE, summary)
+    rank_of = {inp.rel: rank for rank, inp, _, _ in kept}
+    inputs = {}
+    for inp in source.inputs:
+        if inp.rel in entries:
+            inputs[inp.rel] = {**entries[inp.rel], "rank": rank_of.get(inp.rel)}
+    return Analysis(source=source.root, derived=derived, summary=summary, ranks=rank_rows,
+                    inputs=inputs)
+
+
+def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]],
+                     problems: list[str]) -> list[tuple[int, TraceInput, dict[str, Any],
+                                                        dict[str, Any]]]:
+    """Several traces of one rank are fine when they cover different times (several windows);
+    traces of one rank over the same time come from two jobs or copies: keep the first."""
+    kept: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
+    for rank, inp, e, s in sorted(assigned, key=lambda x: (x[0], x[1].rel)):
+        clash = next((k for k in kept if k[0] == rank
+                      and s["first_ns"] < k[3]["last_ns"] and k[3]["first_ns"] < s["last_ns"]),
+                     None)
+        if clash is not None:
+            problems.append(f"{inp.path}: duplicate rank {rank}: {clash[1].path} already covers "
+                            "the same time for that rank (two jobs in one folder, or a copied "
+                            "trace?); left out")
+            continue
+        kept.append((rank, inp, e, s))
+    return kept
+
+
+def _timelines(source: Source, problems: list[str]) -> dict[int, dict[int, dict[str, Any]]]:
+    """Step timelines of a run directory (steps.jsonl), by rank and step."""
+    out: dict[int, dict[int, dict[str, Any]]] = {}
+    for rank, rd in source.rank_dirs:
+        if rank is None:
+            continue
+        rows, truncated = read_steps(rd)
+        if truncated:
+            problems.append(f"{rd / 'steps.jsonl'}: ends with a cut-off line; "
+                            f"{len(rows)} whole steps kept")
+        steps = out.setdefault(rank, {})
+        for r in rows:
+            if isinstance(r.get("step"), int):
+                steps.setdefault(r["step"], r)
+    return out
+
+
+def _steps(derived: Path, ranks_info: dict[int, list[tuple[TraceInput, dict[str, Any],
+                                                            dict[str, Any]]]],
+           timelines: dict[int, dict[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for rank in sorted(set(ranks_info) | set(timelines)):
+        by_step: dict[int, dict[str, Any]] = {}
+        for inp, e, _ in ranks_info.get(rank, []):
+            t = pq.read_table(derived / INPUTS_DIR / e["key"] / STEPS_FILE)
+            for r in t.to_pylist():
+                if r["step"] in by_step:
+                    continue
+                r.update(rank=rank, traced=True, trace=inp.rel)
+                by_step[r["step"]] = r
+        if rank not in ranks_info and rank in timelines:
+            continue  # a rank without any analysable trace is not a rank of this analysis
+        for step, tl in timelines.get(rank, {}).items():
+            start, end = tl.get("host_start_ns"), tl.get("host_end_ns")
+            if step in by_step:
+                r = by_step[step]
+                if isinstance(start, int) and isinstance(end, int):
+                    r["host_start_ns"], r["host_end_ns"] = start, end
+                continue
+            by_step[step] = {"rank": rank, "step": step, "traced": False, "trace": None,
+                             "host_start_ns": start, "host_end_ns": end,
+                             "data_wait_ns": tl.get("data_wait_ns")}
+        for step in sorted(by_step):
+            r = by_step[step]
+            s, e = r.get("host_start_ns"), r.get("host_end_ns")
+            r["step_time_ns"] = e - s if isinstance(s, int) and isinstance(e, int) else None
+            rows.append(r)
+    return rows
+
+
+def _collectives(derived: Path, ranks_info: dict[int, list[tuple[TraceInput, dict[str, Any],
+                                                                  dict[str, Any]]]]) -> pa.Table:
+    schema = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA, ("trace", pa.string())])
+    parts = []
+    for rank, items in sorted(ranks_info.items()):
+        for inp, e, _ in items:
+            t = pq.read_table(derived / INPUTS_DIR / e["key"] / COLLECTIVES_FILE)
+            t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank), pa.int64()))
+            t = t.append_column("trace", pa.array([inp.rel] * t.num_rows, pa.string()))
+            parts.append(t.cast(schema))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _rank_row(rank: int, items: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]],
+              steps: list[dict[str, Any]]) -> dict[str, Any]:
+    totals = {f: sum(int(s[f]) for _, _, s in items) for f in BREAKDOWN_FIELDS}
+    pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))
+    times = np.array([r["step_time_ns"] for r in steps if r.get("step_time_ns") is not None],
+                     dtype=np.float64)
+    modes = {s["mode"] for _, _, s in items}
+    return {
+        "rank": rank,
+        "mode": "device" if "device" in modes else "cpu",
+        "device_type": next((s["device_type"] for _, _, s in items
+                             if s["mode"] == "device"), "cpu"),
+        "host": next((s["host"] for _, _, s in items if s.get("host")), None),
+        "traces": len(items),
+        "steps": len(steps),
+        **totals,
+        **pct,
+        "step_time_median_ms": round(float(np.median(times)) / 1e6, 3) if times.size else None,
+        "step_time_p90_ms": round(float(np.percentile(times, 90)) / 1e6, 3) if times.size
+        else None,
+    }
+
+
+# --- small helpers ------------------------------------------------------------------------------
+
+def _read_manifest(derived: Path) -> dict[str, Any]:
+    try:
+        m = orjson.loads((derived / MANIFEST_FILE).read_bytes())
+        return m if isinstance(m, dict) and m.get("version") == FORMAT_VERSION else {}
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+
+
+def _key(rel: str) -> str:
+    digest = hashlib.sha1(rel.encode()).hexdigest()[:8]
+    return f"{_safe(rel)[-80:]}-{digest}"
+
+
+def _safe(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_") or "x"
+
+
+def _writable(d: Path) -> bool:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".write-test-"):
+            pass
+        return True
+    except OSError:
+        return False

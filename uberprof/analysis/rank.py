@@ -1,0 +1,346 @@
+"""The per-rank map: one trace file -> its tables. Plain top-level functions of picklable
+arguments, so a process pool (default) or a Dask cluster can run them unchanged.
+
+- `analyze_trace(path)` returns the tables in memory (`TraceTables`).
+- `analyze_input(path, out_dir)` writes them as Parquet/JSON under `out_dir` and returns a small
+  status dict, so that no event table ever travels back to the coordinating process.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from uberprof.analysis import metrics as M
+from uberprof.ingest import classify as K
+from uberprof.ingest.trace import TraceError, ingest_trace
+
+__all__ = ["TraceTables", "analyze_trace", "analyze_input", "STEP_SCHEMA", "COLLECTIVE_SCHEMA",
+           "EVENTS_FILE", "STEPS_FILE", "COLLECTIVES_FILE", "SUMMARY_FILE"]
+
+EVENTS_FILE = "events.parquet"
+STEPS_FILE = "steps.parquet"
+COLLECTIVES_FILE = "collectives.parquet"
+SUMMARY_FILE = "summary.json"
+
+BREAKDOWN_FIELDS = ("window_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
+                    "memory_ns", "idle_ns")
+
+STEP_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("host_start_ns", pa.int64()),  # the ProfilerStep#N span on the host
+    ("host_end_ns", pa.int64()),
+    ("device_start_ns", pa.int64()),  # the step's device window (DESIGN.md)
+    ("device_end_ns", pa.int64()),
+    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
+    ("data_wait_ns", pa.int64()),  # host inside data-loader fetches during the host window
+    ("optimizer_ns", pa.int64()),  # host inside Optimizer.step during the host window
+    ("comm_bytes", pa.int64()),  # bytes of the collectives launched in the step
+    ("collectives", pa.int64()),
+    ("device_incomplete", pa.bool_()),  # launches whose device work the trace lacks (cut off)
+])
+
+COLLECTIVE_SCHEMA = pa.schema([
+    ("name", pa.string()),  # all_reduce, allreduce, broadcast, ... as the trace spells it
+    ("event", pa.string()),  # the kernel or span it comes from
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+    ("launch_ns", pa.int64()),
+    ("step", pa.int64()),
+    ("in_bytes", pa.int64()),
+    ("out_bytes", pa.int64()),
+    ("dtype", pa.string()),
+    ("group_size", pa.int32()),
+    ("pg_name", pa.string()),
+    ("pg_ranks", pa.string()),
+    ("seq", pa.int64()),
+    ("stream", pa.int64()),
+    ("tid", pa.int64()),
+])
+
+
+@dataclass
+class TraceTables:
+    """Everything derived from one trace file."""
+
+    path: str
+    events: pa.Table  # the ingest table plus `step`
+    steps: pa.Table  # STEP_SCHEMA
+    collectives: pa.Table  # COLLECTIVE_SCHEMA
+    summary: dict[str, Any]  # whole-trace breakdown (HTA-compatible) and trace metadata
+    problems: list[str] = field(default_factory=list)
+
+
+def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
+    """Ingest one trace and compute its per-step and whole-trace breakdowns."""
+    t = ingest_trace(path)
+    ev = t.events
+    ts = ev.column("ts").to_numpy()
+    dur = ev.column("dur").to_numpy()
+    act = M.device_activity(ev)
+
+    step_no, host_lo, host_hi = _profiler_steps(ev)
+    dev_lo, dev_hi = M.step_device_windows(host_lo, host_hi, act)
+    b = M.breakdown(act, dev_lo, dev_hi)
+    threads = M.training_threads(ev) if act.mode == "cpu" else None
+    data_wait = M.host_time_in(ev, (K.DATALOADER,), host_lo, host_hi, threads)
+    optimizer = M.host_time_in(ev, (K.OPTIMIZER,), host_lo, host_hi, threads)
+
+    # Every event's step: host events by where they start, device events by their launch.
+    event_step = _step_of(ts, host_lo, host_hi, step_no)
+    if act.rows.size:
+        event_step[act.rows] = _step_of(act.launch, host_lo, host_hi, step_no)
+    events = ev.append_column("step", pa.array(event_step, pa.int64()))
+
+    colls = _collectives(ev, act, host_lo, host_hi, step_no)
+    comm_bytes, n_coll = _per_step_collectives(colls, step_no)
+    steps = pa.table({
+        "step": pa.array(step_no, pa.int64()),
+        "host_start_ns": pa.array(host_lo, pa.int64()),
+        "host_end_ns": pa.array(host_hi, pa.int64()),
+        "device_start_ns": pa.array(dev_lo, pa.int64()),
+        "device_end_ns": pa.array(dev_hi, pa.int64()),
+        **{k: pa.array(v, pa.int64()) for k, v in b.as_dict().items()},
+        "data_wait_ns": pa.array(data_wait, pa.int64()),
+        "optimizer_ns": pa.array(optimizer, pa.int64()),
+        "comm_bytes": pa.array(comm_bytes, pa.int64()),
+        "collectives": pa.array(n_coll, pa.int64()),
+        "device_incomplete": pa.array(_incomplete(ev, act, host_lo, host_hi), pa.bool_()),
+    }, schema=STEP_SCHEMA)
+
+    whole = M.trace_activity(act, host_lo, t.sub_us)
+    lo, hi = M.trace_window(whole)
+    wb = M.breakdown(whole, np.array([lo]), np.array([hi]))
+    totals = {k: int(v[0]) for k, v in wb.as_dict().items()}
+    summary: dict[str, Any] = {
+        "path": t.path,
+        "trace_rank": t.rank,
+        "world_size": t.world_size,
+        "backend": t.backend,
+        "process_groups": t.process_groups,
+        "host": t.host,
+        "device_type": t.device_type,
+        "mode": act.mode,
+        "clock": t.clock,
+        "uberprof_window": t.uberprof_window,
+        "events": ev.num_rows,
+        "first_ns": int(ts.min()),
+        "last_ns": int((ts + dur).max()),
+        "window_start_ns": lo,
+        "window_end_ns": hi,
+        "steps": [int(s) for s in step_no],
+        **totals,
+        "has_comm": whole.has_comm,
+    }
+    problems = list(t.problems)
+    if not act.rows.size:
+        problems.append(f"{t.path}: no device activity and no operators on a training thread: "
+                        "nothing to break down")
+    return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
+                       summary=summary, problems=problems)
+
+
+def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
+    """Analyse one trace file and write its tables under `out_dir`; never raises.
+
+    Returns {"status": "ok"|"error", "message": ..., "summary": ...}. Errors name the file.
+    """
+    out = Path(out_dir)
+    try:
+        tables = analyze_trace(path)
+        out.mkdir(parents=True, exist_ok=True)
+        pq.write_table(tables.events, out / EVENTS_FILE, compression="zstd")
+        pq.write_table(tables.steps, out / STEPS_FILE)
+        pq.write_table(tables.collectives, out / COLLECTIVES_FILE)
+        doc = {"summary": tables.summary, "problems": tables.problems}
+        tmp = out / (SUMMARY_FILE + ".tmp")
+        tmp.write_bytes(orjson.dumps(doc))
+        os.replace(tmp, out / SUMMARY_FILE)  # written last: its presence marks a finished input
+        return {"status": "ok", "message": None, **doc}
+    except TraceError as exc:
+        return {"status": "error", "message": str(exc), "summary": None, "problems": []}
+    except MemoryError:
+        return {"status": "error", "message": f"{path}: out of memory while analysing it",
+                "summary": None, "problems": []}
+    except Exception as exc:  # noqa: BLE001 - one bad file must not stop the other ranks
+        tb = traceback.format_exc(limit=4)
+        return {"status": "error", "summary": None, "problems": [],
+                "message": f"{path}: could not be analysed ({type(exc).__name__}: {exc}); "
+                           f"please report this with the trace. {tb.strip().splitlines()[-1]}"}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _profiler_steps(ev: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step numbers and host windows from `ProfilerStep#N` spans (first span per number)."""
+    m = M.kind_mask(ev, (K.STEP,))
+    if not m.any():
+        return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
+    names = ev.column("name").filter(pa.array(m)).to_pylist()
+    ts = ev.column("ts").to_numpy()[m]
+    end = ts + ev.column("dur").to_numpy()[m]
+    tid = ev.column("tid").to_numpy()[m]
+    # Steps live on one thread (the training loop's); annotations elsewhere are strays.
+    vals, counts = np.unique(tid, return_counts=True)
+    main = vals[np.argmax(counts)]
+    seen: dict[int, tuple[int, int]] = {}
+    for name, s, e, t in zip(names, ts.tolist(), end.tolist(), tid.tolist()):
+        n = K.step_number(name)
+        if n is None or t != main or n in seen:
+            continue
+        seen[n] = (s, e)
+    order = sorted(seen.items(), key=lambda kv: kv[1][0])
+    step = np.array([k for k, _ in order], dtype=np.int64)
+    lo = np.array([v[0] for _, v in order], dtype=np.int64)
+    hi = np.array([v[1] for _, v in order], dtype=np.int64)
+    # Clip overlaps (a step's span may run into the next one's on some profilers).
+    if lo.size > 1:
+        hi[:-1] = np.minimum(hi[:-1], lo[1:])
+    return step, lo, hi
+
+
+def _step_of(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Step number of each time t (-1 outside every host window)."""
+    out = np.full(t.shape, -1, dtype=np.int64)
+    if lo.size == 0 or t.size == 0:
+        return out
+    k = np.searchsorted(lo, t, side="right") - 1
+    ok = (k >= 0) & (t < hi[np.clip(k, 0, lo.size - 1)])
+    out[ok] = step[k[ok]]
+    return out
+
+
+def _collectives(ev: pa.Table, act: M.Activity, host_lo: np.ndarray, host_hi: np.ndarray,
+                 step_no: np.ndarray) -> pa.Table:
+    """One row per collective instance: Gloo spans on CPU ranks, comm kernels on accelerators.
+
+    Kernels without NCCL metadata (older PyTorch) take it from the host span that launched
+    them (`nccl:*` annotation or `record_param_comms`), found by time on the launching thread.
+    """
+    if act.mode == "cpu":
+        m = M.kind_mask(ev, (K.HOST_COMM,))
+        rows = np.flatnonzero(m)
+        launch = ev.column("ts").to_numpy()[rows]
+    else:
+        keep = act.role == M.COMM
+        rows = act.rows[keep]
+        launch = act.launch[keep]
+    if rows.size == 0:
+        return COLLECTIVE_SCHEMA.empty_table()
+    sub = ev.take(pa.array(rows))
+    ts = sub.column("ts").to_numpy()
+    cols: dict[str, Any] = {
+        "name": sub.column("coll_name").cast(pa.string()).to_pylist(),
+        "event": sub.column("name").cast(pa.string()).to_pylist(),
+        "start_ns": ts,
+        "end_ns": ts + sub.column("dur").to_numpy(),
+        "launch_ns": launch,
+        "step": _step_of(launch, host_lo, host_hi, step_no),
+        "in_bytes": sub.column("in_bytes").to_pylist(),
+        "out_bytes": sub.column("out_bytes").to_pylist(),
+        "dtype": sub.column("dtype").cast(pa.string()).to_pylist(),
+        "group_size": sub.column("group_size").to_pylist(),
+        "pg_name": sub.column("pg_name").cast(pa.string()).to_pylist(),
+        "pg_ranks": sub.column("pg_ranks").cast(pa.string()).to_pylist(),
+        "seq": sub.column("seq").to_pylist(),
+        "stream": sub.column("stream").to_numpy(),
+        "tid": sub.column("tid").to_numpy(),
+    }
+    if act.mode == "device":
+        _fill_from_launching_span(ev, act, keep, cols)
+    return pa.table(cols, schema=COLLECTIVE_SCHEMA)
+
+
+def _fill_from_launching_span(ev: pa.Table, act: M.Activity, keep: np.ndarray,
+                              cols: dict[str, Any]) -> None:
+    missing = [i for i, n in enumerate(cols["name"]) if n is None or cols["in_bytes"][i] is None]
+    if not missing:
+        return
+    span_m = M.kind_mask(ev, (K.COMM_OP,))
+    if not span_m.any():
+        return
+    rows = act.rows[keep]
+    corr = ev.column("correlation").to_numpy()
+    tid_all = ev.column("tid").to_numpy()
+    ts_all = ev.column("ts").to_numpy()
+    end_all = ts_all + ev.column("dur").to_numpy()
+    # the launching runtime call's thread, by correlation
+    rt = M.kind_mask(ev, (K.RUNTIME, K.SYNC)) & (corr >= 0)
+    rt_idx = np.flatnonzero(rt)
+    order = np.argsort(corr[rt_idx], kind="stable")
+    rt_corr = corr[rt_idx][order]
+    rt_rows = rt_idx[order]
+    spans = np.flatnonzero(span_m)
+    names = ev.column("coll_name").cast(pa.string()).to_pylist()
+    in_b = ev.column("in_bytes").to_pylist()
+    dtypes = ev.column("dtype").cast(pa.string()).to_pylist()
+    for i in missing:
+        c = corr[rows[i]]
+        if c < 0 or rt_corr.size == 0:
+            continue
+        p = np.searchsorted(rt_corr, c)
+        if p >= rt_corr.size or rt_corr[p] != c:
+            continue
+        r = rt_rows[p]
+        t, thread = ts_all[r], tid_all[r]
+        inside = spans[(tid_all[spans] == thread) & (ts_all[spans] <= t) & (end_all[spans] >= t)]
+        # innermost span with metadata
+        for s in inside[np.argsort(-ts_all[inside])]:
+            if names[s] is not None:
+                cols["name"][i] = cols["name"][i] or names[s]
+                if cols["in_bytes"][i] is None:
+                    cols["in_bytes"][i] = in_b[s]
+                cols["dtype"][i] = cols["dtype"][i] or dtypes[s]
+                break
+
+
+def _per_step_collectives(colls: pa.Table, step_no: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nbytes = np.zeros(step_no.size, dtype=np.int64)
+    count = np.zeros(step_no.size, dtype=np.int64)
+    if colls.num_rows == 0 or step_no.size == 0:
+        return nbytes, count
+    st = colls.column("step").to_numpy()
+    b = np.array([x or 0 for x in colls.column("in_bytes").to_pylist()], dtype=np.int64)
+    pos = {int(s): i for i, s in enumerate(step_no)}
+    for s, x in zip(st.tolist(), b.tolist()):
+        i = pos.get(s)
+        if i is not None:
+            nbytes[i] += x
+            count[i] += 1
+    return nbytes, count
+
+
+def _incomplete(ev: pa.Table, act: M.Activity, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Steps with kernel launches whose kernels are missing from the trace (cut off when the
+    profiler stopped, or dropped by CUPTI's buffers)."""
+    out = np.zeros(lo.size, dtype=bool)
+    if act.mode != "device" or lo.size == 0:
+        return out
+    names = ev.column("name").combine_chunks()
+    dictionary = names.dictionary.to_pylist()
+    is_launch = np.array([("LaunchKernel" in n or "ModuleLaunch" in n) for n in dictionary]
+                         + [False], dtype=bool)
+    idx = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    launch = is_launch[idx] & M.kind_mask(ev, (K.RUNTIME,))
+    corr = ev.column("correlation").to_numpy()
+    launch &= corr >= 0
+    if not launch.any():
+        return out
+    device_corr = np.unique(corr[M.kind_mask(ev, tuple(K.DEVICE_KINDS))])
+    lost = launch & ~np.isin(corr, device_corr)
+    if not lost.any():
+        return out
+    t = ev.column("ts").to_numpy()[lost]
+    k = np.searchsorted(lo, t, side="right") - 1
+    ok = (k >= 0) & (t < hi[np.clip(k, 0, lo.size - 1)])
+    out[np.unique(k[ok])] = True
+    return out
+

@@ -1,0 +1,124 @@
+"""Where the traces are, and which rank each one probably belongs to.
+
+A PATH is a uberprof run directory (`ranks/<rank>/traces/steps-*.pt.trace.json.gz`), any folder
+of Kineto traces (tensorboard_trace_handler, torchtitan, HTA test data: every `.json` /
+`.json.gz` under it), or one trace file. The rank a trace really belongs to is decided after
+parsing: `distributedInfo.rank` first, then the hint found here (run directory, then file name).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from uberprof.rundir import (
+    DERIVED_DIR,
+    NODE_FILE,
+    RANK_FILE,
+    RUN_FILE,
+    TRACES_DIR,
+    RunDir,
+    parse_trace_file_name,
+    read_json,
+)
+
+__all__ = ["TraceInput", "Source", "discover", "rank_from_name", "NoTraces"]
+
+# rank-34.Jul_15..., sampled_rank-1.json.gz, rank_3/, rank3.json, worker0.pt.trace.json
+_RANK_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
+_NOT_TRACES = {RUN_FILE, NODE_FILE, RANK_FILE}
+
+
+class NoTraces(Exception):
+    """PATH holds no trace file at all."""
+
+
+@dataclass(frozen=True)
+class TraceInput:
+    path: Path
+    rel: str  # path relative to the source root, with '/' separators
+    rank_hint: int | None  # from the run directory or the file name
+    hint_source: str | None  # "run directory" or "file name"
+
+
+@dataclass
+class Source:
+    root: Path
+    kind: str  # "run", "folder" or "file"
+    inputs: list[TraceInput]
+    rank_dirs: list[tuple[int | None, Path]] = field(default_factory=list)  # runs only
+
+
+def rank_from_name(rel: str) -> int | None:
+    """A rank spelled in a file name, else in a folder name of `rel` (nearest first)."""
+    for part in reversed(rel.split("/")):
+        m = _RANK_NAME.search(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def discover(path: Path) -> Source:
+    """The trace files under `path` (see module doc). Raises NoTraces when there are none."""
+    path = Path(path)
+    if not path.exists():
+        raise NoTraces(f"{path}: no such file or directory")
+    if path.is_file():
+        root = path.parent
+        hint = rank_from_name(path.name)
+        return Source(root, "file", [TraceInput(path, path.name, hint,
+                                                "file name" if hint is not None else None)])
+    run = RunDir(path)
+    if run.is_run():
+        return _run_source(run)
+    inputs = []
+    for p in sorted(_trace_files(path)):
+        rel = p.relative_to(path).as_posix()
+        hint = rank_from_name(rel)
+        inputs.append(TraceInput(p, rel, hint, "file name" if hint is not None else None))
+    if not inputs:
+        raise NoTraces(f"{path}: no Kineto traces here (looked for *.json and *.json.gz, "
+                       "and for a uberprof run directory with ranks/)")
+    return Source(path, "folder", inputs)
+
+
+def _trace_files(root: Path) -> list[Path]:
+    out = []
+    for p in root.rglob("*"):
+        rel = p.relative_to(root).parts
+        if rel[0] == DERIVED_DIR or any(part.startswith(".") for part in rel):
+            continue
+        name = p.name.lower()
+        if (name.endswith(".json") or name.endswith(".json.gz")) and p.name not in _NOT_TRACES \
+                and p.is_file():
+            out.append(p)
+    return out
+
+
+def _run_source(run: RunDir) -> Source:
+    inputs: list[TraceInput] = []
+    rank_dirs: list[tuple[int | None, Path]] = []
+    for rd in run.rank_dirs():
+        rank: int | None = None
+        try:
+            r = read_json(rd / RANK_FILE).get("rank")
+            rank = r if isinstance(r, int) else None
+        except (OSError, ValueError):
+            pass
+        if rank is None:
+            head = rd.name.split("-", 1)[0]
+            rank = int(head) if head.isdigit() else None
+        rank_dirs.append((rank, rd))
+        tdir = rd / TRACES_DIR
+        if not tdir.is_dir():
+            continue
+        files = {p.name: p for p in tdir.iterdir() if p.is_file()}
+        for name, p in sorted(files.items()):
+            if parse_trace_file_name(name) is None:
+                continue
+            if not name.endswith(".gz") and name + ".gz" in files:
+                continue  # being compressed: the archive is complete, the original not yet gone
+            inputs.append(TraceInput(p, p.relative_to(run.root).as_posix(), rank,
+                                     "run directory" if rank is not None else None))
+    return Source(run.root, "run", inputs, rank_dirs)

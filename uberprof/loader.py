@@ -1,0 +1,102 @@
+"""`uberprof.load(path)`: a run's analysis tables for notebooks, as pandas or Arrow."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from uberprof.analysis.pipeline import INPUTS_DIR, Analysis, analyze
+from uberprof.analysis.rank import EVENTS_FILE
+
+__all__ = ["load", "Run"]
+
+Format = Literal["pandas", "arrow"]
+
+
+def load(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+         workers: int | None = None, force: bool = False) -> Run:
+    """Analyse the traces under `path` (reusing what is already analysed) and return a `Run`.
+
+    `path` is a uberprof run directory, a folder of Kineto traces or one trace file. Derived
+    tables are written beside the data, in `out`, or (read-only data) in a cache folder.
+    """
+    return Run(analyze(path, out=out, workers=workers, force=force))
+
+
+class Run:
+    """The tables of one analysed run. Every method returns pandas unless `format="arrow"`."""
+
+    def __init__(self, analysis: Analysis) -> None:
+        self._a = analysis
+
+    def __repr__(self) -> str:
+        return (f"<uberprof.Run {self._a.source}: {len(self.ranks)} ranks, "
+                f"{len(self.problems)} problems>")
+
+    @property
+    def path(self) -> Path:
+        return self._a.source
+
+    @property
+    def derived(self) -> Path:
+        """The folder holding the Parquet tables (query them with DuckDB or pyarrow directly)."""
+        return self._a.derived
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r["rank"] for r in self._a.ranks]
+
+    @property
+    def problems(self) -> list[str]:
+        return list(self._a.summary["problems"])
+
+    def summary(self) -> dict[str, Any]:
+        """The `uberprof analyze --json` document."""
+        return orjson.loads(orjson.dumps(self._a.summary))
+
+    def breakdown(self, format: Format = "pandas") -> Any:
+        """One row per rank: whole-trace breakdown in ns and percent (HTA-compatible)."""
+        return _out(pq.read_table(self.derived / "ranks.parquet"), format)
+
+    def steps(self, rank: int | None = None, format: Format = "pandas") -> Any:
+        """One row per rank and step: host and device windows and the step's breakdown."""
+        t = pq.read_table(self.derived / "steps.parquet")
+        if rank is not None:
+            t = t.filter(pc.equal(t.column("rank"), rank))
+        return _out(t, format)
+
+    def collectives(self, rank: int | None = None, format: Format = "pandas") -> Any:
+        """One row per collective instance: name, bytes, dtype, group, times, step."""
+        t = pq.read_table(self.derived / "collectives.parquet")
+        if rank is not None:
+            t = t.filter(pc.equal(t.column("rank"), rank))
+        return _out(t, format)
+
+    def events(self, rank: int, format: Format = "pandas") -> Any:
+        """Every event of one rank (all its trace files), sorted by start; times in ns."""
+        return _out(self._rank_table(rank, EVENTS_FILE), format)
+
+    def _rank_table(self, rank: int, name: str) -> pa.Table:
+        keys = [e["key"] for e in self._a.inputs.values() if e.get("rank") == rank]
+        if not keys:
+            raise KeyError(f"rank {rank} is not in this run (ranks: {self.ranks})")
+        parts = [pq.read_table(self.derived / INPUTS_DIR / k / name) for k in keys]
+        t = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+        if len(parts) > 1:
+            t = t.sort_by("ts")
+        return t
+
+
+def _out(t: pa.Table, format: Format) -> Any:
+    if format == "arrow":
+        return t
+    if format == "pandas":
+        return t.to_pandas()
+    raise ValueError(f"format must be 'pandas' or 'arrow', not {format!r}")
+
