@@ -93,9 +93,31 @@ class HostSource:
 # ---- NICs -----------------------------------------------------------------------------------------
 
 
-def link_speed_bytes(name: str, sys_net: Path = SYS_NET) -> float | None:
-    """The NIC's negotiated speed in bytes/s from /sys; None where the kernel does not know
-    (veth, bridges, down links: reading `speed` fails or gives -1)."""
+VIRTUAL_DRIVERS = frozenset({"veth", "bridge", "tun", "dummy", "ifb", "vxlan", "geneve",
+                             "openvswitch", "wireguard", "loopback"})
+"""Software links: the speed they report (veth says 10 Gbit/s) is no physical limit."""
+
+
+def nic_driver(name: str) -> str | None:
+    """The NIC's driver (`mlx5_core`, `virtio_net`, `veth`, ...) through the ethtool ioctl;
+    None where the kernel does not say."""
+    import array
+    import fcntl
+    import struct
+
+    # struct ethtool_drvinfo: cmd (ETHTOOL_GDRVINFO = 3), then driver[32], ... 196 bytes in all
+    buf = array.array("B", struct.pack("I", 3) + bytes(192))
+    ifreq = struct.pack("16sP", name.encode()[:15], buf.buffer_info()[0])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            fcntl.ioctl(s.fileno(), 0x8946, ifreq)  # SIOCETHTOOL
+    except OSError:
+        return None
+    return buf[4:36].tobytes().split(b"\0")[0].decode(errors="replace") or None
+
+
+def sys_speed_bytes(name: str, sys_net: Path = SYS_NET) -> float | None:
+    """What /sys/class/net/<nic>/speed says, in bytes/s; None when it fails or gives -1."""
     try:
         mbit = int((sys_net / name / "speed").read_text().strip())
     except (OSError, ValueError):
@@ -103,20 +125,27 @@ def link_speed_bytes(name: str, sys_net: Path = SYS_NET) -> float | None:
     return mbit * 125_000.0 if mbit > 0 else None
 
 
-def nic_kind(name: str, sys_net: Path = SYS_NET) -> str:
-    """`physical` when backed by a device, else the virtual kind where it can be told."""
+def link_speed_bytes(name: str, driver: str | None, sys_net: Path = SYS_NET) -> float | None:
+    """The NIC's negotiated speed in bytes/s; None where there is no physical speed to report
+    (veth and other software links, down links, drivers that do not know)."""
+    if driver in VIRTUAL_DRIVERS:
+        return None
+    return sys_speed_bytes(name, sys_net)
+
+
+def nic_kind(name: str, driver: str | None, sys_net: Path = SYS_NET) -> str:
+    """`physical` when backed by a device (or `infiniband` for IPoIB), else the software kind."""
     base = sys_net / name
+    if driver in VIRTUAL_DRIVERS:
+        return driver
     if (base / "device").exists():
         return "infiniband" if _read(base / "type") == "32" else "physical"
     try:
-        uevent = (base / "uevent").read_text()
-        m = re.search(r"^DEVTYPE=(\S+)", uevent, re.MULTILINE)
+        m = re.search(r"^DEVTYPE=(\S+)", (base / "uevent").read_text(), re.MULTILINE)
         if m:
             return m.group(1)
     except OSError:
         pass
-    if name.startswith("veth") or (base / "peer").exists():
-        return "veth"
     return "virtual"
 
 
@@ -227,12 +256,14 @@ class NicSource:
         stats = self._refresh_up()
         rows: list[Row] = []
         for nic in self._counters():
-            speed = link_speed_bytes(nic, self.sys_net)
+            driver = nic_driver(nic)
+            speed = link_speed_bytes(nic, driver, self.sys_net)
             cap = (caps or {}).get(nic)
             st = stats.get(nic)
-            self.links[nic] = {"kind": nic_kind(nic, self.sys_net), "link_speed": speed,
-                               "tc_rate": cap, "mtu": st.mtu if st else None,
-                               "up": st.isup if st else None}
+            self.links[nic] = {"kind": nic_kind(nic, driver, self.sys_net), "driver": driver,
+                               "link_speed": speed, "tc_rate": cap,
+                               "reported_speed": sys_speed_bytes(nic, self.sys_net),
+                               "mtu": st.mtu if st else None, "up": st.isup if st else None}
             if speed is not None:
                 rows.append((nic, "link_speed", speed, "B/s"))
             if cap is not None:
