@@ -141,10 +141,20 @@ def device_activity(events: pa.Table) -> Activity:
         memory_m = np.zeros_like(comm_m)
         data_m = kind_mask(events, (K.DATALOADER,)) & train
         not_compute = iv.union(ts[data_m], end[data_m])
+        # operators run by a data-loader fetch are data loading, not the model's compute
+        compute_m &= ~_starts_inside(ts, not_compute)
         rows = np.flatnonzero(compute_m | comm_m)
         launch, linked = ts[rows], np.ones(rows.size, dtype=bool)
     role = np.where(comm_m[rows], COMM, np.where(memory_m[rows], MEMORY, COMPUTE)).astype(np.int8)
     return _activity(mode, rows, role, ts[rows], end[rows], launch, linked, not_compute)
+
+
+def _starts_inside(t: np.ndarray, spans: Intervals) -> np.ndarray:
+    """Whether each time lies inside one of the (normalised) spans."""
+    if not len(spans):
+        return np.zeros(t.shape, dtype=bool)
+    k = np.searchsorted(spans.starts, t, side="right") - 1
+    return (k >= 0) & (t < spans.ends[np.clip(k, 0, len(spans) - 1)])
 
 
 def launch_times(events: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -423,7 +423,16 @@ def _safe(s: str) -> str:
 
 
 def _writable(d: Path) -> bool:
+    """Whether we may write `d`: permission bits are honoured even for root, so a folder made
+    read-only on purpose (chmod a-w) is never written into."""
+    probe = d
+    while not probe.exists():
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
     try:
+        if not os.access(probe, os.W_OK) or not probe.stat().st_mode & 0o222:
+            return False
         d.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=d, prefix=".write-test-"):
             pass

@@ -49,7 +49,7 @@ STEP_SCHEMA = pa.schema([
 ])
 
 COLLECTIVE_SCHEMA = pa.schema([
-    ("name", pa.string()),  # all_reduce, allreduce, broadcast, ... as the trace spells it
+    ("name", pa.string()),  # canonical: allreduce, allgather, reducescatter, alltoall, ...
     ("event", pa.string()),  # the kernel or span it comes from
     ("start_ns", pa.int64()),
     ("end_ns", pa.int64()),
@@ -256,44 +256,45 @@ def _collectives(ev: pa.Table, act: M.Activity, host_lo: np.ndarray, host_hi: np
     }
     if act.mode == "device":
         _fill_from_launching_span(ev, act, keep, cols)
+    cols["name"] = [K.canonical_collective(n) if n else None for n in cols["name"]]
     return pa.table(cols, schema=COLLECTIVE_SCHEMA)
 
 
 def _fill_from_launching_span(ev: pa.Table, act: M.Activity, keep: np.ndarray,
                               cols: dict[str, Any]) -> None:
+    """Metadata for comm kernels that lack it, from the host span that launched them: the
+    innermost `nccl:*` / `record_param_comms` span around the launching runtime call (same
+    thread), else the span with the kernel's external id (2021 traces have no runtime link)."""
     missing = [i for i, n in enumerate(cols["name"]) if n is None or cols["in_bytes"][i] is None]
-    if not missing:
-        return
     span_m = M.kind_mask(ev, (K.COMM_OP,))
-    if not span_m.any():
+    if not missing or not span_m.any():
         return
     rows = act.rows[keep]
     corr = ev.column("correlation").to_numpy()
+    ext = ev.column("external_id").to_numpy()
     tid_all = ev.column("tid").to_numpy()
     ts_all = ev.column("ts").to_numpy()
     end_all = ts_all + ev.column("dur").to_numpy()
-    # the launching runtime call's thread, by correlation
-    rt = M.kind_mask(ev, (K.RUNTIME, K.SYNC)) & (corr >= 0)
-    rt_idx = np.flatnonzero(rt)
+    rt_idx = np.flatnonzero(M.kind_mask(ev, (K.RUNTIME, K.SYNC)) & (corr >= 0))
     order = np.argsort(corr[rt_idx], kind="stable")
-    rt_corr = corr[rt_idx][order]
-    rt_rows = rt_idx[order]
+    rt_corr, rt_rows = corr[rt_idx][order], rt_idx[order]
     spans = np.flatnonzero(span_m)
     names = ev.column("coll_name").cast(pa.string()).to_pylist()
     in_b = ev.column("in_bytes").to_pylist()
     dtypes = ev.column("dtype").cast(pa.string()).to_pylist()
     for i in missing:
-        c = corr[rows[i]]
-        if c < 0 or rt_corr.size == 0:
-            continue
-        p = np.searchsorted(rt_corr, c)
-        if p >= rt_corr.size or rt_corr[p] != c:
-            continue
-        r = rt_rows[p]
-        t, thread = ts_all[r], tid_all[r]
-        inside = spans[(tid_all[spans] == thread) & (ts_all[spans] <= t) & (end_all[spans] >= t)]
-        # innermost span with metadata
-        for s in inside[np.argsort(-ts_all[inside])]:
+        r = rows[i]
+        candidates = np.zeros(0, dtype=np.int64)
+        p = np.searchsorted(rt_corr, corr[r]) if rt_corr.size and corr[r] >= 0 else -1
+        if 0 <= p < rt_corr.size and rt_corr[p] == corr[r]:
+            launch = rt_rows[p]
+            t, thread = ts_all[launch], tid_all[launch]
+            inside = spans[(tid_all[spans] == thread) & (ts_all[spans] <= t)
+                           & (end_all[spans] >= t)]
+            candidates = inside[np.argsort(-ts_all[inside])]  # innermost first
+        if not candidates.size and ext[r] >= 0:
+            candidates = spans[ext[spans] == ext[r]]
+        for s in candidates:
             if names[s] is not None:
                 cols["name"][i] = cols["name"][i] or names[s]
                 if cols["in_bytes"][i] is None:

@@ -113,6 +113,16 @@ def _annotation_kind(name: str) -> str:
     return ANNOTATION
 
 
+_COLL_SUFFIX = re.compile(r"(base|intotensor|coalesced|tensor)$")
+
+
+def canonical_collective(name: str) -> str:
+    """One spelling per collective across sources: NCCL metadata says `allreduce`, the
+    `nccl:`/`gloo:` spans say `all_reduce`, older ones `_all_gather_base`."""
+    n = name.lower().replace("_", "").replace(" ", "")
+    return _COLL_SUFFIX.sub("", n) or n
+
+
 def is_device_category(cat: str) -> bool:
     """Whether events of `cat` run on an accelerator stream (whatever their args say)."""
     return cat in _DEVICE_CATS

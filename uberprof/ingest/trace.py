@@ -44,6 +44,7 @@ class _Args(msgspec.Struct, gc=False):
     device: Any = None
     correlation: Any = None
     external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_old: Any = msgspec.field(default=None, name="external id")  # 2021 traces
     coll_name: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -284,7 +285,8 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
     stream = np.where(on_device, stream, -1)
 
     correlation = _int_col([a.correlation if a is not None else None for a in args])
-    external_id = _int_col([a.external_id if a is not None else None for a in args])
+    external_id = _int_col([(a.external_id if a.external_id is not None else a.external_id_old)
+                            if a is not None else None for a in args])
     coll = _collectives(names, args, kind_codes)
 
     table = pa.Table.from_arrays(
