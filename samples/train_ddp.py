@@ -11,6 +11,7 @@ Run it alone (`python samples/train_ddp.py`) or under torchrun.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -66,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-work-ms", type=float, default=0.0)
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-times", metavar="FILE",
+                   help="rank 0 writes each step's wall time (s) here, as JSON (benchmarks)")
     return p.parse_args(argv)
 
 
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     loader = DataLoader(data, batch_size=args.batch, num_workers=args.workers)
     extra = max(0, round(args.slow_compute) - 1) if rank == args.slow_rank else 0
     loss_fn = nn.CrossEntropyLoss()
-    t_start = time.perf_counter()
+    t_start = t_prev = time.perf_counter()
+    durations = []
     for step, (x, y) in enumerate(loader):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = model(x)
@@ -115,8 +119,17 @@ def main(argv: list[str] | None = None) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if args.step_times:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            durations.append(now - t_prev)
+            t_prev = now
         if step + 1 >= args.steps:
             break
+    if args.step_times and rank == 0:
+        with open(args.step_times, "w") as f:
+            json.dump(durations, f)
     if device.type == "cuda":
         torch.cuda.synchronize()
     if rank == 0:

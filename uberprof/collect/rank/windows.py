@@ -127,8 +127,16 @@ class TraceWindows:
 
 
 def _gzip_in_place(path: Path, log: AgentLog) -> None:
-    """`trace.json` -> `trace.json.gz`, the original kept until the archive is complete."""
+    """`trace.json` -> `trace.json.gz`, the original kept until the archive is complete.
+
+    The thread lowers its own priority (Linux nice values are per thread), so compression uses
+    idle CPU rather than time the training steps after the window need.
+    """
     tmp = path.with_name(path.name + ".gz.tmp")
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
     try:
         with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)

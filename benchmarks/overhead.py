@@ -1,0 +1,97 @@
+"""uberprof's cost on a training job, as ratios measured in one run (these machines are noisy).
+
+1. Always-on collection: the DDP sample under `torchrun`, plain and under
+   `uberprof run --no-trace` (rank agents and node counters), interleaved; ratio of median step
+   times (target <= 1.02, goal 1.01). Also with `--counters none`, to separate the rank agent's
+   share from the counter sampler's.
+2. After a trace window: under `uberprof run` with a window in the middle of the run, the median
+   step time after the window against the one before it (target <= 1.02).
+3. Self-accounting: the agent's own time on the training thread per step, from steps.jsonl.
+
+    python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "train_ddp.py"
+WARMUP = 5
+
+
+def torchrun(nproc: int, steps: int, times: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", str(SAMPLE), "--steps", str(steps),
+            "--step-times", str(times), *extra]
+
+
+def run(cmd: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--sample-args", default="", help="extra arguments for the sample")
+    args = ap.parse_args()
+    extra = args.sample_args.split()
+    tmp = Path(tempfile.mkdtemp(prefix="uberprof-overhead-"))
+    modes = {"plain": None, "uberprof": ["--no-trace"],
+             "agent-only": ["--no-trace", "--counters", "none"]}
+    medians: dict[str, list[float]] = {m: [] for m in modes}
+    self_time: list[float] = []
+    for i in range(args.rounds):
+        order = list(modes) if i % 2 == 0 else list(reversed(modes))
+        for mode in order:
+            times = tmp / f"{mode}-{i}.json"
+            cmd = torchrun(args.nproc, args.steps, times, extra)
+            if modes[mode] is not None:
+                cmd = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id",
+                       f"{mode}-{i}", *modes[mode], "--", *cmd]
+            run(cmd)
+            steps = json.loads(times.read_text())[WARMUP:]
+            medians[mode].append(statistics.median(steps))
+        rows = [json.loads(x) for x in (tmp / f"uberprof-{i}/ranks/0/steps.jsonl").open()]
+        rows = [r for r in rows if r["kind"] == "step"][WARMUP:]
+        self_time += [r["uberprof_ns"] / (r["host_end_ns"] - r["host_start_ns"]) for r in rows]
+        print(f"round {i + 1}/{args.rounds}: " + ", ".join(
+            f"{m} {medians[m][-1] * 1e3:.2f} ms" for m in modes), flush=True)
+
+    # After a trace window: one long run, window in the middle.
+    n = args.steps * 2
+    first = n // 2
+    times = tmp / "window.json"
+    run([sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id", "window",
+         "--trace-steps", f"{first}-{first + 2}", "--", *torchrun(args.nproc, n, times, extra)])
+    steps = json.loads(times.read_text())
+    before = statistics.median(steps[WARMUP:first])
+    after = statistics.median(steps[first + 4:])
+
+    base = statistics.median(medians["plain"])
+    ratio = statistics.median(medians["uberprof"]) / base
+    agent_ratio = statistics.median(medians["agent-only"]) / base
+    print()
+    print(f"always-on (--no-trace) / plain, median step time: {ratio:.4f}  (target <= 1.02)")
+    print(f"  rank agents only (--counters none) / plain:     {agent_ratio:.4f}")
+    print(f"after a trace window / before it:                 {after / before:.4f}  "
+          f"(target <= 1.02)")
+    print(f"agent's own time on the training thread:          "
+          f"{statistics.median(self_time) * 100:.3f}% of a step (median), "
+          f"{max(self_time) * 100:.3f}% at most")
+
+
+if __name__ == "__main__":
+    main()
