@@ -150,3 +150,53 @@ def test_inventory_rejects_other_folders(tmp_path: Path) -> None:
                           text=True, env=job_env())
     assert proc.returncode == 1
     assert "not a uberprof run directory" in proc.stderr and str(tmp_path) in proc.stderr
+
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event on this GPU-less machine: done once `clock` passes it."""
+
+    def __init__(self, cuda: "_FakeCuda") -> None:
+        self.cuda = cuda
+        self.at_ms = None
+
+    def record(self) -> None:
+        self.at_ms = self.cuda.recorded_ms
+
+    def query(self) -> bool:
+        return self.cuda.gpu_done_ms >= self.at_ms
+
+    def synchronize(self) -> None:
+        self.cuda.gpu_done_ms = max(self.cuda.gpu_done_ms, self.at_ms)
+
+    def elapsed_time(self, end: "_FakeEvent") -> float:
+        return end.at_ms - self.at_ms
+
+
+class _FakeCuda:
+    def __init__(self) -> None:
+        self.recorded_ms = 0.0
+        self.gpu_done_ms = 0.0
+
+    def Event(self, enable_timing: bool) -> _FakeEvent:  # noqa: N802 - torch's name
+        return _FakeEvent(self)
+
+    def memory_stats(self) -> dict[str, int]:
+        return {"allocated_bytes.all.peak": 2048, "allocated_bytes.all.current": 1024}
+
+
+def test_gpu_times_are_read_without_waiting_for_the_gpu(tmp_path: Path) -> None:
+    cuda = _FakeCuda()
+    tl = StepTimeline(tmp_path / "steps.jsonl", start_ns=0)
+    tl.mark_gpu_start(cuda)
+    for step in range(3):
+        cuda.recorded_ms += 10.0 + step  # the GPU work queued in this step
+        tl.boundary(100 * (step + 1), "optimizer", cuda)
+    # The GPU is still busy with everything: no GPU row yet, and nothing blocked.
+    assert [r for r in read_steps(tmp_path)[0] if "gpu_time_ns" in r] == []
+    cuda.gpu_done_ms = 21.0  # the GPU finished steps 0 and 1
+    tl.poll_gpu(cuda, block=False)
+    rows, _ = read_steps(tmp_path)
+    assert [r.get("gpu_time_ns") for r in rows] == [10_000_000, 11_000_000, None]
+    assert rows[0]["gpu_mem_peak_bytes"] == 2048
+    tl.close(cuda)  # at exit the rest is waited for
+    assert read_steps(tmp_path)[0][2]["gpu_time_ns"] == 12_000_000
