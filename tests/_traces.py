@@ -99,7 +99,8 @@ def cpu_step_trace(rank: int = 0, t0: float = 1000.0, **kw: Any) -> dict[str, An
         op(t0 + 1000, 400), gloo(t0 + 1300, 500, 2000),
     ]
     doc = trace(ev, rank=rank, **kw)
-    doc["distributedInfo"]["backend"] = "gloo"
+    if "distributedInfo" in doc:
+        doc["distributedInfo"]["backend"] = "gloo"
     return doc
 
 

@@ -97,6 +97,11 @@ def _out(t: pa.Table, format: Format) -> Any:
     if format == "arrow":
         return t
     if format == "pandas":
-        return t.to_pandas()
+        # Nullable integer columns: a null would otherwise turn int64 into float64, and epoch
+        # nanoseconds (~1.8e18) do not survive float64.
+        import pandas as pd
+
+        mapping = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
+        return t.to_pandas(types_mapper=mapping.get)
     raise ValueError(f"format must be 'pandas' or 'arrow', not {format!r}")
 

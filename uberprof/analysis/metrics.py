@@ -260,14 +260,17 @@ def trace_activity(act: Activity, step_starts: np.ndarray, snap_us: bool = False
 
     - With two or more profiler steps the last step is left out: only device work launched
       before it began counts (the profiler stops at the host boundary while the last step's
-      kernels may still run, so they are often cut off), and only work whose launch is known.
+      kernels may still run, so they are often cut off), and only work whose launch is known
+      (when the trace links any launches at all).
     - `snap_us`: for traces with sub-microsecond timestamps, HTA rounds each event's start up
       and its end down to whole microseconds; the summary does the same on accelerator ranks
       so that its percentages agree with HTA's (per-step breakdowns keep nanoseconds).
     """
     out = act
     if np.unique(step_starts).size >= 2 and act.rows.size:
-        out = act.subset(act.linked & (act.launch < np.max(step_starts)))
+        # A trace with no launch links at all (old or unknown runtimes) keeps its own starts.
+        linked = act.linked if act.linked.any() else np.ones_like(act.linked)
+        out = act.subset(linked & (act.launch < np.max(step_starts)))
     if snap_us and act.mode == "device" and out.rows.size:
         starts = -((-out.starts) // 1000) * 1000
         ends = np.maximum((out.ends // 1000) * 1000, starts)
