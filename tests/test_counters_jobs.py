@@ -60,7 +60,7 @@ def test_ddp_run_holds_host_counters_for_its_whole_duration(tmp_path: Path) -> N
     assert all(set(c) >= {"node", "source", "metric", "unit", "samples"}
                for c in info["counters"])
     text = subprocess.run([PY, "-m", "uberprof", "info", str(run)], capture_output=True,
-                          text=True, env=job_env(), timeout=120).stdout
+                          text=True, env=job_env(), timeout=120, check=True).stdout
     assert "counters" in text and "cpu.util" in text
 
 

@@ -51,13 +51,14 @@ def fake_pynvml(*, event_reasons_api: bool = True, init_error: int | None = None
     nv.NVMLError_NotSupported = sub("NVMLError_NotSupported", NOT_SUPPORTED)
     nv.NVMLError_Timeout = sub("NVMLError_Timeout", TIMEOUT)
     nv.NVMLError_LibraryNotFound = sub("NVMLError_LibraryNotFound", LIB_NOT_FOUND)
-    for name, value in dict(NVML_ERROR_INVALID_ARGUMENT=2, NVML_ERROR_NOT_SUPPORTED=3,
-                            NVML_ERROR_NO_PERMISSION=4, NVML_ERROR_TIMEOUT=10,
-                            NVML_ERROR_FUNCTION_NOT_FOUND=13, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
-                            NVML_TEMPERATURE_GPU=0, NVML_MEMORY_ERROR_TYPE_CORRECTED=0,
-                            NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1, NVML_VOLATILE_ECC=0,
-                            NVML_PCIE_UTIL_TX_BYTES=0, NVML_PCIE_UTIL_RX_BYTES=1,
-                            NVML_GPM_METRICS_GET_VERSION=1).items():
+    constants = {"NVML_ERROR_INVALID_ARGUMENT": 2, "NVML_ERROR_NOT_SUPPORTED": 3,
+                 "NVML_ERROR_NO_PERMISSION": 4, "NVML_ERROR_TIMEOUT": 10,
+                 "NVML_ERROR_FUNCTION_NOT_FOUND": 13, "NVML_CLOCK_SM": 1, "NVML_CLOCK_MEM": 2,
+                 "NVML_TEMPERATURE_GPU": 0, "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+                 "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1, "NVML_VOLATILE_ECC": 0,
+                 "NVML_PCIE_UTIL_TX_BYTES": 0, "NVML_PCIE_UTIL_RX_BYTES": 1,
+                 "NVML_GPM_METRICS_GET_VERSION": 1}
+    for name, value in constants.items():
         setattr(nv, name, value)
 
     handles = [types.SimpleNamespace(index=i) for i in range(2)]
@@ -83,7 +84,9 @@ def fake_pynvml(*, event_reasons_api: bool = True, init_error: int | None = None
     nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=97, memory=41)
     nv.nvmlDeviceGetClockInfo = lambda h, c: (1980 if h.index == 0 else 1200) if c == 1 else 2619
     nv.nvmlDeviceGetMaxClockInfo = lambda h, c: 1980 if c == 1 else 2619
-    reasons = lambda h: 0 if h.index == 0 else THROTTLED  # noqa: E731
+    def reasons(h: Any) -> int:
+        return 0 if h.index == 0 else THROTTLED
+
     if event_reasons_api:
         nv.nvmlDeviceGetCurrentClocksEventReasons = reasons
     nv.nvmlDeviceGetCurrentClocksThrottleReasons = reasons
@@ -167,7 +170,7 @@ def fake_pynvml(*, event_reasons_api: bool = True, init_error: int | None = None
 
     def metrics_get(mg: Any) -> Any:
         assert mg.version == 1 and mg.sample1 is not mg.sample2
-        assert mg.sample2.t - mg.sample1.t >= 0  # two samples, in order
+        assert abs(mg.sample2.t - mg.sample1.t) >= 0.1  # two samples, >= 100 ms apart
         for m in mg.metrics[: mg.numMetrics]:
             if m.metricId in gpm_values:
                 m.value = gpm_values[m.metricId]
@@ -235,7 +238,8 @@ def test_gpm_and_slow_tier() -> None:
     gpm = GpmSource(nvml)
     assert gpm.setup() == ["gpu0"]
     source = NvmlSource(nvml, pcie_period_s=0.0, pcie_from_gpm=gpm.covers_pcie)
-    time.sleep(0.01)
+    assert gpm.sample() == []  # too soon after set-up: GPM needs samples >= 100 ms apart
+    time.sleep(0.12)
     rows = _rows(gpm.sample())
     assert rows[("gpu0", "gpm.sm_active")] == 87.5 and rows[("gpu0", "gpm.tensor_active")] == 65.0
     assert rows[("gpu0", "gpm.dram_bw_util")] == 55.0
@@ -305,8 +309,8 @@ def test_no_gpu_is_one_line_and_host_counters_go_on(tmp_path: Path,
     time.sleep(0.8)
     sampler.stop()
     err = capsys.readouterr().err.splitlines()
-    assert err == ["uberprof: no NVIDIA GPU (NVML: NVML Shared Library Not Found): "
-                   "host counters only"]
+    assert err == [("uberprof: no NVIDIA GPU (NVML: NVML Shared Library Not Found): "
+                    "host counters only")]
     df = read_counters(run.root, "n0")
     assert "nvml" not in set(df.source) and (df.metric == "cpu.util").sum() >= 5
     assert sampler.status()["notes"] == [err[0].removeprefix("uberprof: ")]

@@ -8,6 +8,7 @@ one sample and reports the metrics over the whole interval since the previous ti
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from uberprof.collect.counters.nvml import Gpu, Nvml
@@ -43,6 +44,7 @@ class GpmSource:
         self.nvml = nvml
         self.nv = nvml.nv
         self._samples: dict[str, list[Any]] = {}  # label -> [previous, next]
+        self._taken: dict[str, float] = {}  # label -> when the previous sample was taken
         self.supported: list[str] = []
 
     def setup(self) -> list[str]:
@@ -56,6 +58,7 @@ class GpmSource:
                     continue
                 bufs = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
                 nv.nvmlGpmSampleGet(g.handle, bufs[0])
+                self._taken[g.label] = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - pre-Hopper, old driver/bindings, MIG
                 g.info["gpm"] = False
                 g.info["gpm_error"] = str(exc) or type(exc).__name__
@@ -76,10 +79,12 @@ class GpmSource:
         rows: list[Row] = []
         for g in self.nvml.gpus:
             bufs = self._samples.get(g.label)
-            if bufs is None:
-                continue
+            now = time.monotonic()
+            if bufs is None or now - self._taken.get(g.label, 0.0) < MIN_INTERVAL_S:
+                continue  # GPM needs its two samples >= 100 ms apart
             try:
                 self.nv.nvmlGpmSampleGet(g.handle, bufs[1])
+                self._taken[g.label] = now
                 rows += self._metrics(g, bufs[0], bufs[1])
             except Exception as exc:  # noqa: BLE001
                 n = g.failures.get("gpm", 0) + 1

@@ -165,6 +165,7 @@ class NodeSampler:
         self._nvml: Any = None
         self.started_ns: int | None = None
         self.stopped_ns: int | None = None
+        self.cpu_s: dict[str, float] = {}  # CPU time of each sampling thread (self-accounting)
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -243,9 +244,12 @@ class NodeSampler:
 
     def status(self) -> dict[str, Any]:
         """For node.json: what this agent did about counters."""
+        wall = ((self.stopped_ns or 0) - (self.started_ns or 0)) / 1e9
+        cpu = self.cpu_s.get("fast", 0.0) + self.cpu_s.get("slow", 0.0)  # steady state
         return {**self.settings.describe(), "sampling": self._store is not None,
                 "sampled_by": self.sampled_by, "sources": sorted(self.sources),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "cpu_s": dict(self.cpu_s),
+                "cpu_share": cpu / wall if wall > 0 and "fast" in self.cpu_s else None}
 
     # ---- loops ----------------------------------------------------------------------------------
 
@@ -257,6 +261,7 @@ class NodeSampler:
             self._tick(self._fast)
             next_t = _next_deadline(next_t, period, time.monotonic())
         self._tick(self._fast)  # the end of the run
+        self.cpu_s["fast"] = time.thread_time()
 
     def _slow_loop(self) -> None:
         """GPU set-up, then the expensive counters and the writing of the tables."""
@@ -270,6 +275,7 @@ class NodeSampler:
             self.log.error("setting up GPU counters", exc)
         self._gpu_ready.set()
         self._write_meta()
+        self.cpu_s["setup"] = time.thread_time()  # once: importing pyarrow, NVML/GPM/DCGM init
         slow_due = flush_due = time.monotonic()
         while not self._stop.wait(max(0.0, min(slow_due, flush_due) - time.monotonic())):
             now = time.monotonic()
@@ -282,6 +288,7 @@ class NodeSampler:
             if now >= flush_due:
                 self._store.flush()
                 flush_due = _next_deadline(flush_due, self.settings.flush_s, time.monotonic())
+        self.cpu_s["slow"] = time.thread_time() - self.cpu_s["setup"]
 
     def _tick(self, tasks: list[_Task]) -> None:
         ts = time.time_ns()
@@ -382,6 +389,7 @@ class NodeSampler:
             "stopped_ns": self.stopped_ns,
             "gpu_setup_done": self._gpu_ready.is_set(),
             "notes": list(self.notes),
+            "cpu_s": dict(self.cpu_s),
         }
         for describe in list(self._describers):
             try:
