@@ -363,11 +363,14 @@ class ProcessSource:
     name = "proc"
 
     def __init__(self, run: RunDir | None, root_pid: int | None = None,
-                 rank_scan_s: float = 10.0) -> None:
+                 rank_scan_s: tuple[float, float, float] = (2.0, 120.0, 30.0)) -> None:
         self.run = run
         self.root_pid = root_pid or os.getpid()
         self.host = socket.gethostname()
+        # Look for new rank.json files every 2 s for the first 2 minutes (ranks start), then
+        # every 30 s: listing ranks/ on a shared file system from every node has a cost.
         self.rank_scan_s = rank_scan_s
+        self._t0 = time.monotonic()
         self._procs: dict[int, psutil.Process] = {}
         self._ranks: dict[int, int] = {}  # pid -> rank
         self._seen_rank_dirs: set[str] = set()
@@ -378,8 +381,9 @@ class ProcessSource:
     def refresh(self) -> None:
         """Find the current process tree (cheap: /proc walk of our own children)."""
         now = time.monotonic()
-        unmapped = any(pid not in self._ranks for pid in self._procs)
-        if self.run is not None and (now - self._last_rank_scan >= self.rank_scan_s or unmapped):
+        early, start_phase, late = self.rank_scan_s
+        every = early if now - self._t0 < start_phase else late
+        if self.run is not None and now - self._last_rank_scan >= every:
             self._last_rank_scan = now
             self._scan_ranks()
         try:

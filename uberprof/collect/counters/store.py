@@ -89,8 +89,8 @@ class CounterStore:
     def flush(self) -> None:
         """Append what is buffered as one batch per source, then rewrite the index."""
         with self._lock:
-            if self.error is not None:
-                return
+            if self.error is not None or self.closed:
+                return  # closed: a late flush must not start a second stream in the same file
             buffered, self._buf = self._buf, {}
             try:
                 for source, cols in buffered.items():
@@ -105,6 +105,8 @@ class CounterStore:
     def close(self) -> None:
         self.flush()
         with self._lock:
+            if self.closed:
+                return
             self.closed = True
             for f, writer in self._writers.values():
                 try:
