@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas  # noqa: F401 - loaded before the in-process CLI runs: see keep_pandas_out
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner

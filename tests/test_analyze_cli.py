@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-
+import pandas  # noqa: F401 - loaded before the in-process CLI runs: see keep_pandas_out
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner

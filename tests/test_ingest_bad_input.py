@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas  # noqa: F401 - loaded before the in-process CLI runs: see keep_pandas_out
 import pytest
 from click.testing import CliRunner
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from uberprof.analysis.pipeline import INPUTS_DIR, Analysis, analyze
 from uberprof.analysis.rank import EVENTS_FILE
 
-__all__ = ["load", "Run"]
+__all__ = ["Run", "load"]
 
 Format = Literal["pandas", "arrow"]
 

@@ -13,16 +13,16 @@ import numpy as np
 
 __all__ = [
     "Intervals",
-    "empty",
-    "union",
-    "merge",
-    "intersect",
-    "subtract",
     "clip",
-    "total",
+    "complement_gaps",
     "covered_before",
     "covered_in",
-    "complement_gaps",
+    "empty",
+    "intersect",
+    "merge",
+    "subtract",
+    "total",
+    "union",
 ]
 
 

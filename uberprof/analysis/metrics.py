@@ -24,15 +24,15 @@ from uberprof.ingest import classify as K
 __all__ = [
     "Activity",
     "Breakdown",
-    "kind_mask",
-    "device_activity",
-    "launch_times",
-    "step_device_windows",
     "breakdown",
+    "device_activity",
+    "host_time_in",
+    "kind_mask",
+    "launch_times",
+    "percentages",
+    "step_device_windows",
     "trace_activity",
     "trace_window",
-    "percentages",
-    "host_time_in",
     "training_threads",
 ]
 

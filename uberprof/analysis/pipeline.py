@@ -45,8 +45,16 @@ from uberprof.ingest.discover import Source, TraceInput, discover
 from uberprof.inventory import read_steps
 from uberprof.rundir import DERIVED_DIR, write_json_atomic
 
-__all__ = ["analyze", "Analysis", "derived_dir_for", "MANIFEST_FILE", "FORMAT_VERSION",
-           "RUN_STEP_SCHEMA", "RANK_SCHEMA"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST_FILE",
+    "RANK_SCHEMA",
+    "RUN_STEP_SCHEMA",
+    "Analysis",
+    "analyze",
+    "derived_dir_for",
+    "keep_pandas_out",
+]
 
 FORMAT_VERSION = 1  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
@@ -188,7 +196,8 @@ def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: 
             import multiprocessing as mp
 
             ctx = mp.get_context("fork")  # workers start in milliseconds, sharing our imports
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                       initializer=keep_pandas_out)
     assert executor is not None
     try:
         futures = {executor.submit(analyze_input, p, o): (inp, entry)
@@ -205,6 +214,22 @@ def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: 
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+class _NoPandas:
+    """Import hook that keeps pandas out of a process that does not need it."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("uberprof keeps pandas out of trace-reading processes")
+
+
+def keep_pandas_out() -> None:
+    """pyarrow imports pandas, if installed, on its first conversions (0.5 s and 40 MB per
+    process) though nothing here needs it. Analysis workers and the CLI call this; a process
+    that already has pandas keeps it."""
+    if "pandas" not in sys.modules and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoPandas())
 
 
 # --- the reduce ---------------------------------------------------------------------------------

@@ -23,8 +23,17 @@ from uberprof.analysis import metrics as M
 from uberprof.ingest import classify as K
 from uberprof.ingest.trace import TraceError, ingest_trace
 
-__all__ = ["TraceTables", "analyze_trace", "analyze_input", "STEP_SCHEMA", "COLLECTIVE_SCHEMA",
-           "EVENTS_FILE", "STEPS_FILE", "COLLECTIVES_FILE", "SUMMARY_FILE"]
+__all__ = [
+    "COLLECTIVES_FILE",
+    "COLLECTIVE_SCHEMA",
+    "EVENTS_FILE",
+    "STEPS_FILE",
+    "STEP_SCHEMA",
+    "SUMMARY_FILE",
+    "TraceTables",
+    "analyze_input",
+    "analyze_trace",
+]
 
 EVENTS_FILE = "events.parquet"
 STEPS_FILE = "steps.parquet"

@@ -32,7 +32,10 @@ def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
     import orjson
 
     from uberprof.analysis.pipeline import analyze as run_analysis
+    from uberprof.analysis.pipeline import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
+
+    keep_pandas_out()  # this process and its workers never need it (a no-op if already loaded)
 
     err = Console(stderr=True)
     try:
@@ -66,8 +69,13 @@ class _progress:
     def __enter__(self):  # type: ignore[no-untyped-def]
         if not self.console.is_terminal:
             return lambda done, total, label: None
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.bar = Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("[dim]{task.description}"),

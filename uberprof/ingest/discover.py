@@ -23,7 +23,7 @@ from uberprof.rundir import (
     read_json,
 )
 
-__all__ = ["TraceInput", "Source", "discover", "rank_from_name", "NoTraces"]
+__all__ = ["NoTraces", "Source", "TraceInput", "discover", "rank_from_name"]
 
 # rank-34.Jul_15..., sampled_rank-1.json.gz, rank_3/, rank3.json, worker0.pt.trace.json
 _RANK_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
@@ -90,8 +90,7 @@ def _trace_files(root: Path) -> list[Path]:
         if rel[0] == DERIVED_DIR or any(part.startswith(".") for part in rel):
             continue
         name = p.name.lower()
-        if (name.endswith(".json") or name.endswith(".json.gz")) and p.name not in _NOT_TRACES \
-                and p.is_file():
+        if name.endswith((".json", ".json.gz")) and p.name not in _NOT_TRACES and p.is_file():
             out.append(p)
     return out
 

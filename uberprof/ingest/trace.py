@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from uberprof.ingest import classify as K
 
-__all__ = ["TraceError", "IngestedTrace", "ingest_trace", "read_trace_bytes", "EVENT_SCHEMA"]
+__all__ = ["EVENT_SCHEMA", "IngestedTrace", "TraceError", "ingest_trace", "read_trace_bytes"]
 
 
 class TraceError(Exception):
@@ -70,11 +70,11 @@ class _Event(msgspec.Struct, gc=False):
     tid: Any = None
     ts: Any = None
     dur: Any = None
-    args: Union[_Args, None] = None
+    args: _Args | None = None
 
 
 class _Trace(msgspec.Struct):
-    traceEvents: Union[list[_Event], None] = None
+    traceEvents: list[_Event] | None = None
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
     deviceProperties: Any = None
@@ -140,7 +140,7 @@ def read_trace_bytes(path: Path) -> bytes:
         raise TraceError(path, "empty file (0 bytes)")
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
+            raw = _gunzip(raw)
         except EOFError:
             raise TraceError(path, "truncated gzip: the archive ends before its end marker "
                                    "(the writer was killed, or the copy is incomplete)") from None
@@ -149,6 +149,21 @@ def read_trace_bytes(path: Path) -> bytes:
         if not raw:
             raise TraceError(path, "empty file (the gzip archive holds 0 bytes)")
     return raw
+
+
+def _gunzip(data: bytes) -> bytes:
+    """Decompress in one allocation of the size the gzip trailer announces (gzip.decompress
+    grows its buffer and peaks at 2.5x the output); multi-member or odd files take the slow way."""
+    isize = int.from_bytes(data[-4:], "little") if len(data) >= 18 else 0
+    if isize:
+        try:
+            out = zlib.decompress(data, 31, isize)
+            # the trailer's size is the last member's: a match means one member (Kineto's)
+            if len(out) == isize:
+                return out
+        except zlib.error:
+            pass  # truncated or corrupt: gzip.decompress says which, below
+    return gzip.decompress(data)
 
 
 def _decode(raw: bytes, path: Path) -> _Trace:
@@ -219,12 +234,12 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
 
     xs = [e for e in events if e.ph == "X" or (e.ph is None and e.dur is not None)]
     threads = _thread_names(events)
+    trace.traceEvents = None  # metadata, flow and instant events go now
     del events
     if not xs:
         raise TraceError(path, "no timed events: the trace holds only metadata "
                                "(the profiler window recorded nothing)")
 
-    n0 = len(xs)
     ts, dur, keep = _times(xs)
     if not keep.all():
         missing_mask = np.isnan(ts) | np.isnan(dur)
@@ -242,6 +257,8 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
                                "missing duration)")
 
     base = trace.baseTimeNanoseconds
+    if isinstance(base, bool):
+        base = None
     if isinstance(base, int) and base > 0:
         clock = "epoch"
         ts_ns = _us_to_ns(ts) + base
@@ -255,12 +272,20 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
 
     cats = [e.cat if isinstance(e.cat, str) else "" for e in xs]
     names = [e.name if isinstance(e.name, str) else str(e.name or "") for e in xs]
-    args = [e.args for e in xs]
     pid = _ids([e.pid for e in xs])
     tid_raw = [e.tid for e in xs]
     tid = _ids(tid_raw)
-    stream_raw = [a.stream if a is not None else None for a in args]
-    has_stream, stream = _streams(stream_raw)
+    args = [e.args for e in xs]
+    has_stream, stream = _streams([a.stream if a is not None else None for a in args])
+    correlation = _int_col([a.correlation if a is not None else None for a in args])
+    external_id = _int_col([(a.external_id if a.external_id is not None else a.external_id_old)
+                            if a is not None else None for a in args])
+    comm_args = _comm_args(names, args)
+    header = (trace.distributedInfo, trace.deviceProperties, trace.host_name, trace.hostname,
+              trace.uberprof_window)
+    # The decoded structs (and, through their raw slices, the whole JSON text) go now: the
+    # Arrow arrays below are built from the small lists above.
+    del xs, args, trace
 
     cat_arr = pa.array(cats, pa.string()).dictionary_encode()
     name_arr = pa.array(names, pa.string()).dictionary_encode()
@@ -284,10 +309,7 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
                         f"{detail}; an unknown accelerator? Counted as compute")
     stream = np.where(on_device, stream, -1)
 
-    correlation = _int_col([a.correlation if a is not None else None for a in args])
-    external_id = _int_col([(a.external_id if a.external_id is not None else a.external_id_old)
-                            if a is not None else None for a in args])
-    coll = _collectives(names, args, kind_codes)
+    coll = _collectives(len(names), comm_args, kind_codes)
 
     table = pa.Table.from_arrays(
         [
@@ -311,11 +333,10 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
     if not (order[1:] > order[:-1]).all():
         table = table.take(pa.array(order))
 
-    info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    dist, _props, host_name, hostname, window = header
+    info = dist if isinstance(dist, dict) else {}
     rank = info.get("rank")
     device_type = _device_type(name_vals, name_idx, kind_codes)
-    if isinstance(trace.deviceProperties, list) and trace.deviceProperties and device_type == "cpu":
-        device_type = "cpu"  # device properties but no device activity: the GPU sat unused
     pgs = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     return IngestedTrace(
         path=str(path),
@@ -328,11 +349,11 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
              "size": pg.get("pg_size"), "ranks": pg.get("ranks")}
             for pg in pgs if isinstance(pg, dict)
         ],
-        host=next((h for h in (trace.host_name, trace.hostname) if isinstance(h, str)), None),
+        host=next((h for h in (host_name, hostname) if isinstance(h, str)), None),
         device_type=device_type,
         clock=clock,
         threads=threads,
-        uberprof_window=trace.uberprof_window if isinstance(trace.uberprof_window, str) else None,
+        uberprof_window=window if isinstance(window, str) else None,
         sub_us=sub_us,
         problems=problems,
     )
@@ -408,7 +429,7 @@ def _stream_from_tid(raw: Any, tid: int) -> int:
         m = _STREAM_TID.search(raw)
         if m:
             return int(m.group(1))
-    return tid if tid >= 0 else 0
+    return max(tid, 0)
 
 
 def _int_col(values: list[Any]) -> np.ndarray:
@@ -449,10 +470,27 @@ def _kinds(cat_vals: list[str], name_vals: list[str], cat_idx: np.ndarray, name_
     return codes, unknown
 
 
-def _collectives(names: list[str], args: list[_Args | None],
+_CommArgs = tuple  # (name, coll_name, dtype, in_nelems, out_nelems, group_size, pg_name,
+#                      pg_ranks, seq, input_dims bytes, input_type bytes)
+
+
+def _comm_args(names: list[str], args: list[_Args | None]) -> dict[int, _CommArgs]:
+    """The few fields collective metadata needs, for the events that may be collectives, as
+    plain values (not raw slices of the JSON text, which would keep all of it alive)."""
+    out: dict[int, _CommArgs] = {}
+    for i, a in enumerate(args):
+        if a is None:
+            continue
+        nm = names[i]
+        if a.coll_name is not None or nm.startswith(("gloo:", "nccl:")):
+            out[i] = (nm, a.coll_name, a.dtype, a.in_nelems, a.out_nelems, a.group_size,
+                      a.pg_name, a.pg_ranks, a.seq, bytes(a.input_dims), bytes(a.input_type))
+    return out
+
+
+def _collectives(n: int, comm_args: dict[int, _CommArgs],
                  kind_codes: np.ndarray) -> list[pa.Array]:
     """Collective metadata columns: from NCCL's args where present, else from input shapes."""
-    n = len(names)
     coll_name: list[str | None] = [None] * n
     dtype: list[str | None] = [None] * n
     in_bytes: list[int | None] = [None] * n
@@ -462,37 +500,32 @@ def _collectives(names: list[str], args: list[_Args | None],
     pg_ranks: list[str | None] = [None] * n
     seq: list[int | None] = [None] * n
     code_of = {k: i for i, k in enumerate(K.ALL_KINDS)}
-    comm_codes = np.array([code_of[K.COMM_KERNEL], code_of[K.HOST_COMM], code_of[K.COMM_OP]])
-    candidates = np.flatnonzero(np.isin(kind_codes, comm_codes))
-    for i in candidates.tolist():
-        a = args[i]
-        if a is None:
+    comm_codes = {code_of[K.COMM_KERNEL], code_of[K.HOST_COMM], code_of[K.COMM_OP]}
+    for i, (nm, cname, dt, in_n, out_n, gsize, pgn, pgr, sq, dims, types) in comm_args.items():
+        if int(kind_codes[i]) not in comm_codes:
             continue
-        nm = names[i]
-        if a.coll_name is not None:
-            coll_name[i] = str(a.coll_name)
-            dt = str(a.dtype) if a.dtype is not None else None
+        if cname is not None:
+            coll_name[i] = str(cname)
+            dt = str(dt) if dt is not None else None
             dtype[i] = dt
             size = K.DTYPE_BYTES.get(dt or "", None)
-            if isinstance(a.in_nelems, int) and size:
-                in_bytes[i] = a.in_nelems * size
-            if isinstance(a.out_nelems, int) and size:
-                out_bytes[i] = a.out_nelems * size
-            if isinstance(a.group_size, int):
-                group[i] = a.group_size
-            if a.pg_name is not None:
-                pg_name[i] = str(a.pg_name)
-            if a.pg_ranks is not None:
-                pg_ranks[i] = a.pg_ranks if isinstance(a.pg_ranks, str) else str(a.pg_ranks)
-            if isinstance(a.seq, int):
-                seq[i] = a.seq
-            elif isinstance(a.seq, str) and a.seq.isdigit():
-                seq[i] = int(a.seq)
-        elif nm.startswith(("gloo:", "nccl:")):
+            if isinstance(in_n, int) and size:
+                in_bytes[i] = in_n * size
+            if isinstance(out_n, int) and size:
+                out_bytes[i] = out_n * size
+            if isinstance(gsize, int):
+                group[i] = gsize
+            if pgn is not None:
+                pg_name[i] = str(pgn)
+            if pgr is not None:
+                pg_ranks[i] = pgr if isinstance(pgr, str) else str(pgr)
+            if isinstance(sq, int):
+                seq[i] = sq
+            elif isinstance(sq, str) and sq.isdigit():
+                seq[i] = int(sq)
+        else:
             coll_name[i] = nm.split(":", 1)[1]
-            nbytes, dt = _bytes_from_shapes(a.input_dims, a.input_type)
-            in_bytes[i] = nbytes
-            dtype[i] = dt
+            in_bytes[i], dtype[i] = _bytes_from_shapes(dims, types)
     return [
         pa.array(coll_name, pa.string()).dictionary_encode(),
         pa.array(dtype, pa.string()).dictionary_encode(),
@@ -505,7 +538,7 @@ def _collectives(names: list[str], args: list[_Args | None],
     ]
 
 
-def _bytes_from_shapes(dims_raw: msgspec.Raw, types_raw: msgspec.Raw) -> tuple[int | None, str | None]:
+def _bytes_from_shapes(dims_raw: bytes, types_raw: bytes) -> tuple[int | None, str | None]:
     """Bytes of a collective's tensors from `Input Dims` x `Input type` (Gloo has nothing else)."""
     if not len(dims_raw) or not len(types_raw):
         return None, None
@@ -541,10 +574,10 @@ def _thread_names(events: list[_Event]) -> dict[int, str]:
             t = e.tid
             if isinstance(t, str) and t.isdigit():
                 t = int(t)
-            if isinstance(t, int):
-                # Kineto writes a name per thread more than once; the specific one wins.
-                if t not in out or "(python" in out[t] or "(pt_main" in out[t]:
-                    out[t] = e.args.name
+            # Kineto writes a name per thread more than once; the specific one wins.
+            if isinstance(t, int) and (t not in out or "(python" in out[t]
+                                       or "(pt_main" in out[t]):
+                out[t] = e.args.name
     return out
 
 

@@ -1,0 +1,234 @@
+"""Time `uberprof analyze` against Holistic Trace Analysis (HTA) and against the parsing floor.
+
+    python benchmarks/ingest.py                     # the shared traces, each also as 8 ranks
+    python benchmarks/ingest.py --replicas 0        # the shared traces as they are
+    python benchmarks/ingest.py --json results.json
+
+For each data set (a folder of rank traces) three tools run, one after the other, each in a fresh
+process so that memory is its own:
+
+- uberprof: `uberprof.analysis.pipeline.analyze` (ingest, per-step and whole-trace breakdowns,
+  Parquet tables written), its default process pool;
+- HTA: `TraceAnalysis(trace_dir)` + `get_temporal_breakdown()` (HTA 0.6, PyPI `traceinsight`,
+  which needs pandas<3: installed by this script in benchmarks/.hta-venv);
+- floor: gunzip + `orjson.loads` of the same files on the same number of processes: the least
+  any JSON-based reader can do.
+
+Wall time is measured inside each process around the work (imports excluded; the process total
+is reported as well). Peak memory is the largest sum of the proportional set sizes (PSS) of the
+process and its children, sampled every 10 ms (PSS counts pages that forked workers share once;
+the RSS sum is in the --json output too). Results are ratios from one run; on a busy machine
+re-run and compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+HTA_VENV = HERE / ".hta-venv"
+DATA = HERE / ".bench-data"
+SHARED = ROOT.parent / "shared" / "traces"
+# The shared traces that HTA can read (see ../shared/traces/README.md).
+HTA_READABLE = ["hta/trace_filter", "hta/nccl_parser_config", "hta/ns_resolution_trace",
+                "hta/amd_trace", "hta/critical_path_simple_add",
+                "tb_plugin/resnet50_num_workers_4"]
+
+HTA_SNIPPET = r"""
+import json, logging, sys, time, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+a = TraceAnalysis(trace_dir=sys.argv[1])
+tb = a.get_temporal_breakdown(visualize=False)
+work = time.perf_counter() - t
+print(json.dumps({"work_s": work, "ranks": len(tb)}))
+"""
+
+
+# --- the tools, each run in its own process ----------------------------------------------------
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.name.endswith((".json", ".json.gz")))
+
+
+def _floor_one(path: str) -> int:
+    import orjson
+
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return len(orjson.loads(raw)["traceEvents"])
+
+
+def _json_size(p: Path) -> int:
+    raw = p.read_bytes()
+    return len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw)
+
+
+def run_floor(folder: Path, workers: int) -> dict[str, Any]:
+    files = [str(p) for p in _files(folder)]
+    t = time.perf_counter()
+    if workers > 1 and len(files) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(workers, len(files)), mp.get_context("fork")) as ex:
+            n = sum(ex.map(_floor_one, files))
+    else:
+        n = sum(_floor_one(f) for f in files)
+    return {"work_s": time.perf_counter() - t, "events": n}
+
+
+def run_uberprof(folder: Path, workers: int) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from uberprof.analysis.pipeline import analyze, keep_pandas_out
+
+    keep_pandas_out()  # as `uberprof analyze` does
+
+    with tempfile.TemporaryDirectory() as out:
+        t = time.perf_counter()
+        a = analyze(folder, out=out, workers=workers, force=True)
+        work = time.perf_counter() - t
+    return {"work_s": work, "ranks": len(a.ranks)}
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+def _tree_memory(ps: Any) -> tuple[int, int]:
+    """(PSS, RSS) summed over a process and its children. PSS counts a page shared by forked
+    workers once in all (its share in each), RSS once in each: PSS is the machine's real cost."""
+    import psutil
+
+    pss = rss = 0
+    for p in [ps, *ps.children(recursive=True)]:
+        try:
+            m = p.memory_full_info()
+            pss += m.pss
+            rss += m.rss
+        except psutil.Error:
+            pass
+    return pss, rss
+
+
+def measure(cmd: list[str]) -> dict[str, Any]:
+    """Run `cmd`; its JSON line plus process wall time and peak tree PSS and RSS (MiB)."""
+    import psutil
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ps = psutil.Process(proc.pid)
+    peak = peak_rss = 0
+    while proc.poll() is None:
+        try:
+            pss, rss = _tree_memory(ps)
+            peak, peak_rss = max(peak, pss), max(peak_rss, rss)
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:3]} failed ({proc.returncode}):\n{err[-3000:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    res.update(process_s=wall, peak_mib=peak / 2**20, peak_rss_mib=peak_rss / 2**20)
+    return res
+
+
+def ensure_hta() -> Path:
+    py = HTA_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"installing HTA (traceinsight, pandas<3) into {HTA_VENV} ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "traceinsight", "pandas<3"],
+                       check=True)
+    return py
+
+
+def replicate(folder: Path, ranks: int) -> Path:
+    """`ranks` copies of the folder's first trace, each claiming its own rank."""
+    import orjson
+
+    src = _files(folder)[0]
+    dest = DATA / f"{folder.name}-x{ranks}-v2"
+    stamp = dest / ".complete"
+    if stamp.exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    raw = src.read_bytes()
+    gz = raw[:2] == b"\x1f\x8b"
+    doc = orjson.loads(gzip.decompress(raw) if gz else raw)
+    for r in range(ranks):
+        info = dict(doc.get("distributedInfo") or {})
+        info.update(rank=r, world_size=ranks)
+        doc["distributedInfo"] = info
+        # indented like Kineto's own output: HTA finds ranks with the regex '"rank":\s+(\d+)'
+        data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+        name = f"rank-{r}.pt.trace.json" + (".gz" if gz else "")
+        (dest / name).write_bytes(gzip.compress(data, 6) if gz else data)
+    stamp.touch()
+    return dest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=SHARED)
+    ap.add_argument("--replicas", type=int, default=8, help="ranks per replicated set (0: none)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--only", nargs="*", help="folders (relative to --traces) to run")
+    args = ap.parse_args()
+
+    hta_py = ensure_hta()
+    folders = [args.traces / f for f in (args.only or HTA_READABLE)]
+    sets: list[tuple[str, Path]] = [(f"{f.relative_to(args.traces)}", f) for f in folders]
+    if args.replicas:
+        sets += [(f"{f.relative_to(args.traces)} x{args.replicas}", replicate(f, args.replicas))
+                 for f in folders]
+    me = [sys.executable, str(Path(__file__).resolve())]
+    rows = []
+    for label, folder in sets:
+        size = sum(_json_size(p) for p in _files(folder))
+        floor = measure([*me, "_run", "floor", str(folder), str(args.workers)])
+        ours = measure([*me, "_run", "uberprof", str(folder), str(args.workers)])
+        hta = measure([str(hta_py), "-c", HTA_SNIPPET, str(folder)])
+        rows.append({"set": label, "files": len(_files(folder)), "bytes": size,
+                     "floor": floor, "uberprof": ours, "hta": hta})
+        print(_line(rows[-1]), flush=True)
+    total = {k: sum(r[k]["work_s"] for r in rows) for k in ("floor", "uberprof", "hta")}
+    print(f"\ntotal work: uberprof {total['uberprof']:.2f} s, HTA {total['hta']:.2f} s "
+          f"({total['hta'] / total['uberprof']:.1f}x faster), floor {total['floor']:.2f} s "
+          f"({total['uberprof'] / total['floor']:.2f}x the floor)")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "total_work_s": total}, indent=2))
+
+
+def _line(r: dict[str, Any]) -> str:
+    u, h, f = r["uberprof"], r["hta"], r["floor"]
+    return (f"{r['set']:42s} {r['files']:2d} files {r['bytes'] / 2**20:6.1f} MiB JSON | "
+            f"uberprof {u['work_s']:6.2f} s {u['peak_mib']:6.0f} MiB | "
+            f"HTA {h['work_s']:6.2f} s {h['peak_mib']:6.0f} MiB | "
+            f"floor {f['work_s']:6.2f} s {f['peak_mib']:6.0f} MiB | "
+            f"speed-up {h['work_s'] / u['work_s']:5.1f}x, memory {u['peak_mib'] / h['peak_mib']:.2f}"
+            f" of HTA, {u['work_s'] / f['work_s']:.2f}x floor")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_run":
+        tool, folder, workers = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+        res = run_floor(folder, workers) if tool == "floor" else run_uberprof(folder, workers)
+        print(json.dumps(res))
+    else:
+        main()
