@@ -162,7 +162,6 @@ class NodeSampler:
         self._closers: list[Callable[[], None]] = []
         self._gpu_ready = threading.Event()
         self._meta_lock = threading.Lock()
-        self._nvml: Any = None
         self.started_ns: int | None = None
         self.stopped_ns: int | None = None
         self.cpu_s: dict[str, float] = {}  # CPU time of each sampling thread (self-accounting)
@@ -180,6 +179,15 @@ class NodeSampler:
             self.sampled_by = other
             self.log.write(f"counters: {other} samples this host; this agent does not")
             return False
+        try:
+            self._start_threads()
+        except BaseException:
+            self._lock.release()  # let another agent of this host sample instead
+            self._lock = None
+            raise
+        return True
+
+    def _start_threads(self) -> None:
         from uberprof.collect.counters.host import (
             HostSource,
             InfinibandSource,
@@ -194,7 +202,7 @@ class NodeSampler:
             src.prime()
             self._fast.append(_Task(src.name, src.sample))
             self._describers.append(src.describe)
-        self._slow.append(_Task(proc.name, lambda: (proc.refresh(), [])[1]))
+        self._slow.append(_Task(proc.name, _no_rows(proc.refresh)))
         self._slow.append(_Task(nic.name, self._every(self.settings.link_period_s,
                                                       nic.sample_links)))
         if ib.present():
@@ -210,7 +218,6 @@ class NodeSampler:
             t = threading.Thread(target=target, name=f"uberprof-counters-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        return True
 
     def stop(self, timeout_s: float = 3.0) -> None:
         """Stop, take a last fast sample (so the tables reach the end of the run), close."""
@@ -266,8 +273,8 @@ class NodeSampler:
     def _slow_loop(self) -> None:
         """GPU set-up, then the expensive counters and the writing of the tables."""
         try:
-            import pyarrow  # noqa: F401 - the first flush should not pay for it
-        except ImportError as exc:
+            self._store.warm_up()  # the first flush should not pay pyarrow's start-up
+        except Exception as exc:  # noqa: BLE001
             self.log.error("loading pyarrow for the counter tables", exc)
         try:
             self._setup_gpu()
@@ -337,7 +344,6 @@ class NodeSampler:
         except NvmlUnavailable as exc:
             self._note(f"no NVIDIA GPU (NVML: {exc}): host counters only")
             return
-        self._nvml = nvml
         self._closers.append(nvml.close)
         gpm = GpmSource(nvml)
         try:
@@ -398,6 +404,16 @@ class NodeSampler:
                 self.log.write(f"counters: describing a source: {exc!r}")
         with self._meta_lock:
             self._store.write_meta(meta)
+
+
+def _no_rows(fn: Callable[[], None]) -> Callable[[], list[Any]]:
+    """A slow-tier chore that writes no rows (finding the job's processes)."""
+
+    def run() -> list[Any]:
+        fn()
+        return []
+
+    return run
 
 
 def _next_deadline(next_t: float, period: float, now: float) -> float:
