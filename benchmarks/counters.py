@@ -6,6 +6,7 @@ between runs on a shared machine, so it also prints the sampling threads' own CP
 self-accounting in node.json), which bounds the cost without that noise.
 
     python benchmarks/counters.py [--rounds 6] [--steps 80] [--nproc 2] [--hz 2 10]
+    python benchmarks/counters.py --toggle [--window 4] [--hz 2]   # one job, sampler on/off beside it
 """
 
 from __future__ import annotations
@@ -60,6 +61,84 @@ def sampler_cpu_share(run_dir: Path) -> float | None:
     return None
 
 
+TOGGLER = r"""
+import json, sys, time
+from pathlib import Path
+from uberprof.collect.counters import CounterSettings, NodeSampler
+from uberprof.collect.safety import AgentLog
+from uberprof.rundir import RunDir
+out, root_pid, hz, window = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+run = RunDir(out); run.create("toggled")
+log = open(out / "windows.jsonl", "a")
+i = 0
+while True:
+    s = NodeSampler(run, "toggled", run.claim_node_dir(f"w{i}"),
+                    CounterSettings(sample_hz=hz), AgentLog("node"), root_pid=root_pid)
+    s.start()
+    s.wait_ready(30)
+    t0 = time.time_ns()
+    time.sleep(window)
+    t1 = time.time_ns()
+    s.stop()
+    t2 = time.time_ns()
+    time.sleep(window)
+    t3 = time.time_ns()
+    log.write(json.dumps({"on": [t0, t1], "off": [t2, t3]}) + "\n")
+    log.flush()
+    i += 1
+"""
+
+
+def toggled(args: argparse.Namespace, tmp: Path) -> None:
+    """One long job without counters; beside it, the same sampler (sampling the job's process
+    tree) switched on and off every few seconds. Steps inside on-windows against steps inside
+    off-windows: the machine's drift cancels out, because the two alternate quickly."""
+    hz = args.hz[0]
+    cmd = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id", "job",
+           "--no-trace", "--counters", "none", "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={args.nproc}", str(SAMPLE), "--steps", str(args.toggle_steps)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UBERPROF_")}
+    env["OMP_NUM_THREADS"] = "1"
+    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=env)
+    toggler = subprocess.Popen([sys.executable, "-c", TOGGLER, str(tmp / "toggler"),
+                                str(job.pid), str(hz), str(args.window)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                               cwd=ROOT)
+    try:
+        _, err = job.communicate()
+    finally:
+        toggler.kill()
+        toggler.wait()
+    if job.returncode != 0:
+        sys.exit(f"the job failed:\n{err[-3000:]}")
+    windows = [json.loads(line) for line in (tmp / "toggler" / "windows.jsonl").open()]
+    steps = []
+    for path in sorted((tmp / "job").glob("ranks/*/steps.jsonl")):
+        rows = [json.loads(line) for line in path.open() if line.strip()]
+        steps += [r for r in rows if r.get("kind") == "step"][WARMUP:]
+
+    def inside(a: int, b: int) -> list[float]:
+        return [(r["host_end_ns"] - r["host_start_ns"]) / 1e9 for r in steps
+                if r["host_start_ns"] >= a and r["host_end_ns"] <= b]
+
+    on = [inside(*w["on"]) for w in windows]
+    off = [inside(*w["off"]) for w in windows]
+    pairs = [statistics.median(a) / statistics.median(b) for a, b in zip(on, off) if a and b]
+    if not pairs:
+        sys.exit("no whole window inside the job: raise --toggle-steps")
+    all_on = [x for w in on for x in w]
+    all_off = [x for w in off for x in w]
+    ratio = statistics.median(all_on) / statistics.median(all_off)
+    print(f"toggled every {args.window:g} s at {hz:g} Hz, {len(pairs)} window pairs, "
+          f"{len(all_on)} steps on, {len(all_off)} off")
+    print(f"median step time on {statistics.median(all_on) * 1e3:.2f} ms, "
+          f"off {statistics.median(all_off) * 1e3:.2f} ms: ratio {ratio:.4f} "
+          f"(median of window pairs {statistics.median(pairs):.4f}); target <= 1.01: "
+          f"{'ok' if ratio <= 1.01 else 'ABOVE TARGET'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
@@ -69,9 +148,16 @@ def main() -> None:
                     help="sampling rates to measure (each against sampling off)")
     ap.add_argument("--sample-args", default="", help="extra arguments for the sample")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--toggle", action="store_true",
+                    help="instead: one long job, the sampler switched on and off beside it")
+    ap.add_argument("--window", type=float, default=4.0, help="seconds per on/off window")
+    ap.add_argument("--toggle-steps", type=int, default=1000)
     args = ap.parse_args()
     extra = args.sample_args.split()
     tmp = Path(tempfile.mkdtemp(prefix="uberprof-counters-bench-"))
+    if args.toggle:
+        toggled(args, tmp)
+        return
     modes: dict[str, list[str]] = {"off": ["--counters", "none"]}
     for hz in args.hz:
         modes[f"{hz:g} Hz"] = ["--counters", "auto", "--sample-hz", f"{hz:g}"]

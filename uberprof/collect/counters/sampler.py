@@ -140,13 +140,14 @@ class _Task:
 class NodeSampler:
     def __init__(self, run: RunDir, run_id: str, node_dir: Path, settings: CounterSettings,
                  log: AgentLog, nvml_module: ModuleType | None = None,
-                 host: str | None = None) -> None:
+                 host: str | None = None, root_pid: int | None = None) -> None:
         self.run = run
         self.run_id = run_id
         self.node_dir = node_dir
         self.settings = settings
         self.log = log
         self.host = host or socket.gethostname()
+        self.root_pid = root_pid  # whose process tree is the job's: this process by default
         self._nvml_module = nvml_module
         self.notes: list[str] = []
         self.sampled_by: str | None = None
@@ -197,7 +198,8 @@ class NodeSampler:
         from uberprof.collect.counters.store import CounterStore
 
         self._store = CounterStore(self.node_dir / COUNTERS_DIR)
-        host, nic, proc, ib = HostSource(), NicSource(), ProcessSource(self.run), InfinibandSource()
+        host, nic, ib = HostSource(), NicSource(), InfinibandSource()
+        proc = ProcessSource(self.run, self.root_pid)
         for src in (host, nic, proc):
             src.prime()
             self._fast.append(_Task(src.name, src.sample))
@@ -248,6 +250,10 @@ class NodeSampler:
         self._threads = []
         if self._lock is not None:
             self._lock.release()
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Block until set-up (pyarrow, GPU backends) is done; for tests and benchmarks."""
+        return self._gpu_ready.wait(timeout_s)
 
     def status(self) -> dict[str, Any]:
         """For node.json: what this agent did about counters."""
