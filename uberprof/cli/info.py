@@ -76,6 +76,8 @@ def _render_counters(inv: dict[str, Any], console: Console) -> None:
         groups.setdefault((c["node"], c["source"]), []).append(c)
     notes = [(n["node"], note) for n in inv["nodes"] for note in
              ((n.get("counters") or {}).get("notes") or [])]
+    notes += [(n["node"], f"this host's counters were sampled by {n['counters']['sampled_by']}")
+              for n in inv["nodes"] if (n.get("counters") or {}).get("sampled_by")]
     if not groups:
         off = [n["node"] for n in inv["nodes"] if (n.get("counters") or {}).get("mode") == "none"]
         console.print("[bold]counters[/bold] " + ("off (--counters none)" if off else "none"))
