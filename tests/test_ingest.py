@@ -84,6 +84,9 @@ def test_timestamps_without_origin_are_relative(tmp_path: Path) -> None:
     ("user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", False,
      "dataloader"),
     ("user_annotation", "Optimizer.step#AdamW.step", False, "optimizer"),
+    ("Operator", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", False,
+     "dataloader"),  # 2021 traces
+    ("Operator", "Optimizer.step#SGD.step", False, "optimizer"),
     ("user_annotation", "gloo:all_reduce", False, "host_comm"),
     ("user_annotation", "nccl:all_reduce", False, "comm_op"),
     ("cpu_op", "record_param_comms", False, "comm_op"),

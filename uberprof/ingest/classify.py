@@ -84,6 +84,10 @@ def classify(cat: str, name: str, on_device: bool) -> str:
     if cat in _OPERATOR_CATS:
         if name.startswith("ProfilerStep#"):
             return STEP
+        if name.startswith("enumerate(DataLoader)"):  # 2021 traces file these as operators
+            return DATALOADER
+        if name.startswith("Optimizer.step#"):
+            return OPTIMIZER
         if name.startswith("gloo:"):
             return HOST_COMM
         if name.startswith(("c10d::", "record_param_comms", "nccl:")):
