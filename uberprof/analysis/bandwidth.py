@@ -1,0 +1,409 @@
+"""Bandwidth of collectives, the link they cross, and whether that link limits them (DESIGN.md).
+
+For a matched instance: `S` bytes as nccl-tests defines them (the whole buffer: all-reduce,
+broadcast, reduce and all-to-all their input; all-gather its output, reduce-scatter its input),
+transfer time `t` = the shortest duration among participants (the others include waiting),
+`algbw = S/t`, `busbw = algbw * f` with the nccl-tests factor f. The link is the slowest the
+group crosses: `inter-node` when its ranks are on several hosts (the NIC or InfiniBand port that
+carried the traffic), else `intra-node` (NVLink or PCIe between GPUs) or `loopback` (CPU ranks
+on one host). Its peak comes from `uberprof calibrate` when the run has one (measured, the most
+faithful), else from the node counters (tc cap or link speed of the NIC, InfiniBand rate, PCIe
+generation and width, a GPU model's NVLink rate).
+
+Instances are summarised per class (group, collective, size): the class is `bandwidth-bound`
+when its median busbw reaches 70% of the peak, `latency-bound` when its messages are small
+(below 1 MiB, or below the size where the calibration sweep reaches half its peak) and their
+busbw stays under half the peak, or when they are tiny (64 KiB or less: latency dominates on
+any link) and no peak is known; `fine` otherwise, and `unknown` without a peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from uberprof.analysis import intervals as iv
+from uberprof.analysis.context import RunContext
+from uberprof.rundir import read_json
+
+__all__ = [
+    "BANDWIDTH_BOUND",
+    "CALIBRATION_FILE",
+    "LATENCY_BOUND_BUSBW",
+    "SMALL_MESSAGE_BYTES",
+    "BandwidthClass",
+    "LinkPeak",
+    "Peaks",
+    "bandwidth_classes",
+    "bus_factor",
+    "exposed_ns",
+    "instance_bandwidth",
+    "link_of",
+    "message_bytes",
+    "read_calibration",
+]
+
+CALIBRATION_FILE = "calibration.json"
+BANDWIDTH_BOUND = 0.7  # median busbw / peak at or above which a class is bandwidth-bound
+LATENCY_BOUND_BUSBW = 0.5  # ... below which small messages are latency-bound
+SMALL_MESSAGE_BYTES = 1 << 20
+TINY_MESSAGE_BYTES = 64 << 10  # latency-bound on any link, peak known or not
+
+# Per-direction NVLink bandwidth per GPU (bytes/s) of common data-centre parts (SXM boards).
+NVLINK_PEAK = {"A100": 300e9, "H100": 450e9, "H200": 450e9, "H800": 200e9, "A800": 200e9,
+               "B200": 900e9, "GB200": 900e9, "V100": 150e9}
+# PCIe per-lane bandwidth per direction by generation (bytes/s, after encoding).
+PCIE_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+
+
+def bus_factor(name: str, n: int) -> float:
+    """nccl-tests' busbw factor for a collective of `n` ranks."""
+    if n <= 1:
+        return 1.0
+    if name == "allreduce":
+        return 2.0 * (n - 1) / n
+    if name in ("allgather", "reducescatter", "alltoall", "alltoallv", "alltoallbase"):
+        return (n - 1) / n
+    return 1.0  # broadcast, reduce, send/recv, ...
+
+
+def message_bytes(name: str, in_bytes: int | None, out_bytes: int | None, n: int) -> int | None:
+    """`S` as nccl-tests counts it: the size of the whole buffer the collective moves."""
+    if name == "allgather":
+        if out_bytes:
+            return out_bytes
+        return in_bytes * n if in_bytes else None
+    if name == "reducescatter":
+        if in_bytes and out_bytes and in_bytes >= out_bytes:
+            return in_bytes
+        return out_bytes * n if out_bytes else in_bytes
+    return in_bytes or out_bytes
+
+
+@dataclass
+class LinkPeak:
+    """The peak a link can reach, and where that number comes from."""
+
+    link: str  # inter-node | intra-node | loopback | unknown
+    kind: str | None  # NIC name, InfiniBand, NVLink, PCIe, loopback
+    peak_Bps: float | None
+    source: str | None  # calibration | tc cap | link speed | InfiniBand rate | PCIe | GPU model
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"link": self.link, "kind": self.kind, "peak_Bps": self.peak_Bps,
+                "peak_gbit_s": round(self.peak_Bps * 8 / 1e9, 3) if self.peak_Bps else None,
+                "source": self.source, **self.detail}
+
+
+def read_calibration(root: Path) -> dict[str, Any] | None:
+    """The run's `calibration.json` (written by `uberprof calibrate`), or None."""
+    try:
+        doc = read_json(root / CALIBRATION_FILE)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == "uberprof-calibration" else None
+
+
+def link_of(hosts: set[str | None], mode: str) -> str:
+    """Which link a group crosses, from its participants' hosts."""
+    if not hosts or None in hosts:
+        return "unknown"
+    if len(hosts) > 1:
+        return "inter-node"
+    return "intra-node" if mode == "device" else "loopback"
+
+
+class Peaks:
+    """Finds the peak of the link a set of hosts crosses (cached per link and hosts)."""
+
+    def __init__(self, ctx: RunContext, window: tuple[int, int] | None) -> None:
+        self.ctx = ctx
+        self.window = window
+        self.calibration = read_calibration(ctx.root) if ctx.is_run_dir else None
+        self._cache: dict[tuple[str, frozenset[str]], LinkPeak] = {}
+        self._nodes: dict[str, str] | None = None  # host -> node folder with counters
+
+    def peak(self, link: str, hosts: frozenset[str]) -> LinkPeak:
+        key = (link, hosts)
+        if key not in self._cache:
+            self._cache[key] = self._find(link, hosts)
+        return self._cache[key]
+
+    def _find(self, link: str, hosts: frozenset[str]) -> LinkPeak:
+        cal = self._from_calibration(link, hosts)
+        if cal is not None:
+            return cal
+        if not self.ctx.is_run_dir or link in ("unknown", "loopback"):
+            return LinkPeak(link, "loopback" if link == "loopback" else None, None, None)
+        if link == "inter-node":
+            return self._nic_peak(hosts)
+        return self._gpu_link_peak(hosts)
+
+    def _from_calibration(self, link: str, hosts: frozenset[str]) -> LinkPeak | None:
+        if not self.calibration:
+            return None
+        best = None
+        for g in self.calibration.get("groups") or []:
+            if g.get("link") != link or not g.get("peak_busbw_Bps"):
+                continue
+            g_hosts = set(g.get("hosts") or [])
+            if link != "inter-node" and g_hosts and not hosts <= g_hosts:
+                continue
+            if best is None or g["peak_busbw_Bps"] < best["peak_busbw_Bps"]:
+                best = g
+        if best is None:
+            return None
+        return LinkPeak(link, best.get("kind") or link, float(best["peak_busbw_Bps"]),
+                        "calibration", {"half_peak_bytes": best.get("half_peak_bytes"),
+                                        "calibrated_sizes": len(best.get("points") or [])})
+
+    def _node_of_host(self) -> dict[str, str]:
+        if self._nodes is None:
+            from uberprof.collect.counters.read import counter_meta, counter_nodes
+
+            self._nodes = {}
+            for node in counter_nodes(self.ctx.root):
+                host = counter_meta(self.ctx.root, node).get("host") or node
+                self._nodes.setdefault(host, node)
+        return self._nodes
+
+    def _nic_peak(self, hosts: frozenset[str]) -> LinkPeak:
+        """The slowest host's busiest NIC (or InfiniBand port): its tc cap, else its speed."""
+        from uberprof.collect.counters.read import counter_meta, counters_table
+
+        worst: LinkPeak | None = None
+        nodes = self._node_of_host()
+        for host in sorted(hosts):
+            node = nodes.get(host)
+            if node is None:
+                return LinkPeak("inter-node", None, None, None,
+                                {"note": f"no counters from host {host}"})
+            meta = counter_meta(self.ctx.root, node)
+            caps: dict[str, tuple[float, str]] = {}
+            for nic, info in (meta.get("nics") or {}).items():
+                if info.get("tc_rate"):
+                    caps[nic] = (float(info["tc_rate"]), "tc cap")
+                if info.get("link_speed") and (nic not in caps
+                                               or info["link_speed"] < caps[nic][0]):
+                    caps[nic] = (float(info["link_speed"]), "link speed")
+            for port, info in (meta.get("ib_ports") or {}).items():
+                if info.get("rate"):
+                    caps[port] = (float(info["rate"]), "InfiniBand rate")
+            if not caps:
+                continue
+            busiest = self._busiest(node, list(caps), counters_table)
+            name = busiest if busiest in caps else (next(iter(caps)) if len(caps) == 1 else
+                                                    max(caps, key=lambda k: caps[k][0]))
+            rate, source = caps[name]
+            kind = "InfiniBand" if source == "InfiniBand rate" else f"NIC {name}"
+            if worst is None or (worst.peak_Bps or math.inf) > rate:
+                worst = LinkPeak("inter-node", kind, rate, source, {"host": host, "device": name})
+        return worst or LinkPeak("inter-node", None, None, None,
+                                 {"note": "no NIC with a known speed or cap; run uberprof "
+                                          "calibrate"})
+
+    def _busiest(self, node: str, devices: list[str], counters_table: Any) -> str | None:
+        """The device that moved the most bytes during the analysed window."""
+        if self.window is None:
+            return None
+        try:
+            t = counters_table(self.ctx.root, node, sources=["nic", "ib"],
+                               metrics=["tx_rate", "rx_rate"], start_ns=self.window[0],
+                               end_ns=self.window[1], label_ranks=False)
+        except Exception:  # noqa: BLE001 - counters are optional evidence
+            return None
+        if t.num_rows == 0:
+            return None
+        totals: dict[str, float] = {}
+        for d, v in zip(t.column("device").to_pylist(), t.column("value").to_pylist()):
+            totals[d] = totals.get(d, 0.0) + (v or 0.0)
+        cands = [d for d in devices if d in totals]
+        return max(cands, key=lambda d: totals[d]) if cands else None
+
+    def _gpu_link_peak(self, hosts: frozenset[str]) -> LinkPeak:
+        """NVLink from the GPU model, else PCIe from the link generation and width."""
+        from uberprof.collect.counters.read import counter_meta, counters_table
+
+        nodes = self._node_of_host()
+        host = next(iter(hosts))
+        node = nodes.get(host)
+        if node is None:
+            return LinkPeak("intra-node", None, None, None, {"note": "no counters"})
+        meta = counter_meta(self.ctx.root, node)
+        gpus = meta.get("gpus") or {}
+        names = {str(g.get("name") or "") for g in gpus.values()}
+        for model, rate in NVLINK_PEAK.items():
+            if any(model in n and "PCIe" not in n for n in names):
+                return LinkPeak("intra-node", "NVLink", rate, "GPU model",
+                                {"gpu": min(names)})
+        try:
+            t = counters_table(self.ctx.root, node, sources=["nvml"],
+                               metrics=["pcie.link_gen", "pcie.link_width"], label_ranks=False)
+            gen = max((v for m, v in zip(t.column("metric").to_pylist(),
+                                         t.column("value").to_pylist()) if m == "pcie.link_gen"),
+                      default=None)
+            width = max((v for m, v in zip(t.column("metric").to_pylist(),
+                                           t.column("value").to_pylist())
+                         if m == "pcie.link_width"), default=None)
+        except Exception:  # noqa: BLE001
+            gen = width = None
+        if gen and width and int(gen) in PCIE_LANE:
+            return LinkPeak("intra-node", "PCIe", PCIE_LANE[int(gen)] * width, "PCIe",
+                            {"gen": int(gen), "width": int(width)})
+        return LinkPeak("intra-node", None, None, None, {"note": "unknown GPU interconnect"})
+
+
+def exposed_ns(compute: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How much of each collective `[start, end)` no compute overlaps (the exposed part)."""
+    return (ends - starts) - iv.covered_in(compute, starts, ends)
+
+
+BANDWIDTH_SCHEMA = pa.schema([
+    ("instance", pa.int64()),
+    ("grp", pa.string()),
+    ("name", pa.string()),
+    ("step", pa.int64()),
+    ("n", pa.int64()),  # group size used for the bus factor
+    ("bytes", pa.int64()),  # S
+    ("t_ns", pa.int64()),  # the shortest duration among participants
+    ("algbw_Bps", pa.float64()),
+    ("busbw_Bps", pa.float64()),
+    ("link", pa.string()),
+    ("link_kind", pa.string()),
+    ("peak_Bps", pa.float64()),
+    ("peak_source", pa.string()),
+    ("half_peak_bytes", pa.int64()),  # calibration: size reaching half the peak
+    ("exposed_ns", pa.int64()),  # exposed part of the shortest participant's span
+])
+
+
+def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple[int, int], int],
+                       peaks: Peaks) -> pa.Table:
+    """One row per matched instance: bytes, transfer time, algbw, busbw, link and its peak.
+    `exposed[(instance, rank)]` is the exposed part of that rank's span."""
+    if instances.num_rows == 0:
+        return BANDWIDTH_SCHEMA.empty_table()
+    con = duckdb.connect()
+    con.register("i", instances)
+    rows = con.sql("""
+        SELECT instance, any_value(grp) AS grp, any_value(name) AS name, min(step) AS step,
+               any_value(group_size) AS n, max(in_bytes) AS in_bytes, max(out_bytes) AS out_bytes,
+               min(end_ns - start_ns) AS t_ns, arg_min(rank, end_ns - start_ns) AS fastest,
+               list(DISTINCT rank) AS ranks
+        FROM i GROUP BY instance ORDER BY instance
+    """).fetchall()
+    con.close()
+    mode = {r: info.mode for r, info in ctx.ranks.items()}
+    out: dict[str, list[Any]] = {f.name: [] for f in BANDWIDTH_SCHEMA}
+    for iid, grp, name, step, n, inb, outb, t, fastest, ranks in rows:
+        n = int(n or len(ranks))
+        size = message_bytes(name, inb, outb, n)
+        hosts = {ctx.host_of(r) for r in ranks}
+        link = link_of(hosts, "device" if any(mode.get(r) == "device" for r in ranks) else "cpu")
+        lp = peaks.peak(link, frozenset(h for h in hosts if h)) if link != "unknown" else \
+            LinkPeak("unknown", None, None, None)
+        alg = size / (t / 1e9) if size and t and t > 0 else None
+        out["instance"].append(iid)
+        out["grp"].append(grp)
+        out["name"].append(name)
+        out["step"].append(step)
+        out["n"].append(n)
+        out["bytes"].append(size)
+        out["t_ns"].append(t)
+        out["algbw_Bps"].append(alg)
+        out["busbw_Bps"].append(alg * bus_factor(name, n) if alg is not None else None)
+        out["link"].append(link)
+        out["link_kind"].append(lp.kind)
+        out["peak_Bps"].append(lp.peak_Bps)
+        out["peak_source"].append(lp.source)
+        hp = lp.detail.get("half_peak_bytes")
+        out["half_peak_bytes"].append(int(hp) if isinstance(hp, (int, float)) else None)
+        out["exposed_ns"].append(exposed.get((iid, fastest)))
+    return pa.table(out, schema=BANDWIDTH_SCHEMA)
+
+
+@dataclass
+class BandwidthClass:
+    """The instances of one (group, collective, size) and their verdict."""
+
+    grp: str
+    name: str
+    bytes: int
+    link: str
+    link_kind: str | None
+    instances: int
+    steps: list[int]
+    busbw_median_Bps: float | None
+    busbw_max_Bps: float | None
+    peak_Bps: float | None
+    peak_source: str | None
+    t_total_ns: int
+    exposed_ns: int  # exposed transfer time over the instances
+    verdict: str  # bandwidth-bound | latency-bound | fine | unknown
+
+    @property
+    def ratio(self) -> float | None:
+        if self.busbw_median_Bps is None or not self.peak_Bps:
+            return None
+        return self.busbw_median_Bps / self.peak_Bps
+
+    def as_dict(self) -> dict[str, Any]:
+        def gbit(x: float | None) -> float | None:
+            return round(x * 8 / 1e9, 3) if x else None
+
+        return {
+            "group": self.grp, "collective": self.name, "bytes": self.bytes, "link": self.link,
+            "link_kind": self.link_kind, "instances": self.instances,
+            "busbw_gbit_s": gbit(self.busbw_median_Bps),
+            "busbw_max_gbit_s": gbit(self.busbw_max_Bps),
+            "peak_gbit_s": gbit(self.peak_Bps), "peak_source": self.peak_source,
+            "busbw_of_peak_pct": round(100 * self.ratio, 1) if self.ratio is not None else None,
+            "transfer_ms": round(self.t_total_ns / 1e6, 3),
+            "exposed_ms": round(self.exposed_ns / 1e6, 3),
+            "exposed_pct": round(100 * self.exposed_ns / self.t_total_ns, 1)
+            if self.t_total_ns else None,
+            "verdict": self.verdict,
+        }
+
+
+def bandwidth_classes(bw: pa.Table) -> list[BandwidthClass]:
+    """Per (group, collective, bytes, link) summary with its verdict (see the module doc)."""
+    if bw.num_rows == 0:
+        return []
+    con = duckdb.connect()
+    con.register("b", bw)
+    rows = con.sql("""
+        SELECT grp, name, bytes, link, any_value(link_kind), count(*), list(DISTINCT step),
+               median(busbw_Bps), max(busbw_Bps), max(peak_Bps), any_value(peak_source),
+               max(half_peak_bytes), sum(t_ns), sum(coalesce(exposed_ns, 0))
+        FROM b WHERE bytes IS NOT NULL
+        GROUP BY grp, name, bytes, link ORDER BY sum(t_ns) DESC
+    """).fetchall()
+    con.close()
+    out = []
+    for grp, name, size, link, kind, n, steps, med, mx, peak, source, half_peak, t, exp in rows:
+        small = size < (half_peak or SMALL_MESSAGE_BYTES)
+        ratio = med / peak if med is not None and peak else None
+        if ratio is not None and ratio >= BANDWIDTH_BOUND:
+            verdict = "bandwidth-bound"
+        elif (small and ratio is not None and ratio < LATENCY_BOUND_BUSBW) or \
+                (ratio is None and size <= TINY_MESSAGE_BYTES):
+            verdict = "latency-bound"
+        elif ratio is None:
+            verdict = "unknown"
+        else:
+            verdict = "fine"
+        out.append(BandwidthClass(grp=grp, name=name, bytes=int(size), link=link,
+                                  link_kind=kind, instances=int(n),
+                                  steps=sorted(int(s) for s in steps if s is not None),
+                                  busbw_median_Bps=med, busbw_max_Bps=mx, peak_Bps=peak,
+                                  peak_source=source, t_total_ns=int(t), exposed_ns=int(exp),
+                                  verdict=verdict))
+    return out

@@ -1,0 +1,107 @@
+"""GPU clocks and throttle reasons per rank over the analysed window, from the NVML counters.
+
+A GPU that is hot, power-capped or in hardware slowdown computes the same work more slowly: the
+straggler's cause is `clock_throttle` rather than `compute` when its SM clock is clearly lower
+than the others' or slowdown reasons are set on it and not on them, and a `throttle` finding
+names any GPU that slowed down during the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from uberprof.analysis.context import RunContext
+
+__all__ = [
+    "CLOCK_DROP",
+    "SLOWDOWN_FRACTION",
+    "GpuClocks",
+    "gpu_clocks",
+    "throttled_vs_others",
+]
+
+SLOWDOWN_FRACTION = 0.1  # share of samples with a slowdown reason that counts as throttled
+CLOCK_DROP = 0.05  # SM clock this much below the others' median counts as lower
+
+
+@dataclass
+class GpuClocks:
+    rank: int
+    node: str
+    gpu: str
+    samples: int
+    sm_clock_mhz: float | None  # median over the window
+    sm_clock_max_mhz: float | None
+    slowdown_fraction: float  # share of samples with a slowdown reason set
+    reasons: dict[str, float] = field(default_factory=dict)  # reason -> share of samples
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "gpu": self.gpu, "samples": self.samples,
+                "sm_clock_mhz": self.sm_clock_mhz, "sm_clock_max_mhz": self.sm_clock_max_mhz,
+                "slowdown_pct": round(100 * self.slowdown_fraction, 1),
+                "reasons": {k: round(100 * v, 1) for k, v in self.reasons.items() if v > 0}}
+
+
+def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, GpuClocks]:
+    """Clocks of each rank's GPU between window[0] and window[1] (epoch ns); {} without NVML."""
+    if not ctx.is_run_dir or window is None:
+        return {}
+    try:
+        from uberprof.collect.counters.read import counters_table, rank_gpus
+
+        mapping = rank_gpus(ctx.root)
+    except Exception:  # noqa: BLE001 - counters are optional evidence
+        return {}
+    out: dict[int, GpuClocks] = {}
+    tables: dict[str, Any] = {}
+    for rank, (node, gpu) in mapping.items():
+        if node not in tables:
+            try:
+                tables[node] = counters_table(ctx.root, node, sources=["nvml"],
+                                              start_ns=window[0], end_ns=window[1],
+                                              label_ranks=False)
+            except Exception:  # noqa: BLE001
+                tables[node] = None
+        t = tables[node]
+        if t is None or t.num_rows == 0:
+            continue
+        dev = np.array(t.column("device").to_pylist(), dtype=object)
+        met = np.array(t.column("metric").to_pylist(), dtype=object)
+        val = t.column("value").to_numpy(zero_copy_only=False)
+        mine = dev == gpu
+        sm, smax, slow = (_values(val, mine, met, m)
+                          for m in ("clock.sm", "clock.sm_max", "clocks_slowdown"))
+        reasons = {}
+        for m in np.unique(met[mine]).tolist():
+            if m.startswith("clocks_event.") and m != "clocks_event.gpu_idle":
+                v = _values(val, mine, met, m)
+                reasons[m.split(".", 1)[1]] = float(v.mean()) if v.size else 0.0
+        out[rank] = GpuClocks(rank=rank, node=node, gpu=gpu, samples=int(sm.size),
+                              sm_clock_mhz=float(np.median(sm)) if sm.size else None,
+                              sm_clock_max_mhz=float(smax.max()) if smax.size else None,
+                              slowdown_fraction=float(slow.mean()) if slow.size else 0.0,
+                              reasons=reasons)
+    return out
+
+
+def _values(val: np.ndarray, mine: np.ndarray, met: np.ndarray, metric: str) -> np.ndarray:
+    return val[mine & (met == metric)]
+
+
+def throttled_vs_others(rank: int, clocks: dict[int, GpuClocks]) -> dict[str, Any]:
+    """Whether `rank`'s GPU ran slower clocks or throttled more than the other ranks' GPUs."""
+    me = clocks.get(rank)
+    others = [c for r, c in clocks.items() if r != rank]
+    if me is None or not others:
+        return {"throttled": False, "available": me is not None}
+    o_clock = [c.sm_clock_mhz for c in others if c.sm_clock_mhz]
+    o_slow = float(np.median([c.slowdown_fraction for c in others]))
+    lower = bool(me.sm_clock_mhz and o_clock
+                 and me.sm_clock_mhz < (1 - CLOCK_DROP) * float(np.median(o_clock)))
+    slowed = me.slowdown_fraction >= SLOWDOWN_FRACTION and o_slow < SLOWDOWN_FRACTION / 2
+    return {"throttled": lower or slowed, "available": True, **me.as_dict(),
+            "others_sm_clock_mhz": float(np.median(o_clock)) if o_clock else None,
+            "others_slowdown_pct": round(100 * o_slow, 1)}
