@@ -199,8 +199,9 @@ def tc_caps(timeout_s: float = 2.0) -> dict[str, float] | None:
     if exe is None:
         return None
     try:
+        # Its own session: a Ctrl-C meant for the job must not kill it half-way.
         out = subprocess.run([exe, "-j", "qdisc", "show"], capture_output=True, timeout=timeout_s,
-                             check=False, stdin=subprocess.DEVNULL)
+                             check=False, stdin=subprocess.DEVNULL, start_new_session=True)
         return parse_tc_qdiscs(json.loads(out.stdout or b"[]"))
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
