@@ -179,6 +179,11 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
 
 def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: int | None,
          executor: Executor | None):
+    """Run `analyze_input` on every input; yields (input, entry, {"status", "message", ...}).
+
+    Default (Linux): `_forked`, forked workers that are replaced once a trace leaves them big.
+    `executor` (any concurrent.futures Executor: a process pool, Dask's) replaces that.
+    """
     if not todo:
         return
     if workers is None:
@@ -189,15 +194,12 @@ def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: 
         for inp, entry, p, o in jobs:
             yield inp, entry, analyze_input(p, o)
         return
+    if executor is None and _can_fork():
+        yield from _forked(jobs, workers)
+        return
     own = executor is None
     if own:
-        ctx = None
-        if sys.platform.startswith("linux"):
-            import multiprocessing as mp
-
-            ctx = mp.get_context("fork")  # workers start in milliseconds, sharing our imports
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                       initializer=keep_pandas_out)
+        executor = ProcessPoolExecutor(max_workers=workers, initializer=keep_pandas_out)
     assert executor is not None
     try:
         futures = {executor.submit(analyze_input, p, o): (inp, entry)
@@ -207,13 +209,122 @@ def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: 
             try:
                 res = fut.result()
             except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory)
-                res = {"status": "error", "summary": None, "problems": [],
-                       "message": f"{inp.path}: the worker analysing it died "
-                                  f"({type(exc).__name__}: {exc})"}
+                res = _died(inp, f"{type(exc).__name__}: {exc}")
             yield inp, entry, res
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+# A worker is replaced when a trace leaves it this much bigger than it started: freed memory
+# stays with the process (allocator arenas), and the next trace's peak would come on top.
+RECYCLE_BYTES = 24 << 20
+
+
+def _can_fork() -> bool:
+    import multiprocessing as mp
+
+    return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods()
+
+
+def _died(inp: TraceInput, why: str) -> dict[str, Any]:
+    return {"status": "error", "summary": None, "problems": [],
+            "message": f"{inp.path}: the process analysing it died ({why}); out of memory?"}
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _give_back_memory() -> None:
+    """Return freed memory to the system where the allocators allow it (glibc, Arrow's pool)."""
+    try:
+        pa.default_memory_pool().release_unused()
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker(conn: Any) -> None:
+    """Analyse the inputs sent through `conn` until told to stop, or until a trace left this
+    process more than RECYCLE_BYTES bigger than it started (then the parent starts a new one)."""
+    keep_pandas_out()
+    start = _rss()
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        res = analyze_input(*job)
+        _give_back_memory()
+        retire = _rss() - start > RECYCLE_BYTES
+        conn.send(({"status": res["status"], "message": res["message"]}, retire))
+        if retire:
+            return
+
+
+def _forked(jobs: list[tuple[TraceInput, dict[str, Any], str, str]], workers: int):
+    """At most `workers` forked processes, each fed one input at a time through a pipe.
+
+    Own processes instead of a concurrent.futures pool because a worker must be replaceable:
+    a crash or an out-of-memory kill costs only the input it was reading, and a worker left
+    big by a large trace is retired, so memory stays at about one trace per worker. Forking
+    (not spawning) keeps startup at milliseconds and never re-imports the caller's script.
+    """
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("fork")
+    pending = list(reversed(jobs))
+    idle: list[tuple[Any, Any]] = []  # (process, connection)
+    busy: dict[Any, tuple[Any, TraceInput, dict[str, Any]]] = {}  # connection -> ...
+    alive = 0
+    try:
+        while pending or busy:
+            while pending and (idle or alive < workers):
+                if idle:
+                    proc, conn = idle.pop()
+                else:
+                    conn, child = ctx.Pipe()
+                    proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+                    proc.start()
+                    child.close()
+                    alive += 1
+                inp, entry, p, o = pending.pop()
+                conn.send((p, o))
+                busy[conn] = (proc, inp, entry)
+            for conn in wait(list(busy)):
+                proc, inp, entry = busy.pop(conn)
+                try:
+                    res, retire = conn.recv()
+                except (EOFError, OSError):
+                    proc.join()
+                    code = proc.exitcode
+                    res, retire = _died(inp, f"signal {-code}" if code and code < 0
+                                        else f"exit code {code}"), True
+                if retire:
+                    conn.close()
+                    proc.join()
+                    alive -= 1
+                else:
+                    idle.append((proc, conn))
+                yield inp, entry, res
+    finally:
+        for proc, conn in idle:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            conn.close()
+        for proc, _, _ in busy.values():
+            proc.terminate()
+        for proc in [p for p, _ in idle] + [p for p, _, _ in busy.values()]:
+            proc.join(timeout=10)
 
 
 class _NoPandas:

@@ -77,9 +77,11 @@ class _progress:
             TimeElapsedColumn,
         )
 
+        # No refresh thread: the workers are forked, and forking a process with threads that
+        # may hold locks is asking for deadlocks. The bar is redrawn on every update instead.
         self.bar = Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("[dim]{task.description}"),
-                            console=self.console, transient=True)
+                            console=self.console, transient=True, auto_refresh=False)
 
         def update(done: int, total: int, label: str) -> None:
             if total == 0:
@@ -87,7 +89,7 @@ class _progress:
             if self.task is None:
                 self.bar.start()
                 self.task = self.bar.add_task("", total=total)
-            self.bar.update(self.task, completed=done, description=label[-60:])
+            self.bar.update(self.task, completed=done, description=label[-60:], refresh=True)
 
         return update
 

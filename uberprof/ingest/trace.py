@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from uberprof.ingest import classify as K
+from uberprof.ingest.classify import is_device_category
 
 __all__ = ["EVENT_SCHEMA", "IngestedTrace", "TraceError", "ingest_trace", "read_trace_bytes"]
 
@@ -73,8 +74,10 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
-class _Trace(msgspec.Struct):
-    traceEvents: list[_Event] | None = None
+class _Header(msgspec.Struct):
+    """The trace object with its events left undecoded (raw slices of the JSON text)."""
+
+    traceEvents: list[msgspec.Raw] | None = None
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
     deviceProperties: Any = None
@@ -83,8 +86,11 @@ class _Trace(msgspec.Struct):
     uberprof_window: Any = None
 
 
-_DECODER = msgspec.json.Decoder(_Trace)
+_HEADER_DECODER = msgspec.json.Decoder(_Header)
+_BATCH_DECODER = msgspec.json.Decoder(list[_Event])
 _ANY_DECODER = msgspec.json.Decoder()
+BATCH = 8192  # events decoded into structs at a time: bounds memory to the text plus a batch
+
 
 EVENT_SCHEMA = pa.schema([
     ("ts", pa.int64()),  # start, ns (epoch ns when the trace says how; see IngestedTrace.clock)
@@ -166,23 +172,12 @@ def _gunzip(data: bytes) -> bytes:
     return gzip.decompress(data)
 
 
-def _decode(raw: bytes, path: Path) -> _Trace:
-    # No reference cycles can come out of JSON: pausing the cyclic GC while a million objects
-    # are allocated saves its repeated full scans (a third of the decode time on big traces).
-    was_enabled = gc.isenabled()
-    gc.disable()
+def _decode_header(raw: bytes, path: Path) -> _Header:
+    """The header, and every event as a raw slice (a fast skip-scan, no objects per field)."""
     try:
-        return _decode_inner(raw, path)
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _decode_inner(raw: bytes, path: Path) -> _Trace:
-    try:
-        return _DECODER.decode(raw)
+        return _HEADER_DECODER.decode(raw)
     except msgspec.ValidationError:
-        pass  # valid JSON of an unexpected shape: the tolerant path below sorts it out
+        pass  # valid JSON of an unexpected shape: sorted out below
     except msgspec.DecodeError as exc:
         if not raw.strip():
             raise TraceError(path, "empty file (only white space)") from None
@@ -194,28 +189,41 @@ def _decode_inner(raw: bytes, path: Path) -> _Trace:
         raise TraceError(path, f"not a Kineto trace: the JSON is a {type(obj).__name__}, "
                                "not an object with traceEvents")
     events = obj.get("traceEvents")
-    if not isinstance(events, list):
-        events = []
-    good: list[_Event] = []
-    for e in events:
-        if not isinstance(e, dict):
-            continue
-        if not isinstance(e.get("args"), dict):
-            e = {k: v for k, v in e.items() if k != "args"}
-        try:
-            good.append(msgspec.convert(e, _Event, strict=False))
-        except msgspec.ValidationError:
-            try:  # args with odd value shapes: keep the event, drop what does not fit
-                good.append(msgspec.convert({k: v for k, v in e.items() if k != "args"}, _Event))
-            except msgspec.ValidationError:
-                continue
     header = {k: v for k, v in obj.items() if k != "traceEvents"}
     try:
-        t = msgspec.convert(header, _Trace, strict=False)
+        h = msgspec.convert(header, _Header, strict=False)
     except msgspec.ValidationError:
-        t = _Trace()
-    t.traceEvents = good
-    return t
+        h = _Header()
+    h.traceEvents = [msgspec.Raw(msgspec.json.encode(e)) for e in events
+                     if isinstance(e, dict)] if isinstance(events, list) else None
+    return h
+
+
+def _decode_batch(chunk: list[msgspec.Raw]) -> list[_Event]:
+    """Typed structs for a batch of raw events; odd events (args not an object, say) are
+    converted one by one, keeping what fits."""
+    try:
+        return _BATCH_DECODER.decode(b"[" + b",".join(chunk) + b"]")
+    except msgspec.ValidationError:
+        pass
+    out: list[_Event] = []
+    for r in chunk:
+        try:
+            out.append(msgspec.json.decode(r, type=_Event))
+            continue
+        except msgspec.ValidationError:
+            pass
+        e = _ANY_DECODER.decode(r)
+        if not isinstance(e, dict):
+            continue
+        e = {k: v for k, v in e.items() if k != "args" or isinstance(v, dict)}
+        for attempt in (e, {k: v for k, v in e.items() if k != "args"}):
+            try:
+                out.append(msgspec.convert(attempt, _Event, strict=False))
+                break
+            except msgspec.ValidationError:
+                continue
+    return out
 
 
 # --- building the table -----------------------------------------------------------------------
@@ -223,93 +231,144 @@ def _decode_inner(raw: bytes, path: Path) -> _Trace:
 _STREAM_TID = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
 
 
-def ingest_trace(path: str | Path) -> IngestedTrace:
-    """Parse one trace file into an `IngestedTrace`; raises `TraceError` when nothing is usable."""
-    path = Path(path)
-    trace = _decode(read_trace_bytes(path), path)
-    events = trace.traceEvents
-    if not events:
-        raise TraceError(path, "no trace events (the traceEvents list is missing or empty)")
-    problems: list[str] = []
+class _Columns:
+    """Per-event values accumulated batch by batch, as compact arrays and string codes."""
 
-    xs = [e for e in events if e.ph == "X" or (e.ph is None and e.dur is not None)]
-    threads = _thread_names(events)
-    trace.traceEvents = None  # metadata, flow and instant events go now
-    del events
-    if not xs:
+    def __init__(self) -> None:
+        self.ts: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.cat: list[np.ndarray] = []
+        self.name: list[np.ndarray] = []
+        self.pid: list[np.ndarray] = []
+        self.tid: list[np.ndarray] = []
+        self.has_stream: list[np.ndarray] = []
+        self.stream: list[np.ndarray] = []
+        self.correlation: list[np.ndarray] = []
+        self.external_id: list[np.ndarray] = []
+        self.cats: dict[str, int] = {}
+        self.names: dict[str, int] = {}
+        self.id_codes: dict[str, int] = {}
+        self.comm_args: dict[int, _CommArgs] = {}
+        self.threads: dict[int, str] = {}
+        self.n = 0
+        self.negative = 0
+        self.missing = 0
+
+    def add(self, events: list[_Event]) -> None:
+        _thread_names(events, self.threads)
+        xs = [e for e in events if e.ph == "X" or (e.ph is None and e.dur is not None)]
+        if not xs:
+            return
+        ts, dur, keep = _times(xs)
+        if not keep.all():
+            missing = np.isnan(ts) | np.isnan(dur)
+            self.negative += int(((dur < 0) & ~missing).sum())
+            self.missing += int(missing.sum())
+            xs = [e for e, k in zip(xs, keep.tolist()) if k]
+            ts, dur = ts[keep], dur[keep]
+            if not xs:
+                return
+        cmap, nmap = self.cats, self.names
+        cats = [e.cat if isinstance(e.cat, str) else "" for e in xs]
+        names = [e.name if isinstance(e.name, str) else str(e.name or "") for e in xs]
+        self.cat.append(np.array([cmap.setdefault(c, len(cmap)) for c in cats], np.int32))
+        self.name.append(np.array([nmap.setdefault(x, len(nmap)) for x in names], np.int32))
+        self.pid.append(_ids([e.pid for e in xs], self.id_codes))
+        tid_raw = [e.tid for e in xs]
+        tid = _ids(tid_raw, self.id_codes)
+        args = [e.args for e in xs]
+        has, stream = _streams([a.stream if a is not None else None for a in args])
+        # Known device categories carry no stream arg in old traces: the stream is in the tid.
+        for i, c in enumerate(cats):
+            if not has[i] and is_device_category(c):
+                stream[i] = _stream_from_tid(tid_raw[i], int(tid[i]))
+        self.tid.append(tid)
+        self.has_stream.append(has)
+        self.stream.append(stream)
+        self.correlation.append(_int_col([a.correlation if a is not None else None
+                                          for a in args]))
+        self.external_id.append(_int_col([
+            (a.external_id if a.external_id is not None else a.external_id_old)
+            if a is not None else None for a in args]))
+        for i, ca in _comm_args(names, args).items():
+            self.comm_args[self.n + i] = ca
+        self.ts.append(ts)
+        self.dur.append(dur)
+        self.n += len(xs)
+
+    def array(self, name: str, dtype: Any) -> np.ndarray:
+        parts = getattr(self, name)
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def ingest_trace(path: str | Path) -> IngestedTrace:
+    """Parse one trace file into an `IngestedTrace`; raises `TraceError` when nothing is usable.
+
+    Events are decoded into structs a batch at a time and reduced to compact columns at once,
+    so memory peaks at the JSON text plus one batch, not at a struct per event.
+    """
+    path = Path(path)
+    was_enabled = gc.isenabled()
+    gc.disable()  # no reference cycles come out of JSON: spare the collector's full scans
+    try:
+        header = _decode_header(read_trace_bytes(path), path)
+        raw_events = header.traceEvents
+        if not raw_events:
+            raise TraceError(path, "no trace events (the traceEvents list is missing or empty)")
+        header.traceEvents = None
+        cols = _Columns()
+        for i in range(0, len(raw_events), BATCH):
+            cols.add(_decode_batch(raw_events[i:i + BATCH]))
+        del raw_events  # the JSON text goes with the last raw slice
+    finally:
+        if was_enabled:
+            gc.enable()
+    return _build(path, header, cols)
+
+
+def _build(path: Path, header: _Header, cols: _Columns) -> IngestedTrace:
+    problems: list[str] = []
+    if cols.negative:
+        problems.append(f"{path}: {cols.negative} events with a negative duration dropped "
+                        "(a clock or profiler bug)")
+    if cols.missing:
+        problems.append(f"{path}: {cols.missing} events without a numeric ts/dur dropped")
+    if not cols.n:
+        if cols.negative or cols.missing:
+            raise TraceError(path, "no usable timed events (every event has a negative or "
+                                   "missing duration)")
         raise TraceError(path, "no timed events: the trace holds only metadata "
                                "(the profiler window recorded nothing)")
 
-    ts, dur, keep = _times(xs)
-    if not keep.all():
-        missing_mask = np.isnan(ts) | np.isnan(dur)
-        bad_time = int(((dur < 0) & ~missing_mask).sum())
-        missing = int(missing_mask.sum())
-        xs = [e for e, k in zip(xs, keep) if k]
-        ts, dur = ts[keep], dur[keep]
-        if bad_time:
-            problems.append(f"{path}: {bad_time} events with a negative duration dropped "
-                            "(a clock or profiler bug)")
-        if missing:
-            problems.append(f"{path}: {missing} events without a numeric ts/dur dropped")
-    if not xs:
-        raise TraceError(path, "no usable timed events (every event has a negative or "
-                               "missing duration)")
-
-    base = trace.baseTimeNanoseconds
-    if isinstance(base, bool):
-        base = None
-    if isinstance(base, int) and base > 0:
+    ts = cols.array("ts", np.float64)
+    dur = cols.array("dur", np.float64)
+    base = header.baseTimeNanoseconds
+    if isinstance(base, int) and not isinstance(base, bool) and base > 0:
         clock = "epoch"
         ts_ns = _us_to_ns(ts) + base
     else:
-        base = 0
         ts_ns = _us_to_ns(ts)
         # Old traces carry absolute epoch microseconds; anything after 2001 is an epoch.
-        clock = "epoch" if ts.size and float(np.nanmin(ts)) > 1e15 else "relative"
+        clock = "epoch" if float(np.min(ts)) > 1e15 else "relative"
     dur_ns = np.rint(dur * 1000.0).astype(np.int64)
-    sub_us = bool(ts.size) and bool(np.any(ts != np.floor(ts)))
+    sub_us = bool(np.any(ts != np.floor(ts)))
+    del ts, dur
 
-    cats = [e.cat if isinstance(e.cat, str) else "" for e in xs]
-    names = [e.name if isinstance(e.name, str) else str(e.name or "") for e in xs]
-    pid = _ids([e.pid for e in xs])
-    tid_raw = [e.tid for e in xs]
-    tid = _ids(tid_raw)
-    args = [e.args for e in xs]
-    has_stream, stream = _streams([a.stream if a is not None else None for a in args])
-    correlation = _int_col([a.correlation if a is not None else None for a in args])
-    external_id = _int_col([(a.external_id if a.external_id is not None else a.external_id_old)
-                            if a is not None else None for a in args])
-    comm_args = _comm_args(names, args)
-    header = (trace.distributedInfo, trace.deviceProperties, trace.host_name, trace.hostname,
-              trace.uberprof_window)
-    # The decoded structs (and, through their raw slices, the whole JSON text) go now: the
-    # Arrow arrays below are built from the small lists above.
-    del xs, args, trace
-
-    cat_arr = pa.array(cats, pa.string()).dictionary_encode()
-    name_arr = pa.array(names, pa.string()).dictionary_encode()
-    cat_vals = cat_arr.dictionary.to_pylist()
-    name_vals = name_arr.dictionary.to_pylist()
-    cat_idx = cat_arr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    name_idx = name_arr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-
-    # Known device categories carry no stream arg in some old traces: the stream is in the tid.
-    device_cat = np.array([K.is_device_category(c) for c in cat_vals], dtype=bool)
+    cat_vals = list(cols.cats)
+    name_vals = list(cols.names)
+    cat_idx = cols.array("cat", np.int32)
+    name_idx = cols.array("name", np.int32)
+    has_stream = cols.array("has_stream", bool)
+    stream = cols.array("stream", np.int64)
+    device_cat = np.array([is_device_category(c) for c in cat_vals], dtype=bool)
     on_device = has_stream | device_cat[cat_idx]
-    fix = on_device & (stream < 0)
-    if fix.any():
-        for i in np.flatnonzero(fix):
-            stream[i] = _stream_from_tid(tid_raw[i], tid[i])
-
     kind_codes, unknown = _kinds(cat_vals, name_vals, cat_idx, name_idx, on_device)
     if unknown:
         detail = ", ".join(f"'{c}' ({n})" for c, n in unknown.most_common())
         problems.append(f"{path}: device activity in categories uberprof does not know: "
                         f"{detail}; an unknown accelerator? Counted as compute")
     stream = np.where(on_device, stream, -1)
-
-    coll = _collectives(len(names), comm_args, kind_codes)
+    coll = _collectives(cols.n, cols.comm_args, kind_codes)
 
     table = pa.Table.from_arrays(
         [
@@ -317,13 +376,15 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
             pa.array(dur_ns, pa.int64()),
             pa.DictionaryArray.from_arrays(pa.array(kind_codes, pa.int8()),
                                            pa.array(K.ALL_KINDS, pa.string())),
-            name_arr,
-            cat_arr,
-            pa.array(pid, pa.int64()),
-            pa.array(tid, pa.int64()),
+            pa.DictionaryArray.from_arrays(pa.array(name_idx, pa.int32()),
+                                           pa.array(name_vals, pa.string())),
+            pa.DictionaryArray.from_arrays(pa.array(cat_idx, pa.int32()),
+                                           pa.array(cat_vals, pa.string())),
+            pa.array(cols.array("pid", np.int64), pa.int64()),
+            pa.array(cols.array("tid", np.int64), pa.int64()),
             pa.array(stream, pa.int64()),
-            pa.array(correlation, pa.int64()),
-            pa.array(external_id, pa.int64()),
+            pa.array(cols.array("correlation", np.int64), pa.int64()),
+            pa.array(cols.array("external_id", np.int64), pa.int64()),
             *coll,
         ],
         schema=EVENT_SCHEMA,
@@ -333,10 +394,9 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
     if not (order[1:] > order[:-1]).all():
         table = table.take(pa.array(order))
 
-    dist, _props, host_name, hostname, window = header
-    info = dist if isinstance(dist, dict) else {}
+    info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
     rank = info.get("rank")
-    device_type = _device_type(name_vals, name_idx, kind_codes)
+    window = header.uberprof_window
     pgs = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     return IngestedTrace(
         path=str(path),
@@ -349,10 +409,10 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
              "size": pg.get("pg_size"), "ranks": pg.get("ranks")}
             for pg in pgs if isinstance(pg, dict)
         ],
-        host=next((h for h in (host_name, hostname) if isinstance(h, str)), None),
-        device_type=device_type,
+        host=next((h for h in (header.host_name, header.hostname) if isinstance(h, str)), None),
+        device_type=_device_type(name_vals, name_idx, kind_codes),
         clock=clock,
-        threads=threads,
+        threads=cols.threads,
         uberprof_window=window if isinstance(window, str) else None,
         sub_us=sub_us,
         problems=problems,
@@ -389,13 +449,13 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
 
 
-def _ids(values: list[Any]) -> np.ndarray:
-    """pid/tid as int64: numbers as they are, numeric strings parsed, other strings coded < 0."""
+def _ids(values: list[Any], codes: dict[str, int]) -> np.ndarray:
+    """pid/tid as int64: numbers as they are, numeric strings parsed, other strings coded < 0
+    (`codes` keeps those codes the same across batches)."""
     try:
         return np.array(values, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
         pass
-    codes: dict[str, int] = {}
     out = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
         if isinstance(v, int) and not isinstance(v, bool):
@@ -566,8 +626,7 @@ def _bytes_from_shapes(dims_raw: bytes, types_raw: bytes) -> tuple[int | None, s
     return (total, dtype) if found else (None, None)
 
 
-def _thread_names(events: list[_Event]) -> dict[int, str]:
-    out: dict[int, str] = {}
+def _thread_names(events: list[_Event], out: dict[int, str]) -> None:
     for e in events:
         if e.ph == "M" and e.name == "thread_name" and e.args is not None \
                 and isinstance(e.args.name, str):
@@ -578,7 +637,6 @@ def _thread_names(events: list[_Event]) -> dict[int, str]:
             if isinstance(t, int) and (t not in out or "(python" in out[t]
                                        or "(pt_main" in out[t]):
                 out[t] = e.args.name
-    return out
 
 
 def _device_type(name_vals: list[str], name_idx: np.ndarray, kind_codes: np.ndarray) -> str:
