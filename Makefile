@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_OUT := uberprof-runs
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench lint clean netns-tools
 
 setup: $(STAMP)
 
@@ -26,8 +26,13 @@ demo: $(STAMP)
 	@echo "== what was collected"
 	$(BIN)/uberprof info $(DEMO_OUT)/$(DEMO_RUN)
 
-test: $(STAMP)
+test: $(STAMP) netns-tools
 	$(BIN)/python -m pytest -q -ra
+
+# Multi-node tests run "nodes" in network namespaces; they need root, iproute2 and unshare.
+netns-tools:
+	@command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
