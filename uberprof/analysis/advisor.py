@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,7 @@ __all__ = [
     "analysed_steps",
     "diagnose",
     "diagnose_context",
+    "save_diagnosis",
     "severity_of",
 ]
 
@@ -99,6 +101,7 @@ class Diagnosis:
     straggler: Straggler | None
     steps: pa.Table  # the analysed (traced) steps, RUN_STEP_SCHEMA
     top_gaps: list[dict[str, Any]] = field(default_factory=list)
+    derived: Path | None = None  # the run's derived-tables folder
 
     def to_json(self) -> dict[str, Any]:
         """The `uberprof report --json` document (see README, "uberprof report")."""
@@ -176,7 +179,33 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     ranks = _ranks_doc(ctx, traced, gaps, lat)
     return Diagnosis(run=run, ranks=ranks, findings=findings, alignment=alignment,
                      matched=matched, lateness=lat, gaps=gaps, bandwidth=bw, classes=classes,
-                     straggler=straggler, steps=traced, top_gaps=top[:TOP_GAPS * 2])
+                     straggler=straggler, steps=traced, top_gaps=top[:TOP_GAPS * 2],
+                     derived=Path(ctx.run.derived))
+
+
+DIAGNOSIS_FILE = "diagnosis.json"
+DIAGNOSIS_DIR = "diagnosis"
+
+
+def save_diagnosis(d: Diagnosis) -> Path | None:
+    """Write `<derived>/diagnosis.json` (the report's JSON) and the tables behind it
+    (`<derived>/diagnosis/{instances,unmatched,lateness,gaps,bandwidth}.parquet`)."""
+    import orjson
+    import pyarrow.parquet as pq
+
+    from uberprof.rundir import write_json_atomic
+
+    if d.derived is None:
+        return None
+    folder = d.derived / DIAGNOSIS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    aligned = d.alignment.apply(d.matched.instances, ("start_ns", "end_ns"))
+    for name, table in (("instances", aligned), ("unmatched", d.matched.unmatched),
+                        ("lateness", d.lateness), ("gaps", d.gaps), ("bandwidth", d.bandwidth)):
+        pq.write_table(table, folder / f"{name}.parquet")
+    write_json_atomic(d.derived / DIAGNOSIS_FILE,
+                      orjson.loads(orjson.dumps(d.to_json(), option=orjson.OPT_SERIALIZE_NUMPY)))
+    return d.derived / DIAGNOSIS_FILE
 
 
 def analysed_steps(ctx: RunContext) -> pa.Table:

@@ -6,8 +6,10 @@ import click
 
 from uberprof import __version__
 from uberprof.cli.analyze import analyze
+from uberprof.cli.calibrate import calibrate
 from uberprof.cli.doctor import doctor
 from uberprof.cli.info import info
+from uberprof.cli.report import report
 from uberprof.cli.run import run
 
 HELP = """\
@@ -36,3 +38,5 @@ main.add_command(run)
 main.add_command(info)
 main.add_command(doctor)
 main.add_command(analyze)
+main.add_command(calibrate)
+main.add_command(report)

@@ -1,0 +1,126 @@
+"""`uberprof calibrate RUN [-- LAUNCHER...]`: measure the peak bus bandwidth the job's links
+reach, with a short all-reduce sweep under the job's own launcher, and record it in the run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+EPILOG = """\
+\b
+Examples:
+  uberprof calibrate uberprof-runs/RUN                         (launcher taken from the run)
+  uberprof calibrate uberprof-runs/RUN -- torchrun --nproc_per_node=8
+  uberprof calibrate RUN -- torchrun --nnodes=2 --nproc_per_node=8 --rdzv-endpoint=...
+\b
+LAUNCHER is the command line that starts your training script, without the script: the sweep
+script takes its place. Multi-node: run the same command on every node, as for the job. Rank 0
+writes RUN/calibration.json; `uberprof report` then compares busbw with the measured peak.
+"""
+
+
+@click.command(context_settings={"ignore_unknown_options": True,
+                                 "allow_interspersed_args": False},
+               epilog=EPILOG, short_help="Measure the job's link bandwidth (all-reduce sweep).")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--max-mb", type=click.FloatRange(min=0.0625), default=64.0, show_default=True,
+              help="Largest all-reduce size (MiB).")
+@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed all-reduces per size.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Give up after this many seconds.")
+@click.argument("launcher", nargs=-1, type=click.UNPROCESSED)
+def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float,
+              launcher: tuple[str, ...]) -> None:
+    """Run an all-reduce sweep under LAUNCHER and record the peak busbw in RUN_DIR.
+
+    Without LAUNCHER, the launcher recorded in the run (node.json) is reused: the command up to
+    the training script.
+    """
+    from rich.console import Console
+
+    from uberprof.analysis.bandwidth import CALIBRATION_FILE, read_calibration
+    from uberprof.collect import calibrate as sweep
+    from uberprof.rundir import NODE_FILE, RunDir, read_json
+
+    err = Console(stderr=True)
+    run = RunDir(run_dir.resolve())
+    if not run.is_run():
+        raise click.BadParameter(f"{run_dir} is not a uberprof run directory", param_hint="RUN")
+    prefix = list(launcher)
+    if not prefix:
+        for nd in run.node_dirs():
+            try:
+                prefix = launcher_prefix(read_json(nd / NODE_FILE).get("command") or [])
+            except (OSError, ValueError):
+                continue
+            if prefix:
+                break
+    if not prefix:
+        raise click.UsageError("cannot tell the job's launcher from the run; give it after --, "
+                               "e.g. uberprof calibrate RUN -- torchrun --nproc_per_node=8")
+    out = run.root / CALIBRATION_FILE
+    cmd = [*prefix, sweep.__file__, "--out", str(out), "--max-bytes",
+           str(int(max_mb * (1 << 20))), "--iters", str(iters)]
+    err.print(f"uberprof calibrate: {' '.join(cmd)}", markup=False, highlight=False)
+    try:
+        proc = subprocess.run(cmd, timeout=timeout, check=False)
+    except FileNotFoundError:
+        err.print(f"uberprof calibrate: {prefix[0]}: command not found", markup=False)
+        sys.exit(127)
+    except subprocess.TimeoutExpired:
+        err.print(f"uberprof calibrate: no result after {timeout:.0f} s", markup=False)
+        sys.exit(124)
+    if proc.returncode != 0:
+        err.print(f"uberprof calibrate: the sweep failed (exit code {proc.returncode})",
+                  markup=False)
+        sys.exit(proc.returncode)
+    doc = read_calibration(run.root)
+    if doc is None:
+        # another node's rank 0 wrote it (local run folders): nothing to show here
+        err.print("uberprof calibrate: done; rank 0 (on another node) wrote the results")
+        return
+    render(doc, Console())
+
+
+def launcher_prefix(command: list[str]) -> list[str]:
+    """The launcher part of a recorded job command: everything before the training script
+    (the first argument ending in .py after the launcher's own), or [] if there is none."""
+    for i, arg in enumerate(command):
+        if i > 0 and arg.endswith(".py") and not arg.startswith("-"):
+            return list(command[:i])
+    return []
+
+
+def render(doc: dict, console: object) -> None:
+    from rich.table import Table
+
+    table = Table(show_edge=False, header_style="bold", title="all-reduce sweep (busbw)")
+    table.add_column("group")
+    table.add_column("link")
+    table.add_column("ranks", justify="right")
+    table.add_column("peak Gbit/s", justify="right")
+    table.add_column("at size", justify="right")
+    table.add_column("half peak from", justify="right")
+    for g in doc.get("groups") or []:
+        pts = g.get("points") or []
+        peak = g.get("peak_busbw_Bps")
+        at = max(pts, key=lambda p: p["busbw_Bps"])["bytes"] if pts else None
+        table.add_row(
+            g.get("scope", "?") + (f" {g['hosts'][0]}" if g.get("scope") == "host" else ""),
+            g.get("link", "?"), str(len(g.get("ranks") or [])),
+            f"{peak * 8 / 1e9:.2f}" if peak else "-", _size(at),
+            _size(g.get("half_peak_bytes")))
+    console.print(table)  # type: ignore[attr-defined]
+
+
+def _size(b: int | None) -> str:
+    if not b:
+        return "-"
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= f:
+            return f"{b / f:g} {unit}"
+    return f"{b} B"

@@ -1,0 +1,86 @@
+"""`uberprof report RUN [--json] [--html FILE]`: what holds the job back, ranked, with evidence."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+EPILOG = """\
+\b
+Examples:
+  uberprof report uberprof-runs/RUN
+  uberprof report uberprof-runs/RUN --html report.html     (one file to share)
+  uberprof report ./tb_traces --json > diagnosis.json       (any folder of Kineto traces)
+"""
+
+
+@click.command(epilog=EPILOG, short_help="Diagnose a run: stragglers, idle, communication.")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the diagnosis as JSON (stable; see README).")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a self-contained HTML report to this file.")
+@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
+              show_default=True, help="Shortest device idle gap reported.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes for reading traces (default: one per CPU).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where derived tables go (default: PATH/derived).")
+def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: float,
+           workers: int | None, out: Path | None) -> None:
+    """Diagnose PATH (a run directory, a folder of Kineto traces, or one trace).
+
+    Reads the traces first when their tables are missing or stale (as `uberprof analyze`),
+    then aligns clocks, matches collectives and reports stragglers, idle gaps and their causes,
+    exposed communication and link limits, ranked by the time they cost.
+    """
+    import orjson
+
+    from uberprof.analysis.advisor import diagnose
+    from uberprof.analysis.pipeline import keep_pandas_out
+    from uberprof.cli.analyze import _progress
+    from uberprof.ingest.discover import NoTraces
+
+    if html_file is None:
+        keep_pandas_out()
+    err = Console(stderr=True)
+    try:
+        with _progress(err) as update:
+            d = diagnose(path, out=out, workers=workers, progress=update,
+                         threshold_ns=int(gap_threshold_us * 1000))
+    except NoTraces as exc:
+        if as_json:
+            sys.stdout.buffer.write(orjson.dumps({"run": {"path": str(path)}, "ranks": [],
+                                                  "findings": [], "problems": [str(exc)]},
+                                                 option=orjson.OPT_INDENT_2) + b"\n")
+        err.print(f"uberprof report: {exc}", markup=False, highlight=False)
+        sys.exit(1)
+    _save(d, err)
+    if html_file is not None:
+        from uberprof.present.report_html import write_html
+
+        write_html(d, html_file)
+        err.print(f"uberprof report: wrote {html_file}", markup=False, highlight=False)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(d.to_json(), option=orjson.OPT_INDENT_2
+                                             | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        from uberprof.present.report_terminal import render_report
+
+        render_report(d, Console())
+    if not d.ranks:
+        sys.exit(1)
+
+
+def _save(d: object, err: Console) -> None:
+    """Keep the diagnosis beside the derived tables (diagnosis.json and its Parquet tables) for
+    the dashboard and notebooks; a read-only place only costs a notice."""
+    try:
+        from uberprof.analysis.advisor import save_diagnosis
+
+        save_diagnosis(d)  # type: ignore[arg-type]
+    except OSError as exc:
+        err.print(f"uberprof report: could not save the diagnosis tables ({exc})", markup=False)

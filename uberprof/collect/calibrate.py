@@ -1,0 +1,130 @@
+"""The all-reduce sweep of `uberprof calibrate`, run under the job's own launcher.
+
+This file is started as a script by torchrun, srun, mpirun, ... (one process per rank, like the
+training script), so it needs nothing but torch and the standard library. Every rank all-reduces
+buffers of growing size over the whole job (the slowest link the job crosses) and, when the job
+spans several hosts with several ranks each, within each host; rank 0 writes what it measured
+to `--out` (the run's calibration.json). nccl-tests' conventions: time = the slowest rank's
+mean over the iterations, algbw = bytes / time, busbw = algbw * 2(n-1)/n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import tempfile
+import time
+from typing import Any
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", required=True, help="where rank 0 writes the results (JSON)")
+    p.add_argument("--min-bytes", type=int, default=64 << 10)
+    p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--max-iter-s", type=float, default=0.5,
+                   help="stop growing the size once one iteration takes this long")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto")
+    return p.parse_args(argv)
+
+
+def _sweep(dist: Any, torch: Any, group: Any, n: int, device: Any, args: argparse.Namespace
+           ) -> list[dict[str, float]]:
+    points = []
+    size = args.min_bytes
+    while size <= args.max_bytes:
+        buf = torch.ones(max(size // 4, 1), dtype=torch.float32, device=device)
+        dist.all_reduce(buf, group=group)  # warm-up (connections, algorithms)
+        dist.barrier(group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            dist.all_reduce(buf, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64,
+                               device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+        t = float(elapsed.item())
+        nbytes = buf.numel() * 4
+        alg = nbytes / t if t > 0 else 0.0
+        points.append({"bytes": nbytes, "time_us": round(t * 1e6, 3), "algbw_Bps": alg,
+                       "busbw_Bps": alg * (2.0 * (n - 1) / n if n > 1 else 1.0)})
+        if t > args.max_iter_s:
+            break
+        size *= 2
+    return points
+
+
+def _summary(points: list[dict[str, float]]) -> tuple[float | None, int | None]:
+    if not points:
+        return None, None
+    peak = max(p["busbw_Bps"] for p in points)
+    half = next((p["bytes"] for p in points if p["busbw_Bps"] >= 0.5 * peak), None)
+    return peak, int(half) if half is not None else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
+    backend = "nccl" if use_cuda and args.backend != "gloo" else "gloo"
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    by_host: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        by_host.setdefault(h, []).append(r)
+    multi = len(by_host) > 1
+    groups = [{"scope": "world", "ranks": list(range(world)), "hosts": sorted(by_host),
+               "link": "inter-node" if multi else ("intra-node" if use_cuda else "loopback"),
+               "kind": None if multi else ("NVLink/PCIe" if use_cuda else "loopback"),
+               "points": _sweep(dist, torch, None, world, device, args)}]
+    if multi and max(len(v) for v in by_host.values()) > 1:
+        # every rank must create every group, in the same order
+        local_groups = {h: dist.new_group(ranks) for h, ranks in sorted(by_host.items())}
+        mine = hosts[rank]
+        pts = _sweep(dist, torch, local_groups[mine], len(by_host[mine]), device, args) \
+            if len(by_host[mine]) > 1 else []
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, (mine, pts))
+        seen = set()
+        for h, p in gathered:
+            if h in seen or not p:
+                continue
+            seen.add(h)
+            groups.append({"scope": "host", "ranks": by_host[h], "hosts": [h],
+                           "link": "intra-node" if use_cuda else "loopback",
+                           "kind": "NVLink/PCIe" if use_cuda else "loopback", "points": p})
+    if rank == 0:
+        for g in groups:
+            g["peak_busbw_Bps"], g["half_peak_bytes"] = _summary(g["points"])
+        doc = {"format": "uberprof-calibration", "version": 1, "created_ns": time.time_ns(),
+               "backend": backend, "world_size": world, "hosts": {str(r): h for r, h in
+                                                                  enumerate(hosts)},
+               "iters": args.iters, "groups": groups}
+        out = os.path.abspath(args.out)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), prefix=".calibration.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2)
+        os.replace(tmp, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

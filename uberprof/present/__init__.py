@@ -1,0 +1,1 @@
+"""Presentation: renderers that read the analysis' results and never compute metrics."""

@@ -1,0 +1,236 @@
+"""The HTML report: one self-contained file (plotly's JavaScript inlined once) to share without
+a server: the run, the rank table, the findings, and plots of step time, breakdown, lateness,
+idle gaps by cause and collective bandwidth against the link's peak."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uberprof.analysis.advisor import Diagnosis
+from uberprof.analysis.gaps import CAUSES
+
+__all__ = ["render_html", "write_html"]
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1200px;
+color:#222;padding:0 16px}
+h1{font-size:1.5em;margin-bottom:4px} h2{font-size:1.2em;margin-top:28px;border-bottom:1px solid
+#ddd;padding-bottom:4px} .dim{color:#666} table{border-collapse:collapse;font-size:.9em}
+td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+td.l,th.l{text-align:left} tr.strag{background:#fde8e8}
+.finding{border-left:5px solid #999;padding:6px 12px;margin:10px 0;background:#fafafa}
+.high{border-color:#c0392b} .medium{border-color:#e6a118} .low{border-color:#2e86c1}
+.sev{font-weight:bold;text-transform:uppercase;font-size:.8em} .remedy{color:#1e6b34}
+pre{white-space:pre-wrap;font-size:.8em;background:#f4f4f4;padding:6px}
+"""
+
+
+def write_html(d: Diagnosis, path: Path) -> None:
+    path.write_text(render_html(d), encoding="utf-8")
+
+
+def render_html(d: Diagnosis) -> str:
+    """The report as one HTML document (plotly.js inlined in the first plot)."""
+    figs = [f for f in (_step_time_fig(d), _breakdown_fig(d), _lateness_fig(d), _gaps_fig(d),
+                        _bandwidth_fig(d)) if f is not None]
+    plots = []
+    for i, fig in enumerate(figs):
+        plots.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0),
+                                 config={"displaylogo": False}))
+    r = d.run
+    e = html.escape
+    name = e(str(r.get("run_id") or r["path"]))
+    head = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>uberprof report {name}"
+            f"</title><style>{_CSS}</style></head><body>")
+    parts = [head,
+             f"<h1>uberprof report: {e(str(r.get('run_id') or r['path']))}</h1>",
+             f"<div class='dim'>{e(_summary_line(d))}</div>",
+             "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
+             "<h2>Plots</h2>", *plots, "<h2>Run</h2>",
+             f"<pre>{e(_run_text(d))}</pre>", "</body></html>"]
+    return "\n".join(parts)
+
+
+def _summary_line(d: Diagnosis) -> str:
+    r = d.run
+    steps = r.get("analysed_steps") or []
+    span = f"steps {steps[0]}-{steps[-1]}" if steps and steps != [-1] else "whole trace"
+    c = r.get("collectives") or {}
+    return (f"{r['world_size']} rank(s) on {len(r.get('hosts') or {})} host(s), "
+            f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
+            f"({r.get('analysed_wall_ms')} ms wall); median step {r.get('step_time_ms')} ms; "
+            f"{c.get('matched_instances', 0)} matched collectives, "
+            f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r.get('uberprof_version')}")
+
+
+def _findings_html(d: Diagnosis) -> str:
+    if not d.findings:
+        return "<p>No findings: nothing holds this run back beyond the thresholds.</p>"
+    e = html.escape
+    out = []
+    for f in d.findings:
+        ranks = ", ".join(map(str, f.ranks[:16])) + (" ..." if len(f.ranks) > 16 else "")
+        out.append(
+            f"<div class='finding {e(f.severity)}'><span class='sev'>{e(f.severity)}</span> "
+            f"<b>{e(f.kind)}</b>{' (' + e(f.cause) + ')' if f.cause else ''} "
+            f"&middot; {f.time_at_stake_ms:.1f} ms at stake"
+            f"{' &middot; ranks ' + e(ranks) if ranks else ''}<br>{e(f.title)}"
+            f"<div class='remedy'>&rarr; {e(f.remedy)}</div>"
+            f"<details><summary class='dim'>evidence</summary><pre>{e(_pretty(f.evidence))}"
+            f"</pre></details></div>")
+    return "\n".join(out)
+
+
+def _ranks_html(d: Diagnosis) -> str:
+    e = html.escape
+    strag = d.straggler.rank if d.straggler else None
+    head = ("<tr><th>rank</th><th class='l'>host</th><th>step ms</th><th>p90</th>"
+            "<th>compute %</th><th>exposed comm %</th><th>idle %</th><th>overlap %</th>"
+            + "".join(f"<th>{c} idle ms</th>" for c in CAUSES)
+            + "<th>lateness ms</th><th>last</th></tr>")
+    rows = []
+    for x in d.ranks:
+        b, g, lt = x["breakdown_pct"], x["idle_gaps"]["ms_by_cause"], x["lateness_ms"]
+        cells = [x["rank"], x["host"], x["step_time_ms"]["median"], x["step_time_ms"]["p90"],
+                 b["compute"], b["exposed_comm"], b["idle"], b["overlap"],
+                 *(g.get(c) for c in CAUSES), lt["median"],
+                 f"{lt['last_in']}/{lt['instances']}" if lt["instances"] else None]
+        tds = "".join(f"<td{' class=l' if i == 1 else ''}>{e(_fmt(v))}</td>"
+                      for i, v in enumerate(cells))
+        rows.append(f"<tr{' class=strag' if x['rank'] == strag else ''}>{tds}</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def _pretty(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, indent=2, default=str)
+
+
+def _run_text(d: Diagnosis) -> str:
+    r = {k: v for k, v in d.run.items() if k != "bandwidth"}
+    return _pretty(r)
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+def _go() -> Any:
+    import plotly.graph_objects as go
+
+    return go
+
+
+def _step_time_fig(d: Diagnosis) -> Any:
+    t = d.steps
+    if t.num_rows == 0:
+        return None
+    go = _go()
+    fig = go.Figure()
+    ranks = np.array(t.column("rank").to_pylist())
+    st = np.array([x if x is not None else np.nan for x in t.column("step_time_ns").to_pylist()],
+                  dtype=np.float64) / 1e6
+    for r in sorted(set(ranks.tolist())):
+        fig.add_trace(go.Box(y=st[ranks == r], name=str(r), boxpoints="all", jitter=0.3,
+                             showlegend=False))
+    fig.update_layout(title="Step time per rank (analysed steps)", xaxis_title="rank",
+                      yaxis_title="ms", height=360, margin={"t": 40, "b": 40})
+    return fig
+
+
+def _breakdown_fig(d: Diagnosis) -> Any:
+    if not d.ranks:
+        return None
+    go = _go()
+    ranks = [str(x["rank"]) for x in d.ranks]
+    parts = [("compute", "compute_ms", "#4c78a8"), ("exposed comm", "exposed_comm_ms", "#e45756"),
+             ("idle", "idle_ms", "#bab0ac")]
+    fig = go.Figure()
+    for label, key, color in parts:
+        fig.add_trace(go.Bar(x=ranks, y=[x["analysed"][key] or 0 for x in d.ranks], name=label,
+                             marker_color=color))
+    fig.update_layout(barmode="stack", title="Where the analysed steps' time goes, per rank",
+                      xaxis_title="rank", yaxis_title="ms", height=360, margin={"t": 40, "b": 40})
+    return fig
+
+
+def _lateness_fig(d: Diagnosis) -> Any:
+    lat = d.lateness
+    if lat.num_rows == 0:
+        return None
+    go = _go()
+    iid = np.array(lat.column("instance").to_pylist())
+    rank = np.array(lat.column("rank").to_pylist())
+    val = np.array(lat.column("lateness_ns").to_pylist(), dtype=np.float64) / 1e6
+    ranks = sorted(set(rank.tolist()))
+    insts = sorted(set(iid.tolist()))
+    if len(insts) > 2000:  # keep the file small
+        insts = insts[:2000]
+    pos = {v: i for i, v in enumerate(insts)}
+    rpos = {v: i for i, v in enumerate(ranks)}
+    z = np.full((len(ranks), len(insts)), np.nan)
+    for i, r, v in zip(iid.tolist(), rank.tolist(), val.tolist()):
+        if i in pos:
+            z[rpos[r], pos[i]] = v
+    fig = go.Figure(go.Heatmap(z=z, x=insts, y=[str(r) for r in ranks], colorscale="Reds",
+                               colorbar={"title": "ms late"}))
+    fig.update_layout(title="Lateness at each collective (aligned clocks)",
+                      xaxis_title="collective instance", yaxis_title="rank",
+                      height=max(260, 24 * len(ranks) + 120), margin={"t": 40, "b": 40})
+    return fig
+
+
+def _gaps_fig(d: Diagnosis) -> Any:
+    if not d.ranks:
+        return None
+    go = _go()
+    ranks = [str(x["rank"]) for x in d.ranks]
+    fig = go.Figure()
+    for c in CAUSES:
+        ys = [x["idle_gaps"]["ms_by_cause"].get(c) or 0 for x in d.ranks]
+        if any(ys):
+            fig.add_trace(go.Bar(x=ranks, y=ys, name=c))
+    if not fig.data:
+        return None
+    thr = d.run.get("gap_threshold_us")
+    fig.update_layout(barmode="stack", title=f"Idle gaps over {thr} µs by cause",
+                      xaxis_title="rank", yaxis_title="ms", height=360, margin={"t": 40, "b": 40})
+    return fig
+
+
+def _bandwidth_fig(d: Diagnosis) -> Any:
+    bw = d.bandwidth
+    if bw.num_rows == 0:
+        return None
+    go = _go()
+    size = np.array([x or np.nan for x in bw.column("bytes").to_pylist()], dtype=np.float64)
+    bus = np.array([x if x is not None else np.nan for x in bw.column("busbw_Bps").to_pylist()],
+                   dtype=np.float64) * 8 / 1e9
+    names = bw.column("name").to_pylist()
+    links = bw.column("link").to_pylist()
+    fig = go.Figure()
+    for key in sorted(set(zip(names, links))):
+        m = np.array([(n, lk) == key for n, lk in zip(names, links)])
+        fig.add_trace(go.Scatter(x=size[m], y=bus[m], mode="markers",
+                                 name=f"{key[0]} ({key[1]})"))
+    peaks = {}
+    for lk, p in zip(links, bw.column("peak_Bps").to_pylist()):
+        if p:
+            peaks[lk] = p * 8 / 1e9
+    for lk, p in peaks.items():
+        fig.add_hline(y=p, line_dash="dash", annotation_text=f"{lk} peak {p:.2f} Gbit/s")
+    fig.update_layout(title="Bus bandwidth of each collective", xaxis_type="log",
+                      xaxis_title="bytes", yaxis_title="busbw (Gbit/s)", height=380,
+                      margin={"t": 40, "b": 40})
+    return fig

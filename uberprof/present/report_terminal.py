@@ -1,0 +1,233 @@
+"""The terminal report: the run, step time and breakdown per rank, then the findings, ranked.
+
+Made to be read in a minute: one header, one table, the findings with their evidence and
+remedy, the bandwidth classes and the longest idle gaps. Long lists are cut with a pointer to
+`--json` or `--html`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from uberprof.analysis.advisor import Diagnosis, Finding
+
+__all__ = ["MAX_RANK_ROWS", "render_report"]
+
+MAX_RANK_ROWS = 32
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+_CAUSE_LETTER = {"data": "D", "sync": "S", "launch": "L", "host": "H", "other": "O"}
+
+
+def render_report(d: Diagnosis, console: Console) -> None:
+    """Print the whole report on `console`."""
+    _header(d, console)
+    _ranks(d, console)
+    _findings(d, console)
+    _bandwidth(d, console)
+    _gaps(d, console)
+    problems = d.run.get("problems") or []
+    if problems:
+        console.print("[bold red]problems[/bold red]")
+        for p in problems[:10]:
+            console.print(f"  - {p}", markup=False, highlight=False)
+        if len(problems) > 10:
+            console.print(f"  ... {len(problems) - 10} more (see --json)")
+
+
+def _ms(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _header(d: Diagnosis, console: Console) -> None:
+    r = d.run
+    hosts = r.get("hosts") or {}
+    steps = r.get("analysed_steps") or []
+    span = ("whole trace (no step annotations)" if steps == [-1] else
+            f"steps {steps[0]}-{steps[-1]}" if steps else "no steps")
+    title = Text(f"uberprof report  {r.get('run_id') or r['path']}", style="bold")
+    console.print(title)
+    console.print(
+        f"{r['world_size']} rank(s) on {len(hosts)} host(s), "
+        f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
+        f"({_ms(r.get('analysed_wall_ms'))} ms wall), median step {_ms(r.get('step_time_ms'))} ms",
+        highlight=False)
+    c = r.get("collectives") or {}
+    line = (f"collectives: {c.get('matched_instances', 0)} matched instance(s), "
+            f"{c.get('unmatched_calls', 0)} unmatched call(s)")
+    console.print(line, highlight=False)
+    for h in (r.get("clock_alignment") or {}).get("hosts") or []:
+        if h["method"] == "reference" and len(hosts) <= 1:
+            continue
+        desc = f"clock {h['host']}: "
+        if h["method"] == "reference":
+            desc += "reference"
+        else:
+            desc += f"offset {h['offset_ns'] / 1e3:+.1f} µs ({h['method']}"
+            if h.get("residual_ns") is not None:
+                desc += f", exits within {h['residual_ns'] / 1e3:.0f} µs after alignment"
+            if h.get("online_offset_ns") is not None:
+                unc = h.get("online_uncertainty_ns")
+                desc += (f"; start-up estimate {h['online_offset_ns'] / 1e3:+.1f}"
+                         + (f" ± {unc / 1e3:.0f}" if unc else "") + " µs")
+            desc += ")"
+        console.print(f"[dim]{desc}[/dim]", highlight=False)
+    console.print()
+
+
+def _ranks(d: Diagnosis, console: Console) -> None:
+    if not d.ranks:
+        return
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    many_hosts = len(d.run.get("hosts") or {}) > 1
+    cols = ["rank", *(["host"] if many_hosts else []), "step ms", "p90", "comp%", "exp%",
+            "idle%", "ovl%", "gaps ms", "late ms", "last"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("host", "gaps ms") else "right",
+                         no_wrap=col != "gaps ms")
+    straggler = d.straggler.rank if d.straggler else None
+    rows = d.ranks
+    if len(rows) > MAX_RANK_ROWS:  # the slowest ranks and the straggler
+        keep = sorted(rows, key=lambda x: -(x["step_time_ms"]["median"] or 0))[:MAX_RANK_ROWS]
+        if straggler is not None and all(x["rank"] != straggler for x in keep):
+            keep[-1] = next(x for x in rows if x["rank"] == straggler)
+        rows = sorted(keep, key=lambda x: x["rank"])
+    for x in rows:
+        b = x["breakdown_pct"]
+        g = x["idle_gaps"]["ms_by_cause"]
+        gaps = " ".join(f"{_CAUSE_LETTER[k]}{v:.0f}" for k, v in g.items() if v) or "-"
+        lt = x["lateness_ms"]
+        style = "bold red" if x["rank"] == straggler else None
+        host = [str(x["host"] or "-")] if many_hosts else []
+        table.add_row(str(x["rank"]), *host, _ms(x["step_time_ms"]["median"]),
+                      _ms(x["step_time_ms"]["p90"]), _ms(b["compute"]),
+                      _ms(b["exposed_comm"]), _ms(b["idle"]), _ms(b["overlap"]), gaps,
+                      _ms(lt["median"]),
+                      f"{lt['last_in']}/{lt['instances']}" if lt["instances"] else "-",
+                      style=style)
+    console.print(table)
+    console.print("[dim]gaps ms: idle gaps by cause, D data, S sync, L launch, H host, O other; "
+                  "late ms: median lateness at collectives; last: times it arrived last[/dim]")
+    if len(d.ranks) > MAX_RANK_ROWS:
+        console.print(f"[dim]{len(d.ranks) - MAX_RANK_ROWS} more ranks (the {MAX_RANK_ROWS} "
+                      "slowest shown): see --json or --html[/dim]")
+    console.print()
+
+
+def _findings(d: Diagnosis, console: Console) -> None:
+    if not d.findings:
+        console.print("[bold green]No findings[/bold green]: nothing holds this run back beyond "
+                      "the thresholds (no straggler, idle, exposed communication or link limit).")
+        console.print()
+        return
+    console.print(f"[bold]Findings[/bold] ({len(d.findings)}, ranked by time at stake over the "
+                  "analysed steps)")
+    for i, f in enumerate(d.findings, 1):
+        _finding(i, f, console)
+    console.print()
+
+
+def _finding(i: int, f: Finding, console: Console) -> None:
+    share = f.evidence.get("share_pct")
+    head = Text(f"{i:>2}. ")
+    head.append(f"{f.severity.upper():<6}", style=SEVERITY_STYLE.get(f.severity))
+    head.append(f" {f.kind}", style="bold")
+    if f.cause:
+        head.append(f" ({f.cause})")
+    head.append(f"  {f.time_at_stake_ms:.1f} ms at stake" + (f", {share}%" if share else ""))
+    console.print(head)
+    console.print(f"    {f.title}", markup=False, highlight=False)
+    ev = _evidence_line(f)
+    if ev:
+        console.print(f"    [dim]evidence:[/dim] {ev}", highlight=False)
+    console.print(f"    [green]→[/green] {f.remedy}", highlight=False)
+
+
+def _evidence_line(f: Finding) -> str:
+    e = f.evidence
+    if f.kind == "straggler":
+        x = e.get("excess_per_step_ms") or {}
+        parts = [f"last in {e['last_in']}/{e['instances']} collectives",
+                 (f"median lateness {e['median_lateness_ms']} ms (others' spread "
+                  f"{e['others_spread_ms']} ms)"),
+                 f"adds {e['delay_ms']} ms wall, {e['others_wait_ms']} ms of others' waiting",
+                 "excess per step: " + ", ".join(f"{k} {v:+.1f} ms" for k, v in x.items()
+                                                  if v is not None)]
+        g = e.get("gpu")
+        if g:
+            parts.append(f"GPU SM clock {g.get('sm_clock_mhz')} MHz vs others "
+                         f"{g.get('others_sm_clock_mhz')}, slowdown {g.get('slowdown_pct')}%")
+        return "; ".join(parts)
+    if f.kind in ("data_stall", "launch_bound", "idle"):
+        per = e.get("idle_ms_per_rank") or {}
+        top = sorted(per.items(), key=lambda kv: -(kv[1] or 0))[:4]
+        g = e.get("largest_gap") or {}
+        return (f"{e.get('gaps')} gaps; idle ms per rank: "
+                + ", ".join(f"{r}: {v}" for r, v in top)
+                + (f"; largest {g.get('ms')} ms on rank {g.get('rank')} step {g.get('step')} "
+                   f"after {_short(g.get('before'))}" if g else ""))
+    if f.kind == "exposed_comm":
+        return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank, "
+                f"{e.get('exposed_of_comm_pct')}% of its communication")
+    if f.kind == "bandwidth":
+        return (f"{e.get('instances')} instances, median busbw {e.get('busbw_gbit_s')} Gbit/s, "
+                f"peak {e.get('peak_gbit_s')} Gbit/s ({e.get('peak_source')}), "
+                f"{e.get('exposed_pct')}% of {e.get('transfer_ms')} ms exposed")
+    if f.kind == "throttle":
+        return "; ".join(f"rank {r}: {g.get('sm_clock_mhz')} MHz, slowdown "
+                         f"{g.get('slowdown_pct')}% {g.get('reasons')}"
+                         for r, g in (e.get("gpus") or {}).items())
+    return ", ".join(f"{k}={v}" for k, v in e.items() if not isinstance(v, (dict, list)))
+
+
+def _short(name: Any, n: int = 48) -> str:
+    s = str(name or "-")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _bandwidth(d: Diagnosis, console: Console) -> None:
+    classes = d.run.get("bandwidth") or []
+    if not classes:
+        return
+    table = Table(show_edge=False, header_style="bold", pad_edge=False,
+                  title="collectives: bandwidth", title_justify="left")
+    for col in ("collective", "size", "link", "n", "busbw Gb/s", "peak", "%peak", "exp%",
+                "verdict"):
+        table.add_column(col, justify="left" if col in ("collective", "link", "verdict")
+                         else "right", no_wrap=True)
+    for c in classes[:8]:
+        table.add_row(c["collective"], _size(c["bytes"]), c["link"],
+                      str(c["instances"]), _ms(c["busbw_gbit_s"], 2),
+                      _ms(c["peak_gbit_s"], 2), _ms(c["busbw_of_peak_pct"]),
+                      _ms(c["exposed_pct"]), c["verdict"])
+    console.print(table)
+    if len(classes) > 8:
+        console.print(f"[dim]{len(classes) - 8} more classes: see --json[/dim]")
+    console.print()
+
+
+def _gaps(d: Diagnosis, console: Console) -> None:
+    if not d.top_gaps:
+        return
+    table = Table(show_edge=False, header_style="bold", pad_edge=False,
+                  title="longest idle gaps", title_justify="left")
+    for col in ("rank", "step", "ms", "cause", "after op", "next op", "host was in"):
+        table.add_column(col, justify="right" if col in ("rank", "step", "ms") else "left")
+    for g in d.top_gaps[:5]:
+        table.add_row(str(g["rank"]), str(g["step"]), f"{g['dur_ns'] / 1e6:.2f}", g["cause"],
+                      _short(g.get("before"), 32), _short(g.get("after"), 32),
+                      _short(g.get("host"), 40))
+    console.print(table)
+    console.print()
+
+
+def _size(b: int | None) -> str:
+    if not b:
+        return "-"
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= f:
+            return f"{b / f:.1f} {unit}"
+    return f"{b} B"
