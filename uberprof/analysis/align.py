@@ -9,6 +9,13 @@ ranks, weighted towards short collectives (their exits are the tightest). It is 
 bounds causality sets (no rank leaves a collective before every rank has entered it). The
 residual, the median distance of the exits from simultaneous after alignment, is reported.
 
+Where exits are not that simultaneous (Gloo on busy CPUs: a rank's thread may wake up
+milliseconds late, and ring algorithms finish one hop apart) the causality bounds can be the
+tighter evidence: small collectives enter and leave within a few hundred microseconds of each
+other. When the bounds' half-width is smaller than the exits' residual, the middle of the bounds
+is taken instead (it assumes the same entry-to-exit latency both ways, as two-way time transfer
+does); `estimator` says which was used.
+
 Hosts that share no collective with the aligned ones keep the online estimate; with neither,
 their offset is 0 and the method says "none". Traces that do not name their host are each
 their own clock domain ("rank<r>"), aligned the same way.
@@ -52,6 +59,7 @@ class HostClock:
     residual_ns: int | None = None  # median |exit skew| left after alignment
     instances: int = 0  # matched instances the refinement used
     bounds_ns: tuple[int, int] | None = None  # causality bounds on the offset
+    estimator: str | None = None  # exits (weighted median) | bounds (middle of the bounds)
     note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -61,7 +69,8 @@ class HostClock:
             "online_uncertainty_ns": self.online_uncertainty_ns,
             "correction_ns": self.correction_ns, "residual_ns": self.residual_ns,
             "instances": self.instances,
-            "bounds_ns": list(self.bounds_ns) if self.bounds_ns else None, "note": self.note,
+            "bounds_ns": list(self.bounds_ns) if self.bounds_ns else None,
+            "estimator": self.estimator, "note": self.note,
         }
 
 
@@ -187,7 +196,13 @@ def _refine(clocks: dict[str, HostClock], ref: str, inst: pa.Table, ctx: RunCont
         hi_b = int((ea_min - sd_max).min())  # correction <= this: the others leave after it enters
         w = 1.0 / np.maximum(tmin[dsel][order].astype(np.float64), 1_000.0)
         corr = -weighted_median(skew, w)
+        c.estimator = "exits"
         if lo_b <= hi_b:
+            spread = float(np.median(np.abs(skew + corr)))
+            if (hi_b - lo_b) / 2 < spread:
+                # the bounds pin the offset down more tightly than the exits agree: take
+                # their middle (symmetric entry-to-exit latency, as in two-way time transfer)
+                corr, c.estimator = (lo_b + hi_b) / 2, "bounds"
             corr = min(max(corr, lo_b), hi_b)
             c.bounds_ns = (base + lo_b, base + hi_b)
         else:

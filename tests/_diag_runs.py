@@ -1,0 +1,80 @@
+"""Real 4-rank CPU (Gloo) runs for the diagnosis tests, each made once per test session."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import SAMPLES, SCRIPTS, torchrun, uberprof_run
+
+STEPS = 14
+TRACE = "3-12"  # ten analysed steps: two gradient buckets each
+
+
+def _ddp_run(factory: pytest.TempPathFactory, name: str, *fault: str) -> Path:
+    out = factory.mktemp(f"diag-{name}")
+    uberprof_run(out, name, torchrun(4, SAMPLES / "train_ddp.py", "--steps", str(STEPS), *fault),
+                 "--trace-steps", TRACE, "--counters", "none", timeout=400)
+    return out / name
+
+
+@pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _ddp_run(tmp_path_factory, "healthy")
+
+
+@pytest.fixture(scope="session")
+def slow_compute_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Rank 2 runs the forward pass four times (three extra, outside autograd)."""
+    return _ddp_run(tmp_path_factory, "slowcompute", "--slow-rank", "2", "--slow-compute", "4")
+
+
+@pytest.fixture(scope="session")
+def slow_data_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Rank 1's data loader sleeps 10 ms per sample (80 ms per batch of 8)."""
+    return _ddp_run(tmp_path_factory, "slowdata", "--slow-data-rank", "1",
+                    "--data-delay-ms", "10")
+
+
+@pytest.fixture(scope="session")
+def logging_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DDP that all-reduces its loss every step (a small collective per step), 20 traced
+    steps: the run the clock alignment tests shift."""
+    out = tmp_path_factory.mktemp("diag-logging")
+    uberprof_run(out, "logging",
+                 torchrun(4, SCRIPTS / "ddp_loss_logging.py", "--steps", "25"),
+                 "--trace-steps", "3-22", "--counters", "none", timeout=400)
+    return out / "logging"
+
+
+def shift_node(src: Path, dst: Path, ranks: list[int], host: str, shift_ns: int) -> Path:
+    """A copy of run `src` in which `ranks` ran on another host whose clock is `shift_ns`
+    ahead: their traces and step timelines move by `shift_ns`, their rank.json names `host`,
+    and their start-up clock estimate says 0 with a 2 ms uncertainty (it missed the shift)."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("derived"))
+    for r in ranks:
+        rd = dst / "ranks" / str(r)
+        meta = json.loads((rd / "rank.json").read_text())
+        meta["host"] = meta["node"] = host
+        meta["clock"] = {**meta.get("clock", {}), "host": host, "offset_to_rank0_ns": 0,
+                         "offset_uncertainty_ns": 2_000_000, "method": "store-ping"}
+        (rd / "rank.json").write_text(json.dumps(meta))
+        for t in (rd / "traces").glob("*.json.gz"):
+            doc = json.loads(gzip.decompress(t.read_bytes()))
+            doc["baseTimeNanoseconds"] += shift_ns
+            if "host_name" in doc:
+                doc["host_name"] = host
+            t.write_bytes(gzip.compress(json.dumps(doc).encode()))
+        lines = []
+        for line in (rd / "steps.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            for k in ("host_start_ns", "host_end_ns"):
+                if isinstance(row.get(k), int):
+                    row[k] += shift_ns
+            lines.append(json.dumps(row))
+        (rd / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    return dst
