@@ -156,3 +156,22 @@ def test_import_uberprof_stays_cheap() -> None:
     assert out.strip() == "[]"
 
 
+
+
+def test_run_without_traces_gives_step_times(tmp_path: Path) -> None:
+    """A run recorded with --no-trace: step times from the step timeline, no breakdown."""
+    run = tmp_path / "run"
+    (run / "ranks" / "0").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": "r"}))
+    (run / "ranks" / "0" / "rank.json").write_text(json.dumps({"rank": 0}))
+    rows = [{"kind": "step", "step": i, "host_start_ns": 10**18 + i * 10**8,
+             "host_end_ns": 10**18 + (i + 1) * 10**8, "data_wait_ns": 5} for i in range(5)]
+    (run / "ranks" / "0" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, _ = run_cli(str(run), "--json", "--workers", "1")
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["ranks"] == [{"rank": 0, "steps": 5, "idle_pct": None, "compute_pct": None,
+                             "non_compute_pct": None, "overlap_pct": None,
+                             "exposed_comm_pct": None,
+                             "step_time_ms": {"median": 100.0, "p90": 100.0}}]
+    assert "--no-trace" in doc["problems"][0]

@@ -400,9 +400,19 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]]) -
     timelines = _timelines(source, problems)
     step_rows = _steps(derived, ranks_info, timelines)
     coll = _collectives(derived, ranks_info)
-    rank_rows = [_rank_row(rank, items, [r for r in step_rows if r["rank"] == rank])
-                 for rank, items in sorted(ranks_info.items())]
+    rank_rows = [_rank_row(rank, ranks_info.get(rank, []),
+                           [r for r in step_rows if r["rank"] == rank])
+                 for rank in sorted(set(ranks_info) | set(timelines))]
+    untraced = sorted(set(timelines) - set(ranks_info))
+    if untraced and not source.inputs:
+        problems.append(f"{source.root}: no trace windows in this run (recorded with "
+                        "--no-trace?): step times only, no breakdown")
+    elif untraced:
+        problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
+                        "step times only")
 
+    if not rank_rows and not problems:
+        problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
     pq.write_table(pa.Table.from_pylist(step_rows, schema=RUN_STEP_SCHEMA),
                    derived / "steps.parquet")
     pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA), derived / "ranks.parquet")
@@ -463,6 +473,8 @@ def _timelines(source: Source, problems: list[str]) -> dict[int, dict[int, dict[
         if truncated:
             problems.append(f"{rd / 'steps.jsonl'}: ends with a cut-off line; "
                             f"{len(rows)} whole steps kept")
+        if not rows:
+            continue
         steps = out.setdefault(rank, {})
         for r in rows:
             if isinstance(r.get("step"), int):
@@ -483,8 +495,6 @@ def _steps(derived: Path, ranks_info: dict[int, list[tuple[TraceInput, dict[str,
                     continue
                 r.update(rank=rank, traced=True, trace=inp.rel)
                 by_step[r["step"]] = r
-        if rank not in ranks_info and rank in timelines:
-            continue  # a rank without any analysable trace is not a rank of this analysis
         for step, tl in timelines.get(rank, {}).items():
             start, end = tl.get("host_start_ns"), tl.get("host_end_ns")
             if step in by_step:
@@ -518,16 +528,20 @@ def _collectives(derived: Path, ranks_info: dict[int, list[tuple[TraceInput, dic
 
 def _rank_row(rank: int, items: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]],
               steps: list[dict[str, Any]]) -> dict[str, Any]:
-    totals = {f: sum(int(s[f]) for _, _, s in items) for f in BREAKDOWN_FIELDS}
-    pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))
+    totals: dict[str, int | None] = {f: sum(int(s[f]) for _, _, s in items)
+                                      for f in BREAKDOWN_FIELDS}
+    pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))  # type: ignore[arg-type]
+    if not items:  # known from the step timeline only
+        totals = dict.fromkeys(totals)
+        pct = dict.fromkeys(pct)
     times = np.array([r["step_time_ns"] for r in steps if r.get("step_time_ns") is not None],
                      dtype=np.float64)
     modes = {s["mode"] for _, _, s in items}
     return {
         "rank": rank,
-        "mode": "device" if "device" in modes else "cpu",
+        "mode": ("device" if "device" in modes else "cpu") if items else None,
         "device_type": next((s["device_type"] for _, _, s in items
-                             if s["mode"] == "device"), "cpu"),
+                             if s["mode"] == "device"), "cpu" if items else None),
         "host": next((s["host"] for _, _, s in items if s.get("host")), None),
         "traces": len(items),
         "steps": len(steps),

@@ -114,7 +114,7 @@ def render(ranks: list[dict[str, Any]], problems: list[str], derived: Path, anal
         table.add_column(col, justify="left" if col == "device" else "right")
     shown = ranks if len(ranks) <= MAX_ROWS else ranks[:MAX_ROWS]
     for r in shown:
-        device = r["device_type"] if r["mode"] == "device" else "cpu"
+        device = {"device": r["device_type"], "cpu": "cpu"}.get(r["mode"], "no trace")
         table.add_row(str(r["rank"]), device, str(r["steps"]), _ms(r["step_time_median_ms"]),
                       _ms(r["step_time_p90_ms"]), _pct(r["idle_pct"]), _pct(r["compute_pct"]),
                       _pct(r["non_compute_pct"]), _pct(r["overlap_pct"]),
