@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._diag_runs import (healthy_run, logging_run, shift_node,  # noqa: F401
-                              slow_compute_run, slow_data_run)
+from tests._diag_runs import healthy_run, logging_run, shift_node, slow_compute_run, slow_data_run  # noqa: F401
 from uberprof.analysis.advisor import diagnose
 
 pytestmark = pytest.mark.slow

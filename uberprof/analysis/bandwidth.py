@@ -10,8 +10,11 @@ on one host). Its peak comes from `uberprof calibrate` when the run has one (mea
 faithful), else from the node counters (tc cap or link speed of the NIC, InfiniBand rate, PCIe
 generation and width, a GPU model's NVLink rate).
 
-Instances are summarised per class (group, collective, size): the class is `bandwidth-bound`
-when its median busbw reaches 70% of the peak, `latency-bound` when its messages are small
+Instances are summarised per class (group, collective, size). The class's busbw is the upper
+quartile of its instances': a transfer cannot beat the link, but it can be slowed by other
+things (a busy CPU, a concurrent collective), so the faster instances show what the link
+allows while one lucky outlier does not decide. The class is `bandwidth-bound` when that busbw
+is within 20% of the peak (or above it), `latency-bound` when its messages are small
 (below 1 MiB, or below the size where the calibration sweep reaches half its peak) and their
 busbw stays under half the peak, or when they are tiny (64 KiB or less: latency dominates on
 any link) and no peak is known; `fine` otherwise, and `unknown` without a peak.
@@ -50,7 +53,7 @@ __all__ = [
 ]
 
 CALIBRATION_FILE = "calibration.json"
-BANDWIDTH_BOUND = 0.7  # median busbw / peak at or above which a class is bandwidth-bound
+BANDWIDTH_BOUND = 0.8  # median busbw within 20% of the peak: bandwidth-bound
 LATENCY_BOUND_BUSBW = 0.5  # ... below which small messages are latency-bound
 SMALL_MESSAGE_BYTES = 1 << 20
 TINY_MESSAGE_BYTES = 64 << 10  # latency-bound on any link, peak known or not
@@ -340,6 +343,7 @@ class BandwidthClass:
     link_kind: str | None
     instances: int
     steps: list[int]
+    busbw_Bps: float | None  # the upper quartile of the instances' busbw
     busbw_median_Bps: float | None
     busbw_max_Bps: float | None
     peak_Bps: float | None
@@ -350,9 +354,9 @@ class BandwidthClass:
 
     @property
     def ratio(self) -> float | None:
-        if self.busbw_median_Bps is None or not self.peak_Bps:
+        if self.busbw_Bps is None or not self.peak_Bps:
             return None
-        return self.busbw_median_Bps / self.peak_Bps
+        return self.busbw_Bps / self.peak_Bps
 
     def as_dict(self) -> dict[str, Any]:
         def gbit(x: float | None) -> float | None:
@@ -361,7 +365,8 @@ class BandwidthClass:
         return {
             "group": self.grp, "collective": self.name, "bytes": self.bytes, "link": self.link,
             "link_kind": self.link_kind, "instances": self.instances,
-            "busbw_gbit_s": gbit(self.busbw_median_Bps),
+            "busbw_gbit_s": gbit(self.busbw_Bps),
+            "busbw_median_gbit_s": gbit(self.busbw_median_Bps),
             "busbw_max_gbit_s": gbit(self.busbw_max_Bps),
             "peak_gbit_s": gbit(self.peak_Bps), "peak_source": self.peak_source,
             "busbw_of_peak_pct": round(100 * self.ratio, 1) if self.ratio is not None else None,
@@ -381,16 +386,18 @@ def bandwidth_classes(bw: pa.Table) -> list[BandwidthClass]:
     con.register("b", bw)
     rows = con.sql("""
         SELECT grp, name, bytes, link, any_value(link_kind), count(*), list(DISTINCT step),
-               median(busbw_Bps), max(busbw_Bps), max(peak_Bps), any_value(peak_source),
+               quantile_cont(busbw_Bps, 0.75), median(busbw_Bps), max(busbw_Bps),
+               max(peak_Bps), any_value(peak_source),
                max(half_peak_bytes), sum(t_ns), sum(coalesce(exposed_ns, 0))
         FROM b WHERE bytes IS NOT NULL
         GROUP BY grp, name, bytes, link ORDER BY sum(t_ns) DESC
     """).fetchall()
     con.close()
     out = []
-    for grp, name, size, link, kind, n, steps, med, mx, peak, source, half_peak, t, exp in rows:
+    for grp, name, size, link, kind, n, steps, q75, med, mx, peak, source, half_peak, t, exp \
+            in rows:
         small = size < (half_peak or SMALL_MESSAGE_BYTES)
-        ratio = med / peak if med is not None and peak else None
+        ratio = q75 / peak if q75 is not None and peak else None
         if ratio is not None and ratio >= BANDWIDTH_BOUND:
             verdict = "bandwidth-bound"
         elif (small and ratio is not None and ratio < LATENCY_BOUND_BUSBW) or \
@@ -403,7 +410,8 @@ def bandwidth_classes(bw: pa.Table) -> list[BandwidthClass]:
         out.append(BandwidthClass(grp=grp, name=name, bytes=int(size), link=link,
                                   link_kind=kind, instances=int(n),
                                   steps=sorted(int(s) for s in steps if s is not None),
-                                  busbw_median_Bps=med, busbw_max_Bps=mx, peak_Bps=peak,
+                                  busbw_Bps=q75, busbw_median_Bps=med, busbw_max_Bps=mx,
+                                  peak_Bps=peak,
                                   peak_source=source, t_total_ns=int(t), exposed_ns=int(exp),
                                   verdict=verdict))
     return out

@@ -22,8 +22,7 @@ writes RUN/calibration.json; `uberprof report` then compares busbw with the meas
 """
 
 
-@click.command(context_settings={"ignore_unknown_options": True,
-                                 "allow_interspersed_args": False},
+@click.command(context_settings={"ignore_unknown_options": True},
                epilog=EPILOG, short_help="Measure the job's link bandwidth (all-reduce sweep).")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--max-mb", type=click.FloatRange(min=0.0625), default=64.0, show_default=True,
