@@ -56,7 +56,7 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
             sys.stdout.buffer.write(orjson.dumps({"run": {"path": str(path)}, "ranks": [],
                                                   "findings": [], "problems": [str(exc)]},
                                                  option=orjson.OPT_INDENT_2) + b"\n")
-        err.print(f"uberprof report: {exc}", markup=False, highlight=False)
+        err.print(f"uberprof report: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
     _save(d, err)
     if html_file is not None:
