@@ -15,8 +15,12 @@ from uberprof.analysis.align import align_clocks, weighted_median
 from uberprof.analysis.bandwidth import bandwidth_classes, bus_factor, message_bytes
 from uberprof.analysis.collectives import drop_inconsistent, match_collectives
 from uberprof.analysis.context import RankInfo, RunContext
-from uberprof.analysis.stragglers import (LATENESS_SCHEMA, find_straggler, robust_sigma,
-                                          straggler_cause)
+from uberprof.analysis.stragglers import (
+    LATENESS_SCHEMA,
+    find_straggler,
+    robust_sigma,
+    straggler_cause,
+)
 from uberprof.cli.calibrate import launcher_prefix
 
 COLL = pa.schema([("rank", pa.int64()), ("name", pa.string()), ("event", pa.string()),
