@@ -16,7 +16,7 @@ process so that memory is its own:
 
 Wall time is measured inside each process around the work (imports excluded; the process total
 is reported as well). Peak memory is the largest sum of the proportional set sizes (PSS) of the
-process and its children, sampled every 10 ms (PSS counts pages that forked workers share once;
+process and its children, sampled every 25 ms (PSS counts pages that forked workers share once;
 the RSS sum is in the --json output too). Results are ratios from one run; on a busy machine
 re-run and compare.
 """
@@ -110,7 +110,7 @@ def run_uberprof(folder: Path, workers: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as out:
         c, t = _cpu(), time.perf_counter()
-        a = analyze(folder, out=out, workers=workers, force=True)
+        a = analyze(folder, out=out, workers=workers or None, force=True)
         work, cpu = time.perf_counter() - t, _cpu() - c
     return {"work_s": work, "cpu_s": cpu, "ranks": len(a.ranks)}
 
@@ -147,7 +147,7 @@ def measure(cmd: list[str]) -> dict[str, Any]:
             peak, peak_rss = max(peak, pss), max(peak_rss, rss)
         except psutil.Error:
             pass
-        time.sleep(0.01)
+        time.sleep(0.025)
     out, err = proc.communicate()
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -197,7 +197,9 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", type=Path, default=SHARED)
     ap.add_argument("--replicas", type=int, default=8, help="ranks per replicated set (0: none)")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--workers", type=int, default=0,
+                    help="uberprof's --workers (default: its own choice); the floor uses as many "
+                         "processes, or one per CPU")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--only", nargs="*", help="folders (relative to --traces) to run")
     args = ap.parse_args()
@@ -212,7 +214,8 @@ def main() -> None:
     rows = []
     for label, folder in sets:
         size = sum(_json_size(p) for p in _files(folder))
-        floor = measure([*me, "_run", "floor", str(folder), str(args.workers)])
+        floor = measure([*me, "_run", "floor", str(folder),
+                         str(args.workers or os.cpu_count() or 1)])
         ours = measure([*me, "_run", "uberprof", str(folder), str(args.workers)])
         hta = measure([str(hta_py), "-c", HTA_SNIPPET, str(folder)])
         rows.append({"set": label, "files": len(_files(folder)), "bytes": size,
