@@ -21,6 +21,8 @@ hosts can share a run directory on a shared file system without ever writing the
       ranks/<rank>/traces/          torch.profiler windows, steps-<first>-<last>.pt.trace.json.gz
       ranks/<rank>/uberprof.log     the rank agent's own log
       derived/                      analysis tables; can be rebuilt from the rest at any time
+      calibration.json              `uberprof calibrate`: the all-reduce sweep's busbw per link,
+                                    written by rank 0 of the sweep (one writer)
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ COUNTERS_SUFFIX = ".arrows"
 COUNTERS_INDEX = "index.json"
 COUNTERS_META = "meta.json"
 DERIVED_DIR = "derived"
+CALIBRATION_FILE = "calibration.json"
 
 _TRACE_NAME = re.compile(r"^steps-(\d+)-(\d+)\.pt\.trace\.json(\.gz)?$")
 
