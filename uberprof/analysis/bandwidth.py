@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from uberprof.analysis import intervals as iv
 from uberprof.analysis.context import RunContext
-from uberprof.rundir import read_json
+from uberprof.rundir import CALIBRATION_FILE, read_json
 
 __all__ = [
     "BANDWIDTH_BOUND",
@@ -52,7 +52,6 @@ __all__ = [
     "read_calibration",
 ]
 
-CALIBRATION_FILE = "calibration.json"
 BANDWIDTH_BOUND = 0.8  # median busbw within 20% of the peak: bandwidth-bound
 LATENCY_BOUND_BUSBW = 0.5  # ... below which small messages are latency-bound
 SMALL_MESSAGE_BYTES = 1 << 20
