@@ -301,24 +301,34 @@ def _factors(traced: pa.Table, gaps: pa.Table, lat: pa.Table
             "compute": float(row["compute_ns"] or 0), "data": float(row["data_wait_ns"] or 0),
             "host_launch": 0.0, "network": 0.0}
     if gaps.num_rows:
-        for r, s, c, d in zip(*(gaps.column(k).to_pylist()
-                                for k in ("rank", "step", "cause", "dur_ns"))):
-            f = out.get(s, {}).get(r)
-            if f is None:
-                continue
-            if c == "data":
-                f["gap_data"] = f.get("gap_data", 0.0) + d
-            elif c in ("launch", "host", "sync"):
-                f["host_launch"] += d
-        for ranks in out.values():
-            for f in ranks.values():
-                f["data"] = max(f["data"], f.pop("gap_data", 0.0))
-    if lat.num_rows:
-        for r, s, t in zip(*(lat.column(k).to_pylist() for k in ("rank", "step", "transfer_ns"))):
+        for r, s, data, host in _sql(
+                "SELECT rank, step, sum(dur_ns) FILTER (WHERE cause = 'data'), "
+                "sum(dur_ns) FILTER (WHERE cause IN ('launch', 'host', 'sync')) "
+                "FROM g GROUP BY rank, step", g=gaps):
             f = out.get(s, {}).get(r)
             if f is not None:
-                f["network"] += t
+                f["data"] = max(f["data"], float(data or 0))
+                f["host_launch"] += float(host or 0)
+    if lat.num_rows:
+        for r, s, t in _sql("SELECT rank, step, sum(transfer_ns) FROM l GROUP BY rank, step",
+                            l=lat):
+            f = out.get(s, {}).get(r)
+            if f is not None:
+                f["network"] += float(t or 0)
     return out
+
+
+def _sql(query: str, **tables: pa.Table) -> list[tuple[Any, ...]]:
+    """Rows of a DuckDB query over Arrow tables (aggregations over per-event tables)."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        for name, t in tables.items():
+            con.register(name, t)
+        return con.sql(query).fetchall()
+    finally:
+        con.close()
 
 
 def severity_of(share: float) -> str:
@@ -412,13 +422,17 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
     steps_of: dict[str, dict[int, set[int]]] = {c: {} for c in CAUSES}
     counts: dict[str, int] = {c: 0 for c in CAUSES}
     largest: dict[str, dict[str, Any]] = {}
-    for row in gaps.to_pylist():
-        c, r = row["cause"], row["rank"]
-        by[c][r] = by[c].get(r, 0) + row["dur_ns"]
-        steps_of[c].setdefault(r, set()).add(row["step"])
-        counts[c] += 1
-        if c not in largest or row["dur_ns"] > largest[c]["dur_ns"]:
-            largest[c] = row
+    for c, r, total, n, steps in _sql(
+            "SELECT cause, rank, sum(dur_ns), count(*), list(DISTINCT step) FROM g "
+            "GROUP BY cause, rank", g=gaps):
+        by[c][r] = int(total)
+        steps_of[c][r] = set(steps)
+        counts[c] += int(n)
+    fields = ["cause", "rank", "step", "dur_ns", "before", "after"]
+    for row in _sql("SELECT cause, arg_max(rank, dur_ns), arg_max(step, dur_ns), max(dur_ns), "
+                    "arg_max(before, dur_ns), arg_max(after, dur_ns) FROM g GROUP BY cause",
+                    g=gaps):
+        largest[row[0]] = dict(zip(fields, row))
     out = []
     for cause in CAUSES:
         ranks = sorted(r for r, v in by[cause].items()
@@ -619,14 +633,17 @@ def _ranks_doc(ctx: RunContext, traced: pa.Table, gaps: pa.Table, lat: pa.Table
     bd = {r["rank"]: r for r in ctx.breakdown().to_pylist()}
     gap_by: dict[int, dict[str, int]] = {}
     gap_n: dict[int, int] = {}
-    for r, c, d in zip(*(gaps.column(k).to_pylist() for k in ("rank", "cause", "dur_ns"))):
-        gap_by.setdefault(r, {c2: 0 for c2 in CAUSES})[c] += d
-        gap_n[r] = gap_n.get(r, 0) + 1
-    lat_by: dict[int, list[int]] = {}
-    last_by: dict[int, int] = {}
-    for r, x, last in zip(*(lat.column(k).to_pylist() for k in ("rank", "lateness_ns", "last"))):
-        lat_by.setdefault(r, []).append(x)
-        last_by[r] = last_by.get(r, 0) + int(bool(last))
+    if gaps.num_rows:
+        for r, c, d, n in _sql("SELECT rank, cause, sum(dur_ns), count(*) FROM g "
+                               "GROUP BY rank, cause", g=gaps):
+            gap_by.setdefault(r, {c2: 0 for c2 in CAUSES})[c] = int(d)
+            gap_n[r] = gap_n.get(r, 0) + int(n)
+    late_of: dict[int, tuple[float, float, int, int]] = {}
+    if lat.num_rows:
+        for r, med, p90, last, n in _sql(
+                "SELECT rank, quantile_cont(lateness_ns, 0.5), quantile_cont(lateness_ns, 0.9), "
+                "count(*) FILTER (WHERE last), count(*) FROM l GROUP BY rank", l=lat):
+            late_of[r] = (med, p90, int(last), int(n))
     per_step: dict[int, dict[str, int]] = {}
     for row in traced.select(["rank", "compute_ns", "exposed_comm_ns", "idle_ns", "window_ns",
                               "data_wait_ns"]).to_pylist():
@@ -638,7 +655,7 @@ def _ranks_doc(ctx: RunContext, traced: pa.Table, gaps: pa.Table, lat: pa.Table
     for r in ctx.rank_ids:
         b = bd.get(r, {})
         info = ctx.ranks[r]
-        late = np.array(lat_by.get(r, []), dtype=np.float64)
+        med, p90, last, n = late_of.get(r, (None, None, 0, 0))
         st = per_step.get(r, {})
         out.append({
             "rank": r,
@@ -659,8 +676,7 @@ def _ranks_doc(ctx: RunContext, traced: pa.Table, gaps: pa.Table, lat: pa.Table
             "idle_gaps": {"count": gap_n.get(r, 0),
                           "ms_by_cause": {c: _ms(v) for c, v in
                                           gap_by.get(r, {c: 0 for c in CAUSES}).items()}},
-            "lateness_ms": {"median": _ms(float(np.median(late))) if late.size else None,
-                            "p90": _ms(float(np.percentile(late, 90))) if late.size else None,
-                            "last_in": last_by.get(r, 0), "instances": int(late.size)},
+            "lateness_ms": {"median": _ms(med), "p90": _ms(p90), "last_in": last,
+                            "instances": n},
         })
     return out
