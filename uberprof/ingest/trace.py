@@ -29,7 +29,8 @@ import pyarrow as pa
 from uberprof.ingest import classify as K
 from uberprof.ingest.classify import is_device_category
 
-__all__ = ["EVENT_SCHEMA", "IngestedTrace", "TraceError", "ingest_trace", "read_trace_bytes"]
+__all__ = ["EVENT_SCHEMA", "IngestedTrace", "RawTrace", "TraceError", "ingest_trace", "read_raw_trace",
+           "read_trace_bytes"]
 
 
 class TraceError(Exception):
@@ -174,6 +175,42 @@ def _gunzip(data: bytes) -> bytes:
         except zlib.error:
             pass  # truncated or corrupt: gzip.decompress says which, below
     return gzip.decompress(data)
+
+
+@dataclass
+class RawTrace:
+    """A trace's events as undecoded JSON slices, with the header facts that place them in time
+    and in the job. For readers that pass events through (the trace export) rather than reduce
+    them to columns: they decode what they keep, batch by batch."""
+
+    path: str
+    events: list[msgspec.Raw]
+    base_time_ns: int | None  # baseTimeNanoseconds: ts are µs after it; None: absolute/unknown
+    rank: int | None  # distributedInfo.rank
+    host: str | None
+    distributed_info: dict[str, Any] = field(default_factory=dict)
+
+
+def read_raw_trace(path: str | Path) -> RawTrace:
+    """The events of one trace file as raw JSON slices (see `RawTrace`); raises `TraceError`
+    with the same messages as `ingest_trace` for unreadable files."""
+    path = Path(path)
+    header = _decode_header(read_trace_bytes(path), path)
+    events = header.traceEvents
+    if not events:
+        raise TraceError(path, "no trace events (the traceEvents list is missing or empty)")
+    base = header.baseTimeNanoseconds
+    info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
+    rank = info.get("rank")
+    return RawTrace(
+        path=str(path),
+        events=events,
+        base_time_ns=base if isinstance(base, int) and not isinstance(base, bool) and base > 0
+        else None,
+        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None,
+        host=next((h for h in (header.host_name, header.hostname) if isinstance(h, str)), None),
+        distributed_info=info,
+    )
 
 
 def _decode_header(raw: bytes, path: Path) -> _Header:
