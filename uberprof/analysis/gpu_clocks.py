@@ -40,7 +40,8 @@ class GpuClocks:
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "gpu": self.gpu, "samples": self.samples,
-                "sm_clock_mhz": self.sm_clock_mhz, "sm_clock_max_mhz": self.sm_clock_max_mhz,
+                "sm_clock_mhz": _round(self.sm_clock_mhz),
+                "sm_clock_max_mhz": _round(self.sm_clock_max_mhz),
                 "slowdown_pct": round(100 * self.slowdown_fraction, 1),
                 "reasons": {k: round(100 * v, 1) for k, v in self.reasons.items() if v > 0}}
 
@@ -87,6 +88,10 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     return out
 
 
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 1)
+
+
 def _values(val: np.ndarray, mine: np.ndarray, met: np.ndarray, metric: str) -> np.ndarray:
     return val[mine & (met == metric)]
 
@@ -103,5 +108,5 @@ def throttled_vs_others(rank: int, clocks: dict[int, GpuClocks]) -> dict[str, An
                  and me.sm_clock_mhz < (1 - CLOCK_DROP) * float(np.median(o_clock)))
     slowed = me.slowdown_fraction >= SLOWDOWN_FRACTION and o_slow < SLOWDOWN_FRACTION / 2
     return {"throttled": lower or slowed, "available": True, **me.as_dict(),
-            "others_sm_clock_mhz": float(np.median(o_clock)) if o_clock else None,
+            "others_sm_clock_mhz": _round(float(np.median(o_clock))) if o_clock else None,
             "others_slowdown_pct": round(100 * o_slow, 1)}

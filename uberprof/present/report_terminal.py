@@ -83,11 +83,15 @@ def _ranks(d: Diagnosis, console: Console) -> None:
         return
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     many_hosts = len(d.run.get("hosts") or {}) > 1
-    cols = ["rank", *(["host"] if many_hosts else []), "step ms", "p90", "comp%", "exp%",
-            "idle%", "ovl%", "gaps ms", "late ms", "last"]
+    any_gaps = any(x["idle_gaps"]["count"] for x in d.ranks)
+    host_w = min(max((len(str(x["host"])) for x in d.ranks), default=4), 12)
+    cols = ["rank", *(["host"] if many_hosts else []), "step ms", "comp%", "exp%", "idle%",
+            *(["gaps ms"] if any_gaps else []), "late ms", "last"]
     for col in cols:
-        table.add_column(col, justify="left" if col in ("host", "gaps ms") else "right",
-                         no_wrap=col != "gaps ms")
+        wraps = col in ("host", "gaps ms")
+        table.add_column(col, justify="left" if wraps else "right", no_wrap=not wraps,
+                         overflow="fold" if wraps else "ellipsis",
+                         min_width={"host": host_w, "gaps ms": 7}.get(col, len(col)))
     straggler = d.straggler.rank if d.straggler else None
     rows = d.ranks
     if len(rows) > MAX_RANK_ROWS:  # the slowest ranks and the straggler
@@ -103,14 +107,16 @@ def _ranks(d: Diagnosis, console: Console) -> None:
         style = "bold red" if x["rank"] == straggler else None
         host = [str(x["host"] or "-")] if many_hosts else []
         table.add_row(str(x["rank"]), *host, _ms(x["step_time_ms"]["median"]),
-                      _ms(x["step_time_ms"]["p90"]), _ms(b["compute"]),
-                      _ms(b["exposed_comm"]), _ms(b["idle"]), _ms(b["overlap"]), gaps,
+                      _ms(b["compute"]), _ms(b["exposed_comm"]), _ms(b["idle"]),
+                      *([gaps] if any_gaps else []),
                       _ms(lt["median"]),
                       f"{lt['last_in']}/{lt['instances']}" if lt["instances"] else "-",
                       style=style)
     console.print(table)
-    console.print("[dim]gaps ms: idle gaps by cause, D data, S sync, L launch, H host, O other; "
-                  "late ms: median lateness at collectives; last: times it arrived last[/dim]")
+    console.print("[dim]step ms: median; comp/exp/idle: compute, exposed communication, idle % "
+                  "of the device time; gaps ms: idle gaps by cause (D data, S sync, L launch, "
+                  "H host, O other); late ms: median lateness at collectives; last: times it "
+                  "arrived last (p90, overlap and more: --json, --html)[/dim]")
     if len(d.ranks) > MAX_RANK_ROWS:
         console.print(f"[dim]{len(d.ranks) - MAX_RANK_ROWS} more ranks (the {MAX_RANK_ROWS} "
                       "slowest shown): see --json or --html[/dim]")
