@@ -24,8 +24,8 @@ def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path
     assert f.ranks == [2] and f.cause == "compute", f.as_dict()
     e = f.evidence
     # persistent (last nearly everywhere) and by a margin well above the others' spread
-    assert e["last_in"] >= 0.8 * e["instances"], e
-    assert e["median_lead_ms"] >= 3 * e["others_spread_ms"], e
+    assert e["last_in"] >= 0.7 * e["instances"], e
+    assert e["median_lead_ms"] >= 2 * e["others_spread_ms"], e
     assert f.time_at_stake_ms > 0 and e["others_wait_ms"] >= e["delay_ms"]
     assert e["excess_per_step_ms"]["compute"] > e["excess_per_step_ms"]["data"]
     assert d.findings[0].kind == "straggler"  # the largest time at stake
