@@ -17,7 +17,7 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
     if world > 1:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    train(model, args, rank, world, device, "DDP")
+
+
+def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
+          device: torch.device, kind: str) -> None:
+    """The training loop shared by the samples, with the fault knobs applied on their rank."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     delay = args.data_delay_ms / 1e3 if rank == args.slow_data_rank else 0.0
     data = SyntheticTokens(args.steps * args.batch, args.seq, args.vocab, delay)
@@ -134,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.synchronize()
     if rank == 0:
         elapsed = time.perf_counter() - t_start
-        print(f"trained {args.steps} steps on {world} rank(s) in {elapsed:.2f} s, "
+        what = "steps" if kind == "DDP" else f"{kind} steps"
+        print(f"trained {args.steps} {what} on {world} rank(s) in {elapsed:.2f} s, "
               f"final loss {loss.item():.3f}", flush=True)
     if world > 1:
         dist.destroy_process_group()

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_ddp  # noqa: E402
+import train_ddp
 
 
 def worker(rank: int, world: int, port: int, rest: list[str]) -> None:
