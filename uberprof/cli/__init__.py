@@ -8,6 +8,7 @@ from uberprof import __version__
 from uberprof.cli.analyze import analyze
 from uberprof.cli.calibrate import calibrate
 from uberprof.cli.doctor import doctor
+from uberprof.cli.export import export
 from uberprof.cli.info import info
 from uberprof.cli.report import report
 from uberprof.cli.run import run
@@ -40,3 +41,4 @@ main.add_command(doctor)
 main.add_command(analyze)
 main.add_command(calibrate)
 main.add_command(report)
+main.add_command(export)

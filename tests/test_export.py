@@ -1,0 +1,153 @@
+"""`uberprof export` on small synthetic traces: format validity, pass-through, ids, selection,
+the size budget, and the command line. Real jobs are in test_export_runs.py."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests._export_check import compare_with_sources, load, rank_pids, us_to_ns, validate_tef
+from tests._export_traces import write_traces
+from tests.jobs import PY, job_env
+from uberprof.cli.export import parse_ranks, parse_steps
+from uberprof.present.export import ExportError, ExportOptions, export_trace
+from uberprof.present.export.chrome import ns_to_us
+from uberprof.present.export.layout import IdSpace, nest_lanes
+
+
+def _export(src: Path, out: Path, **kw) -> tuple:  # type: ignore[no-untyped-def]
+    res = export_trace(src, out, ExportOptions(**kw), derived=src.parent / "derived")
+    return res, load(res.path)
+
+
+def test_lanes_keep_nesting_and_move_only_partial_overlaps() -> None:
+    s = np.array([0, 10, 20, 900, 1000, 1000], dtype=np.int64)
+    e = np.array([1000, 200, 150, 1100, 2000, 2000], dtype=np.int64)
+    lanes = nest_lanes(s, e)
+    # the step, its nested ops, the next step and an identical twin share lane 0; the span
+    # that crosses the step boundary moves to lane 1
+    assert lanes.tolist() == [0, 0, 0, 1, 0, 0]
+    assert nest_lanes(np.array([0, 5], dtype=np.int64),
+                      np.array([5, 9], dtype=np.int64)).tolist() == [0, 0]  # touching
+
+
+def test_ids_are_unique_across_processes() -> None:
+    ids = IdSpace(max_pid=12)
+    tids = [ids.new_tid(p) for p in range(13) for _ in range(5)]
+    assert len(set(tids)) == len(tids)
+    assert not set(tids) & set(range(13))  # never a pid
+    assert len({ids.new_flow_id() for _ in range(100)}) == 100
+
+
+def test_times_round_trip_to_the_nanosecond() -> None:
+    for ns in (0, 1, 156_777, 999_999, 12_345_678_901, 3_600_000_000_001):
+        us = ns_to_us(ns)
+        assert us_to_ns(us) == ns  # ingest's reading
+        assert int(us * 1000.0) == ns  # Perfetto's (truncating) reading
+
+
+def test_synthetic_export_is_valid_and_passes_every_event_through(tmp_path: Path) -> None:
+    src = write_traces(tmp_path / "traces")
+    res, doc = _export(tmp_path / "traces", tmp_path / "out" / "merged.json")
+    assert res.path.name == "merged.json.gz" and res.path.exists()
+    assert not list((tmp_path / "out").glob(".*.tmp"))
+    assert validate_tef(doc) == []
+    counts = compare_with_sources(res.path, {r: [p] for r, p in src.items()})
+    assert counts == {0: 19, 1: 19}  # 3 steps x 6 complete events + the profiler span
+    # names and places
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names[0] == "rank 0 · host-a · GPU 0" and names[1] == "rank 1 · host-b · GPU 0"
+    threads = {e["args"]["name"] for e in doc["traceEvents"]
+               if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 0}
+    assert {"stream 7", "PyTorch Profiler"} <= threads
+    assert any(t.startswith("thread 4000 (pt_main_thread)") for t in threads)
+    assert any("overlapping" in t for t in threads)  # Optimizer.step crosses the step end
+    # launch flows renumbered: unique across ranks, both ends present
+    flows = Counter((e["id"], e["ph"]) for e in doc["traceEvents"] if e.get("cat") == "ac2g")
+    assert len(flows) == 2 * 3 * 2 and set(flows.values()) == {1}
+    # Python function events are off by default, and the summary says so
+    assert not [e for e in doc["traceEvents"] if e.get("cat") == "python_function"]
+    assert any(d["reason"] == "python" and d["events"] == 6 for d in res.dropped)
+    assert any(d["reason"] == "invalid" for d in res.dropped)  # the negative duration
+    # profiler-wide instants belong to their rank's process, not the whole file
+    inst = [e for e in doc["traceEvents"] if e["ph"] == "i" and e.get("cat") != "uberprof"]
+    assert len(inst) == 2 and {e["s"] for e in inst} == {"p"}
+    assert doc["uberprof_export"]["ranks"] == [0, 1]
+
+
+def test_with_python_keeps_python_events(tmp_path: Path) -> None:
+    src = write_traces(tmp_path / "traces")
+    res, doc = _export(tmp_path / "traces", tmp_path / "m.json", python=True, gzip=False)
+    assert res.path.name == "m.json"
+    assert validate_tef(doc) == []
+    compare_with_sources(res.path, {r: [p] for r, p in src.items()}, left_out=())
+    assert sum(e.get("cat") == "python_function" for e in doc["traceEvents"]) == 6
+
+
+def test_rank_and_step_selection(tmp_path: Path) -> None:
+    write_traces(tmp_path / "traces", world=3, hosts=("a",))
+    res, doc = _export(tmp_path / "traces", tmp_path / "sel.json", ranks={1, 2, 9}, steps=(2, 2))
+    assert validate_tef(doc) == []
+    pids = rank_pids(doc)
+    assert sorted(pids) == [1, 2]
+    assert any("9" in n for n in res.notes)
+    steps = [e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep")]
+    # step 2 and the steps touching it at its boundaries are kept; step 1's kernel is not
+    assert "ProfilerStep#2" in steps
+    kernels = [e for e in doc["traceEvents"] if e.get("name") == "gemm_kernel"]
+    assert len(kernels) == 2  # one per selected rank
+    with pytest.raises(ExportError):
+        _export(tmp_path / "traces", tmp_path / "none.json", ranks={7})
+
+
+def test_budget_drops_short_host_operators_first(tmp_path: Path) -> None:
+    write_traces(tmp_path / "traces", small_ops=400)
+    full, doc_full = _export(tmp_path / "traces", tmp_path / "full.json", gzip=False)
+    assert full.dropped == [d for d in full.dropped if d["reason"] != "size budget"]
+    limit = full.bytes_uncompressed // 2
+    res, doc = _export(tmp_path / "traces", tmp_path / "small.json", gzip=False,
+                       max_bytes=limit)
+    assert validate_tef(doc) == []
+    assert res.bytes_uncompressed <= limit
+    budget = [d for d in res.dropped if d["reason"] == "size budget"]
+    assert budget and "host operators" in budget[0]["what"]
+    names = Counter(e.get("name") for e in doc["traceEvents"])
+    assert names["aten::empty"] < 2 * 3 * 400  # the 1-µs operators went
+    for keep in ("gemm_kernel", "ProfilerStep#1", "Optimizer.step#SGD.step", "aten::linear"):
+        assert names[keep] == names_full(doc_full)[keep], keep
+    assert doc["uberprof_export"]["dropped"] == res.dropped
+
+
+def names_full(doc: dict) -> Counter:  # type: ignore[type-arg]
+    return Counter(e.get("name") for e in doc["traceEvents"])
+
+
+def test_cli_parsers() -> None:
+    assert parse_steps("10-12") == (10, 12) and parse_steps("7") == (7, 7)
+    assert parse_ranks("0,2,4-6") == {0, 2, 4, 5, 6}
+    for bad in ("x", "5-3", "-1"):
+        with pytest.raises(Exception):
+            parse_steps(bad)
+    for bad in ("a", "3-1", ""):
+        with pytest.raises(Exception):
+            parse_ranks(bad)
+
+
+def test_cli_writes_and_reports(tmp_path: Path) -> None:
+    write_traces(tmp_path / "traces")
+    proc = subprocess.run([PY, "-m", "uberprof", "export", str(tmp_path / "traces"), "-o",
+                           str(tmp_path / "cli.json"), "--ranks", "0"],
+                          capture_output=True, text=True, timeout=300, env=job_env())
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "cli.json.gz").exists()
+    assert "wrote" in proc.stderr and "1 rank(s)" in proc.stderr
+    assert "Python function events" in proc.stderr
+    bad = subprocess.run([PY, "-m", "uberprof", "export", str(tmp_path / "traces"), "-o",
+                          str(tmp_path / "x.json"), "--ranks", "5"],
+                         capture_output=True, text=True, timeout=300, env=job_env())
+    assert bad.returncode == 1 and "nothing to export" in bad.stderr

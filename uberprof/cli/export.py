@@ -1,0 +1,133 @@
+"""`uberprof export RUN -o FILE`: every rank in one clock-aligned trace for a timeline viewer."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+EPILOG = """\
+\b
+Examples:
+  uberprof export uberprof-runs/RUN -o run.json.gz
+  uberprof export uberprof-runs/RUN -o steps.json.gz --steps 20-21 --ranks 0-7
+  uberprof export uberprof-runs/RUN -o run.pftrace --format perfetto
+\b
+Open the file in https://ui.perfetto.dev ("Open trace file"; it stays in your browser) or in
+chrome://tracing ("Load"); see the README's "uberprof export" section for offline viewing.
+"""
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """`A-B` (inclusive) or `N` -> (A, B)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if not m:
+        raise click.BadParameter(f"{text!r}: use A-B or N, such as 10-12")
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) is not None else lo
+    if hi < lo:
+        raise click.BadParameter(f"{text!r}: the range ends before it starts")
+    return lo, hi
+
+
+def parse_ranks(text: str | None) -> set[int] | None:
+    """`0,2,4-7` -> {0, 2, 4, 5, 6, 7}."""
+    if text is None:
+        return None
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo or lo < 0:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            else:
+                r = int(part)
+                if r < 0:
+                    raise ValueError
+                out.add(r)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use a list such as 0,2,4-7") from None
+    if not out:
+        raise click.BadParameter("no rank given")
+    return out
+
+
+@click.command(epilog=EPILOG,
+               short_help="Merge all ranks into one clock-aligned trace for Perfetto.")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("-o", "--output", "output", required=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The trace file to write (.gz is added when compressing).")
+@click.option("--steps", "steps_text", metavar="A-B", help="Only these steps (inclusive).")
+@click.option("--ranks", "ranks_text", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
+@click.option("--no-counters", is_flag=True, help="Leave out GPU, NIC and CPU counter tracks.")
+@click.option("--with-python", is_flag=True,
+              help="Keep Python function events (with_stack traces; large, off by default).")
+@click.option("--max-mb", type=click.FloatRange(min=0), default=None,
+              help="Size budget in MB of uncompressed output: the least useful events are "
+                   "dropped first to fit (default 500; 0: no limit).")
+@click.option("--format", "fmt", type=click.Choice(["chrome", "perfetto"]), default="chrome",
+              show_default=True,
+              help="chrome: Trace Event Format JSON; perfetto: Perfetto's protobuf trace.")
+@click.option("--no-gzip", is_flag=True, help="Write the file uncompressed.")
+@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
+              show_default=True, help="Shortest device idle gap marked.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes for reading traces not analysed yet (default: one per CPU).")
+@click.option("--derived", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the analysis tables are (default: PATH/derived).")
+def export(path: Path, output: Path, steps_text: str | None, ranks_text: str | None,
+           no_counters: bool, with_python: bool, max_mb: float | None, fmt: str, no_gzip: bool,
+           gap_threshold_us: float, workers: int | None, derived: Path | None) -> None:
+    """Merge the traces of PATH (a run directory, a folder of Kineto traces, or one trace) into
+    one timeline: a process per rank, sorted and named by rank, host and device, every thread
+    and GPU stream a named track, timestamps on the aligned clock, uberprof's findings (idle
+    gaps by cause, straggler waits, link-limited collectives) as marked ranges, and the node
+    counters as counter tracks.
+    """
+    from uberprof.analysis.pipeline import keep_pandas_out
+    from uberprof.cli.analyze import _progress
+    from uberprof.ingest.discover import NoTraces
+    from uberprof.present.export import DEFAULT_MAX_MB, ExportError, ExportOptions, export_trace
+
+    keep_pandas_out()
+    err = Console(stderr=True)
+    budget = DEFAULT_MAX_MB if max_mb is None else max_mb
+    opts = ExportOptions(steps=parse_steps(steps_text), ranks=parse_ranks(ranks_text),
+                         counters=not no_counters, python=with_python,
+                         max_bytes=int(budget * 1e6) if budget else None, fmt=fmt,
+                         gzip=not no_gzip, gap_threshold_ns=int(gap_threshold_us * 1000))
+
+    def say(msg: str) -> None:
+        err.print(f"uberprof export: {msg}", markup=False, highlight=False, soft_wrap=True)
+
+    try:
+        with _progress(err) as update:
+            res = export_trace(path, output, opts, derived=derived, workers=workers,
+                               progress=update)
+    except (NoTraces, ExportError) as exc:
+        say(str(exc))
+        sys.exit(1)
+    except ImportError as exc:  # the perfetto format's library
+        say(str(exc))
+        sys.exit(1)
+    for n in res.notes:
+        say(n)
+    for dr in res.dropped:
+        mb = f", {dr['mb']} MB" if "mb" in dr else ""
+        say(f"left out {dr['events']:,} {dr['what']}{mb}")
+    say(f"wrote {res.path}: {len(res.ranks)} rank(s), {res.events:,} events, "
+        f"{res.bytes_uncompressed / 1e6:.1f} MB ({res.bytes_file / 1e6:.1f} MB on disk) "
+        f"in {res.seconds:.1f} s")
+    say("open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)")

@@ -1,0 +1,121 @@
+"""The merged trace as Chrome Trace Event Format JSON, streamed (gzip by default).
+
+Events arrive in batches with `ts`/`dur` as integer ns after the file's time base and leave as
+µs, the format's unit. Each is written as (ns + 0.25) / 1000: the quarter nanosecond makes
+every reader land on the exact integer ns, whether it rounds the fraction (uberprof's ingest,
+`rint`) or truncates `µs * 1000` (Perfetto's JSON importer, which would turn 156.777 into
+156776 ns and can break the nesting of events that end together).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from uberprof.present.export.layout import ProcessInfo, TrackInfo
+
+__all__ = ["ChromeWriter", "ns_to_us"]
+
+FLUSH_BYTES = 1 << 20
+
+
+def ns_to_us(ns: int) -> float:
+    """Trace Event Format µs for an integer ns (see the module doc)."""
+    return (ns + 0.25) / 1000.0
+
+
+class ChromeWriter:
+    """Writes `{"traceEvents": [...], ...}` to `path` through a temporary file, so a failed or
+    interrupted export never leaves a truncated trace under the final name."""
+
+    def __init__(self, path: Path, gzipped: bool, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._raw: BinaryIO = open(self._tmp, "wb")  # noqa: SIM115 - closed in finish/abort
+        self._out: BinaryIO = (gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6,
+                                             mtime=0)  # type: ignore[assignment]
+                               if gzipped else self._raw)
+        self.bytes_written = 0
+        self.events_written = 0
+        self._parts: list[bytes] = []
+        self._pending = 0
+        self._first = True
+        head = orjson.dumps(header)
+        self._write(head[:-1] + (b"," if len(head) > 2 else b"") + b'"traceEvents":[')
+
+    def _write(self, b: bytes) -> None:
+        self._out.write(b)
+        self.bytes_written += len(b)
+
+    def _add(self, encoded: list[bytes]) -> None:
+        if not encoded:
+            return
+        chunk = b",".join(encoded)
+        if not self._first:
+            chunk = b"," + chunk
+        self._first = False
+        self._parts.append(chunk)
+        self._pending += len(chunk)
+        self.events_written += len(encoded)
+        if self._pending >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            self._write(b"".join(self._parts))
+            self._parts.clear()
+            self._pending = 0
+
+    def process(self, p: ProcessInfo) -> None:
+        ev = [{"ph": "M", "name": "process_name", "pid": p.pid, "tid": 0, "ts": 0,
+               "args": {"name": p.name}},
+              {"ph": "M", "name": "process_sort_index", "pid": p.pid, "tid": 0, "ts": 0,
+               "args": {"sort_index": p.sort_index}}]
+        if p.labels:
+            ev.append({"ph": "M", "name": "process_labels", "pid": p.pid, "tid": 0, "ts": 0,
+                       "args": {"labels": p.labels}})
+        self._add([orjson.dumps(e) for e in ev])
+
+    def track(self, t: TrackInfo) -> None:
+        self._add([orjson.dumps({"ph": "M", "name": "thread_name", "pid": t.pid, "tid": t.tid,
+                                 "ts": 0, "args": {"name": t.name}}),
+                   orjson.dumps({"ph": "M", "name": "thread_sort_index", "pid": t.pid,
+                                 "tid": t.tid, "ts": 0, "args": {"sort_index": t.sort_index}})])
+
+    def events(self, batch: list[dict[str, Any]]) -> None:
+        dumps = orjson.dumps
+        out = []
+        for e in batch:
+            e["ts"] = (e["ts"] + 0.25) / 1000.0
+            d = e.get("dur")
+            if d is not None:
+                e["dur"] = (d + 0.25) / 1000.0
+            out.append(dumps(e))
+        self._add(out)
+
+    def end_unit(self) -> None:
+        """A rank (or another group of events) is complete: nothing to reorder in JSON."""
+        self.flush()
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.flush()
+        self._write(b'],"uberprof_export":' + orjson.dumps(summary) + b"}")
+        self._out.close()
+        if self._out is not self._raw:
+            self._raw.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        try:
+            self._out.close()
+            if self._out is not self._raw:
+                self._raw.close()
+        finally:
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass

@@ -1,0 +1,205 @@
+"""uberprof's own findings as trace events, so the timeline shows what the report says.
+
+Per rank, on tracks of its own process (on the aligned clock, like everything else):
+
+- `uberprof · idle gaps`: every idle gap over the threshold, named by its cause;
+- `uberprof · straggler waits`: when the diagnosis names a straggler, each other rank's wait
+  for it in every collective it arrived last to, and on the straggler how late it came;
+- `uberprof · link-limited collectives`: the collectives of a class the diagnosis calls
+  bandwidth-bound or latency-bound, with their busbw against the link's peak.
+
+In a process of their own, first in the file: one track per finding (ranked as in the report)
+spanning the steps it concerns, with its evidence and remedy as arguments; the analysed steps;
+and the clock alignment of each host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from uberprof.analysis.advisor import Diagnosis
+
+__all__ = ["GAP_LABEL", "Mark", "global_marks", "rank_marks"]
+
+CAT = "uberprof"
+TRACK_GAPS = "uberprof · idle gaps"
+TRACK_WAITS = "uberprof · straggler waits"
+TRACK_LINK = "uberprof · link-limited collectives"
+RANK_TRACKS = (TRACK_GAPS, TRACK_WAITS, TRACK_LINK)
+
+GAP_LABEL = {
+    "data": "idle: data loader",
+    "sync": "idle: host synchronisation",
+    "launch": "idle: launch-bound",
+    "host": "idle: host work",
+    "other": "idle: waiting on another stream",
+}
+
+
+@dataclass
+class Mark:
+    """One event of uberprof's own: a range (dur >= 0) or an instant (dur None), aligned ns."""
+
+    track: str
+    ts: int
+    dur: int | None
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else round(float(ns) / 1e6, 3)
+
+
+def _size(b: int | None) -> str:
+    if b is None:
+        return "? B"
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= f:
+            return f"{b / f:.1f} {unit}"
+    return f"{b} B"
+
+
+def _in(step: int | None, steps: tuple[int, int] | None) -> bool:
+    return steps is None or step is None or steps[0] <= step <= steps[1]
+
+
+def rank_marks(d: Diagnosis, ranks: Iterable[int],
+               steps: tuple[int, int] | None = None) -> dict[int, list[Mark]]:
+    """The per-rank marks (see the module doc) of `ranks`, within `steps` when given."""
+    want = set(ranks)
+    out: dict[int, list[Mark]] = {r: [] for r in want}
+    offsets = d.alignment.offsets()
+    for g in d.gaps.to_pylist():
+        r = g["rank"]
+        if r not in want or not _in(g["step"], steps):
+            continue
+        out[r].append(Mark(TRACK_GAPS, g["start_ns"] + offsets.get(r, 0), g["dur_ns"],
+                           GAP_LABEL.get(g["cause"], f"idle: {g['cause']}"),
+                           {"cause": g["cause"], "step": g["step"], "idle_ms": _ms(g["dur_ns"]),
+                            "before": g["before"], "after": g["after"],
+                            "what": "device idle longer than the gap threshold (uberprof)"},
+                           g["step"]))
+    inst = d.alignment.apply(d.matched.instances, ("start_ns", "end_ns")) \
+        if d.matched.instances.num_rows else d.matched.instances
+    by_instance: dict[int, list[dict[str, Any]]] = {}
+    for row in inst.to_pylist():
+        by_instance.setdefault(row["instance"], []).append(row)
+    if d.straggler is not None:
+        _straggler_marks(d, by_instance, want, steps, out)
+    _link_marks(d, by_instance, want, steps, out)
+    return out
+
+
+def _straggler_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want: set[int],
+                     steps: tuple[int, int] | None, out: dict[int, list[Mark]]) -> None:
+    s = d.straggler
+    assert s is not None
+    cause = s.cause or "compute"
+    for iid, rows in by_instance.items():
+        if len(rows) < 2:
+            continue
+        last = max(rows, key=lambda x: x["start_ns"])
+        if last["rank"] != s.rank or sum(x["start_ns"] == last["start_ns"] for x in rows) > 1:
+            continue  # only where the straggler alone arrived last
+        step = last["step"]
+        if not _in(step, steps):
+            continue
+        first = min(x["start_ns"] for x in rows)
+        what = f"{last['name']} (step {step})"
+        for x in rows:
+            r = x["rank"]
+            if r == s.rank or r not in want:
+                continue
+            end = min(last["start_ns"], x["end_ns"])
+            if end <= x["start_ns"]:
+                continue
+            out[r].append(Mark(TRACK_WAITS, x["start_ns"], end - x["start_ns"],
+                               f"waiting for rank {s.rank}",
+                               {"collective": what, "instance": iid, "wait_ms":
+                                _ms(end - x["start_ns"]), "straggler": s.rank,
+                                "straggler_cause": cause}, step))
+        if s.rank in want and last["start_ns"] > first:
+            out[s.rank].append(Mark(TRACK_WAITS, first, last["start_ns"] - first,
+                                    f"late: the others wait (straggler, {cause})",
+                                    {"collective": what, "instance": iid,
+                                     "late_ms": _ms(last["start_ns"] - first),
+                                     "cause": cause}, step))
+
+
+def _link_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want: set[int],
+                steps: tuple[int, int] | None, out: dict[int, list[Mark]]) -> None:
+    bound = {(c.grp, c.name, c.bytes, c.link): c for c in d.classes
+             if c.verdict in ("bandwidth-bound", "latency-bound")}
+    if not bound or d.bandwidth.num_rows == 0:
+        return
+    for b in d.bandwidth.to_pylist():
+        c = bound.get((b["grp"], b["name"], b["bytes"], b["link"]))
+        if c is None or not _in(b["step"], steps):
+            continue
+        cd = c.as_dict()
+        busbw = b["busbw_Bps"] * 8 / 1e9 if b["busbw_Bps"] else None
+        args = {"verdict": c.verdict, "collective": b["name"], "bytes": b["bytes"],
+                "link": c.link, "link_kind": c.link_kind,
+                "busbw_gbit_s": round(busbw, 3) if busbw is not None else None,
+                "class_busbw_gbit_s": cd["busbw_gbit_s"], "peak_gbit_s": cd["peak_gbit_s"],
+                "peak_source": cd["peak_source"], "class_of_peak_pct": cd["busbw_of_peak_pct"],
+                "instance": b["instance"], "step": b["step"]}
+        label = f"{c.verdict}: {b['name']} {_size(b['bytes'])}"
+        if busbw is not None:
+            label += f" at {busbw:.2f} Gbit/s"
+            if cd["peak_gbit_s"]:
+                label += f" of {cd['peak_gbit_s']:g}"
+        for x in by_instance.get(b["instance"], []):
+            if x["rank"] in want:
+                out[x["rank"]].append(Mark(TRACK_LINK, x["start_ns"],
+                                           x["end_ns"] - x["start_ns"], label, args, b["step"]))
+
+
+def global_marks(d: Diagnosis, window: tuple[int, int],
+                 steps: tuple[int, int] | None = None,
+                 ranks: Iterable[int] | None = None) -> list[Mark]:
+    """The findings process: a track per finding, the analysed steps, the clock alignment.
+    `window` (aligned ns) spans the export; findings are clipped to it."""
+    out: list[Mark] = []
+    want = set(ranks) if ranks is not None else None
+    st = d.alignment.apply(d.steps, ("host_start_ns", "host_end_ns")) if d.steps.num_rows \
+        else d.steps
+    rows = [r for r in st.to_pylist() if r["host_start_ns"] is not None
+            and r["host_end_ns"] is not None and _in(r["step"], steps)
+            and (want is None or r["rank"] in want)]
+    lo, hi = window
+    for n, f in enumerate(d.findings, 1):
+        sel = [r for r in rows if (not f.steps or r["step"] in f.steps)
+               and (not f.ranks or r["rank"] in f.ranks)]
+        a = min((r["host_start_ns"] for r in sel), default=lo)
+        b = max((r["host_end_ns"] for r in sel), default=hi)
+        a, b = max(a, lo), min(b, hi)
+        if b < a:
+            continue
+        track = f"{n}. [{f.severity}] {f.kind}" + (f" ({f.cause})" if f.cause else "")
+        out.append(Mark(track, a, b - a, f.title,
+                        {"kind": f.kind, "severity": f.severity, "cause": f.cause,
+                         "time_at_stake_ms": round(f.time_at_stake_ms, 3), "ranks": f.ranks,
+                         "steps": f.steps, "remedy": f.remedy, "evidence": f.evidence}))
+    per_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        per_step.setdefault(r["step"], []).append(r)
+    for s, rs in sorted(per_step.items()):
+        a = min(r["host_start_ns"] for r in rs)
+        b = max(r["host_end_ns"] for r in rs)
+        slowest = max(rs, key=lambda r: r["host_end_ns"] - r["host_start_ns"])
+        out.append(Mark("analysed steps (all ranks)", a, b - a,
+                        f"step {s}" if s >= 0 else "whole trace",
+                        {"step": s, "ranks": len(rs), "slowest_rank": slowest["rank"],
+                         "slowest_ms": _ms(slowest["host_end_ns"] - slowest["host_start_ns"])},
+                        s))
+    for h in d.alignment.hosts:
+        label = (f"{h.host}: reference clock" if h.method == "reference" else
+                 f"{h.host}: {h.offset_ns / 1e6:+.3f} ms ({h.method})")
+        out.append(Mark("clock alignment", lo, None, label, h.as_dict()))
+    return out
+
