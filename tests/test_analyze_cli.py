@@ -66,7 +66,9 @@ def test_table_output_and_tables_on_disk(tmp_path: Path) -> None:
     d = make_folder(tmp_path)
     code, out, _ = run_cli(str(d), "--workers", "1")
     assert code == 0
-    assert "rank" in out and "idle%" in out and str(d / "derived") in out.replace("\n", "")
+    assert "rank" in out and "idle" in out and "cuda" in out and "cpu" in out
+    assert max(len(line) for line in out.splitlines()[:6]) <= 80  # the table fits a terminal
+    assert str(d / "derived") in out.replace("\n", "")
     for name in ("manifest.json", "summary.json", "steps.parquet", "ranks.parquet",
                  "collectives.parquet"):
         assert (d / "derived" / name).is_file(), name

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -108,9 +109,10 @@ def _ms(v: float | None) -> str:
 
 def render(ranks: list[dict[str, Any]], problems: list[str], derived: Path, analysed: int,
            inputs: int, console: Console) -> None:
-    table = Table(show_edge=False, header_style="bold")
-    for col in ("rank", "device", "steps", "step ms", "p90 ms", "idle%", "compute%",
-                "non-comp%", "overlap%", "exposed%"):
+    # Two-line headers and no column rules: fits 80 columns.
+    table = Table(show_edge=False, header_style="bold", box=box.SIMPLE_HEAD)
+    for col in ("rank", "device", "steps", "step\nms", "p90\nms", "idle\n%", "comp\n%",
+                "non-\ncomp %", "over-\nlap %", "exp.\ncomm %"):
         table.add_column(col, justify="left" if col == "device" else "right")
     shown = ranks if len(ranks) <= MAX_ROWS else ranks[:MAX_ROWS]
     for r in shown:
