@@ -7,6 +7,7 @@ import click
 from uberprof import __version__
 from uberprof.cli.analyze import analyze
 from uberprof.cli.calibrate import calibrate
+from uberprof.cli.dashboard import dashboard
 from uberprof.cli.doctor import doctor
 from uberprof.cli.export import export
 from uberprof.cli.info import info
@@ -39,6 +40,7 @@ main.add_command(run)
 main.add_command(info)
 main.add_command(doctor)
 main.add_command(analyze)
+main.add_command(dashboard)
 main.add_command(calibrate)
 main.add_command(report)
 main.add_command(export)

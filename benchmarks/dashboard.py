@@ -1,0 +1,157 @@
+"""How fast the dashboard's overview renders in a real browser on a big run.
+
+Target (issue 6): the overview of a 64-rank, 2000-step run renders in under 2 s.
+
+1. Writes a synthetic run with benchmarks/synth_run.py (unless RUN is given or already there).
+2. Starts `uberprof dashboard RUN --port 0` and times its start-up (analysis when the tables
+   are missing, then the diagnosis), which happens once, before the server listens.
+3. Loads `/` in headless Chromium (Playwright, `/usr/bin/chromium`) several times and measures,
+   in the browser, the time from navigation start until the health cards, the findings, the
+   rank x step heatmap and the breakdown bars are all drawn. The first load has a cold browser
+   cache (plotly.js and Dash's bundles come from the server), the next ones a warm one.
+
+    python benchmarks/dashboard.py                       # /tmp/uberprof-synth-64x2000
+    python benchmarks/dashboard.py --ranks 64 --steps 2000 --loads 5 --json
+    python benchmarks/dashboard.py --run uberprof-runs/RUN
+Exit code 1 when the median load misses the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("UBERPROF_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+TARGET_S = 2.0
+
+# Done when every part of the overview is on screen: cards, findings, both figures drawn.
+READY_JS = """() => {
+  const heat = document.querySelector('#step-heatmap .main-svg .hm image, '
+                                      + '#step-heatmap .main-svg .hmlayer image');
+  const bars = document.querySelector('#rank-breakdown .main-svg .barlayer .point');
+  const cards = document.querySelector('#health .card');
+  const found = document.querySelector('#findings .finding, #findings .notice');
+  return !!(heat && bars && cards && found);
+}"""
+
+
+def start_dashboard(run: Path, timeout: float = 1800) -> tuple[subprocess.Popen[str], str, float]:
+    """`uberprof dashboard RUN --port 0`; returns the process, its URL and its start-up time."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "uberprof", "dashboard", str(run), "--port",
+                             "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    assert proc.stdout is not None
+    lines = []
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("uberprof dashboard exited:\n" + "".join(lines))
+        lines.append(line)
+        m = re.search(r"(http://\S+/)", line)
+        if m:
+            return proc, m.group(1), time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            proc.kill()
+            raise RuntimeError("uberprof dashboard did not start:\n" + "".join(lines))
+
+
+def measure(url: str, loads: int) -> list[dict[str, Any]]:
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1600, "height": 1000})
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        for i in range(loads):
+            t0 = time.perf_counter()
+            page.goto(url, wait_until="commit")
+            page.wait_for_function(READY_JS, timeout=60_000, polling=25)
+            in_browser = page.evaluate("() => performance.now()") / 1000.0
+            out.append({"load": i, "cache": "cold" if i == 0 else "warm",
+                        "seconds": round(in_browser, 3),
+                        "wall_seconds": round(time.perf_counter() - t0, 3)})
+        out[-1]["console_errors"] = errors
+        browser.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--run", type=Path, help="an existing run directory (else a synthetic one)")
+    p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--synth-dir", type=Path, default=None,
+                   help="where the synthetic run goes (default /tmp/uberprof-synth-RxS); "
+                        "reused when it exists")
+    p.add_argument("--fresh", action="store_true",
+                   help="rewrite the synthetic run and its analysis")
+    p.add_argument("--loads", type=int, default=5, help="page loads to time")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    a = p.parse_args(argv)
+    if not Path(CHROMIUM).exists():
+        print(f"no browser at {CHROMIUM} (apt-get install chromium)", file=sys.stderr)
+        return 2
+    run = a.run
+    generated = None
+    if run is None:
+        run = a.synth_dir or Path(f"/tmp/uberprof-synth-{a.ranks}x{a.steps}")
+        if a.fresh or not (run / "run.json").exists():
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            import synth_run
+
+            t = time.perf_counter()
+            synth_run.main([str(run), "--ranks", str(a.ranks), "--steps", str(a.steps)])
+            generated = round(time.perf_counter() - t, 1)
+            shutil.rmtree(run / "derived", ignore_errors=True)
+    proc, url, startup = start_dashboard(run)
+    try:
+        loads = measure(url, a.loads)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    times = [x["seconds"] for x in loads]
+    warm = times[1:] or times
+    result = {
+        "run": str(run), "ranks": a.ranks if a.run is None else None,
+        "steps": a.steps if a.run is None else None,
+        "synthetic_run_written_s": generated,
+        "dashboard_startup_s": round(startup, 1),
+        "overview_cold_s": times[0], "overview_warm_median_s": round(statistics.median(warm), 3),
+        "overview_max_s": max(times), "target_s": TARGET_S,
+        "meets_target": statistics.median(times) < TARGET_S and max(warm) < TARGET_S,
+        "console_errors": loads[-1].get("console_errors", []), "loads": loads,
+    }
+    if a.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"run: {run}" + (f" (written in {generated} s)" if generated else ""))
+        print(f"uberprof dashboard start-up (analysis if needed + diagnosis): {startup:.1f} s")
+        print(f"overview in Chromium: cold cache {times[0]:.2f} s, warm median "
+              f"{statistics.median(warm):.2f} s, max {max(times):.2f} s "
+              f"(target {TARGET_S:.1f} s): {'OK' if result['meets_target'] else 'MISSED'}")
+        if result["console_errors"]:
+            print("browser console errors:", *result["console_errors"], sep="\n  ")
+    return 0 if result["meets_target"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

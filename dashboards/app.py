@@ -1,0 +1,161 @@
+"""The Dash app: one URL per page, the selection (rank, step) in the query string, and the
+safety rules of DESIGN.md (basic authentication when asked for, no file served from disk but
+the app's own assets, no cross-site framing, no DNS rebinding on a loopback address).
+
+Routing is one callback from the URL to the page's layout, so every view is a plain link that
+can be bookmarked or pasted to a colleague; controls on a page only change the URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import importlib
+import re
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import dash
+import flask
+from dash import Input, Output, dcc, html
+
+from dashboards import ui
+from dashboards.data import RunData
+from dashboards.ui import Selection
+
+__all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app"]
+
+PAGE_MODULES = ("overview", "steps", "stragglers", "gaps", "communication", "counters")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+ASSETS = Path(__file__).resolve().parent / "assets"
+_VERSION = re.compile(rb"plotly\.js[^\n]*?v(\d+\.\d+\.\d+)")
+
+
+def _plotly_js_version(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            m = _VERSION.search(f.read(300))
+    except OSError:
+        return None
+    return m.group(1).decode() if m else None
+
+
+def light_plotly_ignored() -> str:
+    """`assets_ignore` for the vendored plotly.js bundle (cartesian traces only, 1.5 MB instead
+    of 4.8 MB: the overview draws in about half the time on a cold browser cache). It is used
+    only when it is the same plotly.js version as the one the installed `plotly` ships;
+    otherwise Dash loads that one as usual."""
+    import plotly
+
+    light = next(ASSETS.glob("plotly-cartesian-*.min.js"), None)
+    if light is None:
+        return ""
+    full = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    if _plotly_js_version(light) and _plotly_js_version(light) == _plotly_js_version(full):
+        return ""
+    return re.escape(light.name)
+
+
+def _pages() -> dict[str, ModuleType]:
+    mods = [importlib.import_module(f"dashboards.pages.{m}") for m in PAGE_MODULES]
+    return {m.PATH: m for m in mods}
+
+
+def create_app(data: RunData, auth: tuple[str, str] | None = None,
+               allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
+               warm: bool = True) -> dash.Dash:
+    """The app of one loaded run.
+
+    `auth`: (user, password) required from every request (HTTP basic). `allowed_hosts`: the
+    Host header values accepted (the loopback names when listening on 127.0.0.1, so that a web
+    page cannot reach the dashboard through DNS rebinding); None accepts any.
+    """
+    server = flask.Flask("uberprof-dashboard", static_folder=None)  # no /static route
+    _secure(server, auth, allowed_hosts)
+    app = dash.Dash(
+        "uberprof-dashboard", server=server, title=f"uberprof · {data.run_id or data.root.name}",
+        assets_folder=str(ASSETS), assets_ignore=light_plotly_ignored(),
+        suppress_callback_exceptions=True, serve_locally=True,
+        update_title=None, compress=False, enable_mcp=False,
+    )
+    pages = _pages()
+    app.layout = html.Div([
+        dcc.Location(id="url", refresh="callback-nav"),
+        html.Div(id="nav"),
+        dcc.Loading(html.Main(id="page"), type="dot", delay_show=400),
+    ], className="app")
+
+    def data_of() -> RunData:
+        return data
+
+    @app.callback(Output("nav", "children"), Output("page", "children"),
+                  Input("url", "pathname"), Input("url", "search"))
+    def _route(pathname: str | None, search: str | None) -> tuple[Any, Any]:
+        path = pathname or "/"
+        if path != "/" and path.endswith("/"):
+            path = path.rstrip("/")
+        sel = Selection.parse(search)
+        label = data.run_id or data.root.name
+        page = pages.get(path)
+        if page is None:
+            return ui.nav("", sel, label), html.Div(
+                [html.H2("Not found"), html.P(f"No page {path}. "),
+                 dcc.Link("Back to the overview", href=sel.href("/"))],
+                className="page", id="page-not-found")
+        try:
+            body = page.layout(data, sel)
+        except Exception as exc:  # noqa: BLE001 - show it rather than a blank page
+            tb = traceback.format_exc(limit=6)
+            server.logger.error("page %s failed: %s", path, tb)
+            body = html.Div([html.H2("This page failed"),
+                             ui.notice(f"{type(exc).__name__}: {exc}", "bad"),
+                             html.Pre(tb, className="traceback")],
+                            className="page", id="page-error")
+        return ui.nav(path, sel, label), body
+
+    for m in pages.values():
+        if hasattr(m, "register"):
+            m.register(app, data_of)
+    if warm:  # the first visitor should not pay for caches and plotly's templates
+        try:
+            pages["/"].layout(data, Selection())
+        except Exception as exc:  # noqa: BLE001 - the page shows the error when visited
+            server.logger.warning("warming the overview failed: %s", exc)
+    return app
+
+
+def _secure(server: flask.Flask, auth: tuple[str, str] | None,
+            allowed_hosts: tuple[str, ...] | None) -> None:
+    expected = None
+    if auth is not None:
+        expected = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    allowed = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
+
+    @server.before_request
+    def _gate() -> Any:
+        if allowed is not None:
+            host = (flask.request.host or "").lower()
+            name = host.rsplit(":", 1)[0] if not host.startswith("[") else \
+                host[1:].split("]", 1)[0]
+            if name not in allowed:
+                return flask.Response("uberprof dashboard: unexpected Host header\n", 421,
+                                      mimetype="text/plain")
+        if expected is not None:
+            given = flask.request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                return flask.Response(
+                    "uberprof dashboard: authentication required\n", 401,
+                    {"WWW-Authenticate": 'Basic realm="uberprof dashboard", charset="UTF-8"'},
+                    mimetype="text/plain")
+        return None
+
+    @server.after_request
+    def _headers(resp: flask.Response) -> flask.Response:
+        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+        resp.headers.setdefault("X-Frame-Options", "DENY")
+        resp.headers.setdefault("Referrer-Policy", "no-referrer")
+        if not flask.request.path.startswith(("/_dash-component-suites/", "/assets/")):
+            resp.headers.setdefault("Cache-Control", "no-store")  # run data: never cached
+        return resp

@@ -1,0 +1,175 @@
+"""`/counters`: one node's GPU and host counters over the run, with step boundaries, the traced
+windows, and the moments a GPU throttled (a clock slowdown reason set) marked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import Input, Output, State, dcc, html, no_update
+from plotly.subplots import make_subplots
+
+from dashboards import ui
+from dashboards.data import RunData
+from dashboards.ui import Selection
+
+PATH = "/counters"
+TITLE = "Counters"
+
+# (source, metric, panel title): GPU panels first, then the host's, then the network's.
+PANELS = (
+    ("nvml", "util.gpu", "GPU utilisation (%)"),
+    ("nvml", "clock.sm", "GPU SM clock (MHz)"),
+    ("nvml", "temp.gpu", "GPU temperature (°C)"),
+    ("nvml", "power", "GPU power (W)"),
+    ("nvml", "mem.used", "GPU memory used (B)"),
+    ("host", "cpu.util", "host CPU (%)"),
+    ("host", "mem.used", "host memory used (B)"),
+    ("proc", "cpu.util", "rank processes: CPU (%)"),
+    ("nic", "rx_rate", "NIC receive (B/s)"),
+    ("nic", "tx_rate", "NIC transmit (B/s)"),
+    ("ib", "rx_rate", "InfiniBand receive (B/s)"),
+    ("ib", "tx_rate", "InfiniBand transmit (B/s)"),
+)
+MAX_DEVICES = 16  # lines per panel (a node has at most 8 GPUs; processes can be many)
+
+
+def layout(data: RunData, sel: Selection) -> html.Div:
+    cat = data.counter_catalog()
+    body: list[Any] = [ui.missing_notices([m for m in data.missing() if "counters" in m.lower()
+                                           or "GPU" in m])]
+    if not cat["nodes"]:
+        body.append(ui.notice("This run has no counters to show.", "info", id="no-counters"))
+        return html.Div(body, className="page", id="page-counters")
+    node = sel.node if sel.node in cat["nodes"] else data.node_of_rank(sel.rank)
+    assert node is not None
+    info = cat["nodes"][node]
+    rank_on_node = _rank_on_node(data, info["host"], sel.rank)
+    opts = [{"label": f"{n} ({i['host']})" if i["host"] != n else n, "value": n}
+            for n, i in cat["nodes"].items()]
+    body.append(html.Div([
+        html.Div([html.Label("Node"), dcc.Dropdown(id="counters-node", options=opts, value=node,
+                                                   clearable=False)], className="control"),
+        html.Div([html.Label("Step boundaries of"),
+                  html.Div(f"rank {rank_on_node}" if rank_on_node is not None else "–",
+                           id="counters-rank")], className="control"),
+    ], className="controls"))
+    panels = [(s, m, t) for s, m, t in PANELS if m in info["series"].get(s, {})]
+    if not panels:
+        body.append(ui.notice(f"Node {node} has counters, but none of the usual ones.", "info"))
+        return html.Div(body, className="page", id="page-counters")
+    if "nvml" not in info["series"]:
+        body.append(ui.notice(f"No GPU counters on {node}: host counters only.", "info",
+                              id="no-gpu-counters"))
+    spans = data.throttle_spans(node)
+    if spans:
+        gpus = sorted({d for d, _, _ in spans})
+        body.append(ui.notice(f"Clock slowdown (throttling) on {', '.join(gpus)}: "
+                              f"{len(spans)} period(s), marked in red.", "bad",
+                              id="throttle-note"))
+    body.append(ui.section(f"Counters of {node}",
+                           ui.graph("counters-graph", figure(data, node, panels, rank_on_node,
+                                                             spans, sel.rank)),
+                           sub="Averaged into at most 600 points per line. Grey: traced "
+                               "steps; dotted: step boundaries; red: throttling.",
+                           id="counters-section"))
+    return html.Div(body, className="page", id="page-counters")
+
+
+def _rank_on_node(data: RunData, host: str, rank: int | None) -> int | None:
+    ranks = [r for r in data.ranks() if data.host_of(r) == host]
+    if rank in ranks:
+        return rank
+    return ranks[0] if ranks else (data.ranks()[0] if data.ranks() else None)
+
+
+def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: int | None,
+           spans: list[tuple[str, float, float]], focus: int | None) -> go.Figure:
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.025,
+                        subplot_titles=[t for _, _, t in panels], figure=ui.new_figure())
+    gpu_of_focus = data.rank_gpu(focus) if focus is not None else None
+    extent: dict[int, tuple[float, float]] = {}
+    in_legend: set[str] = set()
+    for i, (source, metric, _title) in enumerate(panels, start=1):
+        devices = None
+        if source == "proc":
+            devices = [f"rank:{r}" for r in data.ranks() if data.node_of_rank(r) == node][
+                :MAX_DEVICES] or None
+        cs = data.counter_series(node, source, metric, devices=devices)
+        if cs is None:
+            continue
+        for dev, (t, v) in list(cs.devices.items())[:MAX_DEVICES]:
+            if v.size:
+                lo, hi = extent.get(i, (float(v.min()), float(v.max())))
+                extent[i] = (min(lo, float(v.min())), max(hi, float(v.max())))
+            hot = gpu_of_focus is not None and gpu_of_focus == (node, dev)
+            fig.add_scatter(
+                x=t, y=v, mode="lines", name=dev, legendgroup=dev,
+                showlegend=dev not in in_legend,
+                line={"width": 2.5 if hot else 1.2},
+                hovertemplate=f"{dev}<br>%{{x:.1f}} s: %{{y:.4g}} {cs.unit or ''}"
+                              "<extra></extra>", row=i, col=1)
+            in_legend.add(dev)
+    # Bands over every panel: one paper-high shape each, set at once (add_vrect per panel
+    # is quadratic in plotly and takes minutes with hundreds of bands).
+    shapes = []
+    if rank is not None:
+        shapes += [_band(lo, hi, "rgba(0,0,0,0.08)") for lo, hi, _, _ in data.traced_spans(rank)]
+    shapes += [_band(lo, hi, "rgba(214,39,40,0.18)") for lo, hi in merge_spans(spans)]
+    if rank is not None:
+        starts, every = data.step_boundaries(rank, max_lines=150)
+        if starts.size:
+            xs: list[Any] = []
+            for x in starts.tolist():
+                xs += [x, x, None]
+            for i, (lo, hi) in extent.items():
+                fig.add_scatter(
+                    x=xs, y=[min(lo, 0.0), hi, None] * starts.size, mode="lines",
+                    line={"color": "rgba(0,0,0,0.18)", "width": 1, "dash": "dot"},
+                    hoverinfo="skip", showlegend=False, row=i, col=1)
+            fig.add_annotation(text=f"step boundaries of rank {rank}"
+                               + (f" (every {every}th)" if every > 1 else ""),
+                               xref="paper", yref="paper", x=1, y=1.0, yanchor="bottom",
+                               showarrow=False, font={"size": 10, "color": "#666"})
+    fig.update_layout(shapes=shapes)
+    fig.update_xaxes(title="s since the first step", row=len(panels), col=1)
+    fig = ui.base_layout(fig, height=190 * len(panels) + 60)
+    fig.update_annotations(font_size=11)
+    return fig
+
+
+def _band(lo: float, hi: float, color: str) -> dict[str, Any]:
+    return {"type": "rect", "xref": "x", "yref": "paper", "x0": lo, "x1": hi, "y0": 0, "y1": 1,
+            "fillcolor": color, "line": {"width": 0}, "layer": "below"}
+
+
+def merge_spans(spans: list[tuple[str, float, float]], limit: int = 200
+                ) -> list[tuple[float, float]]:
+    """Throttle periods of all GPUs as bands, joined across short breaks so that at most
+    `limit` bands are drawn (a GPU that recovers for one sample is still throttling)."""
+    if not spans:
+        return []
+    ivs = sorted((lo, hi) for _, lo, hi in spans)
+    total = ivs[-1][1] - ivs[0][0]
+    join = 0.0
+    while True:
+        out: list[list[float]] = []
+        for lo, hi in ivs:
+            if out and lo - out[-1][1] <= join:
+                out[-1][1] = max(out[-1][1], hi)
+            else:
+                out.append([lo, hi])
+        if len(out) <= limit or total <= 0:
+            return [(a, b) for a, b in out]
+        join = max(join * 2, total / 1000)
+
+
+def register(app: Any, data_of: Any) -> None:
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("counters-node", "value"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _node(node: str | None, search: str | None) -> Any:
+        sel = Selection.parse(search)
+        if not node or node == sel.node:
+            return no_update
+        return sel.href(PATH, node=node)

@@ -1,0 +1,158 @@
+"""`/gaps`: where the device sits idle and why: idle time by cause and rank, how long the gaps
+are, and the largest ones with what the host was doing (of the whole run, or of one rank)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from dash import Input, Output, State, dcc, html, no_update
+
+from dashboards import ui
+from dashboards.data import RunData
+from dashboards.ui import Selection
+
+PATH = "/gaps"
+TITLE = "Gaps"
+CAUSE_TEXT = {
+    "data": "the host was fetching the next batch (data loader)",
+    "sync": "the host was blocked in a synchronisation",
+    "launch": "the host launched the next work late, busy with other operators (launch-bound)",
+    "host": "the host was doing other work (optimizer on the CPU, Python, logging)",
+    "other": "work was queued but waited on another stream or device",
+}
+
+
+def layout(data: RunData, sel: Selection) -> html.Div:
+    body: list[Any] = [ui.missing_notices(data.missing())]
+    if not data.has_traces or data.diagnose() is None:
+        body.append(ui.notice("Idle gaps need traces: the device timeline of each rank.",
+                              "info"))
+        return html.Div(body, className="page", id="page-gaps")
+    by = data.gaps_by_rank()
+    d = data.diagnose()
+    threshold = d.run.get("gap_threshold_us")
+    if by is None or by.num_rows == 0:
+        body.append(ui.notice(f"No idle gap longer than {threshold:g} µs in the traced steps.",
+                              "ok", id="no-gaps"))
+        return html.Div(body, className="page", id="page-gaps")
+    ranks = data.ranks()
+    rank_opts = [{"label": "all ranks", "value": -1}] + [{"label": f"rank {r}", "value": r}
+                                                          for r in ranks]
+    body.append(html.Div([html.Div([html.Label("Largest gaps of"),
+                                    dcc.Dropdown(id="gaps-rank", options=rank_opts,
+                                                 value=sel.rank if sel.rank is not None else -1,
+                                                 clearable=False)], className="control")],
+                         className="controls"))
+    body.append(ui.section(
+        "Idle time by cause and rank", ui.graph("gaps-by-rank", by_rank_figure(data)),
+        html.Ul([html.Li([html.B(c), f": {t}"]) for c, t in CAUSE_TEXT.items()],
+                className="muted cause-legend"),
+        sub=f"Gaps longer than {threshold:g} µs with no device activity, in the traced steps "
+            "(ms). Click a bar for that rank's largest gaps.", id="gaps-summary"))
+    body.append(html.Div([
+        ui.section("Largest gaps" + (f" of rank {sel.rank}" if sel.rank is not None else ""),
+                   largest_table(data, sel), id="largest-gaps"),
+        ui.section("How long the gaps are", ui.graph("gap-hist", histogram(data, sel.rank)),
+                   sub="Count of gaps by duration and cause."),
+    ], className="row"))
+    return html.Div(body, className="page", id="page-gaps")
+
+
+def by_rank_figure(data: RunData) -> go.Figure:
+    by = data.gaps_by_rank()
+    assert by is not None
+    straggler = data.straggler_rank()
+    ranks = sorted(set(by.column("rank").to_pylist()))
+    pos = {r: i for i, r in enumerate(ranks)}
+    fig = ui.new_figure()
+    rows = by.to_pylist()
+    for cause in ("data", "sync", "launch", "host", "other"):
+        mine = [r for r in rows if r["cause"] == cause]
+        if not mine:
+            continue
+        fig.add_bar(
+            x=[pos[r["rank"]] for r in mine], y=[r["ms"] for r in mine], name=cause,
+            marker_color=ui.CAUSE_COLORS[cause],
+            customdata=[[r["rank"], r["gaps"]] for r in mine],
+            hovertemplate=f"rank %{{customdata[0]}}: %{{y:.2f}} ms {cause} idle in "
+                          "%{customdata[1]} gaps<extra></extra>")
+    n = len(ranks)
+    every = max(1, n // 32)
+    ticks = list(range(0, n, every))
+    fig.update_layout(barmode="stack", legend_traceorder="normal")
+    fig.update_xaxes(tickvals=ticks, ticktext=[ui.rank_label(ranks[i], straggler)
+                                               for i in ticks])
+    fig.update_yaxes(title="idle ms")
+    return ui.base_layout(fig, height=320)
+
+
+def largest_table(data: RunData, sel: Selection) -> Any:
+    gaps = data.largest_gaps(sel.rank)
+    if not gaps:
+        return ui.notice("No gaps" + (f" on rank {sel.rank}." if sel.rank is not None else "."),
+                         "info")
+    rows = []
+    for g in gaps:
+        rows.append([
+            dcc.Link(f"rank {g['rank']}", href=sel.href("/gaps", rank=g["rank"])),
+            dcc.Link(f"step {g['step']}", href=sel.href("/steps", rank=g["rank"],
+                                                        step=g["step"])),
+            f"{g['dur_ns'] / 1e6:.3f}",
+            html.Span(g["cause"], style={"color": ui.CAUSE_COLORS.get(g["cause"], "#333"),
+                                         "fontWeight": 600}),
+            html.Code(_short(g.get("before"))), html.Code(_short(g.get("after"))),
+            _short(g.get("host")) or "–",
+        ])
+    return ui.table(["rank", "step", "ms", "cause", "device: last before", "device: first after",
+                     "host was in"], rows, id="gaps-table")
+
+
+def _short(s: Any, n: int = 48) -> str:
+    if not s:
+        return ""
+    s = str(s)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def histogram(data: RunData, rank: int | None) -> go.Figure:
+    g = data.gap_durations(rank)
+    if g is None or g.num_rows == 0:
+        return ui.empty_figure("No gaps.")
+    us = g.column("dur_ns").to_numpy() / 1e3
+    causes = np.array(g.column("cause").to_pylist(), dtype=object)
+    edges = np.logspace(np.log10(max(us.min(), 1.0)), np.log10(us.max() * 1.01 + 1), 30)
+    fig = ui.new_figure()
+    for cause in ("data", "sync", "launch", "host", "other"):
+        m = causes == cause
+        if not m.any():
+            continue
+        counts, _ = np.histogram(us[m], bins=edges)
+        fig.add_bar(x=np.sqrt(edges[:-1] * edges[1:]), y=counts, name=cause,
+                    marker_color=ui.CAUSE_COLORS[cause],
+                    hovertemplate=f"{cause}: %{{y}} gaps near %{{x:.0f}} µs<extra></extra>")
+    fig.update_layout(barmode="stack", bargap=0)
+    fig.update_xaxes(type="log", title="gap (µs)", dtick=1)
+    fig.update_yaxes(title="gaps")
+    return ui.base_layout(fig, height=300)
+
+
+def register(app: Any, data_of: Any) -> None:
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("gaps-rank", "value"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _pick(rank: int | None, search: str | None) -> Any:
+        sel = Selection.parse(search)
+        new = None if rank in (None, -1) else int(rank)
+        if new == sel.rank:
+            return no_update
+        return sel.href(PATH, rank=new)
+
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("gaps-by-rank", "clickData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _click(click: dict[str, Any] | None, search: str | None) -> Any:
+        if not click or not click.get("points"):
+            return no_update
+        return Selection.parse(search).href(PATH, rank=int(click["points"][0]["customdata"][0]))

@@ -1,0 +1,223 @@
+"""`/`: the run at a glance: health cards, the top findings with remedies, a rank x step
+heatmap of step time, and each rank's time split into compute, overlapped and exposed
+communication, memory and idle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from dash import Input, Output, State, dcc, html, no_update
+
+from dashboards import ui
+from dashboards.data import BREAKDOWN_PARTS, RunData
+from dashboards.ui import Selection
+
+PATH = "/"
+TITLE = "Overview"
+TOP_FINDINGS = 6
+
+# Where a finding is looked at in detail.
+_FINDING_PAGE = {"straggler": "/stragglers", "data_stall": "/gaps", "launch_bound": "/gaps",
+                 "idle": "/gaps", "exposed_comm": "/communication", "bandwidth": "/communication",
+                 "throttle": "/counters"}
+
+
+def layout(data: RunData, sel: Selection) -> html.Div:
+    h = data.health()
+    straggler = data.straggler_rank()
+    return html.Div([
+        ui.missing_notices(data.missing()),
+        health_cards(h),
+        ui.section("What holds this run back", findings_list(data, sel), id="findings",
+                   sub="Ranked by the time at stake in the analysed steps, with the usual "
+                       "remedy." if data.has_traces else None),
+        ui.section("Step time per rank and step",
+                   ui.graph("step-heatmap", heatmap_figure(data, straggler)),
+                   sub="Host step time (ms). Click a cell to open that step on every rank."),
+        ui.section("Where each rank's time goes",
+                   ui.graph("rank-breakdown", breakdown_figure(data, straggler)),
+                   sub="Share of each rank's traced time. Click a bar for its idle gaps."),
+        problems(data),
+    ], className="page", id="page-overview")
+
+
+def health_cards(h: dict[str, Any]) -> html.Div:
+    s = h.get("straggler")
+    b = h.get("breakdown") or {}
+    f = h["findings"]
+    traced = h["traced_steps"]
+    device = h.get("device") or "?"
+    cards = [
+        ui.card("Ranks", str(h["ranks"]),
+                f"{h['hosts']} host(s) · {device}" + (f" · {h['backend']}" if h.get("backend")
+                                                      else ""), id="card-ranks"),
+        ui.card("Steps", str(h["steps"]),
+                f"{len(traced)} traced" if traced else "none traced", id="card-steps"),
+        ui.card("Step time", ui.fmt_ms(h["step_ms_median"]),
+                f"median · p90 {ui.fmt_ms(h['step_ms_p90'])}", id="card-step-time"),
+    ]
+    if b:
+        idle, exposed = b.get("idle_pct") or 0.0, b.get("exposed_comm_pct") or 0.0
+        status = "bad" if idle + exposed >= 30 else "warn" if idle + exposed >= 10 else "ok"
+        cards.append(ui.card("Compute", ui.fmt_pct(b.get("compute_pct")),
+                             f"exposed comm {ui.fmt_pct(exposed)} · idle {ui.fmt_pct(idle)}",
+                             status=status, id="card-compute"))
+    if s is not None:
+        cards.append(ui.card("Straggler", f"rank {s['rank']}",
+                             f"{s['cause']} · {s['lead_ms']:.1f} ms late · last in "
+                             f"{s['last']}/{s['instances']}", status="bad", id="card-straggler"))
+    elif traced:
+        cards.append(ui.card("Straggler", "none", "no rank arrives last persistently",
+                             status="ok", id="card-straggler"))
+    if traced:
+        n = f["high"] + f["medium"] + f["low"]
+        status = "bad" if f["high"] else "warn" if f["medium"] else "ok"
+        cards.append(ui.card("Findings", str(n),
+                             f"{f['high']} high · {f['medium']} medium · {f['low']} low",
+                             status=status, id="card-findings"))
+    return html.Div(cards, className="cards", id="health")
+
+
+def findings_list(data: RunData, sel: Selection) -> Any:
+    if not data.has_traces:
+        return ui.notice("Findings need traces.", "info")
+    found = data.findings()
+    if not found:
+        return ui.notice("Nothing found that costs more than a few percent of the analysed "
+                         "time.", "ok", id="no-findings")
+    items = []
+    for i, f in enumerate(found[:TOP_FINDINGS]):
+        rank = f.ranks[0] if len(f.ranks) == 1 else sel.rank
+        step = f.steps[0] if f.steps else sel.step
+        page = _FINDING_PAGE.get(f.kind, "/")
+        ev = [html.Li([html.Span(k.replace("_", " "), className="ev-key"), ": ",
+                       html.Code(_short(v))]) for k, v in f.evidence.items()]
+        items.append(html.Div([
+            html.Div([html.Span(f.severity, className=f"badge {f.severity}"),
+                      html.Span(f.kind.replace("_", " "), className="kind"),
+                      html.Span(ui.fmt_ms(f.time_at_stake_ms), className="stake",
+                                title="time at stake in the analysed steps")],
+                     className="finding-head"),
+            html.Div(f.title, className="finding-title"),
+            html.Div([html.B("Remedy: "), f.remedy], className="finding-remedy"),
+            html.Details([html.Summary("evidence"), html.Ul(ev, className="evidence")]),
+            dcc.Link("look closer →", href=sel.href(page, rank=rank, step=step),
+                     className="finding-link"),
+        ], className=f"finding {f.kind}", id=f"finding-{i}",
+            **{"data-kind": f.kind, "data-ranks": ",".join(map(str, f.ranks))}))
+    more = len(found) - TOP_FINDINGS
+    if more > 0:
+        items.append(html.Div(f"… and {more} smaller finding(s): see `uberprof report`.",
+                              className="muted"))
+    return html.Div(items, className="findings")
+
+
+def _short(v: Any) -> str:
+    text = str(v)
+    return text if len(text) <= 160 else text[:157] + "…"
+
+
+def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
+    hm = data.step_heatmap()
+    if hm is None:
+        return ui.empty_figure("No step timelines in this run.")
+    z = hm.z
+    finite = z[np.isfinite(z)]
+    bins = f"{hm.bin_steps} steps" if hm.bin_steps > 1 else "step"
+    who = "rank %{y}" if hm.bin_ranks == 1 else f"ranks %{{y}}-%{{y}}+{hm.bin_ranks - 1}"
+    fig = ui.new_figure()
+    fig.add_heatmap(
+        z=z, x=hm.x, y=hm.ranks, customdata=hm.steps, colorscale="Viridis",
+        zmin=float(np.min(finite)) if finite.size else None,
+        zmax=float(np.percentile(finite, 99.5)) if finite.size else None,
+        colorbar={"title": {"text": "ms"}, "thickness": 12},
+        hovertemplate=who + "<br>step %{customdata}<br>%{z:.1f} ms<extra></extra>")
+    n = len(hm.ranks)
+    ticks = hm.ranks[::max(1, n // 32)]
+    if straggler is not None and straggler in hm.ranks and straggler not in ticks:
+        ticks = sorted(ticks + [straggler])
+    fig.update_yaxes(tickvals=ticks, ticktext=[ui.rank_label(r, straggler) for r in ticks],
+                     autorange="reversed", title=None)
+    fig.update_xaxes(title=f"step (max per {bins})" if hm.bin_steps > 1 else "step")
+    if straggler is not None and straggler in hm.ranks:
+        fig.add_shape(type="rect", xref="paper", x0=0, x1=1, y0=straggler - 0.5,
+                      y1=straggler + 0.5, line={"color": ui.STRAGGLER, "width": 2})
+    for lo, hi in _runs(data.traced_steps()):
+        fig.add_annotation(x=(lo + hi) / 2, y=1.0, yref="paper", yanchor="bottom",
+                           text="▼ traced", showarrow=False, font={"size": 10, "color": "#555"})
+    return ui.base_layout(fig, height=max(260, min(14 * n + 80, 560)))
+
+
+def _runs(steps: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s in steps:
+        if out and out[-1][1] == s - 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+
+
+def breakdown_figure(data: RunData, straggler: int | None) -> go.Figure:
+    t = data.breakdown_by_rank()
+    if t is None:
+        return ui.empty_figure("No traces: no compute/communication breakdown.")
+    ranks = t.column("rank").to_pylist()
+    fig = ui.new_figure()
+    labels = [ui.rank_label(r, straggler) for r in ranks]
+    for key, name in BREAKDOWN_PARTS:
+        pct = t.column(key).to_pylist()
+        ns = t.column(f"{key}_ns").to_pylist()
+        fig.add_bar(
+            x=list(range(len(ranks))), y=pct, name=name, marker_color=ui.PART_COLORS[key],
+            customdata=[[r, (v or 0) / 1e6] for r, v in zip(ranks, ns)],
+            hovertemplate=f"rank %{{customdata[0]}}<br>{name}: %{{y:.1f}}% "
+                          "(%{customdata[1]:.1f} ms)<extra></extra>")
+    n = len(ranks)
+    every = max(1, n // 32)
+    ticks = list(range(0, n, every))
+    if straggler is not None and straggler in ranks and ranks.index(straggler) not in ticks:
+        ticks = sorted(ticks + [ranks.index(straggler)])
+    fig.update_layout(barmode="stack", bargap=0.15)
+    fig.update_xaxes(tickvals=ticks, ticktext=[labels[i] for i in ticks], tickangle=-45 if n > 8
+                     else 0)
+    fig.update_yaxes(title="% of traced time", range=[0, 100])
+    if straggler is not None and straggler in ranks:
+        i = ranks.index(straggler)
+        fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=0, y1=100, yref="y",
+                      line={"color": ui.STRAGGLER, "width": 2})
+    return ui.base_layout(fig, height=380)
+
+
+def problems(data: RunData) -> Any:
+    if not data.problems:
+        return html.Div()
+    return ui.section("Problems reading this run", html.Ul([html.Li(p) for p in data.problems]),
+                      id="problems")
+
+
+def register(app: Any, data_of: Any) -> None:
+    """Drill-down: a heatmap cell opens /steps, a breakdown bar opens /gaps, for that rank."""
+
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("step-heatmap", "clickData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _open_step(click: dict[str, Any] | None, search: str | None) -> Any:
+        if not click or not click.get("points"):
+            return no_update
+        p = click["points"][0]
+        step = p.get("customdata")
+        if step is None or int(step) < 0:
+            return no_update
+        return Selection.parse(search).href("/steps", rank=int(p["y"]), step=int(step))
+
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("rank-breakdown", "clickData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _open_gaps(click: dict[str, Any] | None, search: str | None) -> Any:
+        if not click or not click.get("points"):
+            return no_update
+        rank = click["points"][0]["customdata"][0]
+        return Selection.parse(search).href("/gaps", rank=int(rank))

@@ -1,0 +1,216 @@
+"""`/steps`: one step across all ranks on aligned clocks: compute, communication and memory
+per rank as a timeline, idle gaps shaded by cause, and each rank's arrival at every collective
+(the last one to arrive in red). Any step can be picked; untraced steps show host step times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from dash import Input, Output, State, dcc, html, no_update
+
+from dashboards import ui
+from dashboards.data import RunData, StepTimeline
+from dashboards.ui import Selection
+
+PATH = "/steps"
+TITLE = "Steps"
+
+
+def default_step(data: RunData, sel: Selection) -> int | None:
+    """The selected step, else the first traced step in the middle of the run, else the first."""
+    if sel.step is not None:
+        return sel.step
+    traced = data.traced_steps()
+    if traced:
+        return traced[len(traced) // 2]
+    steps = data.all_steps()
+    return steps[len(steps) // 2] if steps else None
+
+
+def layout(data: RunData, sel: Selection) -> html.Div:
+    step = default_step(data, sel)
+    traced = data.traced_steps()
+    all_steps = data.all_steps()
+    if step is None:
+        return html.Div([ui.missing_notices(data.missing()),
+                         ui.notice("This run has no steps.", "warn")], className="page",
+                        id="page-steps")
+    options = [{"label": f"step {s}" + (" · traced" if s in traced else ""), "value": s}
+               for s in (all_steps if len(all_steps) <= 5000 else sorted(set(traced) | {step}))]
+    controls = html.Div([
+        html.Div([html.Label("Step"),
+                  dcc.Dropdown(id="step-picker", options=options, value=step, clearable=False,
+                               searchable=True)], className="control"),
+        html.Div([html.Label("Traced steps"),
+                  html.Div([dcc.Link(str(s), href=sel.href(PATH, step=s),
+                                     className="step-link" + (" selected" if s == step else ""))
+                            for s in traced[:60]] or "none", className="step-links")],
+                 className="control"),
+    ], className="controls")
+    body: list[Any] = [ui.missing_notices([m for m in data.missing() if "traces" in m]),
+                       controls]
+    tl = data.step_timeline(step, focus=sel.rank) if step in traced else None
+    if tl is not None and tl.ranks:
+        body.append(ui.section(
+            f"Step {step} on every rank (aligned clocks)",
+            ui.graph("step-timeline", timeline_figure(tl, data.straggler_rank(), sel.rank)),
+            timeline_note(tl, data),
+            id="timeline",
+            sub="Upper bar: compute; lower bar: communication; shaded: idle gaps by cause; "
+                "▶ marks each rank's arrival at a collective (red: the last to arrive)."))
+        body.append(ui.section("Late arrivals in this step", arrivals_table(tl, sel),
+                               id="arrivals"))
+    else:
+        why = ("this step was not traced: pick a traced step for its timeline"
+               if traced else "the run has no traces, so only host step times are known")
+        body.append(ui.notice(f"Step {step}: {why}.", "info", id="untraced-note"))
+    body.append(ui.section(f"Step {step}: host step time and data wait per rank",
+                           ui.graph("step-ranks", ranks_figure(data, step, sel.rank)),
+                           id="step-ranks-section"))
+    return html.Div(body, className="page", id="page-steps")
+
+
+def timeline_figure(tl: StepTimeline, straggler: int | None, focus: int | None) -> go.Figure:
+    ranks = [r.rank for r in tl.ranks]
+    pos = {r: i for i, r in enumerate(ranks)}
+    fig = ui.new_figure()
+    # idle gaps first, so that activity draws over their edges
+    by_cause: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for r in tl.ranks:
+        for g in r.gaps:
+            by_cause.setdefault(g["cause"], []).append((r.rank, g))
+    for cause, items in sorted(by_cause.items()):
+        fig.add_bar(
+            orientation="h", base=[g["start"] for _, g in items],
+            x=[g["end"] - g["start"] for _, g in items], y=[pos[r] for r, _ in items],
+            width=0.9, name=f"idle: {cause}", marker_color=ui.CAUSE_COLORS.get(cause, "#999"),
+            opacity=0.45, customdata=[[r, g["ms"], g["before"] or "", g["after"] or ""]
+                                      for r, g in items],
+            hovertemplate=f"rank %{{customdata[0]}} idle ({cause}) %{{customdata[1]:.3f}} ms"
+                          "<br>after %{customdata[2]}<br>before %{customdata[3]}"
+                          "<extra></extra>")
+    for role, dy, name in (("compute", -0.2, "compute"), ("comm", 0.2, "communication"),
+                           ("memory", 0.2, "memory")):
+        xs, bases, ys, rk = [], [], [], []
+        for r in tl.ranks:
+            part = r.parts.get(role)
+            if part is None:
+                continue
+            s, e = part
+            bases.append(s)
+            xs.append(e - s)
+            ys.append(np.full(s.size, pos[r.rank] + dy))
+            rk.append(np.full(s.size, r.rank))
+        if not xs:
+            continue
+        fig.add_bar(
+            orientation="h", base=np.concatenate(bases), x=np.concatenate(xs),
+            y=np.concatenate(ys), width=0.36, name=name, marker_color=ui.PART_COLORS[role],
+            marker_line_width=0, customdata=np.concatenate(rk),
+            hovertemplate=f"rank %{{customdata}} {name}<br>%{{base:.2f}} ms + %{{x:.3f}} ms"
+                          "<extra></extra>")
+    if tl.arrivals:
+        a = tl.arrivals
+        fig.add_scatter(
+            x=[x["start_ms"] for x in a], y=[pos[x["rank"]] + 0.2 for x in a], mode="markers",
+            name="arrival", marker={"symbol": "triangle-right", "size": [12 if x["last"] else 7
+                                                                          for x in a],
+                                    "color": [ui.STRAGGLER if x["last"] else "#333" for x in a],
+                                    "line": {"width": 0}},
+            customdata=[[x["rank"], x["name"], x["instance"], x["lateness_ms"],
+                         "last to arrive" if x["last"] else ""] for x in a],
+            hovertemplate="rank %{customdata[0]} enters %{customdata[1]} #%{customdata[2]}"
+                          "<br>%{customdata[3]:.3f} ms after the first<br>%{customdata[4]}"
+                          "<extra></extra>")
+    labels = []
+    for r in tl.ranks:
+        label = ui.rank_label(r.rank, straggler)
+        if r.rank == focus and r.rank != straggler:
+            label = f"<b>{label}</b>"
+        labels.append(label)
+    fig.update_yaxes(tickvals=list(range(len(ranks))), ticktext=labels, autorange="reversed",
+                     range=None, showgrid=False)
+    fig.update_xaxes(title="ms from the step's first device activity (aligned clocks)")
+    fig.update_layout(barmode="overlay", bargap=0)
+    if straggler is not None and straggler in pos:
+        i = pos[straggler]
+        fig.add_hrect(y0=i - 0.5, y1=i + 0.5, line_width=0,
+                      fillcolor="rgba(214,39,40,0.06)")
+    return ui.base_layout(fig, height=max(260, 34 * len(ranks) + 110))
+
+
+def timeline_note(tl: StepTimeline, data: RunData) -> Any:
+    d = data.diagnose()
+    parts = [f"Merged to {tl.resolution_ms * 1000:.0f} µs (about a pixel)."]
+    if tl.left_out:
+        parts.append(f"{tl.left_out} ranks not drawn (a sample of ranks, the selected one and "
+                     "the straggler are).")
+    if d is not None:
+        res = [h.residual_ns for h in d.alignment.hosts if h.residual_ns is not None]
+        hosts = len(d.alignment.hosts)
+        if hosts > 1:
+            parts.append(f"{hosts} host clocks aligned"
+                         + (f"; residual up to {max(res) / 1e3:.0f} µs." if res else "."))
+    return html.P(" ".join(parts), className="muted")
+
+
+def arrivals_table(tl: StepTimeline, sel: Selection) -> Any:
+    if not tl.arrivals:
+        return ui.notice("No matched collectives in this step.", "info")
+    per: dict[int, dict[str, Any]] = {}
+    for a in tl.arrivals:
+        p = per.setdefault(a["rank"], {"late": [], "last": 0})
+        p["late"].append(a["lateness_ms"])
+        p["last"] += int(a["last"])
+    rows, classes = [], []
+    order = sorted(per.items(), key=lambda kv: -float(np.median(kv[1]["late"])))
+    for rank, p in order[:20]:
+        rows.append([dcc.Link(f"rank {rank}", href=sel.href("/stragglers", rank=rank)),
+                     f"{np.median(p['late']):.3f}", f"{max(p['late']):.3f}",
+                     f"{p['last']}/{len(p['late'])}"])
+        classes.append("straggler" if p["last"] and p["last"] == len(p["late"]) else "")
+    return ui.table(["rank", "median lateness (ms)", "max lateness (ms)", "last to arrive"],
+                    rows, id="arrivals-table", row_classes=classes)
+
+
+def ranks_figure(data: RunData, step: int, focus: int | None) -> go.Figure:
+    t = data.step_ranks(step)
+    if t.num_rows == 0:
+        return ui.empty_figure(f"No rank recorded step {step}.")
+    straggler = data.straggler_rank()
+    ranks = t.column("rank").to_pylist()
+    ms = [(v or 0) / 1e6 for v in t.column("step_time_ns").to_pylist()]
+    dw = [(v or 0) / 1e6 for v in t.column("data_wait_ns").to_pylist()]
+    colors = [ui.STRAGGLER if r == straggler else ("#2f5f8f" if r == focus else "#4C78A8")
+              for r in ranks]
+    fig = ui.new_figure()
+    fig.add_bar(x=ranks, y=ms, name="step time", marker_color=colors,
+                hovertemplate="rank %{x}: %{y:.1f} ms<extra></extra>")
+    fig.add_bar(x=ranks, y=dw, name="data wait", marker_color=ui.CAUSE_COLORS["data"],
+                hovertemplate="rank %{x} data wait: %{y:.1f} ms<extra></extra>")
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="rank", type="category" if len(ranks) <= 64 else "linear")
+    fig.update_yaxes(title="ms")
+    return ui.base_layout(fig, height=300)
+
+
+def register(app: Any, data_of: Any) -> None:
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("step-picker", "value"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _pick(step: int | None, search: str | None) -> Any:
+        sel = Selection.parse(search)
+        if step is None or step == sel.step:
+            return no_update
+        return sel.href(PATH, step=int(step))
+
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("step-ranks", "clickData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _rank(click: dict[str, Any] | None, search: str | None) -> Any:
+        if not click or not click.get("points"):
+            return no_update
+        sel = Selection.parse(search)
+        return sel.href("/stragglers", rank=int(click["points"][0]["x"]))

@@ -1,0 +1,199 @@
+"""`/stragglers`: who arrives last at the collectives, how late, why, and the straggler's
+counters (GPU clocks, temperature, power, utilisation; host processes on CPU runs) beside those
+of the median rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import Input, Output, State, dcc, html, no_update
+from plotly.subplots import make_subplots
+
+from dashboards import ui
+from dashboards.data import RunData
+from dashboards.ui import Selection
+
+PATH = "/stragglers"
+TITLE = "Stragglers"
+
+GPU_METRICS = (("clock.sm", "SM clock"), ("temp.gpu", "temperature"), ("power", "power"),
+               ("util.gpu", "utilisation"))
+PROC_METRICS = (("cpu.util", "process CPU"), ("mem.rss", "process memory"))
+_CAUSE_TEXT = {
+    "compute": "it computes longer than the others on the same work",
+    "clock_throttle": "its GPU runs at lower clocks (throttled)",
+    "data": "it waits longer for its data loader",
+    "host_launch": "its host issues work late",
+    "network": "it spends longer inside the collectives (its network)",
+}
+
+
+def layout(data: RunData, sel: Selection) -> html.Div:
+    body: list[Any] = [ui.missing_notices(data.missing())]
+    if not data.has_traces:
+        body.append(ui.notice("Lateness needs traces: the collectives' start times on every "
+                              "rank.", "info"))
+        return html.Div(body, className="page", id="page-stragglers")
+    s = data.straggler()
+    body.append(verdict(data))
+    hm = data.lateness_heatmap()
+    if hm is None:
+        body.append(ui.notice("No collective could be matched across ranks, so lateness is "
+                              "unknown (see the problems on the overview).", "warn"))
+        return html.Div(body, className="page", id="page-stragglers")
+    body.append(html.Div([
+        ui.section("Lateness per rank and step",
+                   ui.graph("lateness-heatmap", lateness_figure(data)),
+                   sub="Largest lateness (ms) of each rank over the step's collectives: how "
+                       "long after the first rank it arrived. Click a cell to open the step."),
+        ui.section("Ranking", ranking_table(data, sel), id="ranking",
+                   sub="Ranks that arrive latest first."),
+    ], className="row"))
+    focus = sel.rank if sel.rank is not None else (s.rank if s is not None else None)
+    median = data.median_rank()
+    if focus is not None:
+        body.append(ui.section(
+            f"Counters: rank {focus} beside rank {median} (median lateness)",
+            counters_block(data, focus, median), id="straggler-counters"))
+    return html.Div(body, className="page", id="page-stragglers")
+
+
+def verdict(data: RunData) -> Any:
+    s = data.straggler()
+    if s is None:
+        return ui.notice("No persistent straggler: no rank arrives last at the collectives "
+                         "clearly more often than chance, by a margin above the noise.", "ok",
+                         id="straggler-verdict")
+    f = data.straggler_factors()
+    factors = f.get("factors_ms", {})
+    ev = [html.Dt("arrives last"), html.Dd(f"{s.last} of {s.instances} collectives "
+                                           f"({100 * s.last_fraction:.0f}%)"),
+          html.Dt("lead over the others"), html.Dd(f"{s.median_lead_ns / 1e6:.2f} ms (median); "
+                                                   f"their spread {s.noise_ns / 1e6:.3f} ms"),
+          html.Dt("delay it adds"), html.Dd(f"{s.delay_ns / 1e6:.1f} ms over "
+                                            f"{s.steps_analysed} analysed steps; the others "
+                                            f"wait {s.others_wait_ns / 1e6:.1f} ms in all"),
+          html.Dt("host"), html.Dd(data.host_of(s.rank) or "?")]
+    if factors:
+        ev += [html.Dt("excess per step"),
+               html.Dd(", ".join(f"{k.replace('_', ' ')} {v:+.2f} ms"
+                                 for k, v in sorted(factors.items(), key=lambda kv: -kv[1])))]
+    c = f.get("counters") or {}
+    if c.get("available") and c.get("sm_clock_mhz"):
+        ev += [html.Dt("SM clock"),
+               html.Dd(f"{c['sm_clock_mhz']:.0f} MHz vs {c.get('others_sm_clock_mhz') or 0:.0f}"
+                       f" MHz on the others; slowdown {c.get('slowdown_pct', 0)}% of samples"
+                       + (f" ({', '.join(c.get('reasons', {}))})" if c.get("reasons") else ""))]
+    return html.Div([
+        html.Div([html.Span("straggler", className="badge high"),
+                  html.Span(f" rank {s.rank}", className="straggler-rank",
+                            id="straggler-rank")], className="finding-head"),
+        html.Div(f"Rank {s.rank} holds the others back: {_CAUSE_TEXT.get(s.cause or '', s.cause)}"
+                 f" (cause: {s.cause}).", className="finding-title", id="straggler-cause",
+                 **{"data-cause": s.cause or ""}),
+        html.Dl(ev, className="kv"),
+    ], className="section straggler-box", id="straggler-verdict",
+        **{"data-rank": str(s.rank)})
+
+
+def lateness_figure(data: RunData) -> go.Figure:
+    hm = data.lateness_heatmap()
+    assert hm is not None
+    straggler = data.straggler_rank()
+    n = len(hm.ranks)
+    fig = ui.new_figure()
+    fig.add_heatmap(
+        z=hm.z, x=[str(s) for s in hm.x], y=hm.ranks, customdata=hm.steps, colorscale="Reds",
+        zmin=0, colorbar={"title": {"text": "ms"}, "thickness": 12},
+        hovertemplate="rank %{y}<br>step %{customdata}<br>%{z:.3f} ms late<extra></extra>")
+    ticks = hm.ranks[::max(1, n // 32)]
+    if straggler in hm.ranks and straggler not in ticks:
+        ticks = sorted(ticks + [straggler])
+    fig.update_yaxes(tickvals=ticks, ticktext=[ui.rank_label(r, straggler) for r in ticks],
+                     autorange="reversed")
+    fig.update_xaxes(title="traced step", type="category")
+    return ui.base_layout(fig, height=max(260, min(16 * n + 90, 600)))
+
+
+def ranking_table(data: RunData, sel: Selection) -> Any:
+    ranking = data.lateness_ranking()
+    straggler = data.straggler_rank()
+    rows, classes = [], []
+    shown = ranking[:15]
+    if sel.rank is not None and all(r["rank"] != sel.rank for r in shown):
+        shown += [r for r in ranking if r["rank"] == sel.rank]
+    for r in shown:
+        rows.append([dcc.Link(f"rank {r['rank']}", href=sel.href(PATH, rank=r["rank"])),
+                     r.get("host") or "", f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
+                     f"{r['last_in']}/{r['instances']}",
+                     "straggler" if r["rank"] == straggler else ""])
+        classes.append("straggler" if r["rank"] == straggler else
+                       "selected" if r["rank"] == sel.rank else "")
+    more = len(ranking) - len(shown)
+    return html.Div([
+        ui.table(["rank", "host", "median late (ms)", "p90 late (ms)", "last", ""], rows,
+                 id="ranking-table", row_classes=classes),
+        html.P(f"… {more} more ranks" if more > 0 else "", className="muted")])
+
+
+def counters_block(data: RunData, rank: int, median: int | None) -> Any:
+    """The two ranks' GPU counters (or their processes' on CPU runs), one panel per metric."""
+    ranks = [rank] + ([median] if median is not None and median != rank else [])
+    gpu = {r: data.rank_gpu(r) for r in ranks}
+    if all(gpu[r] is not None for r in ranks):
+        series = {r: [data.counter_series(gpu[r][0], "nvml", m, devices=[gpu[r][1]], points=300)
+                      for m, _ in GPU_METRICS] for r in ranks}
+        names = [n for _, n in GPU_METRICS]
+        where = {r: f"{gpu[r][0]} {gpu[r][1]}" for r in ranks}
+        note = None
+    else:
+        series = {}
+        for r in ranks:
+            node = data.node_of_rank(r)
+            series[r] = [data.counter_series(node, "proc", m, devices=[f"rank:{r}"], points=300)
+                         if node else None for m, _ in PROC_METRICS]
+        names = [n for _, n in PROC_METRICS]
+        where = {r: f"{data.node_of_rank(r) or '?'} process" for r in ranks}
+        note = ui.notice("No GPU counters for these ranks: their processes' CPU and memory "
+                         "instead.", "info")
+    if not any(x is not None for v in series.values() for x in v):
+        return ui.notice("No counters for these ranks in this run.", "info",
+                         id="no-rank-counters")
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names,
+                        horizontal_spacing=0.06, figure=ui.new_figure())
+    straggler = data.straggler_rank()
+    for r in ranks:
+        color = ui.STRAGGLER if r == straggler else ("#4C78A8" if r != rank else "#F58518")
+        for j, cs in enumerate(series[r]):
+            if cs is None:
+                continue
+            for t, v in cs.devices.values():
+                fig.add_scatter(
+                    x=t, y=v, mode="lines", line={"color": color, "width": 1.5},
+                    name=f"rank {r} ({where[r]})", legendgroup=str(r), showlegend=j == 0,
+                    hovertemplate=f"rank {r}<br>%{{x:.1f}} s: %{{y:.1f}} {cs.unit or ''}"
+                                  "<extra></extra>", row=1, col=j + 1)
+    fig.update_layout(shapes=[
+        {"type": "rect", "xref": f"x{j + 1 if j else ''}", "yref": f"y{j + 1 if j else ''} domain",
+         "x0": lo, "x1": hi, "y0": 0, "y1": 1, "fillcolor": "rgba(0,0,0,0.07)",
+         "line": {"width": 0}, "layer": "below"}
+        for lo, hi, _, _ in data.traced_spans(rank) for j in range(len(names))])
+    fig.update_xaxes(title="s")
+    fig = ui.base_layout(fig, height=300)
+    return html.Div([note or html.Div(), ui.graph("rank-counters", fig),
+                     html.P("Grey bands: traced steps.", className="muted")])
+
+
+def register(app: Any, data_of: Any) -> None:
+    @app.callback(Output("url", "href", allow_duplicate=True),
+                  Input("lateness-heatmap", "clickData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _open(click: dict[str, Any] | None, search: str | None) -> Any:
+        if not click or not click.get("points"):
+            return no_update
+        p = click["points"][0]
+        step = p.get("customdata")
+        if step is None or int(step) < 0:
+            return no_update
+        return Selection.parse(search).href("/steps", rank=int(p["y"]), step=int(step))
