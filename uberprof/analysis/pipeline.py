@@ -58,7 +58,7 @@ __all__ = [
     "keep_pandas_out",
 ]
 
-FORMAT_VERSION = 1  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 2  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 
