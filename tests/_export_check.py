@@ -70,6 +70,8 @@ def validate_tef(doc: dict[str, Any]) -> list[str]:
         if not isinstance(e.get("ts"), (int, float)):
             bad(i, e, "ts not a number")
             continue
+        if e["ts"] < 0:
+            bad(i, e, "negative ts (Perfetto drops those events)")
         if ph == "M":
             name = e.get("name")
             args = e.get("args")

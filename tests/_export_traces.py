@@ -9,6 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.jobs import SAMPLES, torchrun, uberprof_run
+
 BASE_NS = 1_790_000_000_000_000_000
 
 
@@ -83,3 +87,19 @@ def write_traces(folder: Path, world: int = 2, hosts: tuple[str, ...] = ("host-a
             kineto_trace(r, world, hosts[r % len(hosts)], **kw)).encode()))
         out[r] = p
     return out
+
+
+@pytest.fixture(scope="session")
+def counters_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 4-rank DDP run (CPU, Gloo), traced on steps 4-6, with its node's counters (host
+    and NIC here), made once per test session."""
+    out = tmp_path_factory.mktemp("export-runs")
+    uberprof_run(out, "ddp4", torchrun(4, SAMPLES / "train_ddp.py", "--steps", "10"),
+                 "--trace-steps", "4-6", "--sample-hz", "10", timeout=400)
+    return out / "ddp4"
+
+
+def run_sources(run: Path) -> dict[int, list[Path]]:
+    """rank -> its trace files, in a run directory."""
+    return {int(d.name): sorted((d / "traces").glob("*.json.gz"))
+            for d in (run / "ranks").iterdir()}

@@ -12,25 +12,11 @@ import pytest
 
 from tests._diag_runs import logging_run, shift_node, slow_compute_run  # noqa: F401
 from tests._export_check import compare_with_sources, load, rank_pids, us_to_ns, validate_tef
-from tests.jobs import SAMPLES, torchrun, uberprof_run
+from tests._export_traces import counters_run, run_sources  # noqa: F401
 from uberprof.analysis.advisor import diagnose
 from uberprof.present.export import ExportOptions, export_trace
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def counters_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4-rank DDP, traced on steps 4-6, with the node's counters (host and NIC on CPU)."""
-    out = tmp_path_factory.mktemp("export-runs")
-    uberprof_run(out, "ddp4", torchrun(4, SAMPLES / "train_ddp.py", "--steps", "10"),
-                 "--trace-steps", "4-6", "--sample-hz", "10", timeout=400)
-    return out / "ddp4"
-
-
-def _sources(run: Path) -> dict[int, list[Path]]:
-    return {int(d.name): sorted((d / "traces").glob("*.json.gz"))
-            for d in (run / "ranks").iterdir()}
 
 
 def _tracks(doc: dict, pid: int) -> dict[int, str]:  # type: ignore[type-arg]
@@ -38,11 +24,12 @@ def _tracks(doc: dict, pid: int) -> dict[int, str]:  # type: ignore[type-arg]
             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid}
 
 
-def test_four_rank_run_round_trips_through_ingest(counters_run: Path, tmp_path: Path) -> None:
+def test_four_rank_run_round_trips_through_ingest(counters_run: Path,  # noqa: F811
+                                                     tmp_path: Path) -> None:
     res = export_trace(counters_run, tmp_path / "ddp4.json")
     doc = load(res.path)
     assert validate_tef(doc) == []
-    counts = compare_with_sources(res.path, _sources(counters_run))
+    counts = compare_with_sources(res.path, run_sources(counters_run))
     assert sorted(counts) == [0, 1, 2, 3] and min(counts.values()) > 1000
     assert doc["uberprof_export"]["complete_events_per_rank"] == {str(r): n
                                                                   for r, n in counts.items()}
@@ -79,7 +66,7 @@ def test_shifted_node_comes_out_aligned(logging_run: Path, tmp_path: Path) -> No
     offset = hosts["node-b"]["offset_ns"]
     assert abs(offset + shift) <= 100_000
     # every event of the shifted ranks moved by exactly the estimated offset, nothing else
-    compare_with_sources(res.path, _sources(run), offsets={0: 0, 1: 0, 2: offset, 3: offset})
+    compare_with_sources(res.path, run_sources(run), offsets={0: 0, 1: 0, 2: offset, 3: offset})
     # Collectives, found in the export by their exported times: no rank leaves one before every
     # rank has entered it (as on the real, shared clock), and the two nodes leave together.
     d = diagnose(run)
@@ -133,7 +120,7 @@ def test_straggler_waits_are_marked(slow_compute_run: Path, tmp_path: Path) -> N
     assert {"ProfilerStep#5", "ProfilerStep#8"} <= steps and "ProfilerStep#3" not in steps
 
 
-def test_budget_on_a_real_run(counters_run: Path, tmp_path: Path) -> None:
+def test_budget_on_a_real_run(counters_run: Path, tmp_path: Path) -> None:  # noqa: F811
     full = export_trace(counters_run, tmp_path / "full.json", ExportOptions(gzip=False))
     limit = full.bytes_uncompressed // 3
     res = export_trace(counters_run, tmp_path / "small.json",

@@ -189,8 +189,11 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
     for r in rows:
         per_step.setdefault(r["step"], []).append(r)
     for s, rs in sorted(per_step.items()):
-        a = min(r["host_start_ns"] for r in rs)
-        b = max(r["host_end_ns"] for r in rs)
+        # the step timeline's windows may start before the trace window does: clip to it
+        a = max(min(r["host_start_ns"] for r in rs), lo)
+        b = min(max(r["host_end_ns"] for r in rs), hi)
+        if b < a:
+            continue
         slowest = max(rs, key=lambda r: r["host_end_ns"] - r["host_start_ns"])
         out.append(Mark("analysed steps (all ranks)", a, b - a,
                         f"step {s}" if s >= 0 else "whole trace",

@@ -227,6 +227,7 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
                 _write_file(writer, ids, st, scan, windows.get(r) if opts.steps else None,
                             opts.python, cut, offsets.get(r, 0) - base, dropped_counts,
                             tier_counts)
+                writer.end_unit()  # a file at a time: what a writer may buffer
                 del scan
             if st is None:
                 continue
@@ -496,12 +497,13 @@ def _write_marks(writer: Any, st: _RankState, marks: list[Mark], base: int) -> N
         tid = st.tids.get(("uberprof", m.track, lane))
         if tid is None:
             continue
+        ts = max(m.ts, base)  # nothing before the time base (viewers drop negative times)
         e: dict[str, Any] = {"name": m.name, "cat": "uberprof", "pid": st.pid, "tid": tid,
-                             "ts": m.ts - base, "args": m.args}
+                             "ts": ts - base, "args": m.args}
         if m.dur is None:
             e["ph"], e["s"] = "i", "t"
         else:
-            e["ph"], e["dur"] = "X", m.dur
+            e["ph"], e["dur"] = "X", max(m.ts + m.dur - ts, 0)
         batch.append(e)
     if batch:
         writer.events(batch)
@@ -601,8 +603,8 @@ def _trace_spans(analysis: Any, ranks: list[int]) -> dict[int, tuple[int, int]]:
 
 
 def _counter_window(lo: int, hi: int) -> tuple[int, int]:
-    """Counters from a while before the traces (the value they start with) to a second after."""
-    return lo - 10_000_000_000, hi + 1_000_000_000
+    """Counters over the traces, and from a while before them (the value they start with)."""
+    return lo - 10_000_000_000, hi
 
 
 def _host_offset(d: Diagnosis, host: str | None) -> int:
