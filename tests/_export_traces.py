@@ -103,3 +103,42 @@ def run_sources(run: Path) -> dict[int, list[Path]]:
     """rank -> its trace files, in a run directory."""
     return {int(d.name): sorted((d / "traces").glob("*.json.gz"))
             for d in (run / "ranks").iterdir()}
+
+
+def write_gpu_run(root: Path, world: int = 2, hosts: tuple[str, ...] = ("host-a", "host-b"),
+                  **kw: Any) -> Path:
+    """A run directory of synthetic GPU ranks, each on its own node, with that node's NVML
+    and NIC counters (the GPU matched to its rank by UUID, as `uberprof run` records them)."""
+    import json as _json
+
+    from uberprof.collect.counters.store import CounterStore
+    from uberprof.rundir import RunDir, trace_file_name
+
+    run = RunDir(root)
+    run.create("gpu-run")
+    for r in range(world):
+        host = hosts[r % len(hosts)]
+        uuid = f"GPU-{r:08d}-aaaa-bbbb-cccc-0000000000{r:02d}"
+        rd = run.ranks_dir / str(r)
+        (rd / "traces").mkdir(parents=True)
+        (rd / "rank.json").write_text(_json.dumps({
+            "rank": r, "world_size": world, "local_rank": 0, "host": host, "node": host,
+            "pid": 4000 + r, "backend": "nccl",
+            "device": {"type": "cuda", "index": 0, "uuid": uuid, "name": "H100"}}))
+        trace = kineto_trace(r, world, host, **kw)
+        (rd / "traces" / (trace_file_name(1, 3) + ".gz")).write_bytes(
+            gzip.compress(_json.dumps(trace).encode()))
+        store = CounterStore(run.nodes_dir / host / "counters")
+        t0 = BASE_NS + 4_000_000_000
+        for k in range(12):  # 2 Hz from 1 s before the trace to its end
+            ts = t0 + k * 500_000_000
+            store.add("nvml", ts, [("gpu3", "clock.sm", 1980.0 - 10 * k, "MHz"),
+                                   ("gpu3", "power", 300.0 + k, "W"),
+                                   ("gpu3", "util.gpu", 90.0, "%"),
+                                   ("gpu5", "clock.sm", 1980.0, "MHz")])
+            store.add("nic", ts, [("eth0", "tx_rate", 1.25e9, "B/s"),
+                                  ("eth0", "rx_rate", 1.0e9, "B/s")])
+        store.write_meta({"host": host, "gpus": {"gpu3": {"index": 3, "uuid": uuid},
+                                                 "gpu5": {"index": 5, "uuid": "GPU-other"}}})
+        store.close()
+    return root

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests._export_check import compare_with_sources, load, rank_pids, us_to_ns, validate_tef
-from tests._export_traces import write_traces
+from tests._export_traces import write_gpu_run, write_traces
 from tests.jobs import PY, job_env
 from uberprof.cli.export import parse_ranks, parse_steps
 from uberprof.present.export import ExportError, ExportOptions, export_trace
@@ -152,3 +152,33 @@ def test_cli_writes_and_reports(tmp_path: Path) -> None:
                           str(tmp_path / "x.json"), "--ranks", "5"],
                          capture_output=True, text=True, timeout=300, env=job_env(), check=False)
     assert bad.returncode == 1 and "nothing to export" in bad.stderr
+
+
+def test_gpu_counters_sit_in_their_rank(tmp_path: Path) -> None:
+    run = write_gpu_run(tmp_path / "run")
+    _, doc = _export(run, tmp_path / "gpu.json")
+    assert validate_tef(doc) == []
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    pids = rank_pids(doc)
+    assert names[pids[0]] == "rank 0 · host-a · GPU 3"  # the NVML index, found by UUID
+    assert names[pids[1]] == "rank 1 · host-b · GPU 3"
+    series: dict[int, set[str]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "C":
+            series.setdefault(e["pid"], set()).add(e["name"])
+            assert e["ts"] >= 0
+    assert {"GPU 3 SM clock", "GPU 3 power", "GPU 3 utilisation"} <= series[pids[0]]
+    node_a = next(p for p, n in names.items() if n.startswith("node host-a"))
+    # the node keeps its NIC and the GPU no exported rank owns
+    assert series[node_a] == {"NIC eth0 rx", "NIC eth0 tx", "GPU 5 SM clock"}
+    tx = [e["args"]["Gbit/s"] for e in doc["traceEvents"]
+          if e["ph"] == "C" and e["pid"] == node_a and e["name"] == "NIC eth0 tx"]
+    assert tx and all(v == 10.0 for v in tx)  # 1.25e9 B/s
+    # sorted: findings, rank 0, node host-a, rank 1, node host-b
+    sort = {e["pid"]: e["args"]["sort_index"] for e in doc["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "process_sort_index"}
+    order = [names[p].split(" · ")[0] for p in sorted(sort, key=sort.get)]
+    assert order == ["uberprof findings", "rank 0", "node host-a", "rank 1", "node host-b"]
+    _, doc2 = _export(run, tmp_path / "nc.json", counters=False)
+    assert not [e for e in doc2["traceEvents"] if e["ph"] == "C"]

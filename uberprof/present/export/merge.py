@@ -206,6 +206,16 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             budget.add_fixed(sum(len(m) for m in marks.values()) * 300 + len(gmarks) * 2000)
             cut = budget.decide()
 
+    cache: dict[str, C.NodeCounters] = {}
+
+    def node_counters(n: str) -> C.NodeCounters:
+        """A node's counters over the export's window, read once."""
+        if n not in cache:
+            assert lo is not None and hi is not None
+            cache[n] = C.read_node_counters(run_root, n, _host_offset(d, dict(nodes).get(n)),
+                                            _counter_window(lo, hi), base)
+        return cache[n]
+
     writer = _writer(opts, Path(out), base)
     dropped_counts: dict[str, list[int]] = {}
     tier_counts: dict[int, list[int]] = {}
@@ -232,11 +242,9 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             if st is None:
                 continue
             _write_marks(writer, st, marks.get(r, []), base)
-            if gpu_of.get(r) and lo is not None and hi is not None:
+            if gpu_of.get(r) and gpu_of[r][0] in node_pid:
                 node, gpu = gpu_of[r]
-                if node in node_pid:
-                    _write_gpu_counters(writer, ids, st, run_root, node, gpu,
-                                        _host_offset(d, dict(nodes).get(node)), lo, hi, base)
+                _write_gpu_counters(writer, ids, st, node_counters(node), gpu, base)
             writer.end_unit()
             per_rank[r] = st.x_events
         if gmarks:
@@ -247,12 +255,8 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             _write_marks(writer, fst, gmarks, base)
             writer.end_unit()
         for n, h in nodes:
-            assert lo is not None and hi is not None
-            taken = {g for (nd, g) in gpu_of.values() if nd == n and
-                     any(gpu_of.get(r) == (nd, g) for r in ranks)}
-            nc = C.read_node_counters(run_root, n, _host_offset(d, h), _counter_window(lo, hi),
-                                      base)
-            series = [s for s in nc.series if s.gpu is None or s.gpu not in taken]
+            taken = {g for r, (nd, g) in gpu_of.items() if nd == n and r in per_rank}
+            series = [s for s in node_counters(n).series if s.gpu is None or s.gpu not in taken]
             if not series:
                 continue
             pid = node_pid[n]
@@ -509,9 +513,8 @@ def _write_marks(writer: Any, st: _RankState, marks: list[Mark], base: int) -> N
         writer.events(batch)
 
 
-def _write_gpu_counters(writer: Any, ids: IdSpace, st: _RankState, run: Path, node: str, gpu: str,
-                        offset: int, lo: int, hi: int, base: int) -> None:
-    nc = C.read_node_counters(run, node, offset, _counter_window(lo, hi), base)
+def _write_gpu_counters(writer: Any, ids: IdSpace, st: _RankState, nc: C.NodeCounters,
+                        gpu: str, base: int) -> None:
     series = [s for s in nc.series if s.gpu == gpu]
     if not series:
         return
