@@ -7,8 +7,9 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 DEMO_OUT := uberprof-runs
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
+DEMO_PORT ?= 8050
 
-.PHONY: setup demo test bench lint clean netns-tools
+.PHONY: setup demo test bench lint clean netns-tools browser
 
 setup: $(STAMP)
 
@@ -25,14 +26,23 @@ demo: $(STAMP)
 		$(BIN)/torchrun --standalone --nproc_per_node=2 samples/train_ddp.py --steps 30
 	@echo "== what was collected"
 	$(BIN)/uberprof info $(DEMO_OUT)/$(DEMO_RUN)
+	@echo "== what holds it back"
+	-$(BIN)/uberprof report $(DEMO_OUT)/$(DEMO_RUN)
+	@echo "== its dashboard (Ctrl-C to stop)"
+	$(BIN)/uberprof dashboard $(DEMO_OUT)/$(DEMO_RUN) --port $(DEMO_PORT)
 
-test: $(STAMP) netns-tools
+test: $(STAMP) netns-tools browser
 	$(BIN)/python -m pytest -q -ra
 
 # Multi-node tests run "nodes" in network namespaces; they need root, iproute2 and unshare.
 netns-tools:
 	@command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
 		(apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null)
+
+# The dashboard's browser tests drive Debian's Chromium (Playwright's own download does not work).
+browser:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

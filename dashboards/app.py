@@ -151,6 +151,12 @@ def _secure(server: flask.Flask, auth: tuple[str, str] | None,
                     mimetype="text/plain")
         return None
 
+    from dash.exceptions import DependencyException
+
+    @server.errorhandler(DependencyException)
+    def _not_a_component_file(_exc: Exception) -> Any:
+        return flask.Response("not found\n", 404, mimetype="text/plain")
+
     @server.after_request
     def _headers(resp: flask.Response) -> flask.Response:
         resp.headers.setdefault("X-Content-Type-Options", "nosniff")

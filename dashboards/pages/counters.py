@@ -31,7 +31,9 @@ PANELS = (
     ("ib", "rx_rate", "InfiniBand receive (B/s)"),
     ("ib", "tx_rate", "InfiniBand transmit (B/s)"),
 )
-MAX_DEVICES = 16  # lines per panel (a node has at most 8 GPUs; processes can be many)
+MAX_DEVICES = 16
+PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B",
+           "#9D755D", "#FF9DA6", "#BAB0AC")  # lines per panel (a node has at most 8 GPUs; processes can be many)
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
@@ -90,6 +92,7 @@ def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: i
     gpu_of_focus = data.rank_gpu(focus) if focus is not None else None
     extent: dict[int, tuple[float, float]] = {}
     in_legend: set[str] = set()
+    colors: dict[str, str] = {}  # one colour per device across panels
     for i, (source, metric, _title) in enumerate(panels, start=1):
         devices = None
         if source == "proc":
@@ -103,13 +106,16 @@ def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: i
                 lo, hi = extent.get(i, (float(v.min()), float(v.max())))
                 extent[i] = (min(lo, float(v.min())), max(hi, float(v.max())))
             hot = gpu_of_focus is not None and gpu_of_focus == (node, dev)
+            color = colors.setdefault(dev, PALETTE[len(colors) % len(PALETTE)])
             fig.add_scatter(
-                x=t, y=v, mode="lines", name=dev, legendgroup=dev,
-                showlegend=dev not in in_legend,
-                line={"width": 2.5 if hot else 1.2},
+                x=t, y=v, mode="lines", name=dev + (f" (rank {focus})" if hot else ""),
+                legendgroup=dev, showlegend=dev not in in_legend,
+                line={"width": 3 if hot else 1.2, "color": color},
                 hovertemplate=f"{dev}<br>%{{x:.1f}} s: %{{y:.4g}} {cs.unit or ''}"
                               "<extra></extra>", row=i, col=1)
             in_legend.add(dev)
+        if cs.unit in ("B", "B/s"):  # 60 GB, not plotly's "60B" (billions)
+            fig.update_yaxes(tickformat=".3~s", ticksuffix=cs.unit, row=i, col=1)
     # Bands over every panel: one paper-high shape each, set at once (add_vrect per panel
     # is quadratic in plotly and takes minutes with hundreds of bands).
     shapes = []

@@ -130,8 +130,7 @@ def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
     fig = ui.new_figure()
     fig.add_heatmap(
         z=z, x=hm.x, y=hm.ranks, customdata=hm.steps, colorscale="Viridis",
-        zmin=float(np.min(finite)) if finite.size else None,
-        zmax=float(np.percentile(finite, 99.5)) if finite.size else None,
+        zmin=float(np.min(finite)) if finite.size else None, zmax=_robust_max(finite),
         colorbar={"title": {"text": "ms"}, "thickness": 12},
         hovertemplate=who + "<br>step %{customdata}<br>%{z:.1f} ms<extra></extra>")
     n = len(hm.ranks)
@@ -148,6 +147,15 @@ def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
         fig.add_annotation(x=(lo + hi) / 2, y=1.0, yref="paper", yanchor="bottom",
                            text="▼ traced", showarrow=False, font={"size": 10, "color": "#555"})
     return ui.base_layout(fig, height=max(260, min(14 * n + 80, 560)))
+
+
+def _robust_max(v: np.ndarray) -> float | None:
+    """Top of the colour scale: the upper Tukey fence, so that one very slow step (the first,
+    or a checkpoint) saturates instead of washing out the differences between all others."""
+    if not v.size:
+        return None
+    q1, q3 = np.percentile(v, [25, 75])
+    return float(min(v.max(), q3 + 3 * (q3 - q1))) if q3 > q1 else float(v.max())
 
 
 def _runs(steps: list[int]) -> list[tuple[int, int]]:

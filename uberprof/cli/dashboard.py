@@ -126,8 +126,11 @@ def _make_server(host: str, port: int, wsgi: Any, err: Console) -> Any:
 
     try:
         return make_server(host, port, wsgi, threaded=True, request_handler=Quiet)
+    except SystemExit:  # werkzeug says "Address already in use" and exits
+        err.print(f"uberprof dashboard: cannot listen on {host}:{port}: the port is taken "
+                  "(pick another --port, or --port 0 for any free one)", markup=False)
+        sys.exit(1)
     except OSError as exc:
-        err.print(f"uberprof dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}"
-                  + (" (pick another --port, or --port 0 for any free one)"
-                     if getattr(exc, "errno", None) in (98, 48) else ""), markup=False)
+        err.print(f"uberprof dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}",
+                  markup=False)
         sys.exit(1)

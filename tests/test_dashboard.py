@@ -1,0 +1,416 @@
+"""`uberprof dashboard` without a browser: its queries over synthetic runs (GPU counters,
+throttling, a straggler, no traces, no counters), every page's layout, the safety rules (basic
+authentication, Host check, nothing served from disk) and the command line."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tests.jobs import PY, ROOT, job_env
+from uberprof.cli import main
+
+SYNTH_STRAGGLER = 5
+
+
+def _synth_module() -> Any:
+    spec = importlib.util.spec_from_file_location("synth_run", ROOT / "benchmarks" /
+                                                  "synth_run.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("synth_run", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_synth(out: Path, ranks: int = 8, steps: int = 60, counters: bool = True,
+                straggler: int | None = SYNTH_STRAGGLER, cause: str = "throttle") -> Path:
+    """A small synthetic GPU run (benchmarks/synth_run.py): 2 nodes of 4 GPUs, 3 traced
+    steps, rank 5 throttled."""
+    s = _synth_module()
+    cfg = s.Config(out=out, ranks=ranks, steps=steps, gpus_per_node=4, windows=[(20, 22)],
+                   straggler=straggler, cause=cause, slow=1.3, counters=counters, seed=1,
+                   step_ms=100.0)
+    s.write_run(cfg, log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synth(tmp_path_factory.mktemp("dash-synth") / "synth8")
+
+
+@pytest.fixture(scope="session")
+def synth_data(synth_run: Path) -> Any:
+    from dashboards.data import RunData
+
+    data = RunData(root=synth_run, workers=1).load()
+    data.warm()
+    return data
+
+
+def _pages() -> dict[str, Any]:
+    from dashboards.app import _pages
+
+    return _pages()
+
+
+def _text(component: Any) -> str:
+    """All the text of a Dash component tree (for assertions on layouts)."""
+    out: list[str] = []
+
+    def walk(c: Any) -> None:
+        if c is None:
+            return
+        if isinstance(c, (str, int, float)):
+            out.append(str(c))
+            return
+        if isinstance(c, (list, tuple)):
+            for x in c:
+                walk(x)
+            return
+        walk(getattr(c, "children", None))
+
+    walk(component)
+    return " ".join(out)
+
+
+def _ids(component: Any) -> set[str]:
+    found: set[str] = set()
+
+    def walk(c: Any) -> None:
+        if isinstance(c, (list, tuple)):
+            for x in c:
+                walk(x)
+            return
+        if c is None or isinstance(c, (str, int, float)):
+            return
+        if isinstance(getattr(c, "id", None), str):
+            found.add(c.id)
+        walk(getattr(c, "children", None))
+
+    walk(component)
+    return found
+
+
+# --- the synthetic benchmark run itself ----------------------------------------------------------
+
+def test_synth_run_cli_writes_a_run_directory(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    proc = subprocess.run([PY, str(ROOT / "benchmarks" / "synth_run.py"), str(out), "--ranks",
+                           "4", "--steps", "12", "--gpus-per-node", "2", "--trace-steps", "5-6",
+                           "--straggler", "1"], capture_output=True, text=True, timeout=120, check=False,
+                          env=job_env())
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "run.json").is_file()
+    for r in range(4):
+        rd = out / "ranks" / str(r)
+        assert (rd / "rank.json").is_file()
+        assert len((rd / "steps.jsonl").read_text().splitlines()) == 12
+        assert [p.name for p in (rd / "traces").iterdir()] == \
+            ["steps-000005-000006.pt.trace.json.gz"]
+    assert sorted(p.name for p in (out / "nodes").iterdir()) == ["gpu-node-00", "gpu-node-01"]
+    assert (out / "nodes" / "gpu-node-00" / "counters" / "nvml.arrows").is_file()
+    bad = subprocess.run([PY, str(ROOT / "benchmarks" / "synth_run.py"), str(tmp_path / "x"),
+                          "--ranks", "2", "--straggler", "7"], capture_output=True, text=True, check=False,
+                         timeout=60, env=job_env())
+    assert bad.returncode == 2 and "not a rank" in bad.stderr
+
+
+def test_synth_run_is_diagnosed_as_written(synth_data: Any) -> None:
+    """The generator's straggler and throttling come out of the real analysis."""
+    h = synth_data.health()
+    assert h["ranks"] == 8 and h["hosts"] == 2 and h["steps"] == 60
+    assert h["traced_steps"] == [20, 21, 22]
+    assert h["device"] == "cuda"
+    assert h["straggler"] is not None and h["straggler"]["rank"] == SYNTH_STRAGGLER
+    assert h["straggler"]["cause"] == "clock_throttle"
+    kinds = {f.kind for f in synth_data.findings()}
+    assert "straggler" in kinds
+
+
+# --- queries ------------------------------------------------------------------------------------
+
+def test_heatmap_bins_steps_and_keeps_the_slowest(synth_data: Any) -> None:
+    hm = synth_data.step_heatmap()
+    assert hm.ranks == list(range(8)) and hm.bin_steps == 1 and hm.z.shape == (8, 60)
+    binned = synth_data._heatmap(synth_data.steps, "step_time_ns", max_cols=7, max_rows=3)
+    assert binned.bin_steps == 9 and binned.z.shape[1] == 7
+    assert binned.bin_ranks == 3 and binned.ranks == [0, 3, 6]
+    # each cell is the maximum of its bin, and names the step it came from
+    t = synth_data.steps.to_pydict()
+    by = {(r, s): v for r, s, v in zip(t["rank"], t["step"], t["step_time_ns"])}
+    cell = max((by[(r, s)], s) for r in range(3) for s in range(9))
+    assert binned.z[0, 0] == pytest.approx(cell[0] / 1e6, rel=1e-6)
+    assert binned.steps[0, 0] == cell[1]
+
+
+def test_breakdown_parts_add_up_to_the_window(synth_data: Any) -> None:
+    from dashboards.data import BREAKDOWN_PARTS
+
+    t = synth_data.breakdown_by_rank().to_pylist()
+    assert len(t) == 8
+    for row in t:
+        assert sum(row[k] for k, _ in BREAKDOWN_PARTS) == pytest.approx(100.0, abs=1e-6)
+        assert sum(row[f"{k}_ns"] for k, _ in BREAKDOWN_PARTS) == row["window_ns"]
+    straggler = next(r for r in t if r["rank"] == SYNTH_STRAGGLER)
+    others = [r for r in t if r["rank"] != SYNTH_STRAGGLER]
+    # the others wait for it: more exposed communication than the straggler itself
+    assert straggler["exposed_comm"] < min(r["exposed_comm"] for r in others)
+
+
+def test_step_timeline_is_aligned_and_marks_the_last_arrival(synth_data: Any) -> None:
+    tl = synth_data.step_timeline(21)
+    assert [r.rank for r in tl.ranks] == list(range(8))
+    for r in tl.ranks:
+        assert {"compute", "comm"} <= set(r.parts)
+        s, e = r.parts["compute"]
+        assert (e >= s).all() and (s[1:] >= e[:-1]).all()  # merged, ordered, disjoint
+        assert r.window[0] >= -5.0  # aligned: every rank starts near the step's origin
+    last = [a for a in tl.arrivals if a["last"]]
+    assert last and all(a["rank"] == SYNTH_STRAGGLER for a in last)
+    assert synth_data.step_timeline(3) is None  # not traced
+    assert synth_data.step_ranks(3).num_rows == 8
+
+
+def test_lateness_ranking_and_median_rank(synth_data: Any) -> None:
+    ranking = synth_data.lateness_ranking()
+    assert ranking[0]["rank"] == SYNTH_STRAGGLER
+    assert ranking[0]["last_in"] == ranking[0]["instances"]
+    median = synth_data.median_rank()
+    assert median is not None and median != SYNTH_STRAGGLER
+    hm = synth_data.lateness_heatmap()
+    assert hm.x == [20, 21, 22]
+    row = hm.ranks.index(SYNTH_STRAGGLER)
+    assert np.nanmin(hm.z[row]) > np.nanmax(np.delete(hm.z, row, axis=0))
+
+
+def test_counters_downsampled_and_throttling_found(synth_data: Any) -> None:
+    cat = synth_data.counter_catalog()
+    assert set(cat["nodes"]) == {"gpu-node-00", "gpu-node-01"} and cat["gpu"]
+    node, gpu = synth_data.rank_gpu(SYNTH_STRAGGLER)
+    assert (node, gpu) == ("gpu-node-01", "gpu1")
+    cs = synth_data.counter_series(node, "nvml", "clock.sm", points=20)
+    assert set(cs.devices) == {"gpu0", "gpu1", "gpu2", "gpu3"} and cs.unit == "MHz"
+    t, v = cs.devices["gpu1"]
+    assert len(t) <= 21 and (np.diff(t) > 0).all()
+    assert np.median(v) < np.median(cs.devices["gpu0"][1]) - 200  # throttled clocks
+    spans = synth_data.throttle_spans(node)
+    assert spans and {d for d, _, _ in spans} == {"gpu1"}
+    assert all(hi >= lo for _, lo, hi in spans)
+    assert synth_data.throttle_spans("gpu-node-00") == []
+    starts, every = synth_data.step_boundaries(0, max_lines=25)
+    assert every == 3 and len(starts) == 20 and starts[0] == pytest.approx(0.0, abs=0.01)
+
+
+def test_every_page_renders_with_its_elements(synth_data: Any) -> None:
+    from dashboards.ui import Selection
+
+    pages = _pages()
+    expect = {
+        "/": {"health", "findings", "step-heatmap", "rank-breakdown", "card-straggler"},
+        "/steps": {"step-picker", "step-timeline", "arrivals-table", "step-ranks"},
+        "/stragglers": {"straggler-verdict", "lateness-heatmap", "ranking-table",
+                        "rank-counters"},
+        "/gaps": {"gaps-rank", "gaps-by-rank"},
+        "/communication": {"classes-table", "busbw", "comm-kinds", "comm-by-rank"},
+        "/counters": {"counters-node", "counters-graph", "throttle-note"},
+    }
+    for path, ids in expect.items():
+        sel = Selection(rank=SYNTH_STRAGGLER) if path == "/counters" else Selection()
+        layout = pages[path].layout(synth_data, sel)
+        assert ids <= _ids(layout), (path, ids - _ids(layout))
+    over = _text(pages["/"].layout(synth_data, Selection()))
+    assert f"rank {SYNTH_STRAGGLER}" in over and "clock_throttle" in over
+    steps = pages["/steps"].layout(synth_data, Selection(step=4))
+    assert "untraced-note" in _ids(steps) and "step-timeline" not in _ids(steps)
+
+
+def test_run_without_traces_says_what_is_missing(tmp_path: Path) -> None:
+    from dashboards.data import RunData
+    from dashboards.ui import Selection
+
+    run = write_synth(tmp_path / "nt", ranks=4, steps=20, counters=False, straggler=None)
+    for rd in (run / "ranks").iterdir():
+        shutil.rmtree(rd / "traces", ignore_errors=True)  # the window is past the last step
+    data = RunData(root=run, workers=1).load()
+    data.warm()
+    assert not data.has_traces and data.diagnose() is None
+    assert data.steps.num_rows == 80
+    missing = " ".join(data.missing())
+    assert "No traces" in missing and "No counters" in missing
+    for path, page in _pages().items():
+        layout = page.layout(data, Selection())
+        assert "missing" in _ids(layout) or path == "/steps", path
+        text = _text(layout)
+        assert "Traceback" not in text
+    assert "step-heatmap" in _ids(_pages()["/"].layout(data, Selection()))
+
+
+def test_cpu_run_without_gpu_counters(tmp_path: Path) -> None:
+    """Host counters only (a CPU run): the GPU notice, host panels, no throttle marks."""
+    from dashboards.data import RunData
+    from dashboards.ui import Selection
+
+    run = write_synth(tmp_path / "cpu", ranks=2, steps=30, straggler=None)
+    for node in (run / "nodes").iterdir():
+        (node / "counters" / "nvml.arrows").unlink()
+        (node / "counters" / "index.json").unlink()
+    data = RunData(root=run, workers=1).load()
+    assert not data.counter_catalog()["gpu"]
+    assert any("No GPU counters" in m for m in data.missing())
+    layout = _pages()["/counters"].layout(data, Selection())
+    assert "no-gpu-counters" in _ids(layout) and "throttle-note" not in _ids(layout)
+    assert "No persistent straggler" in _text(_pages()["/stragglers"].layout(data, Selection()))
+
+
+def test_selection_round_trips_through_the_query() -> None:
+    from dashboards.ui import Selection
+
+    sel = Selection.parse("?rank=3&step=120&node=n0")
+    assert sel == Selection(rank=3, step=120, node="n0")
+    assert sel.href("/gaps", step=None) == "/gaps?rank=3&node=n0"
+    assert Selection.parse("?rank=x&step=") == Selection()
+    assert Selection().query() == ""
+
+
+# --- safety ---------------------------------------------------------------------------------------
+
+def _client(data: Any, **kw: Any) -> Any:
+    from dashboards.app import create_app
+
+    return create_app(data, warm=False, **kw).server.test_client()
+
+
+def test_basic_auth_is_enforced(synth_data: Any) -> None:
+    c = _client(synth_data, auth=("ada", "s3cret"))
+    r = c.get("/")
+    assert r.status_code == 401 and "Basic" in r.headers["WWW-Authenticate"]
+    assert c.get("/_dash-layout").status_code == 401
+    bad = base64.b64encode(b"ada:wrong").decode()
+    assert c.get("/", headers={"Authorization": f"Basic {bad}"}).status_code == 401
+    good = base64.b64encode(b"ada:s3cret").decode()
+    r = c.get("/", headers={"Authorization": f"Basic {good}"})
+    assert r.status_code == 200 and r.headers["X-Frame-Options"] == "DENY"
+
+
+def test_only_loopback_host_names_on_loopback(synth_data: Any) -> None:
+    c = _client(synth_data)
+    assert c.get("/", headers={"Host": "127.0.0.1:8050"}).status_code == 200
+    assert c.get("/", headers={"Host": "localhost:8050"}).status_code == 200
+    assert c.get("/", headers={"Host": "evil.example:8050"}).status_code == 421
+    anywhere = _client(synth_data, allowed_hosts=None)
+    assert anywhere.get("/", headers={"Host": "gpu-box:8050"}).status_code == 200
+
+
+def test_nothing_is_served_from_disk(synth_data: Any, tmp_path: Path) -> None:
+    c = _client(synth_data)
+    for path in ("/static/../../etc/passwd", "/assets/../../../etc/passwd",
+                 "/assets/%2e%2e/%2e%2e/etc/passwd", "/_dash-component-suites/dash/../../os.py",
+                 f"/assets/{synth_data.root}/run.json", "/run.json", "/derived/steps.parquet"):
+        r = c.get(path)
+        assert b"root:" not in r.data and b"uberprof-run" not in r.data, path
+        assert r.status_code in (200, 404), path
+        if r.status_code == 200:  # unknown paths are the app's page (it says "Not found")
+            assert r.mimetype == "text/html", path
+    assert c.get("/assets/style.css").status_code == 200
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+def test_cli_refuses_other_hosts_without_credentials(synth_run: Path) -> None:
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--host", "0.0.0.0"],
+                           env={"UBERPROF_DASHBOARD_AUTH": ""})
+    assert r.exit_code == 2
+    assert "refusing to listen on 0.0.0.0 without credentials" in r.output
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--auth", "nopassword"])
+    assert r.exit_code == 2 and "user:password" in r.output
+
+
+def test_cli_parse_auth_and_loopback() -> None:
+    from uberprof.cli.dashboard import is_loopback, parse_auth
+
+    assert parse_auth("a:b:c") == ("a", "b:c")
+    assert parse_auth(None) is None
+    for bad in ("a", ":b", "a:"):
+        with pytest.raises(ValueError):
+            parse_auth(bad)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("127.0.1.1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5")
+    assert not is_loopback("gpu-box")
+
+
+def _serve(args: list[str], env: dict[str, str] | None = None
+           ) -> tuple[subprocess.Popen[str], str, list[str]]:
+    proc = subprocess.Popen([PY, "-m", "uberprof", "dashboard", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env or job_env())
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"(http://\S+/)", line)
+        if m:
+            return proc, m.group(1), lines
+    proc.kill()
+    raise AssertionError("no URL from uberprof dashboard:\n" + "".join(lines))
+
+
+def test_cli_serves_the_run_and_requires_auth_off_loopback(synth_run: Path) -> None:
+    proc, url, lines = _serve([str(synth_run), "--port", "0"])
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        assert "8 rank(s), 60 step(s), 3 traced" in "".join(lines)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200 and b"uberprof" in r.read()
+        with urllib.request.urlopen(url + "_dash-layout", timeout=30) as r:
+            assert r.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    env = {**job_env(), "UBERPROF_DASHBOARD_AUTH": "ada:s3cret"}
+    proc, url, lines = _serve([str(synth_run), "--port", "0", "--host", "0.0.0.0"], env=env)
+    try:
+        text = "".join(lines) + (proc.stdout.readline() if proc.stdout else "")
+        assert "basic authentication required: user 'ada'" in text
+        port = url.rsplit(":", 1)[1].strip("/")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30)
+        assert e.value.code == 401
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={
+            "Authorization": "Basic " + base64.b64encode(b"ada:s3cret").decode()})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_cli_port_in_use(synth_run: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([PY, "-m", "uberprof", "dashboard", str(synth_run), "--port",
+                            str(port)], capture_output=True, text=True, timeout=300, check=False,
+                           env=job_env())
+    assert r.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stdout + r.stderr
