@@ -41,7 +41,13 @@ def test_ids_are_unique_across_processes() -> None:
     tids = [ids.new_tid(p) for p in range(13) for _ in range(5)]
     assert len(set(tids)) == len(tids)
     assert not set(tids) & set(range(13))  # never a pid
+    assert ids.new_tid(3) == 4005  # rank 3's sixth track
     assert len({ids.new_flow_id() for _ in range(100)}) == 100
+    small = IdSpace(max_pid=2, stride=2)  # more tracks than the stride: still unique
+    many = [small.new_tid(p) for p in range(3) for _ in range(4)]
+    assert len(set(many)) == len(many) and not set(many) & {0, 1, 2}
+    huge = IdSpace(max_pid=2_000_000)
+    assert huge.new_tid(2_000_000) < 2**32 and huge.new_tid(0) > 2_000_000
 
 
 def test_times_round_trip_to_the_nanosecond() -> None:
@@ -152,6 +158,13 @@ def test_cli_writes_and_reports(tmp_path: Path) -> None:
                           str(tmp_path / "x.json"), "--ranks", "5"],
                          capture_output=True, text=True, timeout=300, env=job_env(), check=False)
     assert bad.returncode == 1 and "nothing to export" in bad.stderr
+    pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+    pf = subprocess.run([PY, "-m", "uberprof", "export", str(tmp_path / "traces"), "-o",
+                         str(tmp_path / "cli.pftrace"), "--format", "perfetto", "--no-gzip",
+                         "--steps", "2-3"],
+                        capture_output=True, text=True, timeout=300, env=job_env(), check=False)
+    assert pf.returncode == 0, pf.stderr
+    assert (tmp_path / "cli.pftrace").read_bytes()[:1] == b"\x0a"  # Trace.packet, field 1
 
 
 def test_gpu_counters_sit_in_their_rank(tmp_path: Path) -> None:

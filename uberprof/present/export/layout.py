@@ -38,27 +38,30 @@ class TrackInfo:
 class IdSpace:
     """pids and tids for a trace of `max_pid + 1` processes, and fresh flow ids.
 
-    tid = (pid + 1) * stride + k for the k-th track of a process: never equal to a pid (stride
-    exceeds every pid) and never shared by two processes. A process with more than `stride`
-    tracks (not seen in practice) continues in a range above every process's own.
+    tid = base + pid * stride + k for the k-th track of a process, base being the first power
+    of ten above every pid (and at least `stride`): so a tid is never a pid, never shared by
+    two processes, and fits the 32 bits Perfetto's JSON importer allows up to millions of
+    ranks (rank r's tracks read (r + 1) * 1000 + k below a thousand ranks). A process with
+    more than `stride` tracks (not seen in practice) continues above every process's range.
     """
 
     max_pid: int
-    stride: int = 0
+    stride: int = 1000
+    base: int = 0
     _next_k: dict[int, int] = field(default_factory=dict)
     _overflow: itertools.count = field(default_factory=lambda: itertools.count())
     _flow: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
-        if not self.stride:
-            self.stride = max(10_000, 10 ** len(str(self.max_pid + 1)))
+        if not self.base:
+            self.base = max(self.stride, 10 ** len(str(self.max_pid + 1)))
 
     def new_tid(self, pid: int) -> int:
         k = self._next_k.get(pid, 0)
         self._next_k[pid] = k + 1
         if k < self.stride:
-            return (pid + 1) * self.stride + k
-        return (self.max_pid + 2) * self.stride + next(self._overflow)
+            return self.base + pid * self.stride + k
+        return self.base + (self.max_pid + 1) * self.stride + next(self._overflow)
 
     def new_flow_id(self) -> int:
         return next(self._flow)
