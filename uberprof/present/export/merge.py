@@ -52,6 +52,9 @@ from uberprof.rundir import RANK_FILE, RunDir, parse_trace_file_name, read_json
 __all__ = ["DEFAULT_MAX_MB", "ExportError", "ExportOptions", "ExportResult", "export_trace"]
 
 DEFAULT_MAX_MB = 500  # uncompressed: what a viewer has to load
+# Protobuf bytes per JSON byte of the same events (measured on CPU Kineto traces: 32.1 MB against
+# 60.7 MB); the budget of a perfetto export is applied through it.
+PERFETTO_PER_JSON_BYTE = 0.55
 Progress = Callable[[int, int, str], None]
 
 
@@ -194,17 +197,25 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
     if opts.max_bytes:
         bound = sum(_json_size(p) for r in ranks for p in files[r])
         if bound > opts.max_bytes * 0.9:
-            budget = Budget(opts.max_bytes)
+            budget: Budget | None = None
+            ratio = 1.0
             for r in ranks:
                 for p in files[r]:
                     scan = _scan(p, notes)
                     if scan is None:
                         continue
                     keep, _ = _select(scan, windows.get(r) if opts.steps else None, opts.python)
+                    if budget is None:  # sizes are the source's text: scale the limit to it
+                        ratio = _output_ratio(scan, keep) * (
+                            PERFETTO_PER_JSON_BYTE if opts.fmt == "perfetto" else 1.0)
+                        budget = Budget(int(opts.max_bytes / ratio))
                     budget.add(scan, keep)
                     del scan
-            budget.add_fixed(sum(len(m) for m in marks.values()) * 300 + len(gmarks) * 2000)
-            cut = budget.decide()
+            if budget is not None:
+                budget.add_fixed(sum(len(m) for m in marks.values()) * 300 + len(gmarks) * 2000)
+                cut = budget.decide()
+                cut.estimate_bytes = int(cut.estimate_bytes * ratio)
+                cut.limit_bytes = opts.max_bytes
 
     cache: dict[str, C.NodeCounters] = {}
 
@@ -267,6 +278,9 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             for s in series:
                 writer.events(C.series_events(s, pid, tid, base))
             writer.end_unit()
+        if getattr(writer, "unsupported", 0):
+            notes.append(f"{writer.unsupported} events of kinds the perfetto format export does "
+                         "not carry (B/E pairs, async events) left out; the JSON export keeps them")
         dropped = _drop_report(dropped_counts, tier_counts, cut)
         summary = _summary(d, ctx, opts, ranks, base, cut, dropped, notes, per_rank)
         summary["events_written"] = writer.events_written
@@ -318,6 +332,28 @@ def _select(scan: FileScan, window: tuple[int, int] | None,
             drops["steps"] = int((out & x).sum())
             keep &= inside
     return keep, drops
+
+
+def _output_ratio(scan: FileScan, keep: np.ndarray, sample: int = 2000) -> float:
+    """Bytes the JSON export writes per byte of source text, from a sample of the file's kept
+    events re-encoded compactly (Kineto indents and spaces its JSON; the export does not, and
+    its timestamps are shorter)."""
+    import msgspec
+    import orjson
+
+    idx = np.flatnonzero(keep & (scan.ph != PH_M))
+    if idx.size == 0:
+        return 1.0
+    idx = idx[np.linspace(0, idx.size - 1, min(sample, idx.size)).astype(np.int64)]
+    raws = [scan.raw.events[i] for i in idx.tolist()]
+    evs = msgspec.json.decode(b"[" + b",".join(raws) + b"]")
+    out = 0
+    for e in evs:
+        if isinstance(e, dict):
+            e["ts"] = 1_234_567.89025  # a typical exported time: µs after the export's base
+            out += len(orjson.dumps(e)) + 1
+    src = sum(len(r) for r in raws) + len(raws)
+    return min(max(out / src, 0.2), 1.5)
 
 
 def _pair_flows(scan: FileScan, keep: np.ndarray) -> np.ndarray:

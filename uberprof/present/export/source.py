@@ -24,7 +24,7 @@ from uberprof.ingest.trace import RawTrace, read_raw_trace
 __all__ = [
     "PH_ASYNC", "PH_C", "PH_FLOW", "PH_INSTANT", "PH_M", "PH_X",
     "TIER_DEVICE", "TIER_HOST", "TIER_KEEP", "TIER_LAUNCH_FLOWS", "TIER_MINOR", "TIER_PYTHON",
-    "FileScan", "scan_file",
+    "FileScan", "iter_events", "scan_file",
 ]
 
 BATCH = 8192
