@@ -106,7 +106,7 @@ def run_sources(run: Path) -> dict[int, list[Path]]:
 
 
 def write_gpu_run(root: Path, world: int = 2, hosts: tuple[str, ...] = ("host-a", "host-b"),
-                  **kw: Any) -> Path:
+                  windows: int = 1, **kw: Any) -> Path:
     """A run directory of synthetic GPU ranks, each on its own node, with that node's NVML
     and NIC counters (the GPU matched to its rank by UUID, as `uberprof run` records them)."""
     import json as _json
@@ -125,9 +125,13 @@ def write_gpu_run(root: Path, world: int = 2, hosts: tuple[str, ...] = ("host-a"
             "rank": r, "world_size": world, "local_rank": 0, "host": host, "node": host,
             "pid": 4000 + r, "backend": "nccl",
             "device": {"type": "cuda", "index": 0, "uuid": uuid, "name": "H100"}}))
-        trace = kineto_trace(r, world, host, **kw)
-        (rd / "traces" / (trace_file_name(1, 3) + ".gz")).write_bytes(
-            gzip.compress(_json.dumps(trace).encode()))
+        for w in range(windows):  # windows of 3 steps, 10 steps (and 10 s) apart
+            trace = kineto_trace(r, world, host, start_us=5_000_000.0 + w * 10_000_000, **kw)
+            for e in trace["traceEvents"]:
+                if str(e.get("name", "")).startswith("ProfilerStep#"):
+                    e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + 10 * w}"
+            (rd / "traces" / (trace_file_name(1 + 10 * w, 3 + 10 * w) + ".gz")).write_bytes(
+                gzip.compress(_json.dumps(trace).encode()))
         store = CounterStore(run.nodes_dir / host / "counters")
         t0 = BASE_NS + 4_000_000_000
         for k in range(12):  # 2 Hz from 1 s before the trace to its end

@@ -195,3 +195,21 @@ def test_gpu_counters_sit_in_their_rank(tmp_path: Path) -> None:
     assert order == ["uberprof findings", "rank 0", "node host-a", "rank 1", "node host-b"]
     _, doc2 = _export(run, tmp_path / "nc.json", counters=False)
     assert not [e for e in doc2["traceEvents"] if e["ph"] == "C"]
+
+
+def test_several_trace_windows_per_rank(tmp_path: Path) -> None:
+    run = write_gpu_run(tmp_path / "run", windows=2)
+    res, doc = _export(run, tmp_path / "two.json")
+    assert validate_tef(doc) == []
+    sources = {r: sorted((run / "ranks" / str(r) / "traces").glob("*.gz")) for r in (0, 1)}
+    assert compare_with_sources(res.path, sources) == {0: 38, 1: 38}
+    # the second window reuses the first one's tracks
+    names = [e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 0]
+    assert len(names) == len(set(names))
+    # a step of the second window: only that file is read
+    _, doc2 = _export(run, tmp_path / "second.json", steps=(12, 12))
+    assert validate_tef(doc2) == []
+    steps = {e["name"] for e in doc2["traceEvents"] if e.get("name", "").startswith("Profiler")}
+    assert "ProfilerStep#12" in steps and not any(s in steps for s in ("ProfilerStep#2",
+                                                                       "ProfilerStep#1"))
