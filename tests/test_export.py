@@ -213,3 +213,28 @@ def test_several_trace_windows_per_rank(tmp_path: Path) -> None:
     steps = {e["name"] for e in doc2["traceEvents"] if e.get("name", "").startswith("Profiler")}
     assert "ProfilerStep#12" in steps and not any(s in steps for s in ("ProfilerStep#2",
                                                                        "ProfilerStep#1"))
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
+@pytest.mark.parametrize("folder", ["hta/trace_filter", "hta/nccl_parser_config",
+                                    "hta/amd_trace", "tb_plugin/resnet50_num_workers_4"])
+def test_real_gpu_traces(folder: str, tmp_path: Path) -> None:
+    """Traces recorded by others on A100, MI250 and (2021) V100: GPU streams, launch and
+    forward-backward flows, NCCL kernels, the old absolute-µs format."""
+    from uberprof.analysis.pipeline import analyze
+
+    res, doc = _export(SHARED / folder, tmp_path / "x.json")
+    assert validate_tef(doc) == []
+    a = analyze(SHARED / folder, out=tmp_path / "derived")
+    sources: dict[int, list[Path]] = {}
+    for e in a.inputs.values():
+        sources.setdefault(e["rank"], []).append(Path(e["path"]))
+    hosts = doc["uberprof_export"]["clock_alignment"]["hosts"]
+    offsets = {r: h["offset_ns"] for h in hosts for r in h["ranks"]}
+    compare_with_sources(res.path, sources, offsets=offsets)
+    tracks = {e["args"]["name"] for e in doc["traceEvents"]
+              if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert any(t.startswith("stream ") or " · stream " in t for t in tracks), tracks
