@@ -1,7 +1,8 @@
 """`uberprof analyze`: map every trace file to its tables (in parallel), then reduce across ranks.
 
-The map is `uberprof.analysis.rank.analyze_input`, run on a process pool; it writes each input's
-tables under `<derived>/inputs/<key>/`. The reduce reads only the small per-input tables (steps,
+The map is `uberprof.analysis.rank.analyze_input`, run on a process pool (or on any
+`concurrent.futures` executor, such as a Dask cluster's: `analyze_shared`); it writes each input's
+tables under `<derived>/inputs/<key>/` and returns only a status. The reduce reads only the small per-input tables (steps,
 summaries, collectives) and the run directory's step timelines, decides which rank each trace
 belongs to, and writes the run-level tables:
 
@@ -19,6 +20,7 @@ import gc
 import hashlib
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -54,6 +56,7 @@ __all__ = [
     "RUN_STEP_SCHEMA",
     "Analysis",
     "analyze",
+    "analyze_shared",
     "derived_dir_for",
     "keep_pandas_out",
 ]
@@ -130,7 +133,9 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
 
     Inputs already analysed (same size and mtime) are reused unless `force`. `workers`: processes
     for the per-trace map (default: one per CPU, at most one per input; 1 = in this process).
-    `executor` replaces the pool (any concurrent.futures Executor, e.g. Dask's).
+    `executor` replaces the pool (any concurrent.futures Executor, e.g.
+    `uberprof.analysis.distributed.dask_executor`): its workers must see the traces and the
+    derived folder at the same paths as this process; the cross-rank step runs here.
     """
     source = discover(Path(path))
     derived, notice = derived_dir_for(source, Path(out) if out is not None else None)
@@ -197,8 +202,9 @@ def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: 
         # in the libraries): below some work, one process is faster.
         small = sum(_json_bytes(e) for _, e in todo) < SERIAL_BELOW_BYTES
         workers = 1 if small else min(os.cpu_count() or 1, len(todo))
-    jobs = [(inp, entry, str(inp.path), str(derived / INPUTS_DIR / entry["key"]))
-            for inp, entry in todo]
+    # Absolute paths: a worker elsewhere (Dask) has another working directory.
+    jobs = [(inp, entry, os.path.abspath(inp.path),
+             os.path.abspath(derived / INPUTS_DIR / entry["key"])) for inp, entry in todo]
     if executor is None and (workers <= 1 or len(todo) == 1):
         for inp, entry, p, o in jobs:
             yield inp, entry, analyze_input(p, o)
@@ -211,18 +217,55 @@ def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: 
         executor = ProcessPoolExecutor(max_workers=workers, initializer=keep_pandas_out)
     assert executor is not None
     try:
-        futures = {executor.submit(analyze_input, p, o): (inp, entry)
+        futures = {executor.submit(analyze_shared, p, o): (inp, entry, o)
                    for inp, entry, p, o in jobs}
         for fut in as_completed(futures):
-            inp, entry = futures[fut]
+            inp, entry, o = futures[fut]
             try:
-                res = fut.result()
+                res = _visible(inp, o, fut.result())
             except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory)
                 res = _died(inp, f"{type(exc).__name__}: {exc}")
             yield inp, entry, res
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+def analyze_shared(path: str, out_dir: str) -> dict[str, Any]:
+    """`analyze_input` for a worker that may run on another machine (Dask): says so when the
+    trace or the derived folder is not visible there, returns only a status (the tables stay
+    on the shared file system), and gives freed memory back since the worker lives on."""
+    host = socket.gethostname()
+    if not os.path.isfile(path):
+        return {"status": "error", "host": host, "format": FORMAT_VERSION,
+                "message": f"{path}: not found on worker {host}: every worker must see the "
+                           "traces at the same path as the machine running uberprof analyze "
+                           "(a shared file system)"}
+    try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return {"status": "error", "host": host, "format": FORMAT_VERSION,
+                "message": f"{path}: worker {host} cannot write its tables to {out_dir} ({exc}): "
+                           "the derived folder (--out) must be on a file system that every "
+                           "worker can write and the machine running uberprof analyze can read"}
+    res = analyze_input(path, out_dir)
+    _give_back_memory()
+    return {"status": res["status"], "message": res["message"], "host": host,
+            "format": FORMAT_VERSION}
+
+
+def _visible(inp: TraceInput, out_dir: str, res: dict[str, Any]) -> dict[str, Any]:
+    """A worker's result, checked from here: same table format, and its tables readable."""
+    if res.get("format", FORMAT_VERSION) != FORMAT_VERSION:
+        return {"status": "error", "message": f"{inp.path}: worker {res.get('host')} writes "
+                f"derived format {res.get('format')}, this machine reads {FORMAT_VERSION}: "
+                "install the same uberprof version on every worker"}
+    if res.get("status") == "ok" and not (Path(out_dir) / SUMMARY_FILE).exists():
+        return {"status": "error", "message": f"{inp.path}: analysed on worker "
+                f"{res.get('host')}, but its tables are not visible here ({out_dir}): the "
+                "derived folder (--out) must be on a file system shared by every worker and "
+                "this machine"}
+    return res
 
 
 SERIAL_BELOW_BYTES = 64 << 20  # of JSON (compressed traces count ~8x their size)
@@ -250,9 +293,14 @@ def _died(inp: TraceInput, why: str) -> dict[str, Any]:
 
 
 def _rss() -> int:
+    """Anonymous resident memory (statm resident - shared): what a trace leaves behind. Not the
+    whole RSS: a forked worker's first trace faults in ~25 MB of shared library pages (Arrow's
+    Parquet writer, ...) that cost nothing, and counting them retired every worker after one
+    trace, paying the page faults again (2-5x the trace's own time) in each new one."""
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -447,13 +495,31 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]]) -
     for rank, inp, e, s in kept:
         ranks_info.setdefault(rank, []).append((inp, e, s))
 
-    timelines = _timelines(source, problems)
-    step_rows = _steps(derived, ranks_info, timelines)
-    coll = _collectives(derived, ranks_info)
-    rank_rows = [_rank_row(rank, ranks_info.get(rank, []),
-                           [r for r in step_rows if r["rank"] == rank])
-                 for rank in sorted(set(ranks_info) | set(timelines))]
-    untraced = sorted(set(timelines) - set(ranks_info))
+    # One rank at a time: its step rows and collectives are written out before the next rank's
+    # are read, so memory holds one rank's tables (plus one small row per rank), however many.
+    dirs: dict[int, list[Path]] = {}
+    for rank, rd in source.rank_dirs:
+        if rank is not None:
+            dirs.setdefault(rank, []).append(rd)
+    cut: dict[Path, str] = {}  # step timelines that end with a cut-off line
+    rank_rows: list[dict[str, Any]] = []
+    untraced: list[int] = []
+    coll_schema = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA, ("trace", pa.string())])
+    with _ParquetOut(derived / "steps.parquet", RUN_STEP_SCHEMA) as steps_out, \
+            _ParquetOut(derived / "collectives.parquet", coll_schema) as coll_out:
+        for rank in sorted(set(ranks_info) | set(dirs)):
+            items = ranks_info.get(rank, [])
+            timeline = _timeline(dirs.get(rank, []), cut)
+            if not items and timeline is None:
+                continue
+            rows = _steps(derived, rank, items, timeline or {})
+            steps_out.write(pa.Table.from_pylist(rows, schema=RUN_STEP_SCHEMA))
+            for part in _collectives(derived, rank, items, coll_schema):
+                coll_out.write(part)
+            rank_rows.append(_rank_row(rank, items, rows))
+            if not items:
+                untraced.append(rank)
+    problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
     if untraced and not source.inputs:
         problems.append(f"{source.root}: no trace windows in this run (recorded with "
                         "--no-trace?): step times only, no breakdown")
@@ -463,10 +529,8 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]]) -
 
     if not rank_rows and not problems:
         problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
-    pq.write_table(pa.Table.from_pylist(step_rows, schema=RUN_STEP_SCHEMA),
-                   derived / "steps.parquet")
-    pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA), derived / "ranks.parquet")
-    pq.write_table(coll, derived / "collectives.parquet")
+    with _ParquetOut(derived / "ranks.parquet", RANK_SCHEMA) as out:
+        out.write(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA))
     summary = {
         "ranks": [
             {
@@ -513,71 +577,109 @@ def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[
     return kept
 
 
-def _timelines(source: Source, problems: list[str]) -> dict[int, dict[int, dict[str, Any]]]:
-    """Step timelines of a run directory (steps.jsonl), by rank and step."""
-    out: dict[int, dict[int, dict[str, Any]]] = {}
-    for rank, rd in source.rank_dirs:
-        if rank is None:
-            continue
+Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entry, summary
+
+
+def _timeline(rank_dirs: list[Path], cut: dict[Path, str]) -> dict[int, dict[str, Any]] | None:
+    """One rank's step timeline (steps.jsonl of its folders), by step; None when it has none.
+    Timelines ending with a cut-off line are noted in `cut`."""
+    steps: dict[int, dict[str, Any]] | None = None
+    for rd in rank_dirs:
         rows, truncated = read_steps(rd)
         if truncated:
-            problems.append(f"{rd / 'steps.jsonl'}: ends with a cut-off line; "
-                            f"{len(rows)} whole steps kept")
+            cut[rd] = (f"{rd / 'steps.jsonl'}: ends with a cut-off line; "
+                       f"{len(rows)} whole steps kept")
         if not rows:
             continue
-        steps = out.setdefault(rank, {})
+        steps = {} if steps is None else steps
         for r in rows:
             if isinstance(r.get("step"), int):
                 steps.setdefault(r["step"], r)
-    return out
+    return steps
 
 
-def _steps(derived: Path, ranks_info: dict[int, list[tuple[TraceInput, dict[str, Any],
-                                                            dict[str, Any]]]],
-           timelines: dict[int, dict[int, dict[str, Any]]]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for rank in sorted(set(ranks_info) | set(timelines)):
-        by_step: dict[int, dict[str, Any]] = {}
-        for inp, e, _ in ranks_info.get(rank, []):
-            t = pq.read_table(derived / INPUTS_DIR / e["key"] / STEPS_FILE)
-            for r in t.to_pylist():
-                if r["step"] in by_step:
-                    continue
-                r.update(rank=rank, traced=True, trace=inp.rel)
-                by_step[r["step"]] = r
-        for step, tl in timelines.get(rank, {}).items():
-            start, end = tl.get("host_start_ns"), tl.get("host_end_ns")
-            if step in by_step:
-                r = by_step[step]
-                if isinstance(start, int) and isinstance(end, int):
-                    r["host_start_ns"], r["host_end_ns"] = start, end
+def _steps(derived: Path, rank: int, items: list[Item],
+           timeline: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """RUN_STEP_SCHEMA rows of one rank: its traces' steps, completed by its step timeline."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for inp, e, _ in items:
+        t = pq.read_table(derived / INPUTS_DIR / e["key"] / STEPS_FILE)
+        for r in t.to_pylist():
+            if r["step"] in by_step:
                 continue
-            by_step[step] = {"rank": rank, "step": step, "traced": False, "trace": None,
-                             "host_start_ns": start, "host_end_ns": end,
-                             "data_wait_ns": tl.get("data_wait_ns")}
-        for step in sorted(by_step):
+            r.update(rank=rank, traced=True, trace=inp.rel)
+            by_step[r["step"]] = r
+    for step, tl in timeline.items():
+        start, end = tl.get("host_start_ns"), tl.get("host_end_ns")
+        if step in by_step:
             r = by_step[step]
-            s, e = r.get("host_start_ns"), r.get("host_end_ns")
-            r["step_time_ns"] = e - s if isinstance(s, int) and isinstance(e, int) else None
-            rows.append(r)
+            if isinstance(start, int) and isinstance(end, int):
+                r["host_start_ns"], r["host_end_ns"] = start, end
+            continue
+        by_step[step] = {"rank": rank, "step": step, "traced": False, "trace": None,
+                         "host_start_ns": start, "host_end_ns": end,
+                         "data_wait_ns": tl.get("data_wait_ns")}
+    rows = []
+    for step in sorted(by_step):
+        r = by_step[step]
+        s, e = r.get("host_start_ns"), r.get("host_end_ns")
+        r["step_time_ns"] = e - s if isinstance(s, int) and isinstance(e, int) else None
+        rows.append(r)
     return rows
 
 
-def _collectives(derived: Path, ranks_info: dict[int, list[tuple[TraceInput, dict[str, Any],
-                                                                  dict[str, Any]]]]) -> pa.Table:
-    schema = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA, ("trace", pa.string())])
+def _collectives(derived: Path, rank: int, items: list[Item], schema: pa.Schema) -> list[pa.Table]:
+    """One rank's collectives (one table per trace), with its rank and trace columns."""
     parts = []
-    for rank, items in sorted(ranks_info.items()):
-        for inp, e, _ in items:
-            t = pq.read_table(derived / INPUTS_DIR / e["key"] / COLLECTIVES_FILE)
-            t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank), pa.int64()))
-            t = t.append_column("trace", pa.array([inp.rel] * t.num_rows, pa.string()))
-            parts.append(t.cast(schema))
-    return pa.concat_tables(parts) if parts else schema.empty_table()
+    for inp, e, _ in items:
+        t = pq.read_table(derived / INPUTS_DIR / e["key"] / COLLECTIVES_FILE)
+        t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank), pa.int64()))
+        t = t.append_column("trace", pa.array([inp.rel] * t.num_rows, pa.string()))
+        parts.append(t.cast(schema))
+    return parts
 
 
-def _rank_row(rank: int, items: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]],
-              steps: list[dict[str, Any]]) -> dict[str, Any]:
+class _ParquetOut:
+    """A run-level table written in pieces (one rank's rows at a time, in row groups of at least
+    GROUP_ROWS), to a temporary file renamed into place once complete: readers never see half
+    a table, and the writer never holds the whole one."""
+
+    GROUP_ROWS = 1 << 16
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self.writer = pq.ParquetWriter(self.tmp, schema)
+        self.pending: list[pa.Table] = []
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.rows += table.num_rows
+        if self.rows >= self.GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.concat_tables(self.pending))
+        self.pending, self.rows = [], 0
+
+    def __enter__(self) -> _ParquetOut:  # noqa: PYI034 - final class
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is None:
+                self._flush()
+        finally:
+            self.writer.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _rank_row(rank: int, items: list[Item], steps: list[dict[str, Any]]) -> dict[str, Any]:
     totals: dict[str, int | None] = {f: sum(int(s[f]) for _, _, s in items)
                                       for f in BREAKDOWN_FIELDS}
     pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))  # type: ignore[arg-type]

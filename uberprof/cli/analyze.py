@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,12 @@ MAX_ROWS = 64
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write derived tables (default: PATH/derived).")
 @click.option("--force", is_flag=True, help="Analyse every trace again, even unchanged ones.")
+@click.option("--dask", "dask_address", metavar="ADDRESS", default=None,
+              help="Read traces on a Dask cluster (scheduler address, or 'local' for one on "
+                   "this machine with --workers processes); needs uberprof[dask] and a file "
+                   "system shared with the workers (see README).")
 def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
-            force: bool) -> None:
+            force: bool, dask_address: str | None) -> None:
     """Analyse PATH: a uberprof run directory, any folder of Kineto traces, or one trace.
 
     Writes Parquet tables to PATH/derived (or --out; PATH read-only: a cache folder), skips
@@ -40,8 +45,11 @@ def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
 
     err = Console(stderr=True)
     try:
-        with _progress(err) as update:
-            result = run_analysis(path, out=out, workers=workers, progress=update, force=force)
+        with ExitStack() as stack:
+            executor = _dask(stack, dask_address, workers)
+            update = stack.enter_context(_progress(err))
+            result = run_analysis(path, out=out, workers=workers, progress=update, force=force,
+                                  executor=executor)
     except NoTraces as exc:
         if as_json:
             sys.stdout.buffer.write(orjson.dumps({"ranks": [], "problems": [str(exc)]},
@@ -57,6 +65,20 @@ def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
                len(result.inputs), Console())
     if not result.ok:
         sys.exit(1)
+
+
+def _dask(stack: ExitStack, address: str | None, workers: int | None) -> Any:
+    """The Dask executor for --dask (None without it), closed with `stack`; a clear message
+    and exit code 2 when Dask is missing or the cluster cannot be reached."""
+    if address is None:
+        return None
+    from uberprof.analysis.distributed import DaskUnavailable, dask_executor
+
+    try:
+        return stack.enter_context(dask_executor(address, workers=workers))
+    except DaskUnavailable as exc:
+        Console(stderr=True).print(f"uberprof analyze: {exc}", markup=False, highlight=False)
+        sys.exit(2)
 
 
 class _progress:

@@ -1,0 +1,204 @@
+"""Scale-out (issue 8): the per-rank map on a Dask cluster gives the same tables as the local
+process pool; clear messages when Dask is missing, the cluster cannot be reached, or a worker
+cannot see the traces or the derived folder; the cross-rank reduce streams rank by rank."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from tests.jobs import ROOT
+from uberprof.analysis import pipeline
+from uberprof.analysis.pipeline import analyze
+from uberprof.cli import main
+
+HAVE_DASK = importlib.util.find_spec("distributed") is not None
+needs_dask = pytest.mark.skipif(
+    not HAVE_DASK, reason="dask.distributed is not installed (pip install 'uberprof[dask]'; "
+                          "`make test` installs it through the dev extra)")
+STRAGGLER = 5
+
+
+def _synth() -> Any:
+    spec = importlib.util.spec_from_file_location("synth_run", ROOT / "benchmarks" /
+                                                  "synth_run.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("synth_run", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 synthetic NCCL ranks on 2 nodes (benchmarks/synth_run.py), 2 trace windows each,
+    rank 5 throttled; plus what must fail the same way everywhere: rank 2 without traces and
+    rank 3 with one window's trace cut off."""
+    s = _synth()
+    out = tmp_path_factory.mktemp("scale") / "run8"
+    cfg = s.Config(out=out, ranks=8, steps=40, gpus_per_node=4, windows=[(10, 12), (30, 31)],
+                   straggler=STRAGGLER, cause="throttle", slow=1.3, counters=False, seed=3,
+                   step_ms=100.0, layers=2)
+    s.write_run(cfg, log=lambda *_: None)
+    shutil.rmtree(out / "ranks" / "2" / "traces")
+    bad = next((out / "ranks" / "3" / "traces").glob("steps-000030*"))
+    raw = gzip.decompress(bad.read_bytes())
+    bad.write_bytes(gzip.compress(raw[: len(raw) // 2]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Two single-threaded worker processes: the map really crosses process boundaries."""
+    if not HAVE_DASK:
+        pytest.skip("dask.distributed is not installed")
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address="127.0.0.1:0", silence_logs=40) as lc, Client(lc) as client:
+        yield client
+
+
+def tables(derived: Path) -> dict[str, Any]:
+    """Every table and document under a derived folder, by relative path (the manifest as a
+    mapping: the order in which workers finish is not a result)."""
+    out: dict[str, Any] = {}
+    for p in sorted(derived.rglob("*")):
+        rel = p.relative_to(derived).as_posix()
+        if p.suffix == ".parquet":
+            out[rel] = pq.read_table(p)
+        elif p.suffix == ".json":
+            out[rel] = orjson.loads(p.read_bytes())
+    return out
+
+
+def assert_same(a: Path, b: Path) -> None:
+    ta, tb = tables(a), tables(b)
+    assert sorted(ta) == sorted(tb)
+    assert sum(k.endswith("events.parquet") for k in ta) == 13  # 8 ranks x 2, less 3
+    for k, va in ta.items():
+        vb = tb[k]
+        if k.endswith(".parquet"):
+            assert va.schema == vb.schema, k
+            assert va.equals(vb), f"{k} differs"
+        else:
+            assert va == vb, f"{k} differs"
+
+
+@needs_dask
+def test_dask_map_gives_the_tables_of_the_local_pool(run: Path, cluster: Any,
+                                                     tmp_path: Path) -> None:
+    from uberprof.analysis.advisor import diagnose, save_diagnosis
+
+    local = analyze(run, out=tmp_path / "local", workers=2)
+    remote = analyze(run, out=tmp_path / "dask", executor=cluster.get_executor(pure=False))
+    assert remote.analysed == local.analysed == 14
+    assert remote.summary == local.summary
+    assert remote.ranks == local.ranks
+    assert any("truncated" in p or "cut off" in p or "gzip" in p
+               for p in remote.summary["problems"]), remote.summary["problems"]
+    assert any("rank(s) 2" in p for p in remote.summary["problems"])
+    assert_same(tmp_path / "local", tmp_path / "dask")
+
+    # The report built on either set of tables is the same (it runs on the client).
+    for name in ("local", "dask"):
+        d = diagnose(run, out=tmp_path / name)
+        assert d.straggler is not None and d.straggler.rank == STRAGGLER
+        save_diagnosis(d)
+    assert_same(tmp_path / "local", tmp_path / "dask")
+
+    # Up to date: nothing is sent to the cluster again.
+    again = analyze(run, out=tmp_path / "dask", executor=cluster.get_executor(pure=False))
+    assert again.analysed == 0 and again.summary == local.summary
+
+
+@needs_dask
+def test_cli_dask_local_prints_what_the_local_pool_prints(run: Path, tmp_path: Path) -> None:
+    def cli(*args: str) -> tuple[int, str, str]:
+        res = CliRunner().invoke(main, ["analyze", str(run), "--json", *args])
+        if res.exception is not None and not isinstance(res.exception, SystemExit):
+            raise res.exception
+        return res.exit_code, res.stdout, res.stderr
+
+    code_l, out_l, _ = cli("--out", str(tmp_path / "local"))
+    code_d, out_d, err_d = cli("--out", str(tmp_path / "dask"), "--dask", "local",
+                               "--workers", "1")
+    assert code_l == code_d == 0, err_d
+    assert orjson.loads(out_d) == orjson.loads(out_l)
+    assert_same(tmp_path / "local", tmp_path / "dask")
+
+
+def test_missing_dask_is_one_clear_line(run: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from uberprof.analysis.distributed import DaskUnavailable, dask_executor
+
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
+    with pytest.raises(DaskUnavailable, match=r"pip install 'uberprof\[dask\]'"), \
+            dask_executor("local"):
+        pass
+    res = CliRunner().invoke(main, ["analyze", str(run), "--out", str(tmp_path / "d"),
+                                    "--dask", "tcp://127.0.0.1:8786"])
+    assert res.exit_code == 2
+    assert "Dask is not installed" in res.stderr and "uberprof[dask]" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "d").exists()  # nothing analysed
+
+
+@needs_dask
+def test_unreachable_scheduler_is_named(run: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from uberprof.analysis import distributed as D
+
+    monkeypatch.setattr(D, "CONNECT_TIMEOUT_S", 1)
+    res = CliRunner().invoke(main, ["analyze", str(run), "--out", str(tmp_path / "d"),
+                                    "--dask", "tcp://127.0.0.1:9"])
+    assert res.exit_code == 2, res.output
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in res.stderr
+
+
+def test_a_worker_that_cannot_see_the_trace_or_the_tables_says_so(run: Path,
+                                                                  tmp_path: Path) -> None:
+    """What a worker elsewhere reports (no shared file system), and what the client concludes
+    when a worker wrote its tables where the client cannot read them."""
+    missing = pipeline.analyze_shared(str(tmp_path / "nowhere.json"), str(tmp_path / "o"))
+    assert missing["status"] == "error"
+    assert "not found on worker" in missing["message"] and "shared file system" in \
+        missing["message"]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    trace = next(run.glob("ranks/0/traces/*.gz"))
+    res = pipeline.analyze_shared(str(trace), str(blocked / "o"))
+    assert res["status"] == "error" and "cannot write its tables" in res["message"]
+
+    ok = pipeline.analyze_shared(str(trace), str(tmp_path / "o"))
+    assert ok["status"] == "ok" and set(ok) == {"status", "message", "host", "format"}
+    from uberprof.ingest.discover import TraceInput
+
+    inp = TraceInput(trace, "t", 0, None)
+    elsewhere = pipeline._visible(inp, str(tmp_path / "not-here"), ok)
+    assert elsewhere["status"] == "error" and "not visible here" in elsewhere["message"]
+    old = pipeline._visible(inp, str(tmp_path / "o"), {**ok, "format": -1})
+    assert old["status"] == "error" and "same uberprof version" in old["message"]
+    assert pipeline._visible(inp, str(tmp_path / "o"), ok) is ok
+
+
+def test_reduce_streams_rank_by_rank(run: Path, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run-level tables written in many small row groups hold the same rows as one piece."""
+    analyze(run, out=tmp_path / "one", workers=1)
+    monkeypatch.setattr(pipeline._ParquetOut, "GROUP_ROWS", 7)
+    analyze(run, out=tmp_path / "many", workers=1)
+    steps = pq.ParquetFile(tmp_path / "many" / "steps.parquet")
+    assert steps.metadata.num_row_groups >= 8  # one per rank at least
+    assert_same(tmp_path / "one", tmp_path / "many")
+    assert not list((tmp_path / "many").glob(".*.tmp"))
