@@ -79,6 +79,7 @@ class Config:
     counters: bool
     seed: int
     step_ms: float
+    layers: int = 1  # model depth: kernels per step (and trace size) grow with it
 
 
 def parse_windows(text: str) -> list[tuple[int, int]]:
@@ -209,8 +210,10 @@ _FWD_KERNELS = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
                 "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>")
 
 
-def add_step(tb: TraceBuilder, tl: Timeline, s: int, r: int, world: int) -> None:
-    """One traced step of rank r: host spans, launches and device activity."""
+def add_step(tb: TraceBuilder, tl: Timeline, s: int, r: int, world: int,
+             layers: int = 1) -> None:
+    """One traced step of rank r: host spans, launches and device activity. `layers` scales
+    the kernels per step (a deeper model: more, shorter kernels in the same step time)."""
     t0, t1 = int(tl.start[s, r]), int(tl.end[s, r])
     d = int(tl.data[s, r])
     tb.span("user_annotation", f"ProfilerStep#{s}", t0, t1)
@@ -223,15 +226,16 @@ def add_step(tb: TraceBuilder, tl: Timeline, s: int, r: int, world: int) -> None
     host += 40_000
     dev += 500_000
     # forward: kernels back to back, the host running ahead of the device
-    fwd_k = tl.fwd[s, r] / FWD_KERNELS
-    for k in range(FWD_KERNELS):
+    fwd_n = FWD_KERNELS * layers
+    fwd_k = tl.fwd[s, r] / fwd_n
+    for k in range(fwd_n):
         j = k % len(_FWD_OPS)
         tb.kernel(_FWD_KERNELS[j], host, dev + 3_000, dev + fwd_k, _FWD_OPS[j])
         host += 35_000
         dev += fwd_k
     # backward: buckets become ready as their gradients are computed
-    bwd_k = tl.bwd[s, r] / BWD_KERNELS
-    per_bucket = BWD_KERNELS // BUCKETS
+    bwd_k = tl.bwd[s, r] / (BWD_KERNELS * layers)
+    per_bucket = BWD_KERNELS * layers // BUCKETS
     ranks_text = "[" + ", ".join(map(str, range(world))) + "]"
     for b in range(BUCKETS):
         for k in range(per_bucket):
@@ -416,7 +420,7 @@ def write_run(cfg: Config, log: Any = print) -> Path:
                 hi = min(hi, cfg.steps - 1)
                 tb = TraceBuilder(r, off)
                 for s in range(lo, hi + 1):
-                    add_step(tb, tl, s, r, n)
+                    add_step(tb, tl, s, r, n, cfg.layers)
                 write_trace(rd / TRACES_DIR / (trace_file_name(lo, hi) + ".gz"), tb, r, n, host)
         if cfg.counters:
             write_counters(cfg, host, host, ranks, tl, off, rng)
@@ -443,11 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--straggler-cause", choices=["throttle", "compute"], default="throttle")
     p.add_argument("--slow", type=float, default=1.25, help="the straggler's compute factor")
     p.add_argument("--step-ms", type=float, default=200.0, help="a healthy step's length")
+    p.add_argument("--layers", type=int, default=1,
+                   help="model depth: kernels per step x this (bigger traces; default 1: "
+                        "about 250 events per traced step)")
     p.add_argument("--no-counters", action="store_true", help="no node counters")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    if a.ranks < 1 or a.steps < 1 or a.gpus_per_node < 1:
-        p.error("--ranks, --steps and --gpus-per-node must be positive")
+    if a.ranks < 1 or a.steps < 1 or a.gpus_per_node < 1 or a.layers < 1:
+        p.error("--ranks, --steps, --gpus-per-node and --layers must be positive")
     straggler = (2 * a.ranks) // 3 if a.straggler is None else a.straggler
     if straggler == -1 or a.ranks < 2:
         straggler = None
@@ -456,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(out=a.out, ranks=a.ranks, steps=a.steps, gpus_per_node=a.gpus_per_node,
                  windows=a.trace_steps if a.trace_steps is not None else default_windows(a.steps),
                  straggler=straggler, cause=a.straggler_cause, slow=a.slow,
-                 counters=not a.no_counters, seed=a.seed, step_ms=a.step_ms)
+                 counters=not a.no_counters, seed=a.seed, step_ms=a.step_ms, layers=a.layers)
     write_run(cfg)
     return 0
 

@@ -1,0 +1,192 @@
+"""How `uberprof analyze` scales with ranks: wall time and the client's peak memory.
+
+    python benchmarks/scale.py                       # 8, 64 and 256 ranks; process pool and Dask
+    python benchmarks/scale.py --ranks 8,64 --modes pool --json scale.json
+
+For each rank count a synthetic run directory is written once (benchmarks/synth_run.py: NCCL
+DDP steps with forward/backward kernels, bucketed all-reduces, an optimizer and a throttled
+straggler; `--layers` and `--traced-steps` set the size of each rank's trace, the same for every
+rank count, so total events grow with ranks). Then, each in a fresh process:
+
+- `analyze`: the per-rank map and the cross-rank reduce from scratch (`force`), on the default
+  forked process pool (`pool`) or on a `dask.distributed.LocalCluster` of as many worker
+  processes (`dask`; cluster start-up is timed apart);
+- `reduce`: `analyze` again with every input up to date, so only the cross-rank step runs;
+- `report`: the diagnosis behind `uberprof report` (`advisor.diagnose`) over the analysed run.
+
+Client memory is the peak resident set of the process that calls `analyze` (`ru_maxrss`): the
+map's workers are other processes (forked, or Dask's), so it is what the coordinating machine
+needs. The same number of workers is used at every size (default: one per CPU) so that times
+compare. Times on a shared machine are noisy: compare ratios, and re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DATA = HERE / ".bench-data"
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _synth() -> Any:
+    sys.path.insert(0, str(HERE))
+    import synth_run
+
+    return synth_run
+
+
+def make_run(ranks: int, layers: int, traced: int, steps: int) -> Path:
+    """The synthetic run of `ranks` ranks (written once, then reused)."""
+    dest = DATA / f"scale-r{ranks}-l{layers}-t{traced}-s{steps}-v1" / "run"
+    stamp = dest.parent / ".complete"
+    if stamp.exists():
+        return dest
+    s = _synth()
+    first = steps // 2
+    cfg = s.Config(out=dest, ranks=ranks, steps=steps, gpus_per_node=8,
+                   windows=[(first, first + traced - 1)], straggler=(2 * ranks) // 3,
+                   cause="throttle", slow=1.25, counters=False, seed=0, step_ms=200.0,
+                   layers=layers)
+    t = time.perf_counter()
+    s.write_run(cfg, log=lambda *_: None)
+    print(f"  wrote {dest} in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+    stamp.touch()
+    return dest
+
+
+# --- what runs in each fresh process ------------------------------------------------------------
+
+def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from uberprof.analysis.pipeline import analyze, keep_pandas_out
+
+    res: dict[str, Any] = {}
+    if phase == "report":
+        from uberprof.analysis.advisor import diagnose
+
+        t = time.perf_counter()
+        d = diagnose(run, out=derived, workers=workers)
+        res.update(work_s=time.perf_counter() - t,
+                   straggler=d.straggler.rank if d.straggler else None,
+                   findings=len(d.findings))
+    elif mode == "dask":
+        from uberprof.analysis.distributed import dask_executor
+
+        t = time.perf_counter()
+        with dask_executor("local", workers=workers) as ex:
+            res["cluster_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            a = analyze(run, out=derived, executor=ex, force=phase == "analyze")
+            res["work_s"] = time.perf_counter() - t
+    else:
+        keep_pandas_out()  # as `uberprof analyze` does
+        t = time.perf_counter()
+        a = analyze(run, out=derived, workers=workers, force=phase == "analyze")
+        res["work_s"] = time.perf_counter() - t
+    if phase != "report":
+        res.update(ranks=len(a.ranks), analysed=a.analysed,
+                   events=sum(_events(a.derived, e) for e in a.inputs.values()))
+    res["client_peak_mib"] = _peak_mib()
+    return res
+
+
+def _events(derived: Path, entry: dict[str, Any]) -> int:
+    import orjson
+
+    try:
+        doc = orjson.loads((derived / "inputs" / entry["key"] / "summary.json").read_bytes())
+        return int(doc["summary"]["events"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return 0
+
+
+def measure(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_child", phase, mode, str(run),
+           str(derived), str(workers)]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{phase}/{mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["process_s"] = time.perf_counter() - t
+    return res
+
+
+def json_bytes(run: Path) -> int:
+    """JSON size of every trace, from each gzip trailer (ISIZE: the size mod 2**32)."""
+    total = 0
+    for p in run.glob("ranks/*/traces/*.json.gz"):
+        with open(p, "rb") as f:
+            f.seek(-4, 2)
+            total += int.from_bytes(f.read(4), "little")
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--ranks", default="8,64,256", help="rank counts, comma-separated")
+    ap.add_argument("--modes", default="pool,dask", help="pool, dask or both")
+    ap.add_argument("--layers", type=int, default=8, help="synth_run --layers (trace size)")
+    ap.add_argument("--traced-steps", type=int, default=10, help="steps in each rank's trace")
+    ap.add_argument("--steps", type=int, default=2000, help="steps in each rank's timeline")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-report", action="store_true", help="skip the diagnosis")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    rows = []
+    for n in [int(x) for x in args.ranks.split(",") if x]:
+        run = make_run(n, args.layers, args.traced_steps, args.steps)
+        row: dict[str, Any] = {"ranks": n, "json_bytes": json_bytes(run)}
+        for mode in modes:
+            derived = run.parent / f"derived-{mode}"
+            row[mode] = measure("analyze", mode, run, derived, args.workers)
+            row[f"{mode}_reduce"] = measure("reduce", mode, run, derived, args.workers)
+        if not args.no_report:
+            row["report"] = measure("report", "pool", run, run.parent / f"derived-{modes[0]}",
+                                    args.workers)
+        row["events"] = row[modes[0]]["events"]
+        rows.append(row)
+        print(_line(row, modes), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"workers": args.workers, "layers": args.layers,
+                                         "traced_steps": args.traced_steps,
+                                         "steps": args.steps, "rows": rows}, indent=2))
+
+
+def _line(r: dict[str, Any], modes: list[str]) -> str:
+    ev = r["events"]
+    parts = [f"{r['ranks']:4d} ranks {ev / 1e6:6.2f} M events {r['json_bytes'] / 2**20:7.1f} MiB"]
+    for m in modes:
+        a, red = r[m], r[f"{m}_reduce"]
+        parts.append(f"{m}: {a['work_s']:6.2f} s ({ev / a['work_s'] / 1e6:4.2f} M ev/s) "
+                     f"client {a['client_peak_mib']:4.0f} MiB"
+                     + (f" (+{a['cluster_s']:.1f} s start)" if "cluster_s" in a else "")
+                     + f", reduce {red['work_s']:5.2f} s {red['client_peak_mib']:4.0f} MiB")
+    if "report" in r:
+        parts.append(f"report {r['report']['work_s']:6.2f} s "
+                     f"{r['report']['client_peak_mib']:4.0f} MiB")
+    return " | ".join(parts)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_child":
+        phase, mode, run, derived, workers = sys.argv[2:7]
+        print(json.dumps(child(phase, mode, Path(run), Path(derived), int(workers))))
+    else:
+        main()
