@@ -234,6 +234,10 @@ class RunData:
                              "traced": pa.array([], pa.bool_())})
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
+    def figure(self, key: str, build: Callable[[], Any]) -> Any:
+        """A figure that depends on the run only (not on the selection), built once."""
+        return self._once(f"figure:{key}", build)
+
     def _once(self, key: str, fn: Callable[[], Any]) -> Any:
         with self._lock:
             if key not in self._memo:

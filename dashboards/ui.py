@@ -165,6 +165,20 @@ def rank_label(rank: int, straggler: int | None) -> str:
     return f"rank {rank}"
 
 
+MAX_RANK_TICKS = 16  # labelled ranks per axis: every rank's label costs the browser a measure
+
+
+def rank_ticks(ranks: list[int], straggler: int | None, positional: bool = False
+               ) -> dict[str, list[Any]]:
+    """`tickvals`/`ticktext` for a rank axis: at most MAX_RANK_TICKS labels, the straggler's
+    always among them. `positional`: the axis is the index into `ranks`, not the rank."""
+    idx = list(range(0, len(ranks), max(1, -(-len(ranks) // MAX_RANK_TICKS))))
+    if straggler in ranks and ranks.index(straggler) not in idx:
+        idx = sorted(idx + [ranks.index(straggler)])
+    return {"tickvals": idx if positional else [ranks[i] for i in idx],
+            "ticktext": [rank_label(ranks[i], straggler) for i in idx]}
+
+
 def fmt_ms(v: float | None, digits: int = 1) -> str:
     if v is None:
         return "–"

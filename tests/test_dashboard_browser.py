@@ -172,10 +172,13 @@ def _visit(browser: Any, served: Served, path: str, label: str) -> Visit:
 # --- a real healthy run -----------------------------------------------------------------------
 
 def test_sample_run_every_page(browser: Any, sample: Served) -> None:
+    # No fault injected, but on a busy 2-core machine one rank can really be slower: the page
+    # must say what the diagnosis says (tests/test_dashboard.py covers "none" deterministically).
+    found = sample.data.straggler_rank()
     v = _visit(browser, sample, "/", "sample")
     assert v.count("#health .card") >= 5
     assert "2" in v.text("#card-ranks")
-    assert "none" in v.text("#card-straggler")
+    assert ("none" if found is None else f"rank {found}") in v.text("#card-straggler")
     assert v.count("#step-heatmap .main-svg") and v.count("#rank-breakdown .main-svg")
     assert v.count("#step-heatmap .hm image") or v.count("#step-heatmap .heatmaplayer")
     assert v.count("#rank-breakdown .barlayer .point") >= 2 * 5 - 1
@@ -188,7 +191,8 @@ def test_sample_run_every_page(browser: Any, sample: Served) -> None:
     v.done()
 
     v = _visit(browser, sample, "/stragglers", "sample")
-    assert "No persistent straggler" in v.text("#straggler-verdict")
+    assert ("No persistent straggler" if found is None else f"rank {found}") in \
+        v.text("#straggler-verdict")
     assert v.count("#lateness-heatmap .main-svg") and v.count("#ranking-table tr") == 3
     v.done()
 

@@ -139,11 +139,7 @@ def by_rank_figure(data: RunData) -> go.Figure:
                 name="exposed comm", marker_color=ui.PART_COLORS["exposed_comm"],
                 customdata=ranks, hovertemplate="rank %{customdata}: %{y:.1f} ms exposed"
                                                 "<extra></extra>")
-    n = len(ranks)
-    every = max(1, n // 32)
-    ticks = list(range(0, n, every))
     fig.update_layout(barmode="stack", legend_traceorder="normal")
-    fig.update_xaxes(tickvals=ticks, ticktext=[ui.rank_label(ranks[i], straggler)
-                                               for i in ticks])
+    fig.update_xaxes(**ui.rank_ticks(ranks, straggler, positional=True))
     fig.update_yaxes(title="ms in the traced steps")
     return ui.base_layout(fig, height=300)

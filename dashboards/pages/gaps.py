@@ -78,12 +78,8 @@ def by_rank_figure(data: RunData) -> go.Figure:
             customdata=[[r["rank"], r["gaps"]] for r in mine],
             hovertemplate=f"rank %{{customdata[0]}}: %{{y:.2f}} ms {cause} idle in "
                           "%{customdata[1]} gaps<extra></extra>")
-    n = len(ranks)
-    every = max(1, n // 32)
-    ticks = list(range(0, n, every))
     fig.update_layout(barmode="stack", legend_traceorder="normal")
-    fig.update_xaxes(tickvals=ticks, ticktext=[ui.rank_label(ranks[i], straggler)
-                                               for i in ticks])
+    fig.update_xaxes(**ui.rank_ticks(ranks, straggler, positional=True))
     fig.update_yaxes(title="idle ms")
     return ui.base_layout(fig, height=320)
 

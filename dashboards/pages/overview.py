@@ -34,10 +34,12 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                    sub="Ranked by the time at stake in the analysed steps, with the usual "
                        "remedy." if data.has_traces else None),
         ui.section("Step time per rank and step",
-                   ui.graph("step-heatmap", heatmap_figure(data, straggler)),
+                   ui.graph("step-heatmap", data.figure(
+                       "overview-heatmap", lambda: heatmap_figure(data, straggler))),
                    sub="Host step time (ms). Click a cell to open that step on every rank."),
         ui.section("Where each rank's time goes",
-                   ui.graph("rank-breakdown", breakdown_figure(data, straggler)),
+                   ui.graph("rank-breakdown", data.figure(
+                       "overview-breakdown", lambda: breakdown_figure(data, straggler))),
                    sub="Share of each rank's traced time. Click a bar for its idle gaps."),
         problems(data),
     ], className="page", id="page-overview")
@@ -134,11 +136,7 @@ def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
         colorbar={"title": {"text": "ms"}, "thickness": 12},
         hovertemplate=who + "<br>step %{customdata}<br>%{z:.1f} ms<extra></extra>")
     n = len(hm.ranks)
-    ticks = hm.ranks[::max(1, n // 32)]
-    if straggler is not None and straggler in hm.ranks and straggler not in ticks:
-        ticks = sorted(ticks + [straggler])
-    fig.update_yaxes(tickvals=ticks, ticktext=[ui.rank_label(r, straggler) for r in ticks],
-                     autorange="reversed", title=None)
+    fig.update_yaxes(**ui.rank_ticks(hm.ranks, straggler), autorange="reversed", title=None)
     fig.update_xaxes(title=f"step (max per {bins})" if hm.bin_steps > 1 else "step")
     if straggler is not None and straggler in hm.ranks:
         fig.add_shape(type="rect", xref="paper", x0=0, x1=1, y0=straggler - 0.5,
@@ -174,7 +172,6 @@ def breakdown_figure(data: RunData, straggler: int | None) -> go.Figure:
         return ui.empty_figure("No traces: no compute/communication breakdown.")
     ranks = t.column("rank").to_pylist()
     fig = ui.new_figure()
-    labels = [ui.rank_label(r, straggler) for r in ranks]
     for key, name in BREAKDOWN_PARTS:
         pct = t.column(key).to_pylist()
         ns = t.column(f"{key}_ns").to_pylist()
@@ -183,14 +180,8 @@ def breakdown_figure(data: RunData, straggler: int | None) -> go.Figure:
             customdata=[[r, (v or 0) / 1e6] for r, v in zip(ranks, ns)],
             hovertemplate=f"rank %{{customdata[0]}}<br>{name}: %{{y:.1f}}% "
                           "(%{customdata[1]:.1f} ms)<extra></extra>")
-    n = len(ranks)
-    every = max(1, n // 32)
-    ticks = list(range(0, n, every))
-    if straggler is not None and straggler in ranks and ranks.index(straggler) not in ticks:
-        ticks = sorted(ticks + [ranks.index(straggler)])
     fig.update_layout(barmode="stack", bargap=0.15)
-    fig.update_xaxes(tickvals=ticks, ticktext=[labels[i] for i in ticks], tickangle=-45 if n > 8
-                     else 0)
+    fig.update_xaxes(**ui.rank_ticks(ranks, straggler, positional=True), tickangle=0)
     fig.update_yaxes(title="% of traced time", range=[0, 100])
     if straggler is not None and straggler in ranks:
         i = ranks.index(straggler)

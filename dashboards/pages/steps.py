@@ -60,7 +60,8 @@ def layout(data: RunData, sel: Selection) -> html.Div:
             id="timeline",
             sub="Upper bar: compute; lower bar: communication; shaded: idle gaps by cause; "
                 "▶ marks each rank's arrival at a collective (red: the last to arrive)."))
-        body.append(ui.section("Late arrivals in this step", arrivals_table(tl, sel),
+        body.append(ui.section("Late arrivals in this step",
+                               arrivals_table(tl, sel, data.straggler_rank()),
                                id="arrivals"))
     else:
         why = ("this step was not traced: pick a traced step for its timeline"
@@ -156,7 +157,9 @@ def timeline_note(tl: StepTimeline, data: RunData) -> Any:
     return html.P(" ".join(parts), className="muted")
 
 
-def arrivals_table(tl: StepTimeline, sel: Selection) -> Any:
+def arrivals_table(tl: StepTimeline, sel: Selection, straggler: int | None) -> Any:
+    """Ranks by lateness in this step; the run's straggler in red, whoever came last to every
+    collective of this step in bold."""
     if not tl.arrivals:
         return ui.notice("No matched collectives in this step.", "info")
     per: dict[int, dict[str, Any]] = {}
@@ -166,12 +169,15 @@ def arrivals_table(tl: StepTimeline, sel: Selection) -> Any:
         p["last"] += int(a["last"])
     rows, classes = [], []
     order = sorted(per.items(), key=lambda kv: -float(np.median(kv[1]["late"])))
-    for rank, p in order[:20]:
+    shown = order[:20] + [kv for kv in order[20:] if kv[0] == straggler]
+    for rank, p in shown:
         rows.append([dcc.Link(f"rank {rank}", href=sel.href("/stragglers", rank=rank)),
                      f"{np.median(p['late']):.3f}", f"{max(p['late']):.3f}",
-                     f"{p['last']}/{len(p['late'])}"])
-        classes.append("straggler" if p["last"] and p["last"] == len(p["late"]) else "")
-    return ui.table(["rank", "median lateness (ms)", "max lateness (ms)", "last to arrive"],
+                     f"{p['last']}/{len(p['late'])}",
+                     "straggler" if rank == straggler else ""])
+        classes.append("straggler" if rank == straggler else
+                       "late" if p["last"] and p["last"] == len(p["late"]) else "")
+    return ui.table(["rank", "median lateness (ms)", "max lateness (ms)", "last to arrive", ""],
                     rows, id="arrivals-table", row_classes=classes)
 
 

@@ -107,11 +107,7 @@ def lateness_figure(data: RunData) -> go.Figure:
         z=hm.z, x=[str(s) for s in hm.x], y=hm.ranks, customdata=hm.steps, colorscale="Reds",
         zmin=0, colorbar={"title": {"text": "ms"}, "thickness": 12},
         hovertemplate="rank %{y}<br>step %{customdata}<br>%{z:.3f} ms late<extra></extra>")
-    ticks = hm.ranks[::max(1, n // 32)]
-    if straggler in hm.ranks and straggler not in ticks:
-        ticks = sorted(ticks + [straggler])
-    fig.update_yaxes(tickvals=ticks, ticktext=[ui.rank_label(r, straggler) for r in ticks],
-                     autorange="reversed")
+    fig.update_yaxes(**ui.rank_ticks(hm.ranks, straggler), autorange="reversed")
     fig.update_xaxes(title="traced step", type="category")
     return ui.base_layout(fig, height=max(260, min(16 * n + 90, 600)))
 
