@@ -1,13 +1,15 @@
 """`uberprof analyze`: map every trace file to its tables (in parallel), then reduce across ranks.
 
-The map is `uberprof.analysis.rank.analyze_input`, run on a process pool (or on any
-`concurrent.futures` executor, such as a Dask cluster's: `analyze_shared`); it writes each input's
-tables under `<derived>/inputs/<key>/` and returns only a status. The reduce reads only the small per-input tables (steps,
+The map is `uberprof.analysis.rank.analyze_input` per trace and `timeline_table` per rank folder
+of a run directory, run on a process pool (or on any `concurrent.futures` executor, such as a
+Dask cluster's: `analyze_shared`); each writes its tables under the derived folder and returns
+only a status. The reduce reads only the small per-input tables (steps,
 summaries, collectives) and the run directory's step timelines, decides which rank each trace
 belongs to, and writes the run-level tables:
 
     <derived>/manifest.json         the inputs analysed (size, mtime) and how each went
     <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet, summary.json
+    <derived>/timelines/<key>.parquet   a rank's step timeline (steps.jsonl), as a table
     <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
     <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
     <derived>/collectives.parquet   one row per collective instance on each rank
@@ -48,6 +50,7 @@ from uberprof.analysis.rank import (
 from uberprof.ingest.discover import Source, TraceInput, discover
 from uberprof.inventory import read_steps
 from uberprof.rundir import DERIVED_DIR, write_json_atomic
+from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 
 __all__ = [
     "FORMAT_VERSION",
@@ -59,11 +62,20 @@ __all__ = [
     "analyze_shared",
     "derived_dir_for",
     "keep_pandas_out",
+    "timeline_table",
 ]
 
 FORMAT_VERSION = 2  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
+TIMELINES_DIR = "timelines"
+
+TIMELINE_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("host_start_ns", pa.int64()),
+    ("host_end_ns", pa.int64()),
+    ("data_wait_ns", pa.int64()),
+])
 
 Progress = Callable[[int, int, str], None]
 
@@ -143,7 +155,7 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
     manifest = _read_manifest(derived)
     entries: dict[str, dict[str, Any]] = manifest.setdefault("inputs", {})
 
-    todo: list[tuple[TraceInput, dict[str, Any]]] = []
+    todo: list[_Job] = []
     for inp in source.inputs:
         try:
             st = inp.path.stat()
@@ -161,25 +173,31 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
                  "mtime_ns": st.st_mtime_ns, "version": FORMAT_VERSION}
         if fresh:
             continue
-        todo.append((inp, entry))
-
+        # Absolute paths: a worker elsewhere (Dask) has another working directory.
+        todo.append(_Job(inp.rel, entries, entry, str(inp.path), os.path.abspath(inp.path),
+                         os.path.abspath(derived / INPUTS_DIR / key), trace=True))
     total = len(todo)
+    todo += _timeline_jobs(source, derived, manifest.setdefault("timelines", {}), force)
+
     manifest["format"] = "uberprof-derived"
     manifest["version"] = FORMAT_VERSION
     if progress:
         progress(0, total, "")
     saved = time.monotonic()
-    for n, (inp, entry, res) in enumerate(_map(todo, derived, workers, executor), 1):
-        entry.update(status=res["status"], message=res["message"])
-        entries[inp.rel] = entry
-        if progress:
-            progress(n, total, inp.rel)
+    n = 0
+    for job, res in _map(todo, workers, executor):
+        job.entry.update({k: v for k, v in res.items() if k not in _NOT_KEPT})
+        job.table[job.rel] = job.entry
+        if job.trace:
+            n += 1
+            if progress:
+                progress(n, total, job.rel)
         if time.monotonic() - saved > 5:  # an interrupted analysis keeps what it finished
             write_json_atomic(derived / MANIFEST_FILE, manifest)
             saved = time.monotonic()
     write_json_atomic(derived / MANIFEST_FILE, manifest)
 
-    result = _reduce(source, derived, entries)
+    result = _reduce(source, derived, entries, manifest["timelines"])
     result.analysed = total
     if notice:
         result.notices.append(notice)
@@ -188,9 +206,34 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
 
 # --- the map ------------------------------------------------------------------------------------
 
-def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: int | None,
-         executor: Executor | None):
-    """Run `analyze_input` on every input; yields (input, entry, {"status", "message", ...}).
+@dataclass
+class _Job:
+    """One unit of the map: a trace (`analyze_input`) or a rank's step timeline
+    (`timeline_table`), and the manifest entry its outcome goes to (`table[rel]`)."""
+
+    rel: str
+    table: dict[str, dict[str, Any]]  # the manifest section the entry belongs in
+    entry: dict[str, Any]
+    path: str  # as the user named it (messages)
+    src: str  # absolute
+    out: str  # absolute
+    trace: bool
+
+    def args(self) -> tuple[str, str, bool]:
+        """What `_run` takes: plain values that any worker can receive."""
+        return self.src, self.out, self.trace
+
+
+def _run(src: str, out: str, trace: bool) -> dict[str, Any]:
+    return analyze_input(src, out) if trace else timeline_table(src, out)
+
+
+# Fields of a map result that stay out of the manifest (the summary has its own file).
+_NOT_KEPT = ("summary", "problems", "host", "format")
+
+
+def _map(todo: list[_Job], workers: int | None, executor: Executor | None):
+    """Run every job; yields (job, {"status", "message", ...}).
 
     Default (Linux): `_forked`, forked workers that are replaced once a trace leaves them big.
     `executor` (any concurrent.futures Executor: a process pool, Dask's) replaces that.
@@ -200,72 +243,126 @@ def _map(todo: list[tuple[TraceInput, dict[str, Any]]], derived: Path, workers: 
     if workers is None:
         # Starting a worker costs ~0.1-0.3 s of CPU (page faults of a fresh heap, lazy set-up
         # in the libraries): below some work, one process is faster.
-        small = sum(_json_bytes(e) for _, e in todo) < SERIAL_BELOW_BYTES
+        small = sum(_json_bytes(j.entry) for j in todo) < SERIAL_BELOW_BYTES
         workers = 1 if small else min(os.cpu_count() or 1, len(todo))
-    # Absolute paths: a worker elsewhere (Dask) has another working directory.
-    jobs = [(inp, entry, os.path.abspath(inp.path),
-             os.path.abspath(derived / INPUTS_DIR / entry["key"])) for inp, entry in todo]
     if executor is None and (workers <= 1 or len(todo) == 1):
-        for inp, entry, p, o in jobs:
-            yield inp, entry, analyze_input(p, o)
+        for job in todo:
+            yield job, _run(*job.args())
         return
     if executor is None and _can_fork():
-        yield from _forked(jobs, workers)
+        yield from _forked(todo, workers)
         return
     own = executor is None
     if own:
         executor = ProcessPoolExecutor(max_workers=workers, initializer=keep_pandas_out)
     assert executor is not None
     try:
-        futures = {executor.submit(analyze_shared, p, o): (inp, entry, o)
-                   for inp, entry, p, o in jobs}
+        futures = {executor.submit(analyze_shared, *job.args()): job for job in todo}
         for fut in as_completed(futures):
-            inp, entry, o = futures[fut]
+            job = futures[fut]
             try:
-                res = _visible(inp, o, fut.result())
+                res = _visible(job, fut.result())
             except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory)
-                res = _died(inp, f"{type(exc).__name__}: {exc}")
-            yield inp, entry, res
+                res = _died(job.path, f"{type(exc).__name__}: {exc}")
+            yield job, res
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def analyze_shared(path: str, out_dir: str) -> dict[str, Any]:
-    """`analyze_input` for a worker that may run on another machine (Dask): says so when the
-    trace or the derived folder is not visible there, returns only a status (the tables stay
-    on the shared file system), and gives freed memory back since the worker lives on."""
+def analyze_shared(path: str, out: str, trace: bool = True) -> dict[str, Any]:
+    """The map's work (`analyze_input` of a trace, or `timeline_table` of a rank folder) for a
+    worker that may run on another machine (Dask): says so when the input or the derived folder
+    is not visible there, returns only a status (the tables stay on the shared file system),
+    and gives freed memory back since the worker lives on."""
     host = socket.gethostname()
-    if not os.path.isfile(path):
-        return {"status": "error", "host": host, "format": FORMAT_VERSION,
-                "message": f"{path}: not found on worker {host}: every worker must see the "
-                           "traces at the same path as the machine running uberprof analyze "
-                           "(a shared file system)"}
+    status = {"status": "error", "host": host, "format": FORMAT_VERSION}
+    if not os.path.exists(path):
+        return {**status, "message": f"{path}: not found on worker {host}: every worker must "
+                "see the traces at the same path as the machine running uberprof analyze (a "
+                "shared file system)"}
+    folder = Path(out) if trace else Path(out).parent
     try:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return {"status": "error", "host": host, "format": FORMAT_VERSION,
-                "message": f"{path}: worker {host} cannot write its tables to {out_dir} ({exc}): "
-                           "the derived folder (--out) must be on a file system that every "
-                           "worker can write and the machine running uberprof analyze can read"}
-    res = analyze_input(path, out_dir)
+        return {**status, "message": f"{path}: worker {host} cannot write its tables to "
+                f"{folder} ({exc}): the derived folder (--out) must be on a file system that "
+                "every worker can write and the machine running uberprof analyze can read"}
+    res = _run(path, out, trace)
     _give_back_memory()
-    return {"status": res["status"], "message": res["message"], "host": host,
+    return {**{k: v for k, v in res.items() if k not in _NOT_KEPT}, "host": host,
             "format": FORMAT_VERSION}
 
 
-def _visible(inp: TraceInput, out_dir: str, res: dict[str, Any]) -> dict[str, Any]:
+def _visible(job: _Job, res: dict[str, Any]) -> dict[str, Any]:
     """A worker's result, checked from here: same table format, and its tables readable."""
     if res.get("format", FORMAT_VERSION) != FORMAT_VERSION:
-        return {"status": "error", "message": f"{inp.path}: worker {res.get('host')} writes "
+        return {"status": "error", "message": f"{job.path}: worker {res.get('host')} writes "
                 f"derived format {res.get('format')}, this machine reads {FORMAT_VERSION}: "
                 "install the same uberprof version on every worker"}
-    if res.get("status") == "ok" and not (Path(out_dir) / SUMMARY_FILE).exists():
-        return {"status": "error", "message": f"{inp.path}: analysed on worker "
-                f"{res.get('host')}, but its tables are not visible here ({out_dir}): the "
+    made = Path(job.out) / SUMMARY_FILE if job.trace else Path(job.out)
+    if res.get("status") == "ok" and not made.exists():
+        return {"status": "error", "message": f"{job.path}: analysed on worker "
+                f"{res.get('host')}, but its tables are not visible here ({job.out}): the "
                 "derived folder (--out) must be on a file system shared by every worker and "
                 "this machine"}
     return res
+
+
+def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
+    """A rank's step timeline (`ranks/<r>/steps.jsonl`) as a Parquet table of TIMELINE_SCHEMA,
+    one row per step: parsed here, in the map, so that the cross-rank step reads a small
+    columnar table per rank rather than every JSON line of every rank. Never raises.
+
+    Returns {"status", "message", "rows": whole rows read, "truncated": cut-off last line}.
+    """
+    try:
+        rows, truncated = read_steps(Path(rank_dir))
+        first: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            if isinstance(r.get("step"), int):
+                first.setdefault(r["step"], r)
+        cols = {name: [v if isinstance(v := r.get(name), int) and not isinstance(v, bool)
+                       else None for r in first.values()]
+                for name in TIMELINE_SCHEMA.names[1:]}
+        table = pa.table({"step": list(first), **cols}, schema=TIMELINE_SCHEMA)
+        out = Path(out_file)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, out)
+        return {"status": "ok", "message": None, "rows": len(rows), "truncated": truncated}
+    except Exception as exc:  # noqa: BLE001 - one bad file must not stop the other ranks
+        return {"status": "error", "rows": 0, "truncated": False,
+                "message": f"{Path(rank_dir) / STEPS_JSONL}: could not be read "
+                           f"({type(exc).__name__}: {exc}); step times of this rank left out"}
+
+
+def _timeline_jobs(source: Source, derived: Path, table: dict[str, dict[str, Any]],
+                   force: bool) -> list[_Job]:
+    """Jobs for the step timelines that changed since they were last read (a live run's)."""
+    jobs = []
+    for rank, rd in source.rank_dirs:
+        if rank is None:
+            continue
+        rel = rd.relative_to(source.root).as_posix()
+        try:
+            st = (rd / STEPS_JSONL).stat()
+        except OSError:
+            table.pop(rel, None)
+            continue
+        key = _key(rel)
+        old = table.get(rel)
+        out = derived / TIMELINES_DIR / f"{key}.parquet"
+        if (not force and old is not None and old.get("version") == FORMAT_VERSION
+                and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
+                and (old.get("status") == "error" or out.exists())):
+            continue
+        entry = {"key": key, "path": str(rd), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                 "version": FORMAT_VERSION}
+        jobs.append(_Job(rel, table, entry, str(rd / STEPS_JSONL), os.path.abspath(rd),
+                         os.path.abspath(out), trace=False))
+    return jobs
 
 
 SERIAL_BELOW_BYTES = 64 << 20  # of JSON (compressed traces count ~8x their size)
@@ -287,9 +384,9 @@ def _can_fork() -> bool:
     return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods()
 
 
-def _died(inp: TraceInput, why: str) -> dict[str, Any]:
+def _died(path: str, why: str) -> dict[str, Any]:
     return {"status": "error", "summary": None, "problems": [],
-            "message": f"{inp.path}: the process analysing it died ({why}); out of memory?"}
+            "message": f"{path}: the process analysing it died ({why}); out of memory?"}
 
 
 def _rss() -> int:
@@ -325,10 +422,10 @@ def _worker(conn: Any) -> None:
         job = conn.recv()
         if job is None:
             return
-        res = analyze_input(*job)
+        res = _run(*job)
         _give_back_memory()
         retire = _rss() - start > RECYCLE_BYTES
-        conn.send(({"status": res["status"], "message": res["message"]}, retire))
+        conn.send(({k: v for k, v in res.items() if k not in _NOT_KEPT}, retire))
         if retire:
             return
 
@@ -364,7 +461,7 @@ def _prepare_fork() -> None:
     gc.freeze()
 
 
-def _forked(jobs: list[tuple[TraceInput, dict[str, Any], str, str]], workers: int):
+def _forked(jobs: list[_Job], workers: int):
     """At most `workers` forked processes, each fed one input at a time through a pipe.
 
     Own processes instead of a concurrent.futures pool because a worker must be replaceable:
@@ -379,7 +476,7 @@ def _forked(jobs: list[tuple[TraceInput, dict[str, Any], str, str]], workers: in
     _prepare_fork()
     pending = list(reversed(jobs))
     idle: list[tuple[Any, Any]] = []  # (process, connection)
-    busy: dict[Any, tuple[Any, TraceInput, dict[str, Any]]] = {}  # connection -> ...
+    busy: dict[Any, tuple[Any, _Job]] = {}  # connection -> (process, job)
     alive = 0
     try:
         while pending or busy:
@@ -392,17 +489,17 @@ def _forked(jobs: list[tuple[TraceInput, dict[str, Any], str, str]], workers: in
                     proc.start()
                     child.close()
                     alive += 1
-                inp, entry, p, o = pending.pop()
-                conn.send((p, o))
-                busy[conn] = (proc, inp, entry)
+                job = pending.pop()
+                conn.send(job.args())
+                busy[conn] = (proc, job)
             for conn in wait(list(busy)):
-                proc, inp, entry = busy.pop(conn)
+                proc, job = busy.pop(conn)
                 try:
                     res, retire = conn.recv()
                 except (EOFError, OSError):
                     proc.join()
                     code = proc.exitcode
-                    res, retire = _died(inp, f"signal {-code}" if code and code < 0
+                    res, retire = _died(job.path, f"signal {-code}" if code and code < 0
                                         else f"exit code {code}"), True
                 if retire:
                     conn.close()
@@ -410,7 +507,7 @@ def _forked(jobs: list[tuple[TraceInput, dict[str, Any], str, str]], workers: in
                     alive -= 1
                 else:
                     idle.append((proc, conn))
-                yield inp, entry, res
+                yield job, res
     finally:
         for proc, conn in idle:
             try:
@@ -418,9 +515,9 @@ def _forked(jobs: list[tuple[TraceInput, dict[str, Any], str, str]], workers: in
             except OSError:
                 pass
             conn.close()
-        for proc, _, _ in busy.values():
+        for proc, _ in busy.values():
             proc.terminate()
-        for proc in [p for p, _ in idle] + [p for p, _, _ in busy.values()]:
+        for proc in [p for p, _ in idle] + [p for p, _ in busy.values()]:
             proc.join(timeout=10)
         gc.unfreeze()
 
@@ -443,7 +540,8 @@ def keep_pandas_out() -> None:
 
 # --- the reduce ---------------------------------------------------------------------------------
 
-def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]]) -> Analysis:
+def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
+            timelines: dict[str, dict[str, Any]]) -> Analysis:
     problems: list[str] = []
     loaded: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]] = []
     for inp in source.inputs:
@@ -501,7 +599,7 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]]) -
     for rank, rd in source.rank_dirs:
         if rank is not None:
             dirs.setdefault(rank, []).append(rd)
-    cut: dict[Path, str] = {}  # step timelines that end with a cut-off line
+    cut: dict[Path, str] = {}  # step timelines cut off or unreadable
     rank_rows: list[dict[str, Any]] = []
     untraced: list[int] = []
     coll_schema = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA, ("trace", pa.string())])
@@ -509,7 +607,7 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]]) -
             _ParquetOut(derived / "collectives.parquet", coll_schema) as coll_out:
         for rank in sorted(set(ranks_info) | set(dirs)):
             items = ranks_info.get(rank, [])
-            timeline = _timeline(dirs.get(rank, []), cut)
+            timeline = _timeline(source.root, derived, timelines, dirs.get(rank, []), cut)
             if not items and timeline is None:
                 continue
             rows = _steps(derived, rank, items, timeline or {})
@@ -564,9 +662,10 @@ def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[
     """Several traces of one rank are fine when they cover different times (several windows);
     traces of one rank over the same time come from two jobs or copies: keep the first."""
     kept: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
+    of_rank: dict[int, list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]]] = {}
     for rank, inp, e, s in sorted(assigned, key=lambda x: (x[0], x[1].rel)):
-        clash = next((k for k in kept if k[0] == rank
-                      and s["first_ns"] < k[3]["last_ns"] and k[3]["first_ns"] < s["last_ns"]),
+        clash = next((k for k in of_rank.get(rank, [])  # per rank: linear in ranks
+                      if s["first_ns"] < k[3]["last_ns"] and k[3]["first_ns"] < s["last_ns"]),
                      None)
         if clash is not None:
             problems.append(f"{inp.path}: duplicate rank {rank}: {clash[1].path} already covers "
@@ -574,27 +673,34 @@ def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[
                             "trace?); left out")
             continue
         kept.append((rank, inp, e, s))
+        of_rank.setdefault(rank, []).append(kept[-1])
     return kept
 
 
 Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entry, summary
 
 
-def _timeline(rank_dirs: list[Path], cut: dict[Path, str]) -> dict[int, dict[str, Any]] | None:
-    """One rank's step timeline (steps.jsonl of its folders), by step; None when it has none.
-    Timelines ending with a cut-off line are noted in `cut`."""
+def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
+              rank_dirs: list[Path], notes: dict[Path, str]) -> dict[int, dict[str, Any]] | None:
+    """One rank's step timeline (the tables `timeline_table` made of the steps.jsonl of its
+    folders), by step; None when it has none. Cut-off or unreadable timelines go to `notes`."""
     steps: dict[int, dict[str, Any]] | None = None
     for rd in rank_dirs:
-        rows, truncated = read_steps(rd)
-        if truncated:
-            cut[rd] = (f"{rd / 'steps.jsonl'}: ends with a cut-off line; "
-                       f"{len(rows)} whole steps kept")
-        if not rows:
+        e = timelines.get(rd.relative_to(root).as_posix())
+        if e is None:  # no steps.jsonl
+            continue
+        if e.get("status") != "ok":
+            notes[rd] = e.get("message") or f"{rd / STEPS_JSONL}: could not be read"
+            continue
+        if e.get("truncated"):
+            notes[rd] = (f"{rd / STEPS_JSONL}: ends with a cut-off line; "
+                         f"{e.get('rows')} whole steps kept")
+        if not e.get("rows"):
             continue
         steps = {} if steps is None else steps
-        for r in rows:
-            if isinstance(r.get("step"), int):
-                steps.setdefault(r["step"], r)
+        t = pq.read_table(derived / TIMELINES_DIR / f"{e['key']}.parquet")
+        for r in t.to_pylist():
+            steps.setdefault(r["step"], r)
     return steps
 
 
