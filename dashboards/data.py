@@ -252,6 +252,13 @@ class RunData:
         return self._steps
 
     @property
+    def is_run_dir(self) -> bool:
+        """A uberprof run directory (else a folder of Kineto traces or one trace file)."""
+        from uberprof.rundir import RunDir
+
+        return RunDir(self.root).is_run()
+
+    @property
     def has_traces(self) -> bool:
         """Whether any rank has an analysed trace (a run may have step timelines only)."""
         def find() -> bool:
@@ -317,7 +324,10 @@ class RunData:
                            "bandwidth. Record some with `uberprof run --trace-steps A-B` (or "
                            "`--trace-every N`).")
             cat = self.counter_catalog()
-            if not cat["nodes"]:
+            if not cat["nodes"] and not self.is_run_dir:
+                out.append("No counters: this is a folder of traces; GPU and host counters come "
+                           "with runs recorded by `uberprof run`.")
+            elif not cat["nodes"]:
                 out.append("No counters: the run was recorded with `--counters none`, or the "
                            "node agents could not sample.")
             elif not cat["gpu"]:

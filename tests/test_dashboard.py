@@ -277,6 +277,34 @@ def test_cpu_run_without_gpu_counters(tmp_path: Path) -> None:
     assert "No persistent straggler" in _text(_pages()["/stragglers"].layout(data, Selection()))
 
 
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+@pytest.mark.skipif(not (SHARED_TRACES / "hta" / "trace_filter").is_dir(),
+                    reason=f"{SHARED_TRACES} not present")
+def test_real_gpu_traces_folder(tmp_path: Path) -> None:
+    """Two ranks of a 128-rank NCCL job recorded by others (a folder of traces, read-only):
+    every page renders, the timeline has kernels and NCCL on both ranks, and it says that
+    counters come with runs recorded by uberprof."""
+    from dashboards.data import RunData
+    from dashboards.ui import Selection
+
+    data = RunData(root=SHARED_TRACES / "hta" / "trace_filter", out=tmp_path / "derived",
+                   workers=1).load()
+    data.warm()
+    assert data.has_traces and not data.is_run_dir and data.ranks() == [0, 1]
+    assert data.health()["device"] == "cuda"
+    step = data.traced_steps()[-1]
+    tl = data.step_timeline(step)
+    assert [r.rank for r in tl.ranks] == [0, 1]
+    assert all({"compute", "comm"} <= set(r.parts) for r in tl.ranks)
+    assert any("folder of traces" in m for m in data.missing())
+    for path, page in _pages().items():
+        layout = page.layout(data, Selection())
+        assert "page-error" not in _ids(layout), path
+    assert data.findings()
+
+
 def test_selection_round_trips_through_the_query() -> None:
     from dashboards.ui import Selection
 
@@ -338,6 +366,14 @@ def test_cli_refuses_other_hosts_without_credentials(synth_run: Path) -> None:
     assert "refusing to listen on 0.0.0.0 without credentials" in r.output
     r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--auth", "nopassword"])
     assert r.exit_code == 2 and "user:password" in r.output
+
+
+def test_cli_nothing_to_show(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not a run")
+    r = CliRunner().invoke(main, ["dashboard", str(tmp_path / "empty"), "--port", "0"])
+    assert r.exit_code == 1, r.output
+    assert "nothing to show" in r.output
 
 
 def test_cli_parse_auth_and_loopback() -> None:

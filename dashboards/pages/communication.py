@@ -101,7 +101,10 @@ def busbw_figure(data: RunData) -> go.Figure:
         fig.add_hline(y=p, line_dash="dash", line_color="#555",
                       annotation_text=f"{link} peak ({kind}) {p:.0f} Gbit/s",
                       annotation_position="top left", annotation_font_size=10)
-    fig.update_xaxes(type="log", title="message size (bytes, nccl-tests S)")
+    known = size[np.isfinite(size) & (size > 0)]
+    rng = [np.log10(known.min() / 3), np.log10(known.max() * 3)] if known.size else None
+    fig.update_xaxes(type="log", title="message size (nccl-tests S)", range=rng,
+                     tickformat=".2~s", ticksuffix="B")
     fig.update_yaxes(title="busbw (Gbit/s)", rangemode="tozero")
     return ui.base_layout(fig, height=340)
 

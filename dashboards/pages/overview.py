@@ -53,8 +53,8 @@ def health_cards(h: dict[str, Any]) -> html.Div:
     device = h.get("device") or "?"
     cards = [
         ui.card("Ranks", str(h["ranks"]),
-                f"{h['hosts']} host(s) · {device}" + (f" · {h['backend']}" if h.get("backend")
-                                                      else ""), id="card-ranks"),
+                (f"{h['hosts']} host(s)" if h["hosts"] else "hosts unknown") + f" · {device}"
+                + (f" · {h['backend']}" if h.get("backend") else ""), id="card-ranks"),
         ui.card("Steps", str(h["steps"]),
                 f"{len(traced)} traced" if traced else "none traced", id="card-steps"),
         ui.card("Step time", ui.fmt_ms(h["step_ms_median"]),
@@ -137,7 +137,8 @@ def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
         hovertemplate=who + "<br>step %{customdata}<br>%{z:.1f} ms<extra></extra>")
     n = len(hm.ranks)
     fig.update_yaxes(**ui.rank_ticks(hm.ranks, straggler), autorange="reversed", title=None)
-    fig.update_xaxes(title=f"step (max per {bins})" if hm.bin_steps > 1 else "step")
+    fig.update_xaxes(title=f"step (max per {bins})" if hm.bin_steps > 1 else "step",
+                     tickformat="d", **({"tickvals": hm.x} if len(hm.x) <= 12 else {}))
     if straggler is not None and straggler in hm.ranks:
         fig.add_shape(type="rect", xref="paper", x0=0, x1=1, y0=straggler - 0.5,
                       y1=straggler + 0.5, line={"color": ui.STRAGGLER, "width": 2})

@@ -87,6 +87,11 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, out: Path
             data.load(progress=update)
     for n in data.notices:
         err.print(f"uberprof dashboard: {n}", markup=False, highlight=False)
+    if not data.has_traces and data.steps.num_rows == 0:
+        err.print(f"uberprof dashboard: nothing to show in {path}: no trace and no step "
+                  "timeline (is it a uberprof run directory or a folder of Kineto traces?)",
+                  markup=False, highlight=False)
+        sys.exit(1)
     ranks = len(data.ranks())
     with err.status(f"diagnosing {ranks} rank(s)…", spinner="dots"):
         data.warm()
