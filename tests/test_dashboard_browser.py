@@ -247,10 +247,10 @@ def test_straggler_run_highlights_the_straggler(browser: Any, straggler: Served)
     v = _visit(browser, straggler, "/", "straggler")
     assert f"rank {STRAGGLER}" in v.text("#card-straggler")
     assert "bad" in (v.page.get_attribute("#card-straggler", "class") or "")
-    first = v.page.locator("#findings .finding").first
-    assert first.get_attribute("data-kind") == "straggler"
-    assert first.get_attribute("data-ranks") == str(STRAGGLER)
-    assert "Remedy" in first.inner_text()
+    finding = v.page.locator("#findings .finding[data-kind='straggler']")
+    assert finding.count() == 1
+    assert finding.get_attribute("data-ranks") == str(STRAGGLER)
+    assert "Remedy" in finding.inner_text()
     assert label in v.text("#rank-breakdown") and label in v.text("#step-heatmap")
     v.done()
 

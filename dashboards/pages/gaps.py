@@ -64,7 +64,10 @@ def by_rank_figure(data: RunData) -> go.Figure:
     by = data.gaps_by_rank()
     assert by is not None
     straggler = data.straggler_rank()
-    ranks = sorted(set(by.column("rank").to_pylist()))
+    # every traced rank has a place, so that a rank without gaps shows as such
+    traced = data.breakdown_by_rank()
+    ranks = sorted(set(by.column("rank").to_pylist())
+                   | set(traced.column("rank").to_pylist() if traced is not None else []))
     pos = {r: i for i, r in enumerate(ranks)}
     fig = ui.new_figure()
     rows = by.to_pylist()
@@ -79,7 +82,8 @@ def by_rank_figure(data: RunData) -> go.Figure:
             hovertemplate=f"rank %{{customdata[0]}}: %{{y:.2f}} ms {cause} idle in "
                           "%{customdata[1]} gaps<extra></extra>")
     fig.update_layout(barmode="stack", legend_traceorder="normal")
-    fig.update_xaxes(**ui.rank_ticks(ranks, straggler, positional=True))
+    fig.update_xaxes(**ui.rank_ticks(ranks, straggler, positional=True),
+                     range=[-0.5, len(ranks) - 0.5])
     fig.update_yaxes(title="idle ms")
     return ui.base_layout(fig, height=320)
 
