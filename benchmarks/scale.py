@@ -41,6 +41,13 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of every process it (or they) waited for: forked
+    workers, and Dask's nannies with their workers once the cluster is closed."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def _synth() -> Any:
     sys.path.insert(0, str(HERE))
     import synth_run
@@ -74,6 +81,7 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
     from uberprof.analysis.pipeline import analyze, keep_pandas_out
 
     res: dict[str, Any] = {}
+    cpu = _cpu_s()
     if phase == "report":
         from uberprof.analysis.advisor import diagnose
 
@@ -100,6 +108,7 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
         res.update(ranks=len(a.ranks), analysed=a.analysed,
                    events=sum(_events(a.derived, e) for e in a.inputs.values()))
     res["client_peak_mib"] = _peak_mib()
+    res["cpu_s"] = _cpu_s() - cpu  # the cluster's start and close included (dask)
     return res
 
 
@@ -174,7 +183,8 @@ def _line(r: dict[str, Any], modes: list[str]) -> str:
     parts = [f"{r['ranks']:4d} ranks {ev / 1e6:6.2f} M events {r['json_bytes'] / 2**20:7.1f} MiB"]
     for m in modes:
         a, red = r[m], r[f"{m}_reduce"]
-        parts.append(f"{m}: {a['work_s']:6.2f} s ({ev / a['work_s'] / 1e6:4.2f} M ev/s) "
+        parts.append(f"{m}: {a['work_s']:6.2f} s ({ev / a['work_s'] / 1e6:4.2f} M ev/s, "
+                     f"{a['cpu_s']:6.1f} cpu-s) "
                      f"client {a['client_peak_mib']:4.0f} MiB"
                      + (f" (+{a['cluster_s']:.1f} s start)" if "cluster_s" in a else "")
                      + f", reduce {red['work_s']:5.2f} s {red['client_peak_mib']:4.0f} MiB")

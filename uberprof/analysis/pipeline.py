@@ -558,7 +558,10 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
                             "run uberprof analyze --force")
             continue
         problems.extend(doc.get("problems") or [])
-        loaded.append((inp, e, doc["summary"]))
+        summary = doc["summary"]
+        # Only what the reduce uses: a summary's process groups list every rank of each group,
+        # and keeping them for every input would grow with ranks squared.
+        loaded.append((inp, e, {k: summary.get(k) for k in _REDUCE_KEYS}))
 
     # Which rank each trace belongs to: the trace itself, then the run directory, then its name.
     assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
@@ -656,6 +659,10 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
                     inputs=inputs)
 
 
+_REDUCE_KEYS = ("trace_rank", "first_ns", "last_ns", "mode", "device_type", "host",
+                *BREAKDOWN_FIELDS)
+
+
 def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]],
                      problems: list[str]) -> list[tuple[int, TraceInput, dict[str, Any],
                                                         dict[str, Any]]]:
@@ -750,7 +757,7 @@ class _ParquetOut:
     GROUP_ROWS), to a temporary file renamed into place once complete: readers never see half
     a table, and the writer never holds the whole one."""
 
-    GROUP_ROWS = 1 << 16
+    GROUP_ROWS = 1 << 14
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path = path
