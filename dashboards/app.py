@@ -44,6 +44,7 @@ def _plotly_js_version(path: Path) -> str | None:
 
 
 PLOTLY_JS_PATH = "/_dash-component-suites/plotly/package_data/plotly.min.js"
+GRAPH_JS_PATH = "/_dash-component-suites/dash/dcc/async-graph.js"
 
 
 def light_plotly() -> Path | None:
@@ -90,6 +91,10 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
         suppress_callback_exceptions=True, serve_locally=True,
         update_title=None, compress=False, enable_mcp=False,
     )
+    # Fetch what the first graph will ask for while the page starts (not run until then).
+    app.index_string = app.index_string.replace("{%css%}", "{%css%}" + "".join(
+        f'\n        <link rel="preload" as="script" href="{p}">'
+        for p in (PLOTLY_JS_PATH, GRAPH_JS_PATH)), 1)
     pages = _pages()
     app.layout = html.Div([
         dcc.Location(id="url", refresh="callback-nav"),
