@@ -129,7 +129,8 @@ def derived_dir_for(source: Source, out: Path | None) -> tuple[Path, str | None]
     if out is not None:
         return Path(out), None
     beside = source.root / DERIVED_DIR
-    if _writable(beside):
+    # The data folder itself decides: a derived/ left inside a read-only folder does not count.
+    if _writable(source.root) and _writable(beside):
         return beside, None
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha1(str(source.root.resolve()).encode()).hexdigest()[:10]
