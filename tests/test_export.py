@@ -21,7 +21,9 @@ from uberprof.present.export.layout import IdSpace, nest_lanes
 
 
 def _export(src: Path, out: Path, **kw) -> tuple:  # type: ignore[no-untyped-def]
-    res = export_trace(src, out, ExportOptions(**kw), derived=src.parent / "derived")
+    # Derived tables next to the output (a temporary folder), never inside the inputs: the
+    # shared traces are read-only.
+    res = export_trace(src, out, ExportOptions(**kw), derived=out.parent / "derived")
     return res, load(res.path)
 
 
