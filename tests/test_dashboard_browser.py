@@ -56,8 +56,10 @@ def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "ddp2"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope: Playwright's sync API allows one instance per thread at a time, and the
+    # export's browser tests start their own.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
