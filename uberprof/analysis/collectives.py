@@ -137,7 +137,7 @@ def match_collectives(ctx: RunContext) -> Matched:
         {join}
         WHERE NOT (i.present = e.expected AND i.nrows = i.present AND i.present >= 2)
           AND e.expected >= 2
-        ORDER BY k.start_ns
+        ORDER BY k.start_ns, k.rank
     """).to_arrow_table()
     con.close()
     # Renumber instances densely so that ids are 0..n-1 in time order.
