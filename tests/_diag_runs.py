@@ -30,7 +30,7 @@ def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def slow_compute_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Rank 2 runs the forward pass four times (three extra, outside autograd)."""
-    return _ddp_run(tmp_path_factory, "slowcompute", "--slow-rank", "2", "--slow-compute", "4")
+    return _ddp_run(tmp_path_factory, "slowcompute", "--slow-rank", "2", "--slow-compute", "8")
 
 
 @pytest.fixture(scope="session")
