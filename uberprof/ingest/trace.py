@@ -408,9 +408,9 @@ def _build(path: Path, header: _Header, cols: _Columns) -> IngestedTrace:
     base = header.baseTimeNanoseconds
     if isinstance(base, int) and not isinstance(base, bool) and base > 0:
         clock = "epoch"
-        ts_ns = _us_to_ns(ts) + base
+        ts_ns = us_to_ns(ts) + base
     else:
-        ts_ns = _us_to_ns(ts)
+        ts_ns = us_to_ns(ts)
         # Old traces carry absolute epoch microseconds; anything after 2001 is an epoch.
         clock = "epoch" if float(np.min(ts)) > 1e15 else "relative"
     dur_ns = np.rint(dur * 1000.0).astype(np.int64)
@@ -488,14 +488,14 @@ def _times(xs: Sequence[_Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ts = np.array([e.ts for e in xs], dtype=np.float64)
         dur = np.array([e.dur for e in xs], dtype=np.float64)
     except (TypeError, ValueError):
-        ts = np.array([_num(e.ts) for e in xs], dtype=np.float64)
-        dur = np.array([_num(e.dur) for e in xs], dtype=np.float64)
+        ts = np.array([as_float(e.ts) for e in xs], dtype=np.float64)
+        dur = np.array([as_float(e.dur) for e in xs], dtype=np.float64)
     with np.errstate(invalid="ignore"):
         keep = ~np.isnan(ts) & ~np.isnan(dur) & (dur >= 0)
     return ts, dur, keep
 
 
-def _num(v: Any) -> float:
+def as_float(v: Any) -> float:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
     if isinstance(v, str):
@@ -506,7 +506,7 @@ def _num(v: Any) -> float:
     return float("nan")
 
 
-def _us_to_ns(us: np.ndarray) -> np.ndarray:
+def us_to_ns(us: np.ndarray) -> np.ndarray:
     """µs (float64) to integer ns without losing the sub-µs part of large epoch values."""
     whole = np.floor(us)
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)

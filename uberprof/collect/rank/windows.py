@@ -74,7 +74,7 @@ class TraceWindows:
     def _start(self, window: tuple[int, int], step: int) -> None:
         import torch
         from torch.autograd import profiler as autograd_profiler
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity
 
         if getattr(autograd_profiler, "_is_profiler_enabled", False):
             self.user_profiler_seen()

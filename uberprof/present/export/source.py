@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from uberprof.ingest import classify as K
-from uberprof.ingest.trace import RawTrace, read_raw_trace
+from uberprof.ingest.trace import RawTrace, as_float, read_raw_trace, us_to_ns
 
 __all__ = [
     "PH_ASYNC", "PH_C", "PH_FLOW", "PH_INSTANT", "PH_M", "PH_X",
@@ -196,10 +196,10 @@ def scan_file(path: str) -> FileScan:
                 t = tracks[key] = len(tracks)
             track[i] = t
             v = e.ts
-            ts[i] = v if type(v) in (float, int) else _num(v)
+            ts[i] = v if type(v) in (float, int) else as_float(v)
             if p == PH_X:
                 d = e.dur
-                dur[i] = d if type(d) in (float, int) else _num(d)
+                dur[i] = d if type(d) in (float, int) else as_float(d)
                 stream = a.stream if a is not None else None
                 on_device = type(stream) is int or _is_device_cat(e.cat)
                 if on_device:
@@ -237,7 +237,7 @@ def scan_file(path: str) -> FileScan:
 
     ts_ok = ~np.isnan(ts)
     ts_ns = np.zeros(n, dtype=np.int64)
-    ts_ns[ts_ok] = _us_to_ns(ts[ts_ok]) + (raw.base_time_ns or 0)
+    ts_ns[ts_ok] = us_to_ns(ts[ts_ok]) + (raw.base_time_ns or 0)
     dur_ns = np.full(n, -1, dtype=np.int64)
     dok = ~np.isnan(dur) & (dur >= 0)
     dur_ns[dok] = np.rint(dur[dok] * 1000.0).astype(np.int64)
@@ -272,23 +272,6 @@ def _metadata(e: _Event, thread_names: dict[tuple[Any, Any], str], labels: dict[
             thread_names[key] = a.name.strip()
     elif e.name == "process_labels" and isinstance(a.labels, str):
         labels[_key(e.pid)] = a.labels
-
-
-def _num(v: Any) -> float:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return float("nan")
-    return float("nan")
-
-
-def _us_to_ns(us: np.ndarray) -> np.ndarray:
-    """µs (float64) to integer ns without losing the sub-µs part of large values (as ingest)."""
-    whole = np.floor(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
 
 
 def iter_events(scan: FileScan, keep: np.ndarray, tid_of: np.ndarray, pid: int,
