@@ -97,9 +97,9 @@ def export(path: Path, output: Path, steps_text: str | None, ranks_text: str | N
     counters as counter tracks.
     """
     from uberprof.analysis.pipeline import keep_pandas_out
-    from uberprof.cli.analyze import _progress
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.export import DEFAULT_MAX_MB, ExportError, ExportOptions, export_trace
+    from uberprof.present.terminal.progress import ReadProgress
 
     keep_pandas_out()
     err = Console(stderr=True)
@@ -113,7 +113,7 @@ def export(path: Path, output: Path, steps_text: str | None, ranks_text: str | N
         err.print(f"uberprof export: {msg}", markup=False, highlight=False, soft_wrap=True)
 
     try:
-        with _progress(err) as update:
+        with ReadProgress(err) as update:
             res = export_trace(path, output, opts, derived=derived, workers=workers,
                                progress=update)
     except (NoTraces, ExportError) as exc:

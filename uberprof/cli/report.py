@@ -41,14 +41,14 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
 
     from uberprof.analysis.advisor import diagnose
     from uberprof.analysis.pipeline import keep_pandas_out
-    from uberprof.cli.analyze import _progress
     from uberprof.ingest.discover import NoTraces
+    from uberprof.present.terminal.progress import ReadProgress
 
     if html_file is None:
         keep_pandas_out()
     err = Console(stderr=True)
     try:
-        with _progress(err) as update:
+        with ReadProgress(err) as update:
             d = diagnose(path, out=out, workers=workers, progress=update,
                          threshold_ns=int(gap_threshold_us * 1000))
     except NoTraces as exc:
