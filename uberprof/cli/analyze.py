@@ -10,6 +10,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from uberprof.cli.options import derived_option, workers_option
 from uberprof.present.terminal.analyze import render_analysis
 from uberprof.present.terminal.progress import ReadProgress
 
@@ -17,10 +18,8 @@ from uberprof.present.terminal.progress import ReadProgress
 @click.command(short_help="Break each rank's time down into compute, communication and idle.")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (see README).")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes for reading traces (default: one per CPU).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to write derived tables (default: PATH/derived).")
+@workers_option()
+@derived_option("--out", "Where to write derived tables (default: PATH/derived).")
 @click.option("--force", is_flag=True, help="Analyse every trace again, even unchanged ones.")
 @click.option("--dask", "dask_address", metavar="ADDRESS", default=None,
               help="Read traces on a Dask cluster (scheduler address, or 'local' for one on "

@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+
 EPILOG = """\
 \b
 Examples:
@@ -81,12 +83,9 @@ def parse_ranks(text: str | None) -> set[int] | None:
               show_default=True,
               help="chrome: Trace Event Format JSON; perfetto: Perfetto's protobuf trace.")
 @click.option("--no-gzip", is_flag=True, help="Write the file uncompressed.")
-@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
-              show_default=True, help="Shortest device idle gap marked.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes for reading traces not analysed yet (default: one per CPU).")
-@click.option("--derived", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the analysis tables are (default: PATH/derived).")
+@gap_threshold_option("marked")
+@workers_option("Processes for reading traces not analysed yet (default: one per CPU).")
+@derived_option("--derived", "Where the analysis tables are (default: PATH/derived).")
 def export(path: Path, output: Path, steps_text: str | None, ranks_text: str | None,
            no_counters: bool, with_python: bool, max_mb: float | None, fmt: str, no_gzip: bool,
            gap_threshold_us: float, workers: int | None, derived: Path | None) -> None:

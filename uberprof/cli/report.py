@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+
 EPILOG = """\
 \b
 Examples:
@@ -23,12 +25,9 @@ Examples:
               help="Print the diagnosis as JSON (stable; see README).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML report to this file.")
-@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
-              show_default=True, help="Shortest device idle gap reported.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes for reading traces (default: one per CPU).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where derived tables go (default: PATH/derived).")
+@gap_threshold_option("reported")
+@workers_option()
+@derived_option("--out", "Where derived tables go (default: PATH/derived).")
 def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: float,
            workers: int | None, out: Path | None) -> None:
     """Diagnose PATH (a run directory, a folder of Kineto traces, or one trace).
