@@ -2,7 +2,8 @@
 
 Several directories can be read as one run: the nodes of a multi-node job that each wrote to a
 local disk. Their ranks are merged; the job id the ranks agreed on through the process group
-tells whether they really belong together.
+tells whether they really belong together. Ranks and nodes are read through `uberprof.rundir`,
+whose rank-id rule decides which folder is which rank; a folder it cannot place is a problem.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from uberprof.rundir import (
     trace_windows,
 )
 
+# read_steps and trace_windows live in uberprof.rundir.ranks; still importable from here.
 __all__ = ["NotARunDirectory", "gzip_is_complete", "inventory", "node_counters", "read_steps",
-           "trace_windows"]  # read_steps, trace_windows: moved to uberprof.rundir.ranks
+           "trace_windows"]
 
 
 class NotARunDirectory(Exception):

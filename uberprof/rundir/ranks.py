@@ -12,8 +12,9 @@ that they never disagree on which folder is which rank:
    a folder is listed (so it is named as a problem) but belongs to no rank.
 
 Two folders for one rank (`0` and `0-2`: a restarted job, or two jobs in one run directory)
-are both listed by `list_ranks`, in claim order; `ranks_by_id` keeps the first claimed one, the
-one readers that need a single folder per rank use. The inventory names the duplicate.
+are both listed by `list_ranks`, in folder order (the name's number, then its claim number:
+`0`, `0-2`, `0-10`, `1`); `ranks_by_id`, which readers needing one folder per rank use, keeps
+the first of them in that order (`0`, the first claimed). The inventory names the duplicate.
 """
 
 from __future__ import annotations
@@ -109,13 +110,14 @@ def read_rank(folder: Path) -> RankMeta:
 
 
 def list_ranks(run: RunDir | Path | str) -> list[RankMeta]:
-    """Every rank folder of a run, in claim order (rank, then `3` before `3-2`), including
-    folders whose rank is unreadable (rank None)."""
+    """Every rank folder of a run, in folder order (`3`, `3-2`, `3-10`, `4`), including
+    folders whose rank is unreadable (rank None, listed last)."""
     return [read_rank(p) for p in as_run_dir(run).rank_dirs()]
 
 
 def ranks_by_id(ranks: RunDir | Path | str | Iterable[RankMeta]) -> dict[int, RankMeta]:
-    """One folder per rank: the first claimed where a rank has two; unreadable ranks left out."""
+    """One folder per rank: the first in folder order where a rank has several (`0` before
+    `0-2`); folders whose rank is unreadable are left out."""
     metas = list_ranks(ranks) if isinstance(ranks, RunDir | Path | str) else ranks
     out: dict[int, RankMeta] = {}
     for m in metas:
