@@ -176,3 +176,20 @@ def test_node_json_read_safely(tmp_path: Path) -> None:
     nodes = list_nodes(tmp_path)
     assert [x.node for x in nodes] == ["n1", "n2"]
     assert not nodes[1].readable and "not a JSON object" in nodes[1].problem
+
+
+def test_dashboard_step_timelines_follow_the_rule(tmp_path: Path) -> None:
+    """A run without traces: the dashboard names ranks as rank.json does, once per rank."""
+    from dashboards.data import RunData
+
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    rows = "".join(json.dumps({"kind": "step", "step": s, "host_start_ns": 10 * s,
+                               "host_end_ns": 10 * s + 5}) + "\n" for s in range(3))
+    for name, rank in (("0", 0), ("0-2", 0), ("5", 1)):
+        d = rank_folder(run.root, name, {"rank": rank, "host": f"h{name}"})
+        (d / "steps.jsonl").write_text(rows)
+    data = RunData(root=run.root, workers=1).load()
+    ranks = data.steps.column("rank").to_pylist()
+    assert sorted(ranks) == [0, 0, 0, 1, 1, 1]
+    assert data.host_of(0) == "h0" and data.host_of(1) == "h5"
