@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from rich.console import Console
 
-from uberprof.collect.capabilities import Check
+__all__ = ["CheckResult", "render_checks"]
 
-__all__ = ["render_checks"]
+
+class CheckResult(Protocol):
+    """What is shown of a check (collect.capabilities.Check; the presenters never import the
+    collect side)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def ok(self) -> bool | None: ...  # None: optional and absent
+    @property
+    def detail(self) -> str: ...
 
 _MARK = {True: "[green]ok[/green]  ", False: "[red]FAIL[/red]", None: "[dim]--[/dim]  "}
 
 
-def render_checks(checks: Sequence[Check], counters: Sequence[str], console: Console) -> None:
+def render_checks(checks: Sequence[CheckResult], counters: Sequence[str], console: Console) -> None:
     """Print each check with its verdict, and the counter sources a run would sample."""
     for c in checks:
         console.print(f"{_MARK[c.ok]} [bold]{c.name:<18}[/bold] {c.detail}")
