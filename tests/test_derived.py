@@ -193,3 +193,37 @@ def test_freshness(tmp_path: Path) -> None:
     assert not D.is_fresh({**entry, "status": "ok", "version": -1}, st, made)
     f.write_text("{} ")
     assert not D.is_fresh({**entry, "status": "ok"}, f.stat(), made)
+
+
+def test_no_derived_file_is_ever_written_in_place(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every table goes to a unique hidden temporary name in its folder, then is renamed: a
+    reader (or a second analysis) never finds a half-written table under a real name."""
+    from tests import _traces as T
+    from uberprof.analysis.pipeline import analyze
+
+    d = tmp_path / "traces"
+    T.write(d / "rank-0.pt.trace.json.gz", T.gpu_step_trace(rank=0))
+    T.write(d / "rank-1.pt.trace.json", T.cpu_step_trace(rank=1))
+    opened: list[Path] = []
+    real_write, real_writer = pq.write_table, pq.ParquetWriter
+
+    def write_table(table: pa.Table, where: Any, *a: Any, **k: Any) -> None:
+        opened.append(Path(where))
+        real_write(table, where, *a, **k)
+
+    def writer(where: Any, *a: Any, **k: Any) -> Any:
+        opened.append(Path(where))
+        return real_writer(where, *a, **k)
+
+    monkeypatch.setattr(pq, "write_table", write_table)
+    monkeypatch.setattr(pq, "ParquetWriter", writer)
+    a = analyze(d, out=tmp_path / "d", workers=1)
+    assert a.ranks and [r["rank"] for r in a.ranks] == [0, 1]
+    made = {p for p in (tmp_path / "d").rglob("*") if p.is_file()}
+    assert {p.name for p in made} >= {"events.parquet", "steps.parquet", "ranks.parquet",
+                                      "collectives.parquet", "summary.json", "manifest.json"}
+    assert len(opened) >= 9 and not set(opened) & made
+    assert all(p.name.startswith(".") and p.name.endswith(".tmp") and p.parent in
+               {m.parent for m in made} for p in opened)
+    assert len(set(opened)) == len(opened)  # never one temporary name twice
