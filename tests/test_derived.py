@@ -37,7 +37,7 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`uberprof ARGS` in its own process, run from `cwd` (which is not the repository)."""
     env = job_env(PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     return subprocess.run([PY, "-m", "uberprof", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env=env)
+                          text=True, timeout=600, env=env, check=False)
 
 
 def _ranks_in_export(path: Path) -> set[int]:

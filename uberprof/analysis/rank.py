@@ -40,7 +40,8 @@ from uberprof.ingest.trace import TraceError, ingest_trace
 from uberprof.inventory import read_steps
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 
-__all__ = [
+__all__ = [  # the table names and schemas are derived.py's, kept importable from here
+    "BREAKDOWN_FIELDS",
     "COLLECTIVES_FILE",
     "COLLECTIVE_SCHEMA",
     "EVENTS_FILE",
