@@ -37,8 +37,8 @@ from uberprof.analysis.derived import (
 )
 from uberprof.ingest import classify as K
 from uberprof.ingest.trace import TraceError, ingest_trace
-from uberprof.inventory import read_steps
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
+from uberprof.rundir import read_steps
 
 __all__ = [  # the table names and schemas are derived.py's, kept importable from here
     "BREAKDOWN_FIELDS",

@@ -47,7 +47,7 @@ from uberprof.present.export.source import (
     iter_events,
     scan_file,
 )
-from uberprof.rundir import RANK_FILE, RunDir, parse_trace_file_name, read_json
+from uberprof.rundir import parse_trace_file_name, ranks_by_id
 
 __all__ = ["DEFAULT_MAX_MB", "ExportError", "ExportOptions", "ExportResult", "export_trace"]
 
@@ -167,7 +167,7 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
     if opts.counters and is_run and lo is not None:
         for n in C.counter_nodes_of(run_root):
             try:
-                from uberprof.collect.counters.read import counter_meta
+                from uberprof.rundir.counters import counter_meta
 
                 h = counter_meta(run_root, n).get("host")
             except Exception:  # noqa: BLE001 - unreadable meta: the node keeps its name only
@@ -489,14 +489,8 @@ def _rank_name(r: int, ctx: RunContext, scan: FileScan, gpu_of: dict[int, tuple[
 
 
 def _rank_meta(root: Path, rank: int) -> dict[str, Any]:
-    for rd in RunDir(root).rank_dirs():
-        try:
-            m = read_json(rd / RANK_FILE)
-        except (OSError, ValueError):
-            continue
-        if m.get("rank") == rank:
-            return m
-    return {}
+    m = ranks_by_id(root).get(rank)
+    return m.raw if m is not None else {}
 
 
 # --- uberprof's own tracks ----------------------------------------------------------------------
