@@ -113,11 +113,10 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
 
 
 def _events(derived: Path, entry: dict[str, Any]) -> int:
-    import orjson
+    from uberprof.analysis.derived import read_input_summary
 
     try:
-        doc = orjson.loads((derived / "inputs" / entry["key"] / "summary.json").read_bytes())
-        return int(doc["summary"]["events"])
+        return int(read_input_summary(derived, entry["key"])["summary"]["events"])
     except (OSError, KeyError, TypeError, ValueError):
         return 0
 

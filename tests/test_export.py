@@ -231,9 +231,8 @@ def test_real_gpu_traces(folder: str, tmp_path: Path) -> None:
     res, doc = _export(SHARED / folder, tmp_path / "x.json")
     assert validate_tef(doc) == []
     a = analyze(SHARED / folder, out=tmp_path / "derived")
-    sources: dict[int, list[Path]] = {}
-    for e in a.inputs.values():
-        sources.setdefault(e["rank"], []).append(Path(e["path"]))
+    ranks = {e["rank"] for e in a.inputs.values() if e.get("status") == "ok"}
+    sources = {r: a.trace_files(r) for r in ranks}
     hosts = doc["uberprof_export"]["clock_alignment"]["hosts"]
     offsets = {r: h["offset_ns"] for h in hosts for r in h["ranks"]}
     compare_with_sources(res.path, sources, offsets=offsets)

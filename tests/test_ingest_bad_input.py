@@ -184,19 +184,19 @@ def test_a_worker_that_dies_costs_only_its_input(tmp_path: Path,
     import os
     import signal
 
-    from uberprof.analysis import pipeline
+    from uberprof.analysis import pool
 
     d = folder_with_good_rank(tmp_path)
     T.write(d / "rank-1.pt.trace.json.gz", T.gpu_step_trace(rank=1))
     bad = T.write(d / "rank-2.pt.trace.json.gz", T.gpu_step_trace(rank=2))
-    real = pipeline.analyze_input
+    real = pool.analyze_input
 
     def dies_on_rank_2(path: str, out: str) -> dict[str, Any]:
         if path == str(bad):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(path, out)
 
-    monkeypatch.setattr(pipeline, "analyze_input", dies_on_rank_2)
+    monkeypatch.setattr(pool, "analyze_input", dies_on_rank_2)
     res = CliRunner().invoke(main, ["analyze", str(d), "--json", "--workers", "2"])
     doc = json.loads(res.stdout)
     assert res.exit_code == 0 and [r["rank"] for r in doc["ranks"]] == [0, 1]

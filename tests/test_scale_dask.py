@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.jobs import ROOT, load_script
-from uberprof.analysis import pipeline
+from uberprof.analysis import derived, pool
 from uberprof.analysis.pipeline import analyze
 from uberprof.cli import main
 
@@ -165,30 +165,30 @@ def test_a_worker_that_cannot_see_the_trace_or_the_tables_says_so(run: Path,
                                                                   tmp_path: Path) -> None:
     """What a worker elsewhere reports (no shared file system), and what the client concludes
     when a worker wrote its tables where the client cannot read them."""
-    missing = pipeline.analyze_shared(str(tmp_path / "nowhere.json"), str(tmp_path / "o"))
+    missing = pool.analyze_shared(str(tmp_path / "nowhere.json"), str(tmp_path / "o"))
     assert missing["status"] == "error"
     assert "not found on worker" in missing["message"] and "shared file system" in \
         missing["message"]
     blocked = tmp_path / "file"
     blocked.write_text("")
     trace = next(run.glob("ranks/0/traces/*.gz"))
-    res = pipeline.analyze_shared(str(trace), str(blocked / "o"))
+    res = pool.analyze_shared(str(trace), str(blocked / "o"))
     assert res["status"] == "error" and "cannot write its tables" in res["message"]
 
-    ok = pipeline.analyze_shared(str(trace), str(tmp_path / "o"))
+    ok = pool.analyze_shared(str(trace), str(tmp_path / "o"))
     assert ok["status"] == "ok" and set(ok) == {"status", "message", "host", "format"}
 
     def job(out: Path) -> Any:
-        return pipeline._Job("t", {}, {}, str(trace), str(trace), str(out), trace=True)
+        return pool.Job("t", {}, {}, str(trace), str(trace), str(out), trace=True)
 
-    elsewhere = pipeline._visible(job(tmp_path / "not-here"), ok)
+    elsewhere = pool._visible(job(tmp_path / "not-here"), ok)
     assert elsewhere["status"] == "error" and "not visible here" in elsewhere["message"]
-    old = pipeline._visible(job(tmp_path / "o"), {**ok, "format": -1})
+    old = pool._visible(job(tmp_path / "o"), {**ok, "format": -1})
     assert old["status"] == "error" and "same uberprof version" in old["message"]
-    assert pipeline._visible(job(tmp_path / "o"), ok) is ok
+    assert pool._visible(job(tmp_path / "o"), ok) is ok
 
     # A rank's step timeline goes through the same wrapper.
-    tl = pipeline.analyze_shared(str(run / "ranks" / "0"), str(tmp_path / "t" / "0.parquet"),
+    tl = pool.analyze_shared(str(run / "ranks" / "0"), str(tmp_path / "t" / "0.parquet"),
                                  False)
     assert tl["status"] == "ok" and tl["rows"] == 40 and tl["truncated"] is False
     assert pq.read_table(tmp_path / "t" / "0.parquet").num_rows == 40
@@ -232,7 +232,7 @@ def test_reduce_streams_rank_by_rank(run: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Run-level tables written in many small row groups hold the same rows as one piece."""
     analyze(run, out=tmp_path / "one", workers=1)
-    monkeypatch.setattr(pipeline._ParquetOut, "GROUP_ROWS", 7)
+    monkeypatch.setattr(derived.ParquetOut, "GROUP_ROWS", 7)
     analyze(run, out=tmp_path / "many", workers=1)
     steps = pq.ParquetFile(tmp_path / "many" / "steps.parquet")
     assert steps.metadata.num_row_groups >= 8  # one per rank at least

@@ -8,11 +8,9 @@ from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from uberprof.analysis.pipeline import INPUTS_DIR, Analysis, analyze
-from uberprof.analysis.rank import EVENTS_FILE
+from uberprof.analysis import derived as D
+from uberprof.analysis.pipeline import Analysis, analyze
 
 __all__ = ["Run", "load"]
 
@@ -30,7 +28,8 @@ def load(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
 
 
 class Run:
-    """The tables of one analysed run. Every method returns pandas unless `format="arrow"`."""
+    """The tables of one analysed run. Every method returns pandas unless `format="arrow"`.
+    A thin facade: the tables are read by `uberprof.analysis.derived`."""
 
     def __init__(self, analysis: Analysis) -> None:
         self._a = analysis
@@ -62,35 +61,23 @@ class Run:
 
     def breakdown(self, format: Format = "pandas") -> Any:
         """One row per rank: whole-trace breakdown in ns and percent (HTA-compatible)."""
-        return _out(pq.read_table(self.derived / "ranks.parquet"), format)
+        return _out(D.read_ranks(self.derived), format)
 
     def steps(self, rank: int | None = None, format: Format = "pandas") -> Any:
         """One row per rank and step: host and device windows and the step's breakdown."""
-        t = pq.read_table(self.derived / "steps.parquet")
-        if rank is not None:
-            t = t.filter(pc.equal(t.column("rank"), rank))
-        return _out(t, format)
+        return _out(D.read_run_steps(self.derived, rank), format)
 
     def collectives(self, rank: int | None = None, format: Format = "pandas") -> Any:
         """One row per collective instance: name, bytes, dtype, group, times, step."""
-        t = pq.read_table(self.derived / "collectives.parquet")
-        if rank is not None:
-            t = t.filter(pc.equal(t.column("rank"), rank))
-        return _out(t, format)
+        return _out(D.read_collectives(self.derived, rank), format)
 
     def events(self, rank: int, format: Format = "pandas") -> Any:
         """Every event of one rank (all its trace files), sorted by start; times in ns."""
-        return _out(self._rank_table(rank, EVENTS_FILE), format)
-
-    def _rank_table(self, rank: int, name: str) -> pa.Table:
-        keys = [e["key"] for e in self._a.inputs.values() if e.get("rank") == rank]
-        if not keys:
-            raise KeyError(f"rank {rank} is not in this run (ranks: {self.ranks})")
-        parts = [pq.read_table(self.derived / INPUTS_DIR / k / name) for k in keys]
-        t = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
-        if len(parts) > 1:
-            t = t.sort_by("ts")
-        return t
+        try:
+            t = D.read_rank_events(self.derived, self._a.inputs, rank)
+        except KeyError:
+            raise KeyError(f"rank {rank} is not in this run (ranks: {self.ranks})") from None
+        return _out(t, format)
 
 
 def _out(t: pa.Table, format: Format) -> Any:

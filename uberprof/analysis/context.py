@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
-from uberprof.analysis.pipeline import INPUTS_DIR, analyze
-from uberprof.analysis.rank import SUMMARY_FILE
-from uberprof.loader import Run
+from uberprof.analysis import derived as D
+from uberprof.analysis.pipeline import Analysis, analyze
 from uberprof.rundir import RunDir, ranks_by_id
 
 __all__ = ["RankInfo", "RunContext", "load_context"]
@@ -43,14 +41,20 @@ class RankInfo:
 
 @dataclass
 class RunContext:
-    """A run's analysis tables plus the metadata the cross-rank diagnosis needs."""
+    """A run's analysis tables plus the metadata the cross-rank diagnosis needs. The tables are
+    read (once) from the derived folder through `uberprof.analysis.derived`."""
 
-    run: Run
+    run: Analysis  # the analysis the tables come from (its source, derived folder, inputs)
     root: Path
     is_run_dir: bool
     ranks: dict[int, RankInfo]
     problems: list[str] = field(default_factory=list)
     _cache: dict[str, pa.Table] = field(default_factory=dict, repr=False)
+
+    @property
+    def derived(self) -> Path:
+        """The derived folder of the analysis."""
+        return Path(self.run.derived)
 
     @property
     def rank_ids(self) -> list[int]:
@@ -59,24 +63,24 @@ class RunContext:
     def steps(self) -> pa.Table:
         """RUN_STEP_SCHEMA rows (one per rank and step), Arrow."""
         if "steps" not in self._cache:
-            self._cache["steps"] = self.run.steps(format="arrow")
+            self._cache["steps"] = D.read_run_steps(self.derived)
         return self._cache["steps"]
 
     def collectives(self) -> pa.Table:
         """One row per collective instance on each rank, Arrow."""
         if "collectives" not in self._cache:
-            self._cache["collectives"] = self.run.collectives(format="arrow")
+            self._cache["collectives"] = D.read_collectives(self.derived)
         return self._cache["collectives"]
 
     def breakdown(self) -> pa.Table:
         """RANK_SCHEMA rows (whole-trace breakdown per rank), Arrow."""
         if "ranks" not in self._cache:
-            self._cache["ranks"] = self.run.breakdown(format="arrow")
+            self._cache["ranks"] = D.read_ranks(self.derived)
         return self._cache["ranks"]
 
     def events(self, rank: int) -> pa.Table:
         """Every event of one rank (not cached: a rank's table at a time bounds memory)."""
-        return self.run.events(rank, format="arrow")
+        return D.read_rank_events(self.derived, self.run.inputs, rank)
 
     def host_of(self, rank: int) -> str | None:
         info = self.ranks.get(rank)
@@ -91,12 +95,13 @@ def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | Non
                  force: bool = False) -> RunContext:
     """Analyse `path` (reusing up-to-date tables) and gather rank metadata for the diagnosis."""
     analysis = analyze(path, out=out, workers=workers, progress=progress, force=force)
-    run = Run(analysis)
     root = Path(analysis.source)
     run_dir = RunDir(root)
     is_run = run_dir.is_run()
     meta = {r: m.raw for r, m in ranks_by_id(run_dir).items()} if is_run else {}
-    summaries = _input_summaries(analysis.derived, analysis.inputs)
+    summaries: dict[int, dict[str, Any]] = {}  # the first readable one per rank
+    for r, s in analysis.input_summaries():
+        summaries.setdefault(r, s)
     ranks: dict[int, RankInfo] = {}
     for row in analysis.ranks:
         r = int(row["rank"])
@@ -114,23 +119,8 @@ def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | Non
             process_groups=list(s.get("process_groups") or []),
             window=_window(s),
         )
-    return RunContext(run=run, root=root, is_run_dir=is_run, ranks=ranks,
+    return RunContext(run=analysis, root=root, is_run_dir=is_run, ranks=ranks,
                       problems=list(analysis.summary.get("problems") or []))
-
-
-def _input_summaries(derived: Path, inputs: dict[str, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """The first readable summary.json per rank (trace header facts: host, world, groups)."""
-    out: dict[int, dict[str, Any]] = {}
-    for entry in inputs.values():
-        rank = entry.get("rank")
-        if not isinstance(rank, int) or rank in out or entry.get("status") != "ok":
-            continue
-        try:
-            doc = orjson.loads((derived / INPUTS_DIR / entry["key"] / SUMMARY_FILE).read_bytes())
-        except (OSError, orjson.JSONDecodeError, KeyError):
-            continue
-        out[rank] = doc.get("summary") or {}
-    return out
 
 
 def _window(summary: dict[str, Any]) -> tuple[int, int] | None:

@@ -1,7 +1,7 @@
 """The per-trace map of `uberprof analyze` on a Dask cluster (`--dask ADDRESS` or `--dask local`).
 
 Only the map moves: each worker runs the same top-level function as the local pool
-(`pipeline.analyze_shared`, a thin wrapper around `rank.analyze_input`), reads one trace and
+(`pool.analyze_shared`, a thin wrapper around `rank.analyze_input`), reads one trace and
 writes that trace's tables under the derived folder; what travels back is a status line of a
 few hundred bytes. The cross-rank reduce then runs here, on the client, over those small
 tables. So every worker must see the traces and the derived folder at the same paths as the

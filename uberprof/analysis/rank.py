@@ -1,9 +1,13 @@
-"""The per-rank map: one trace file -> its tables. Plain top-level functions of picklable
-arguments, so a process pool (default) or a Dask cluster can run them unchanged.
+"""The per-rank map: one trace file -> its tables, one rank's step timeline -> its table. Plain
+top-level functions of picklable arguments, so a process pool (default) or a Dask cluster can
+run them unchanged.
 
 - `analyze_trace(path)` returns the tables in memory (`TraceTables`).
 - `analyze_input(path, out_dir)` writes them as Parquet/JSON under `out_dir` and returns a small
   status dict, so that no event table ever travels back to the coordinating process.
+- `timeline_table(rank_dir, out_file)` does the same for a rank folder's steps.jsonl.
+
+Tables and file names are `uberprof.analysis.derived`'s; every file is written atomically.
 """
 
 from __future__ import annotations
@@ -17,13 +21,27 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from uberprof.analysis import metrics as M
+from uberprof.analysis.derived import (
+    BREAKDOWN_FIELDS,
+    COLLECTIVE_SCHEMA,
+    COLLECTIVES_FILE,
+    EVENTS_FILE,
+    STEP_SCHEMA,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    TIMELINE_SCHEMA,
+    replacing,
+    write_parquet,
+)
 from uberprof.ingest import classify as K
 from uberprof.ingest.trace import TraceError, ingest_trace
+from uberprof.rundir import STEPS_FILE as STEPS_JSONL
+from uberprof.rundir import read_steps
 
-__all__ = [
+__all__ = [  # the table names and schemas are derived.py's, kept importable from here
+    "BREAKDOWN_FIELDS",
     "COLLECTIVES_FILE",
     "COLLECTIVE_SCHEMA",
     "EVENTS_FILE",
@@ -33,47 +51,8 @@ __all__ = [
     "TraceTables",
     "analyze_input",
     "analyze_trace",
+    "timeline_table",
 ]
-
-EVENTS_FILE = "events.parquet"
-STEPS_FILE = "steps.parquet"
-COLLECTIVES_FILE = "collectives.parquet"
-SUMMARY_FILE = "summary.json"
-
-BREAKDOWN_FIELDS = ("window_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
-                    "memory_ns", "idle_ns")
-
-STEP_SCHEMA = pa.schema([
-    ("step", pa.int64()),
-    ("host_start_ns", pa.int64()),  # the ProfilerStep#N span on the host
-    ("host_end_ns", pa.int64()),
-    ("device_start_ns", pa.int64()),  # the step's device window (DESIGN.md)
-    ("device_end_ns", pa.int64()),
-    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
-    ("data_wait_ns", pa.int64()),  # host inside data-loader fetches during the host window
-    ("optimizer_ns", pa.int64()),  # host inside Optimizer.step during the host window
-    ("comm_bytes", pa.int64()),  # bytes of the collectives launched in the step
-    ("collectives", pa.int64()),
-    ("device_incomplete", pa.bool_()),  # launches whose device work the trace lacks (cut off)
-])
-
-COLLECTIVE_SCHEMA = pa.schema([
-    ("name", pa.string()),  # canonical: allreduce, allgather, reducescatter, alltoall, ...
-    ("event", pa.string()),  # the kernel or span it comes from
-    ("start_ns", pa.int64()),
-    ("end_ns", pa.int64()),
-    ("launch_ns", pa.int64()),
-    ("step", pa.int64()),
-    ("in_bytes", pa.int64()),
-    ("out_bytes", pa.int64()),
-    ("dtype", pa.string()),
-    ("group_size", pa.int32()),
-    ("pg_name", pa.string()),
-    ("pg_ranks", pa.string()),
-    ("seq", pa.int64()),
-    ("stream", pa.int64()),
-    ("tid", pa.int64()),
-])
 
 
 @dataclass
@@ -165,14 +144,12 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
     out = Path(out_dir)
     try:
         tables = analyze_trace(path)
-        out.mkdir(parents=True, exist_ok=True)
-        pq.write_table(tables.events, out / EVENTS_FILE, compression="zstd")
-        pq.write_table(tables.steps, out / STEPS_FILE)
-        pq.write_table(tables.collectives, out / COLLECTIVES_FILE)
+        write_parquet(tables.events, out / EVENTS_FILE, compression="zstd")
+        write_parquet(tables.steps, out / STEPS_FILE)
+        write_parquet(tables.collectives, out / COLLECTIVES_FILE)
         doc = {"summary": tables.summary, "problems": tables.problems}
-        tmp = out / (SUMMARY_FILE + ".tmp")
-        tmp.write_bytes(orjson.dumps(doc))
-        os.replace(tmp, out / SUMMARY_FILE)  # written last: its presence marks a finished input
+        with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
+            tmp.write_bytes(orjson.dumps(doc))
         return {"status": "ok", "message": None, **doc}
     except TraceError as exc:
         return {"status": "error", "message": str(exc), "summary": None, "problems": []}
@@ -184,6 +161,31 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
         return {"status": "error", "summary": None, "problems": [],
                 "message": f"{path}: could not be analysed ({type(exc).__name__}: {exc}); "
                            f"please report this with the trace. {tb.strip().splitlines()[-1]}"}
+
+
+def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
+    """A rank's step timeline (`ranks/<r>/steps.jsonl`) as a Parquet table of TIMELINE_SCHEMA,
+    one row per step: parsed here, in the map, so that the cross-rank step reads a small
+    columnar table per rank rather than every JSON line of every rank. Never raises.
+
+    Returns {"status", "message", "rows": whole rows read, "truncated": cut-off last line}.
+    """
+    try:
+        rows, truncated = read_steps(Path(rank_dir))
+        first: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            if isinstance(r.get("step"), int):
+                first.setdefault(r["step"], r)
+        cols = {name: [v if isinstance(v := r.get(name), int) and not isinstance(v, bool)
+                       else None for r in first.values()]
+                for name in TIMELINE_SCHEMA.names[1:]}
+        write_parquet(pa.table({"step": list(first), **cols}, schema=TIMELINE_SCHEMA),
+                      Path(out_file))
+        return {"status": "ok", "message": None, "rows": len(rows), "truncated": truncated}
+    except Exception as exc:  # noqa: BLE001 - one bad file must not stop the other ranks
+        return {"status": "error", "rows": 0, "truncated": False,
+                "message": f"{Path(rank_dir) / STEPS_JSONL}: could not be read "
+                           f"({type(exc).__name__}: {exc}); step times of this rank left out"}
 
 
 # --- helpers ------------------------------------------------------------------------------------

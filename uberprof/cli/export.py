@@ -95,7 +95,7 @@ def export(path: Path, output: Path, steps_text: str | None, ranks_text: str | N
     gaps by cause, straggler waits, link-limited collectives) as marked ranges, and the node
     counters as counter tracks.
     """
-    from uberprof.analysis.pipeline import keep_pandas_out
+    from uberprof.analysis.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.export import DEFAULT_MAX_MB, ExportError, ExportOptions, export_trace
     from uberprof.present.terminal.progress import ReadProgress

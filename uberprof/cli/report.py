@@ -39,7 +39,7 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
     import orjson
 
     from uberprof.analysis.advisor import diagnose
-    from uberprof.analysis.pipeline import keep_pandas_out
+    from uberprof.analysis.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.terminal.progress import ReadProgress
 

@@ -24,8 +24,8 @@ import numpy as np
 from uberprof import __version__
 from uberprof.analysis.advisor import Diagnosis, diagnose_context
 from uberprof.analysis.context import RunContext, load_context
+from uberprof.analysis.derived import Analysis
 from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
-from uberprof.analysis.pipeline import analyze
 from uberprof.ingest.trace import TraceError
 from uberprof.present.export import counters as C
 from uberprof.present.export.budget import Budget, Cut, describe_drops
@@ -125,7 +125,6 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             progress: Progress | None) -> ExportResult:
     t0 = time.monotonic()
     ctx = load_context(path, out=derived, workers=workers, progress=progress)
-    analysis = analyze(path, out=derived, workers=workers)  # up to date: the reduce only
     d = diagnose_context(ctx, threshold_ns=opts.gap_threshold_ns)
     notes: list[str] = []
     offsets = d.alignment.offsets()
@@ -135,13 +134,9 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
         missing = sorted(set(opts.ranks) - set(ctx.rank_ids))
         if missing:
             notes.append(f"rank(s) {_list(missing)} not in this run (it has {_list(ctx.rank_ids)})")
-    files: dict[int, list[str]] = {r: [] for r in ranks}
-    for rel, e in sorted(analysis.inputs.items()):
-        r = e.get("rank")
-        if r in files and e.get("status") == "ok":
-            if opts.steps and not _file_overlaps(rel, opts.steps):
-                continue
-            files[r].append(e["path"])
+    # the analysis' own trace files, under the run as named now (never the manifest's cwd)
+    files = {r: [str(p) for p in ctx.run.trace_files(r)
+                 if not opts.steps or _file_overlaps(p.name, opts.steps)] for r in ranks}
     windows = _windows(ctx, d, ranks, opts.steps)  # own clock, per rank
     for r in ranks:
         if not files[r] or (opts.steps and r not in windows):
@@ -152,7 +147,7 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
     if not ranks:
         raise ExportError("nothing to export: " + ("; ".join(notes) or "no trace window"))
 
-    spans = _trace_spans(analysis, ranks)  # own clock: first to last event of each rank
+    spans = _trace_spans(ctx.run, ranks)  # own clock: first to last event of each rank
     if not opts.steps:
         windows = {r: spans.get(r, windows.get(r)) for r in ranks
                    if spans.get(r, windows.get(r)) is not None}
@@ -279,6 +274,9 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             for s in series:
                 writer.events(C.series_events(s, pid, tid, base))
             writer.end_unit()
+        if not per_rank:  # a file of findings alone is no export: say why instead
+            raise ExportError("nothing exported: no trace of any selected rank could be read: "
+                              + "; ".join(notes))
         if getattr(writer, "unsupported", 0):
             notes.append(f"{writer.unsupported} events of kinds the perfetto format export does "
                          "not carry (B/E pairs, async events) left out; the JSON export keeps them")
@@ -611,27 +609,13 @@ def _base(first: int | None) -> int:
     return (first // 1_000_000 - 1) * 1_000_000
 
 
-def _trace_spans(analysis: Any, ranks: list[int]) -> dict[int, tuple[int, int]]:
+def _trace_spans(analysis: Analysis, ranks: list[int]) -> dict[int, tuple[int, int]]:
     """Per rank, its traces' first event start and last event end (own clock), from the
     analysis' per-input summaries."""
-    import orjson
-
-    from uberprof.analysis.pipeline import INPUTS_DIR
-    from uberprof.analysis.rank import SUMMARY_FILE
-
     out: dict[int, tuple[int, int]] = {}
-    for e in analysis.inputs.values():
-        r = e.get("rank")
-        if r not in ranks or e.get("status") != "ok":
-            continue
-        try:
-            doc = orjson.loads((Path(analysis.derived) / INPUTS_DIR / e["key"] /
-                                SUMMARY_FILE).read_bytes())
-        except (OSError, orjson.JSONDecodeError, KeyError):
-            continue
-        s = doc.get("summary") or {}
+    for r, s in analysis.input_summaries():
         a, b = s.get("first_ns"), s.get("last_ns")
-        if isinstance(a, int) and isinstance(b, int):
+        if r in ranks and isinstance(a, int) and isinstance(b, int):
             out[r] = (min(a, out[r][0]), max(b, out[r][1])) if r in out else (a, b)
     return out
 
@@ -648,8 +632,8 @@ def _host_offset(d: Diagnosis, host: str | None) -> int:
     return 0
 
 
-def _file_overlaps(rel: str, steps: tuple[int, int]) -> bool:
-    span = parse_trace_file_name(rel.rsplit("/", 1)[-1])
+def _file_overlaps(name: str, steps: tuple[int, int]) -> bool:
+    span = parse_trace_file_name(name)
     return span is None or (span[0] <= steps[1] and steps[0] <= span[1])
 
 

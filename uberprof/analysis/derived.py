@@ -1,0 +1,406 @@
+"""The derived folder: the one owner of its layout, format, manifest, freshness, writing and
+reading. Whoever needs a derived path or table asks this module.
+
+    <derived>/manifest.json         the inputs analysed (size, mtime) and how each went
+    <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet, summary.json
+    <derived>/timelines/<key>.parquet   a rank's step timeline (steps.jsonl), as a table
+    <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
+    <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
+    <derived>/collectives.parquet   one row per collective instance on each rank
+    <derived>/summary.json          the `uberprof analyze --json` document
+
+Paths stored here are relative to the source's root (the run directory, the trace folder, or
+the folder of a single trace), so the folder reads the same from any working directory. Every
+file is written under a unique temporary name in its folder and renamed into place, so two
+analyses of one run at once each leave whole files and a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from uberprof.ingest.discover import Source
+from uberprof.rundir import DERIVED_DIR, write_json_atomic
+
+__all__ = [
+    "BREAKDOWN_FIELDS",
+    "COLLECTIVES_FILE",
+    "COLLECTIVE_SCHEMA",
+    "EVENTS_FILE",
+    "FORMAT_VERSION",
+    "INPUTS_DIR",
+    "MANIFEST_FILE",
+    "RANKS_FILE",
+    "RANK_SCHEMA",
+    "RUN_COLLECTIVE_SCHEMA",
+    "RUN_STEP_SCHEMA",
+    "STEPS_FILE",
+    "STEP_SCHEMA",
+    "SUMMARY_FILE",
+    "TIMELINES_DIR",
+    "TIMELINE_SCHEMA",
+    "Analysis",
+    "ParquetOut",
+    "derived_dir_for",
+    "entry_key",
+    "input_dir",
+    "input_entry",
+    "is_fresh",
+    "read_collectives",
+    "read_input_summary",
+    "read_input_table",
+    "read_manifest",
+    "read_rank_events",
+    "read_ranks",
+    "read_run_steps",
+    "read_summary",
+    "replacing",
+    "timeline_file",
+    "write_manifest",
+    "write_parquet",
+]
+
+FORMAT_VERSION = 2  # bump when derived tables change: inputs are analysed again
+MANIFEST_FILE = "manifest.json"
+INPUTS_DIR = "inputs"
+TIMELINES_DIR = "timelines"
+# One input's tables (inputs/<key>/), and the run-level ones beside the manifest; summary.json
+# is both: an input's summary and the run's --json document.
+EVENTS_FILE = "events.parquet"
+STEPS_FILE = "steps.parquet"
+COLLECTIVES_FILE = "collectives.parquet"
+SUMMARY_FILE = "summary.json"
+RANKS_FILE = "ranks.parquet"
+
+# --- schemas ------------------------------------------------------------------------------------
+
+BREAKDOWN_FIELDS = ("window_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
+                    "memory_ns", "idle_ns")
+
+STEP_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("host_start_ns", pa.int64()),  # the ProfilerStep#N span on the host
+    ("host_end_ns", pa.int64()),
+    ("device_start_ns", pa.int64()),  # the step's device window (DESIGN.md)
+    ("device_end_ns", pa.int64()),
+    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
+    ("data_wait_ns", pa.int64()),  # host inside data-loader fetches during the host window
+    ("optimizer_ns", pa.int64()),  # host inside Optimizer.step during the host window
+    ("comm_bytes", pa.int64()),  # bytes of the collectives launched in the step
+    ("collectives", pa.int64()),
+    ("device_incomplete", pa.bool_()),  # launches whose device work the trace lacks (cut off)
+])
+
+COLLECTIVE_SCHEMA = pa.schema([
+    ("name", pa.string()),  # canonical: allreduce, allgather, reducescatter, alltoall, ...
+    ("event", pa.string()),  # the kernel or span it comes from
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+    ("launch_ns", pa.int64()),
+    ("step", pa.int64()),
+    ("in_bytes", pa.int64()),
+    ("out_bytes", pa.int64()),
+    ("dtype", pa.string()),
+    ("group_size", pa.int32()),
+    ("pg_name", pa.string()),
+    ("pg_ranks", pa.string()),
+    ("seq", pa.int64()),
+    ("stream", pa.int64()),
+    ("tid", pa.int64()),
+])
+
+TIMELINE_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("host_start_ns", pa.int64()),
+    ("host_end_ns", pa.int64()),
+    ("data_wait_ns", pa.int64()),
+])
+
+RUN_STEP_SCHEMA = pa.schema([
+    ("rank", pa.int64()),
+    *STEP_SCHEMA,
+    ("traced", pa.bool_()),  # False: the step is known from the step timeline only
+    ("step_time_ns", pa.int64()),  # host window length
+    ("trace", pa.string()),  # the input it comes from (relative path)
+])
+
+RUN_COLLECTIVE_SCHEMA = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA,
+                                   ("trace", pa.string())])
+
+RANK_SCHEMA = pa.schema([
+    ("rank", pa.int64()),
+    ("mode", pa.string()),  # device or cpu
+    ("device_type", pa.string()),
+    ("host", pa.string()),
+    ("traces", pa.int64()),
+    ("steps", pa.int64()),
+    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
+    ("idle_pct", pa.float64()),
+    ("compute_pct", pa.float64()),
+    ("non_compute_pct", pa.float64()),
+    ("overlap_pct", pa.float64()),
+    ("exposed_comm_pct", pa.float64()),
+    ("memory_pct", pa.float64()),
+    ("step_time_median_ms", pa.float64()),
+    ("step_time_p90_ms", pa.float64()),
+])
+
+
+@dataclass
+class Analysis:
+    """What `analyze` produced: where the tables are, the summary document, and its numbers."""
+
+    source: Path
+    derived: Path
+    summary: dict[str, Any]  # the --json document
+    ranks: list[dict[str, Any]]  # RANK_SCHEMA rows
+    inputs: dict[str, dict[str, Any]]  # manifest entries of this source's inputs, by rel path
+    analysed: int = 0  # inputs analysed this time (the others were up to date)
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether at least one rank could be analysed."""
+        return bool(self.ranks)
+
+    def trace_files(self, rank: int) -> list[Path]:
+        """The analysed trace files of one rank, by relative path: under the source's root as
+        named now, whatever directory the manifest was written from."""
+        return [self.source / rel for rel, e in sorted(self.inputs.items())
+                if e.get("rank") == rank and e.get("status") == "ok"]
+
+    def input_summaries(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(rank, summary) of each analysed input with a rank, in input order: the trace's
+        header facts and whole-trace numbers. Unreadable ones are skipped (the reduce named
+        them among the problems)."""
+        for e in self.inputs.values():
+            rank = e.get("rank")
+            if not isinstance(rank, int) or e.get("status") != "ok":
+                continue
+            try:
+                doc = read_input_summary(self.derived, e["key"])
+            except (OSError, ValueError, KeyError):
+                continue
+            yield rank, doc.get("summary") or {}
+
+
+# --- places -------------------------------------------------------------------------------------
+
+def derived_dir_for(source: Source, out: Path | None) -> tuple[Path, str | None]:
+    """Where derived tables go: `--out`, else beside the data, else (read-only data) a cache;
+    and, for the cache, a notice saying so."""
+    if out is not None:
+        return Path(out), None
+    beside = source.root / DERIVED_DIR
+    # The data folder itself decides: a derived/ left inside a read-only folder does not count.
+    if _writable(source.root) and _writable(beside):
+        return beside, None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha1(str(source.root.resolve()).encode()).hexdigest()[:10]
+    cache = base / "uberprof" / "derived" / f"{_safe(source.root.name)}-{digest}"
+    return cache, (f"{source.root} is read-only: derived tables go to {cache} "
+                   "(choose another place with --out)")
+
+
+def entry_key(rel: str) -> str:
+    """The folder/file name of an input's tables: readable, unique per relative path."""
+    digest = hashlib.sha1(rel.encode()).hexdigest()[:8]
+    return f"{_safe(rel)[-80:]}-{digest}"
+
+
+def input_dir(derived: Path, key: str) -> Path:
+    """Where one trace's tables go."""
+    return derived / INPUTS_DIR / key
+
+
+def timeline_file(derived: Path, key: str) -> Path:
+    """Where one rank folder's step timeline table goes."""
+    return derived / TIMELINES_DIR / f"{key}.parquet"
+
+
+# --- the manifest -------------------------------------------------------------------------------
+
+def read_manifest(derived: Path) -> dict[str, Any]:
+    """The manifest, or {} when missing, unreadable or of another format version."""
+    try:
+        m = orjson.loads((derived / MANIFEST_FILE).read_bytes())
+        return m if isinstance(m, dict) and m.get("version") == FORMAT_VERSION else {}
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+
+
+def write_manifest(derived: Path, manifest: dict[str, Any]) -> None:
+    manifest["format"] = "uberprof-derived"
+    manifest["version"] = FORMAT_VERSION
+    write_json_atomic(derived / MANIFEST_FILE, manifest)
+
+
+def input_entry(rel: str, st: os.stat_result) -> dict[str, Any]:
+    """A manifest entry for a file (or rank folder) about to be analysed. `path` is relative to
+    the source's root, never to the working directory."""
+    return {"key": entry_key(rel), "path": rel, "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "version": FORMAT_VERSION}
+
+
+def is_fresh(old: Mapping[str, Any] | None, st: os.stat_result, made: Path) -> bool:
+    """Whether a manifest entry still describes its file: same format, size and mtime, and
+    either its tables are there (`made`, written last) or it failed (final until it changes)."""
+    return (old is not None and old.get("version") == FORMAT_VERSION
+            and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
+            and (old.get("status") == "error" or made.exists()))
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+def _temp_beside(path: Path) -> Path:
+    """A new, unique file name in `path`'s folder (the same file system: renames are atomic)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A unique temporary path to write `path`'s new content to; renamed onto `path` when the
+    block ends without error, removed otherwise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_parquet(table: pa.Table, path: Path, **options: Any) -> None:
+    """`pq.write_table`, atomically (see the module doc)."""
+    with replacing(path) as tmp:
+        pq.write_table(table, tmp, **options)
+
+
+class ParquetOut:
+    """A run-level table written in pieces (one rank's rows at a time, in row groups of at least
+    GROUP_ROWS), to a temporary file renamed into place once complete: readers never see half
+    a table, and the writer never holds the whole one."""
+
+    GROUP_ROWS = 1 << 14
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = path
+        self.tmp = _temp_beside(path)
+        self.writer = pq.ParquetWriter(self.tmp, schema)
+        self.pending: list[pa.Table] = []
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.rows += table.num_rows
+        if self.rows >= self.GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.concat_tables(self.pending))
+        self.pending, self.rows = [], 0
+
+    def __enter__(self) -> ParquetOut:  # noqa: PYI034 - final class
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is None:
+                self._flush()
+        finally:
+            self.writer.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+def read_summary(derived: Path) -> dict[str, Any]:
+    """The run's `uberprof analyze --json` document."""
+    return orjson.loads((derived / SUMMARY_FILE).read_bytes())
+
+
+def read_ranks(derived: Path) -> pa.Table:
+    """RANK_SCHEMA: one row per rank, whole-trace breakdown."""
+    return pq.read_table(derived / RANKS_FILE)
+
+
+def read_run_steps(derived: Path, rank: int | None = None) -> pa.Table:
+    """RUN_STEP_SCHEMA: one row per rank and step (one rank's rows with `rank`)."""
+    return _of_rank(pq.read_table(derived / STEPS_FILE), rank)
+
+
+def read_collectives(derived: Path, rank: int | None = None) -> pa.Table:
+    """RUN_COLLECTIVE_SCHEMA: one row per collective instance on each rank (or on `rank`)."""
+    return _of_rank(pq.read_table(derived / COLLECTIVES_FILE), rank)
+
+
+def read_input_table(derived: Path, key: str, name: str) -> pa.Table:
+    """One table (EVENTS_FILE, STEPS_FILE, COLLECTIVES_FILE) of one analysed input."""
+    return pq.read_table(input_dir(derived, key) / name)
+
+
+def read_input_summary(derived: Path, key: str) -> dict[str, Any]:
+    """An analysed input's {"summary", "problems"}; raises OSError or ValueError."""
+    return orjson.loads((input_dir(derived, key) / SUMMARY_FILE).read_bytes())
+
+
+def read_rank_events(derived: Path, inputs: Mapping[str, Mapping[str, Any]],
+                     rank: int) -> pa.Table:
+    """Every event of one rank (all its inputs, `Analysis.inputs` entries), sorted by start.
+    KeyError when no input belongs to that rank."""
+    keys = [e["key"] for e in inputs.values() if e.get("rank") == rank]
+    if not keys:
+        raise KeyError(rank)
+    parts = [read_input_table(derived, k, EVENTS_FILE) for k in keys]
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(parts, promote_options="permissive").sort_by("ts")
+
+
+def _of_rank(t: pa.Table, rank: int | None) -> pa.Table:
+    return t if rank is None else t.filter(pc.equal(t.column("rank"), rank))
+
+
+# --- small helpers ------------------------------------------------------------------------------
+
+def _safe(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_") or "x"
+
+
+def _writable(d: Path) -> bool:
+    """Whether we may write `d`: permission bits are honoured even for root, so a folder made
+    read-only on purpose (chmod a-w) is never written into."""
+    probe = d
+    while not probe.exists():
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
+    try:
+        if not os.access(probe, os.W_OK) or not probe.stat().st_mode & 0o222:
+            return False
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".write-test-"):
+            pass
+        return True
+    except OSError:
+        return False

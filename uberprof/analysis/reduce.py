@@ -1,0 +1,276 @@
+"""The cross-rank reduce of `uberprof analyze`: reads only the small per-input tables (steps,
+summaries, collectives) and the rank folders' step timelines, decides which rank each trace
+belongs to, and writes the run-level tables (steps, ranks, collectives) and summary.json, one
+rank at a time so that memory holds one rank's tables however many ranks there are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from uberprof.analysis import metrics as M
+from uberprof.analysis.derived import (
+    BREAKDOWN_FIELDS,
+    COLLECTIVES_FILE,
+    RANK_SCHEMA,
+    RANKS_FILE,
+    RUN_COLLECTIVE_SCHEMA,
+    RUN_STEP_SCHEMA,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    Analysis,
+    ParquetOut,
+    read_input_summary,
+    read_input_table,
+    timeline_file,
+)
+from uberprof.ingest.discover import Source, TraceInput
+from uberprof.rundir import STEPS_FILE as STEPS_JSONL
+from uberprof.rundir import write_json_atomic
+
+__all__ = ["reduce_run"]
+
+
+def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
+               timelines: dict[str, dict[str, Any]]) -> Analysis:
+    """Decide each trace's rank, then write the run-level tables and summary.json from the
+    inputs' and timelines' tables (`entries`, `timelines`: the manifest's sections)."""
+    problems: list[str] = []
+    loaded: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]] = []
+    for inp in source.inputs:
+        e = entries.get(inp.rel)
+        if e is None:
+            continue
+        if e.get("status") != "ok":
+            problems.append(e.get("message") or f"{inp.path}: could not be analysed")
+            continue
+        try:
+            doc = read_input_summary(derived, e["key"])
+        except (OSError, ValueError) as exc:
+            problems.append(f"{inp.path}: its derived tables are unreadable ({exc}); "
+                            "run uberprof analyze --force")
+            continue
+        problems.extend(doc.get("problems") or [])
+        summary = doc["summary"]
+        # Only what the reduce uses: a summary's process groups list every rank of each group,
+        # and keeping them for every input would grow with ranks squared.
+        loaded.append((inp, e, {k: summary.get(k) for k in _REDUCE_KEYS}))
+
+    # Which rank each trace belongs to: the trace itself, then the run directory, then its name.
+    assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
+    unranked = []
+    for inp, e, s in loaded:
+        rank = s.get("trace_rank")
+        if rank is not None:
+            if inp.rank_hint is not None and inp.hint_source == "run directory" \
+                    and inp.rank_hint != rank:
+                problems.append(f"{inp.path}: the trace says rank {rank} but it sits in the "
+                                f"folder of rank {inp.rank_hint}; using rank {rank}")
+        elif inp.rank_hint is not None:
+            rank = inp.rank_hint
+        if rank is None:
+            unranked.append((inp, e, s))
+        else:
+            assigned.append((rank, inp, e, s))
+    if unranked and len(source.inputs) == 1:
+        inp, e, s = unranked[0]
+        problems.append(f"{inp.path}: no rank in the trace (distributedInfo), its folder or its "
+                        "name; analysed as rank 0, the only trace here")
+        assigned.append((0, inp, e, s))
+    else:
+        for inp, _, _ in unranked:
+            problems.append(f"{inp.path}: cannot tell which rank wrote it: no distributedInfo.rank "
+                            "in the trace, not under ranks/<rank>/ of a run directory, and no "
+                            "rank in its name (such as rank-3.json or worker3.pt.trace.json); "
+                            "left out")
+
+    kept = _drop_duplicates(assigned, problems)
+    ranks_info: dict[int, list[tuple[TraceInput, dict[str, Any], dict[str, Any]]]] = {}
+    for rank, inp, e, s in kept:
+        ranks_info.setdefault(rank, []).append((inp, e, s))
+
+    # One rank at a time: its step rows and collectives are written out before the next rank's
+    # are read, so memory holds one rank's tables (plus one small row per rank), however many.
+    dirs: dict[int, list[Path]] = {}
+    for rank, rd in source.rank_dirs:
+        if rank is not None:
+            dirs.setdefault(rank, []).append(rd)
+    cut: dict[Path, str] = {}  # step timelines cut off or unreadable
+    rank_rows: list[dict[str, Any]] = []
+    untraced: list[int] = []
+    with ParquetOut(derived / STEPS_FILE, RUN_STEP_SCHEMA) as steps_out, \
+            ParquetOut(derived / COLLECTIVES_FILE, RUN_COLLECTIVE_SCHEMA) as coll_out:
+        for rank in sorted(set(ranks_info) | set(dirs)):
+            items = ranks_info.get(rank, [])
+            timeline = _timeline(source.root, derived, timelines, dirs.get(rank, []), cut)
+            if not items and timeline is None:
+                continue
+            rows = _steps(derived, rank, items, timeline or {})
+            steps_out.write(pa.Table.from_pylist(rows, schema=RUN_STEP_SCHEMA))
+            for part in _collectives(derived, rank, items):
+                coll_out.write(part)
+            rank_rows.append(_rank_row(rank, items, rows))
+            if not items:
+                untraced.append(rank)
+    problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
+    if untraced and not source.inputs:
+        problems.append(f"{source.root}: no trace windows in this run (recorded with "
+                        "--no-trace?): step times only, no breakdown")
+    elif untraced:
+        problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
+                        "step times only")
+
+    if not rank_rows and not problems:
+        problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
+    with ParquetOut(derived / RANKS_FILE, RANK_SCHEMA) as out:
+        out.write(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA))
+    summary = {
+        "ranks": [
+            {
+                "rank": r["rank"],
+                "steps": r["steps"],
+                "idle_pct": r["idle_pct"],
+                "compute_pct": r["compute_pct"],
+                "non_compute_pct": r["non_compute_pct"],
+                "overlap_pct": r["overlap_pct"],
+                "exposed_comm_pct": r["exposed_comm_pct"],
+                "step_time_ms": {"median": r["step_time_median_ms"],
+                                 "p90": r["step_time_p90_ms"]},
+            }
+            for r in rank_rows
+        ],
+        "problems": problems,
+    }
+    write_json_atomic(derived / SUMMARY_FILE, summary)
+    rank_of = {inp.rel: rank for rank, inp, _, _ in kept}
+    inputs = {}
+    for inp in source.inputs:
+        if inp.rel in entries:
+            inputs[inp.rel] = {**entries[inp.rel], "rank": rank_of.get(inp.rel)}
+    return Analysis(source=source.root, derived=derived, summary=summary, ranks=rank_rows,
+                    inputs=inputs)
+
+
+_REDUCE_KEYS = ("trace_rank", "first_ns", "last_ns", "mode", "device_type", "host",
+                *BREAKDOWN_FIELDS)
+
+
+def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]],
+                     problems: list[str]) -> list[tuple[int, TraceInput, dict[str, Any],
+                                                        dict[str, Any]]]:
+    """Several traces of one rank are fine when they cover different times (several windows);
+    traces of one rank over the same time come from two jobs or copies: keep the first."""
+    kept: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
+    of_rank: dict[int, list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]]] = {}
+    for rank, inp, e, s in sorted(assigned, key=lambda x: (x[0], x[1].rel)):
+        clash = next((k for k in of_rank.get(rank, [])  # per rank: linear in ranks
+                      if s["first_ns"] < k[3]["last_ns"] and k[3]["first_ns"] < s["last_ns"]),
+                     None)
+        if clash is not None:
+            problems.append(f"{inp.path}: duplicate rank {rank}: {clash[1].path} already covers "
+                            "the same time for that rank (two jobs in one folder, or a copied "
+                            "trace?); left out")
+            continue
+        kept.append((rank, inp, e, s))
+        of_rank.setdefault(rank, []).append(kept[-1])
+    return kept
+
+
+Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entry, summary
+
+
+def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
+              rank_dirs: list[Path], notes: dict[Path, str]) -> dict[int, dict[str, Any]] | None:
+    """One rank's step timeline (the tables `timeline_table` made of the steps.jsonl of its
+    folders), by step; None when it has none. Cut-off or unreadable timelines go to `notes`."""
+    steps: dict[int, dict[str, Any]] | None = None
+    for rd in rank_dirs:
+        e = timelines.get(rd.relative_to(root).as_posix())
+        if e is None:  # no steps.jsonl
+            continue
+        if e.get("status") != "ok":
+            notes[rd] = e.get("message") or f"{rd / STEPS_JSONL}: could not be read"
+            continue
+        if e.get("truncated"):
+            notes[rd] = (f"{rd / STEPS_JSONL}: ends with a cut-off line; "
+                         f"{e.get('rows')} whole steps kept")
+        if not e.get("rows"):
+            continue
+        steps = {} if steps is None else steps
+        t = pq.read_table(timeline_file(derived, e["key"]))
+        for r in t.to_pylist():
+            steps.setdefault(r["step"], r)
+    return steps
+
+
+def _steps(derived: Path, rank: int, items: list[Item],
+           timeline: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """RUN_STEP_SCHEMA rows of one rank: its traces' steps, completed by its step timeline."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for inp, e, _ in items:
+        t = read_input_table(derived, e["key"], STEPS_FILE)
+        for r in t.to_pylist():
+            if r["step"] in by_step:
+                continue
+            r.update(rank=rank, traced=True, trace=inp.rel)
+            by_step[r["step"]] = r
+    for step, tl in timeline.items():
+        start, end = tl.get("host_start_ns"), tl.get("host_end_ns")
+        if step in by_step:
+            r = by_step[step]
+            if isinstance(start, int) and isinstance(end, int):
+                r["host_start_ns"], r["host_end_ns"] = start, end
+            continue
+        by_step[step] = {"rank": rank, "step": step, "traced": False, "trace": None,
+                         "host_start_ns": start, "host_end_ns": end,
+                         "data_wait_ns": tl.get("data_wait_ns")}
+    rows = []
+    for step in sorted(by_step):
+        r = by_step[step]
+        s, e = r.get("host_start_ns"), r.get("host_end_ns")
+        r["step_time_ns"] = e - s if isinstance(s, int) and isinstance(e, int) else None
+        rows.append(r)
+    return rows
+
+
+def _collectives(derived: Path, rank: int, items: list[Item]) -> list[pa.Table]:
+    """One rank's collectives (one table per trace), with its rank and trace columns."""
+    parts = []
+    for inp, e, _ in items:
+        t = read_input_table(derived, e["key"], COLLECTIVES_FILE)
+        t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank), pa.int64()))
+        t = t.append_column("trace", pa.array([inp.rel] * t.num_rows, pa.string()))
+        parts.append(t.cast(RUN_COLLECTIVE_SCHEMA))
+    return parts
+
+
+
+def _rank_row(rank: int, items: list[Item], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    totals: dict[str, int | None] = {f: sum(int(s[f]) for _, _, s in items)
+                                      for f in BREAKDOWN_FIELDS}
+    pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))  # type: ignore[arg-type]
+    if not items:  # known from the step timeline only
+        totals = dict.fromkeys(totals)
+        pct = dict.fromkeys(pct)
+    times = np.array([r["step_time_ns"] for r in steps if r.get("step_time_ns") is not None],
+                     dtype=np.float64)
+    modes = {s["mode"] for _, _, s in items}
+    return {
+        "rank": rank,
+        "mode": ("device" if "device" in modes else "cpu") if items else None,
+        "device_type": next((s["device_type"] for _, _, s in items
+                             if s["mode"] == "device"), "cpu" if items else None),
+        "host": next((s["host"] for _, _, s in items if s.get("host")), None),
+        "traces": len(items),
+        "steps": len(steps),
+        **totals,
+        **pct,
+        "step_time_median_ms": round(float(np.median(times)) / 1e6, 3) if times.size else None,
+        "step_time_p90_ms": round(float(np.percentile(times, 90)) / 1e6, 3) if times.size
+        else None,
+    }
