@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "EXPOSED_COMM_REMEDY",
     "GAP_CAUSES",
     "LINK_VERDICTS",
     "STRAGGLER_CAUSES",
-    "Cause",
-    "EXPOSED_COMM_REMEDY",
     "THROTTLE_REMEDY",
+    "Cause",
     "gap_cause",
     "straggler_cause_text",
 ]

@@ -23,6 +23,7 @@ from uberprof.analysis.intervals import Intervals
 from uberprof.ingest import classify as K
 
 __all__ = [
+    "WINDOW_PARTS",
     "Activity",
     "Breakdown",
     "breakdown",
@@ -35,7 +36,6 @@ __all__ = [
     "trace_activity",
     "trace_window",
     "training_threads",
-    "WINDOW_PARTS",
     "window_shares",
 ]
 

@@ -71,7 +71,7 @@ def freshness_key(derived: Path, threshold_ns: int) -> dict[str, Any] | None:
 
 
 def _threshold_of(d: Diagnosis) -> int:
-    return int(round(float(d.run.get("gap_threshold_us") or 0) * 1000))
+    return round(float(d.run.get("gap_threshold_us") or 0) * 1000)
 
 
 def _dumps(obj: Any) -> bytes:
