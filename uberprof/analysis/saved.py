@@ -2,7 +2,8 @@
 
 `uberprof report`, the dashboard and `uberprof export` call `load_or_diagnose`: when the
 derived folder holds a diagnosis made from the same inputs (a digest of the analysis'
-manifest.json), with the same options (the gap threshold) and by the same uberprof (version and
+manifest.json, and in a run directory the size and mtime of run.json, calibration.json, each
+rank.json and the node folders' counters), with the same options (the gap threshold) and by the same uberprof (version and
 `SAVED_VERSION`), it is read back; otherwise the run is diagnosed and the result saved, when the
 folder is writable. Reading it back takes a few Parquet files instead of the whole diagnosis.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,15 +61,38 @@ _TABLES = ("instances", "unmatched", "lateness", "gaps", "bandwidth", "steps", "
            "idle")
 
 
-def freshness_key(derived: Path, threshold_ns: int) -> dict[str, Any] | None:
+def freshness_key(root: Path, derived: Path, threshold_ns: int) -> dict[str, Any] | None:
     """What a saved diagnosis must have been made from to be reused; None when the derived
     folder has no manifest (nothing to compare with)."""
+    h = hashlib.sha256()
     try:
-        digest = hashlib.sha256((derived / MANIFEST_FILE).read_bytes()).hexdigest()
+        h.update((derived / MANIFEST_FILE).read_bytes())
     except OSError:
         return None
+    for p in _run_files(root):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return {"saved_version": SAVED_VERSION, "uberprof_version": __version__,
-            "inputs_sha256": digest, "gap_threshold_ns": int(threshold_ns)}
+            "inputs_sha256": h.hexdigest(), "gap_threshold_ns": int(threshold_ns)}
+
+
+def _run_files(root: Path) -> list[Path]:
+    """The files of a run directory besides the traces that the diagnosis reads: host names
+    and clock estimates (rank.json), the run id, the calibration, the counters."""
+    from uberprof.rundir import CALIBRATION_FILE, RANK_FILE, RunDir
+
+    run = RunDir(root)
+    if not run.is_run():
+        return []
+    out = [run.run_file, root / CALIBRATION_FILE]
+    out += [rd / RANK_FILE for rd in run.rank_dirs()]
+    for top, dirs, files in os.walk(run.nodes_dir):
+        dirs.sort()
+        out += [Path(top) / f for f in sorted(files)]
+    return out
 
 
 def _threshold_of(d: Diagnosis) -> int:
@@ -86,7 +111,7 @@ def save(d: Diagnosis) -> Path | None:
 
     if d.derived is None:
         return None
-    key = freshness_key(d.derived, _threshold_of(d))
+    key = freshness_key(Path(d.run["path"]), d.derived, _threshold_of(d))
     folder = d.derived / DIAGNOSIS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STATE_FILE).unlink(missing_ok=True)  # stale until the state is written again
@@ -117,7 +142,7 @@ def load(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) -> Diagnosis
     uberprof), else None. An unreadable save counts as absent."""
     derived = Path(ctx.run.derived)
     folder = derived / DIAGNOSIS_DIR
-    key = freshness_key(derived, threshold_ns)
+    key = freshness_key(Path(ctx.root), derived, threshold_ns)
     try:
         state = orjson.loads((folder / STATE_FILE).read_bytes())
         if key is None or state.get("key") != key:
