@@ -4,6 +4,7 @@ command that takes them accepts the same syntax and says the same thing when it 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -53,38 +54,33 @@ def parse_ranks(text: str | None) -> set[int] | None:
     return out
 
 
-class StepRange(click.ParamType):
+class _Parsed(click.ParamType):
+    """A parameter whose text one of the parsers above turns into a value."""
+
+    parser: Callable[[str], Any]
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value  # already converted (a default, or a second pass)
+        try:
+            return type(self).parser(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+class StepRange(_Parsed):
     """`--steps A-B` or `--steps N`: an inclusive range of steps, as (A, B)."""
 
     name = "A-B"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> tuple[int, int]:
-        if isinstance(value, tuple):
-            return value
-        try:
-            out = parse_steps(str(value))
-        except click.BadParameter as exc:
-            self.fail(exc.message, param, ctx)
-        assert out is not None
-        return out
+    parser = staticmethod(parse_steps)
 
 
-class RankList(click.ParamType):
+class RankList(_Parsed):
     """`--ranks 0,2,4-7`: a set of ranks."""
 
     name = "LIST"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> set[int]:
-        if isinstance(value, set):
-            return value
-        try:
-            out = parse_ranks(str(value))
-        except click.BadParameter as exc:
-            self.fail(exc.message, param, ctx)
-        assert out is not None
-        return out
+    parser = staticmethod(parse_ranks)
 
 
 STEP_RANGE = StepRange()
