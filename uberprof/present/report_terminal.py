@@ -229,4 +229,3 @@ def _gaps(d: Diagnosis, console: Console) -> None:
                       _short(g.get("host"), 40))
     console.print(table)
     console.print()
-
