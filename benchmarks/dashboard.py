@@ -19,7 +19,6 @@ Exit code 1 when the median first visit or the median reload misses the target.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -31,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import ROOT, doc_parser
+
 CHROMIUM = os.environ.get("UBERPROF_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -99,9 +99,7 @@ def measure(url: str, loads: int, warm_per_cold: int = 2) -> list[dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p = doc_parser(__doc__)
     p.add_argument("--run", type=Path, help="an existing run directory (else a synthetic one)")
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--steps", type=int, default=2000)

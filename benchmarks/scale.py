@@ -23,7 +23,6 @@ compare. Times on a shared machine are noisy: compare ratios, and re-run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -33,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import doc_parser
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 DATA = HERE / ".bench-data"
 
 
@@ -78,7 +78,6 @@ def make_run(ranks: int, layers: int, traced: int, steps: int) -> Path:
 # --- what runs in each fresh process ------------------------------------------------------------
 
 def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
     from uberprof.analysis.pipeline import analyze, keep_pandas_out
 
     res: dict[str, Any] = {}
@@ -157,9 +156,7 @@ def json_bytes(run: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap = doc_parser(__doc__)
     ap.add_argument("--ranks", default="8,64,256", help="rank counts, comma-separated")
     ap.add_argument("--modes", default="pool,dask", help="pool, dask or both")
     ap.add_argument("--layers", type=int, default=8, help="synth_run --layers (trace size)")

@@ -37,10 +37,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# _common (found here also when this file is imported by path, as the tests do) puts the
+# repository on sys.path for the uberprof imports below.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import doc_parser
 
+from uberprof.collect.config import TraceSchedule
 from uberprof.collect.counters.store import CounterStore
 from uberprof.rundir import (
     COUNTERS_DIR,
@@ -83,18 +85,11 @@ class Config:
 
 
 def parse_windows(text: str) -> list[tuple[int, int]]:
-    """'100-102,1500-1502' -> [(100, 102), (1500, 1502)]."""
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        a, _, b = part.partition("-")
-        lo, hi = int(a), int(b or a)
-        if hi < lo:
-            raise argparse.ArgumentTypeError(f"bad window {part!r}: end before start")
-        out.append((lo, hi))
-    return out
+    """'100-102,1500-1502' -> [(100, 102), (1500, 1502)], as `uberprof run --trace-steps`."""
+    try:
+        return list(TraceSchedule.parse_steps(text).windows)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def default_windows(steps: int) -> list[tuple[int, int]]:
@@ -433,9 +428,7 @@ def write_run(cfg: Config, log: Any = print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p = doc_parser(__doc__)
     p.add_argument("out", type=Path, help="the run directory to write (replaced if it exists)")
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--steps", type=int, default=2000)

@@ -10,7 +10,7 @@ thousand numbers. Where the numbers come from:
 - the diagnosis (`uberprof.analysis.saved.load_or_diagnose`): findings, clock alignment,
   lateness, idle gaps, bandwidth and the per-rank summaries; read back from the one
   `uberprof report` saved when it is fresh, else computed once (and saved);
-- the run's counters (`uberprof.collect.counters.read`), filtered while read and downsampled
+- the run's counters (`uberprof.rundir.counters`), filtered while read and downsampled
   here with DuckDB;
 - for runs without traces, the step timelines (`steps.jsonl`) alone.
 
@@ -192,8 +192,7 @@ class RunData:
     def _load_steps(self) -> pa.Table:
         """Steps of every rank: the analysis table, plus the step timelines of ranks that have
         no analysable trace (or of every rank when the run has no traces at all)."""
-        from uberprof.inventory import read_steps
-        from uberprof.rundir import RunDir
+        from uberprof.rundir import STEPS_FILE, ranks_by_id, read_steps
 
         parts = []
         have: set[int] = set()
@@ -203,14 +202,12 @@ class RunData:
             have = set(pc.unique(t.column("rank")).to_pylist()) if t.num_rows else set()
         schema = parts[0].schema if parts else None
         rows = []
-        for rd in RunDir(self.root).rank_dirs():
-            head = rd.name.split("-", 1)[0]
-            if not head.isdigit() or int(head) in have:
+        for rank, meta in ranks_by_id(self.root).items():
+            if rank in have:
                 continue
-            rank = int(head)
-            steps, truncated = read_steps(rd)
+            steps, truncated = read_steps(meta.folder)
             if truncated:
-                self.problems.append(f"{rd / 'steps.jsonl'}: ends with a cut-off line")
+                self.problems.append(f"{meta.folder / STEPS_FILE}: ends with a cut-off line")
             for r in steps:
                 s, e = r.get("host_start_ns"), r.get("host_end_ns")
                 if not isinstance(r.get("step"), int):
@@ -295,18 +292,14 @@ class RunData:
         return hosts.get(rank)
 
     def _hosts(self) -> dict[int, str | None]:
-        from uberprof.rundir import RANK_FILE, RunDir, read_json
+        from uberprof.rundir import ranks_by_id
 
         out: dict[int, str | None] = {}
         if self.ctx is not None:
             out = {r: self.ctx.host_of(r) for r in self.ctx.rank_ids}
-        for rd in RunDir(self.root).rank_dirs():
-            try:
-                m = read_json(rd / RANK_FILE)
-            except (OSError, ValueError):
-                continue
-            if isinstance(m.get("rank"), int) and not out.get(m["rank"]):
-                out[m["rank"]] = m.get("host")
+        for rank, m in ranks_by_id(self.root).items():
+            if not out.get(rank):
+                out[rank] = m.host
         return out
 
     def straggler(self) -> Any:
@@ -722,9 +715,8 @@ class RunData:
         return self._once("counter_catalog", self._counter_catalog)
 
     def _counter_catalog(self) -> dict[str, Any]:
-        from uberprof.collect.counters.read import counter_meta, counter_nodes
-        from uberprof.collect.counters.store import read_index, scan_index
         from uberprof.rundir import COUNTERS_DIR, RunDir
+        from uberprof.rundir.counters import counter_meta, counter_nodes, series_index
 
         run = RunDir(self.root)
         nodes: dict[str, dict[str, Any]] = {}
@@ -736,9 +728,7 @@ class RunData:
             names = []
         for n in names:
             cdir = run.nodes_dir / n / COUNTERS_DIR
-            index = read_index(cdir)
-            if index is None:
-                index = scan_index(cdir)
+            index = series_index(cdir)
             meta = counter_meta(run, n)
             notes += [x for x in meta.get("notes") or [] if isinstance(x, str)]
             series: dict[str, dict[str, str]] = {}
@@ -764,7 +754,7 @@ class RunData:
     def rank_gpu(self, rank: int) -> tuple[str, str] | None:
         """(node, GPU label) of a rank, from GPU UUIDs."""
         def build() -> dict[int, tuple[str, str]]:
-            from uberprof.collect.counters.read import rank_gpus
+            from uberprof.rundir.counters import rank_gpus
 
             try:
                 return rank_gpus(self.root)
@@ -793,7 +783,7 @@ class RunData:
     def _counter_series(self, node: str, source: str, metric: str, devices: list[str] | None,
                         points: int, start_ns: int | None, end_ns: int | None
                         ) -> CounterSeries | None:
-        from uberprof.collect.counters.read import counters_table
+        from uberprof.rundir.counters import counters_table
 
         try:
             t = counters_table(self.root, node, sources=[source], metrics=[metric],
@@ -825,7 +815,7 @@ class RunData:
                        ) -> list[tuple[str, float, float]]:
         """(device, start s, end s) of the runs of samples with a clock slowdown reason set."""
         def build() -> list[tuple[str, float, float]]:
-            from uberprof.collect.counters.read import counters_table
+            from uberprof.rundir.counters import counters_table
 
             try:
                 t = counters_table(self.root, node, sources=["nvml"],

@@ -14,12 +14,15 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
+
+from uberprof.collect.calibrate import local_device
 
 
 class TinyTransformer(nn.Module):
@@ -75,31 +78,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     """Rank, world size and device; joins the process group unless the caller already did."""
     distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(1)
+    device = local_device(args.backend)
     if dist.is_initialized():  # started by something else, e.g. samples/train_spawn.py
         return dist.get_rank(), dist.get_world_size(), device
     if distributed:
-        backend = "nccl" if use_cuda and args.backend != "gloo" else "gloo"
+        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
         return dist.get_rank(), dist.get_world_size(), device
     return 0, 1, device
 
 
 def main(argv: list[str] | None = None) -> None:
+    run(argv, "DDP", lambda model, device: DDP(
+        model, device_ids=[device.index] if device.type == "cuda" else None))
+
+
+def run(argv: list[str] | None, kind: str,
+        wrap: Callable[[TinyTransformer, torch.device], nn.Module]) -> None:
+    """The samples' main: options, process group, the model on its device, wrapped by `wrap`
+    (DDP, FSDP, ...) when there is more than one rank, then the training loop."""
     args = parse_args(argv)
     rank, world, device = setup(args)
     torch.manual_seed(args.seed)
-    model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
+    model: nn.Module = TinyTransformer(args.vocab, args.dim, args.layers, args.heads,
+                                       args.seq).to(device)
     if world > 1:
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    train(model, args, rank, world, device, "DDP")
+        model = wrap(model, device)  # type: ignore[arg-type]
+    train(model, args, rank, world, device, kind)
 
 
 def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,

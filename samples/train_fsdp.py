@@ -14,22 +14,22 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_ddp import TinyTransformer, parse_args, setup, train
+from train_ddp import TinyTransformer, run
 
 # The root module's logits are a view; nothing in this loop modifies them in place.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 
 
+def shard(model: TinyTransformer, device: torch.device) -> TinyTransformer:
+    """Each encoder layer its own FSDP unit, then the rest (embedding, head) as the root."""
+    for layer in model.encoder.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    rank, world, device = setup(args)
-    torch.manual_seed(args.seed)
-    model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
-    if world > 1:
-        for layer in model.encoder.layers:
-            fully_shard(layer)
-        fully_shard(model)
-    train(model, args, rank, world, device, "FSDP")
+    run(argv, "FSDP", shard)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,11 @@ runs once per test session)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.jobs import SAMPLES, torchrun, uberprof_run
+from tests.jobs import SAMPLES, load_script, torchrun, uberprof_run
 
 TRACE_STEPS = (4, 6)
 STEPS = 10
@@ -30,10 +29,7 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 
 def sample_parameter_count() -> int:
     """Parameters of the sample's model with its default arguments (what DDP all-reduces)."""
-    spec = importlib.util.spec_from_file_location("_train_ddp", SAMPLES / "train_ddp.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(SAMPLES / "train_ddp.py", "_train_ddp")
     a = mod.parse_args([])
     model = mod.TinyTransformer(a.vocab, a.dim, a.layers, a.heads, a.seq)
     return sum(p.numel() for p in model.parameters())

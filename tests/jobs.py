@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,3 +47,14 @@ def info_json(*runs: Path) -> dict[str, Any]:
                           capture_output=True, text=True, timeout=120, env=job_env())
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of benchmarks/ or samples/ imported as module `name` (registered in sys.modules
+    first: its dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)
+    spec.loader.exec_module(mod)
+    return mod

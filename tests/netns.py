@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.jobs import job_env
+
 
 def netns_available() -> bool:
     return os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "unshare"))
@@ -34,6 +36,19 @@ class Node:
         """`argv` run inside this node's namespace under its own host name."""
         script = f'hostname {self.hostname} && exec "$@"'
         return ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c", script, "sh", *argv]
+
+    def start(self, argv: list[str]) -> subprocess.Popen[str]:
+        """`argv` started in this node, output captured, Gloo talking over the node's veth."""
+        return subprocess.Popen(self.command(argv), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=job_env(GLOO_SOCKET_IFNAME=self.veth))
+
+
+def wait_ok(procs: list[subprocess.Popen[str]], timeout: float = 300) -> None:
+    """Wait for every process; each must exit with 0 (a failure shows its output)."""
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"{out}\n{err[-3000:]}"
 
 
 def _ip(*args: str) -> None:

@@ -12,8 +12,8 @@ from uberprof.collect.config import CollectConfig, TraceSchedule
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.runid import resolve_run_id, torchrun_rdzv_id
-from uberprof.inventory import inventory, read_steps
-from uberprof.rundir import RunDir, claim_dir, parse_trace_file_name, trace_file_name
+from uberprof.inventory import inventory
+from uberprof.rundir import RunDir, claim_dir, parse_trace_file_name, read_steps, trace_file_name
 from tests.jobs import PY, job_env
 
 

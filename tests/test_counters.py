@@ -20,11 +20,11 @@ from uberprof.collect.counters.host import (
     parse_tc_qdiscs,
     parse_tc_rate,
 )
-from uberprof.collect.counters.read import counter_meta, link_caps
-from uberprof.collect.counters.store import CounterStore, iter_batches, read_index, scan_index
+from uberprof.collect.counters.store import CounterStore
 from uberprof.collect.safety import AgentLog
 from uberprof.inventory import node_counters
 from uberprof.rundir import COUNTERS_DIR, RunDir
+from uberprof.rundir.counters import counter_meta, iter_batches, link_caps, read_index, scan_index
 
 ROOT = Path(__file__).resolve().parents[1]
 

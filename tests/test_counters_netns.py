@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import PY, job_env
-from tests.netns import Node, requires_netns, two_nodes
+from tests.jobs import PY
+from tests.netns import Node, requires_netns, two_nodes, wait_ok
 from uberprof.collect.counters import link_caps, read_counters
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, requires_netns]
@@ -55,8 +55,7 @@ def _launch(node: Node, rank: int, master: Node, port: int, out: Path, script: P
             PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
             f"--node_rank={rank}", f"--master_addr={master.addr}", f"--master_port={port}",
             str(script), "--seconds", "6", "--out", str(loop_file)]
-    return subprocess.Popen(node.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=job_env(GLOO_SOCKET_IFNAME=node.veth))
+    return node.start(argv)
 
 
 def test_veth_counters_show_the_tc_cap_under_allreduce(tmp_path: Path) -> None:
@@ -66,11 +65,8 @@ def test_veth_counters_show_the_tc_cap_under_allreduce(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     port = 29700 + os.getpid() % 200
     with two_nodes("ct", rate="1gbit") as (a, b):
-        procs = [_launch(a, 0, a, port, out, script, loop_file),
-                 _launch(b, 1, a, port, out, script, loop_file)]
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=240)
-            assert p.returncode == 0, f"{stdout}\n{stderr[-3000:]}"
+        wait_ok([_launch(a, 0, a, port, out, script, loop_file),
+                 _launch(b, 1, a, port, out, script, loop_file)], timeout=240)
     loop = json.loads(loop_file.read_text())
     run = out / "capped"
     for node in (a, b):

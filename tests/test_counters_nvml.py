@@ -18,11 +18,10 @@ from uberprof.collect.counters.nvml import (
     Nvml,
     NvmlSource,
     decode_clocks_event_reasons,
-    normalize_gpu_uuid,
 )
-from uberprof.collect.counters.read import counter_meta, rank_gpus
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import RunDir, write_json_atomic
+from uberprof.rundir.counters import counter_meta, normalize_gpu_uuid, rank_gpus
 
 NOT_SUPPORTED, TIMEOUT, LIB_NOT_FOUND = 3, 10, 12
 THROTTLED = 0x4 | 0x40  # sw_power_cap | hw_thermal_slowdown

@@ -5,11 +5,9 @@ authentication, Host check, nothing served from disk) and the command line."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,27 +18,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from tests.jobs import PY, ROOT, job_env
+from tests.jobs import PY, ROOT, job_env, load_script
 from uberprof.cli import main
 
 SYNTH_STRAGGLER = 5
-
-
-def _synth_module() -> Any:
-    spec = importlib.util.spec_from_file_location("synth_run", ROOT / "benchmarks" /
-                                                  "synth_run.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("synth_run", mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def write_synth(out: Path, ranks: int = 8, steps: int = 60, counters: bool = True,
                 straggler: int | None = SYNTH_STRAGGLER, cause: str = "throttle") -> Path:
     """A small synthetic GPU run (benchmarks/synth_run.py): 2 nodes of 4 GPUs, 3 traced
     steps, rank 5 throttled."""
-    s = _synth_module()
+    s = load_script(ROOT / "benchmarks" / "synth_run.py", "synth_run")
     cfg = s.Config(out=out, ranks=ranks, steps=steps, gpus_per_node=4, windows=[(20, 22)],
                    straggler=straggler, cause=cause, slow=1.3, counters=counters, seed=1,
                    step_ms=100.0)

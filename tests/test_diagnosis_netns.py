@@ -4,30 +4,18 @@ cap, then from `uberprof calibrate`, which measures the cap too); uncapped it is
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.jobs import PY, SAMPLES, job_env
-from tests.netns import Node, requires_netns, two_nodes
+from tests.jobs import PY, SAMPLES
+from tests.netns import Node, requires_netns, two_nodes, wait_ok
 from uberprof.analysis.advisor import diagnose
 from uberprof.analysis.bandwidth import read_calibration
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, requires_netns]
 
 CAP_BPS = 125e6  # 1 Gbit/s
-
-
-def _launch(node: Node, argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(node.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=job_env(GLOO_SOCKET_IFNAME=node.veth))
-
-
-def _wait(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, f"{out}\n{err[-3000:]}"
 
 
 def _torchrun(node_rank: int, a: Node, port: int) -> list[str]:
@@ -40,7 +28,7 @@ def _job(a: Node, b: Node, out: Path, run_id: str, port: int) -> Path:
         return [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id,
                 "--trace-steps", "3-10", "--", *_torchrun(i, a, port),
                 str(SAMPLES / "train_ddp.py"), "--steps", "12"]
-    _wait([_launch(a, argv(0)), _launch(b, argv(1))])
+    wait_ok([a.start(argv(0)), b.start(argv(1))])
     return out / run_id
 
 
@@ -51,8 +39,8 @@ def _grad_allreduce(d, verdict: str) -> list:  # type: ignore[no-untyped-def]
 
 def _calibrate(a: Node, b: Node, run: Path, port: int) -> dict:
     """`uberprof calibrate RUN -- torchrun ...` on both nodes, as the job was launched."""
-    _wait([_launch(n, [PY, "-m", "uberprof", "calibrate", str(run), "--",
-                       *_torchrun(i, a, port)]) for i, n in enumerate((a, b))])
+    wait_ok([n.start([PY, "-m", "uberprof", "calibrate", str(run), "--", *_torchrun(i, a, port)])
+             for i, n in enumerate((a, b))])
     cal = read_calibration(run)
     assert cal is not None
     return next(g for g in cal["groups"] if g["scope"] == "world")

@@ -5,23 +5,17 @@ their own, and the gradient all-reduce is marked bandwidth-bound on both ranks."
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests._export_check import compare_with_sources, load, rank_pids, validate_tef
 from tests._export_traces import run_sources
-from tests.jobs import PY, SAMPLES, job_env
-from tests.netns import Node, requires_netns, two_nodes
+from tests.jobs import PY, SAMPLES
+from tests.netns import Node, requires_netns, two_nodes, wait_ok
 from uberprof.present.export import export_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, requires_netns]
-
-
-def _launch(node: Node, argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(node.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=job_env(GLOO_SOCKET_IFNAME=node.veth))
 
 
 def _job(a: Node, b: Node, out: Path, run_id: str, port: int) -> Path:
@@ -31,10 +25,7 @@ def _job(a: Node, b: Node, out: Path, run_id: str, port: int) -> Path:
                 PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                 f"--master_addr={a.addr}", f"--master_port={port}", f"--node_rank={i}",
                 str(SAMPLES / "train_ddp.py"), "--steps", "10"]
-    procs = [_launch(a, argv(0)), _launch(b, argv(1))]
-    for p in procs:
-        so, se = p.communicate(timeout=300)
-        assert p.returncode == 0, f"{so}\n{se[-3000:]}"
+    wait_ok([a.start(argv(0)), b.start(argv(1))])
     return out / run_id
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pytest
 
@@ -13,6 +15,7 @@ from tests import _traces as T
 from uberprof.ingest import TraceError, ingest_trace
 from uberprof.ingest.classify import classify
 from uberprof.ingest.discover import discover, rank_from_name
+from uberprof.ingest.events import TraceEvent, decode_events
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
@@ -207,3 +210,20 @@ def test_gzip_member_of_plain_json_is_read(tmp_path: Path) -> None:
     p = tmp_path / "x.pt.trace.json.gz"
     p.write_bytes(gzip.compress(json.dumps(T.trace([T.op(0, 3)])).encode()))
     assert ingest_trace(p).events.num_rows == 1
+
+
+class _FlowEvent(TraceEvent, gc=False):
+    id: Any = None
+
+
+def test_decode_events_keeps_what_fits_and_optionally_the_place_of_non_objects() -> None:
+    Ev = _FlowEvent
+    dec = msgspec.json.Decoder(list[Ev])
+    raw = [msgspec.Raw(b) for b in (b'{"ph":"X","ts":1,"args":{"stream":7,"x":1}}',
+                                    b'{"ph":"s","id":3,"args":"not an object"}', b'42')]
+    kept = decode_events(raw, dec, Ev)
+    assert [(e.ph, e.id, e.args and e.args.stream) for e in kept] == [("X", None, 7),
+                                                                      ("s", 3, None)]
+    placed = decode_events(raw, dec, Ev, keep_place=True)
+    assert len(placed) == 3 and placed[2] == Ev()
+    assert decode_events(raw[:1], dec, Ev)[0].args.stream == 7  # the one-call path

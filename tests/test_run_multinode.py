@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import PY, SAMPLES, info_json, job_env
-from tests.netns import Node, requires_netns, two_nodes
+from tests.jobs import PY, SAMPLES, info_json
+from tests.netns import Node, requires_netns, two_nodes, wait_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, requires_netns]
 
@@ -17,14 +17,7 @@ def _launch(node: Node, out: Path, torchrun_args: list[str], steps: int) -> subp
     argv = [PY, "-m", "uberprof", "run", "--out", str(out), "--trace-steps", "5-6", "--",
             PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
             *torchrun_args, str(SAMPLES / "train_ddp.py"), "--steps", str(steps)]
-    return subprocess.Popen(node.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=job_env(GLOO_SOCKET_IFNAME=node.veth))
-
-
-def _wait(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, f"{out}\n{err[-3000:]}"
+    return node.start(argv)
 
 
 def test_two_nodes_land_in_one_run_and_can_be_read_together(tmp_path: Path) -> None:
@@ -32,8 +25,9 @@ def test_two_nodes_land_in_one_run_and_can_be_read_together(tmp_path: Path) -> N
         # 1. c10d rendezvous with an id: both nodes find the same run directory by themselves.
         shared = tmp_path / "shared"
         rdzv = [f"--rdzv-endpoint={a.addr}:29611", "--rdzv-backend=c10d", "--rdzv-id=twonode"]
-        _wait([_launch(a, shared, [*rdzv, "--rdzv_conf=is_host=1", f"--local_addr={a.addr}"], 12),
-               _launch(b, shared, [*rdzv, "--rdzv_conf=is_host=0", f"--local_addr={b.addr}"], 12)])
+        wait_ok([_launch(a, shared, [*rdzv, "--rdzv_conf=is_host=1", f"--local_addr={a.addr}"], 12),
+                 _launch(b, shared, [*rdzv, "--rdzv_conf=is_host=0", f"--local_addr={b.addr}"], 12)],
+                timeout=240)
         info = info_json(shared / "twonode")
         assert info["problems"] == []
         assert sorted(n["host"] for n in info["nodes"]) == [a.hostname, b.hostname]
@@ -52,8 +46,8 @@ def test_two_nodes_land_in_one_run_and_can_be_read_together(tmp_path: Path) -> N
         # 2. Static rendezvous without an id, each node writing to its own disk.
         static = [f"--master_addr={a.addr}", "--master_port=29612"]
         out_a, out_b = tmp_path / "local-a", tmp_path / "local-b"
-        _wait([_launch(a, out_a, [*static, "--node_rank=0"], 8),
-               _launch(b, out_b, [*static, "--node_rank=1"], 8)])
+        wait_ok([_launch(a, out_a, [*static, "--node_rank=0"], 8),
+                 _launch(b, out_b, [*static, "--node_rank=1"], 8)], timeout=240)
         [run_a], [run_b] = list(out_a.iterdir()), list(out_b.iterdir())
         together = info_json(run_a, run_b)
         assert together["problems"] == []

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from tests.jobs import ROOT
+from tests.jobs import ROOT, load_script
 from uberprof.analysis import pipeline
 from uberprof.analysis.pipeline import analyze
 from uberprof.cli import main
@@ -29,22 +29,12 @@ needs_dask = pytest.mark.skipif(
 STRAGGLER = 5
 
 
-def _synth() -> Any:
-    spec = importlib.util.spec_from_file_location("synth_run", ROOT / "benchmarks" /
-                                                  "synth_run.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("synth_run", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8 synthetic NCCL ranks on 2 nodes (benchmarks/synth_run.py), 2 trace windows each,
     rank 5 throttled; plus what must fail the same way everywhere: rank 2 without traces and
     rank 3 with one window's trace cut off."""
-    s = _synth()
+    s = load_script(ROOT / "benchmarks" / "synth_run.py", "synth_run")
     out = tmp_path_factory.mktemp("scale") / "run8"
     cfg = s.Config(out=out, ranks=8, steps=40, gpus_per_node=4, windows=[(10, 12), (30, 31)],
                    straggler=STRAGGLER, cause="throttle", slow=1.3, counters=False, seed=3,

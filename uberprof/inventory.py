@@ -2,7 +2,8 @@
 
 Several directories can be read as one run: the nodes of a multi-node job that each wrote to a
 local disk. Their ranks are merged; the job id the ranks agreed on through the process group
-tells whether they really belong together.
+tells whether they really belong together. Ranks and nodes are read through `uberprof.rundir`,
+whose rank-id rule decides which folder is which rank; a folder it cannot place is a problem.
 """
 
 from __future__ import annotations
@@ -15,50 +16,24 @@ from typing import Any
 
 from uberprof.rundir import (
     COUNTERS_DIR,
-    NODE_FILE,
-    RANK_FILE,
     STEPS_FILE,
-    TRACES_DIR,
+    NodeMeta,
+    RankMeta,
     RunDir,
-    parse_trace_file_name,
+    list_nodes,
+    list_ranks,
     read_json,
-    read_jsonl,
+    read_steps,
+    trace_windows,
 )
+
+# read_steps and trace_windows live in uberprof.rundir.ranks; still importable from here.
+__all__ = ["NotARunDirectory", "gzip_is_complete", "inventory", "node_counters", "read_steps",
+           "trace_windows"]
 
 
 class NotARunDirectory(Exception):
     pass
-
-
-def read_steps(rank_dir: Path) -> tuple[list[dict[str, Any]], bool]:
-    """The rank's step rows with their GPU rows merged in, and whether the file was cut off."""
-    path = rank_dir / STEPS_FILE
-    if not path.exists():
-        return [], False
-    rows, truncated = read_jsonl(path)
-    steps: dict[int, dict[str, Any]] = {}
-    gpu: dict[int, dict[str, Any]] = {}
-    for row in rows:
-        kind = row.get("kind")
-        if kind == "step":
-            steps[row["step"]] = {k: v for k, v in row.items() if k != "kind"}
-        elif kind == "gpu":
-            gpu[row["step"]] = row
-    for step, row in gpu.items():
-        if step in steps:
-            steps[step].update({k: v for k, v in row.items() if k not in ("kind", "step")})
-    return [steps[s] for s in sorted(steps)], truncated
-
-
-def trace_windows(rank_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    tdir = rank_dir / TRACES_DIR
-    if tdir.is_dir():
-        for p in sorted(tdir.iterdir()):
-            steps = parse_trace_file_name(p.name)
-            if steps is not None:
-                out.append({"steps": list(steps), "path": str(p), "bytes": p.stat().st_size})
-    return out
 
 
 def gzip_is_complete(path: Path) -> bool:
@@ -95,11 +70,11 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
             run_ids.append(run.root.name)
             problems.append(f"{run.run_file}: missing or unreadable")
 
-    nodes = [_node(p, problems) for run in runs for p in run.node_dirs()]
+    nodes = [_node(n, problems) for run in runs for n in list_nodes(run)]
     counters = [c for run in runs for p in run.node_dirs() for c in node_counters(p)]
-    ranks = [_rank(p, problems, check_traces) for run in runs for p in run.rank_dirs()]
+    ranks = [_rank(m, problems, check_traces) for run in runs for m in list_ranks(run)]
     ranks = [r for r in ranks if r is not None]
-    ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["dir"]))
+    ranks.sort(key=lambda r: r["rank"])  # stable: a rank's folders stay in claim order
 
     _cross_rank_problems(ranks, problems)
     exit_codes = [n["exit_code"] for n in nodes if n.get("exit_code") is not None]
@@ -130,41 +105,36 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
 def node_counters(node_dir: Path) -> list[dict[str, Any]]:
     """The counter series a node folder holds: node, source, metric, unit, samples (rows),
     devices, first_ns, last_ns. From the index the sampler keeps, else by scanning the tables."""
-    from uberprof.collect.counters.store import read_index, scan_index, source_files
+    from uberprof.rundir.counters import series_index, source_files
 
     cdir = node_dir / COUNTERS_DIR
     if not source_files(cdir):
         return []
-    series = read_index(cdir)
-    if series is None:
-        series = scan_index(cdir)
-    return [{"node": node_dir.name, **s} for s in series]
+    return [{"node": node_dir.name, **s} for s in series_index(cdir)]
 
 
-def _node(path: Path, problems: list[str]) -> dict[str, Any]:
-    try:
-        meta = read_json(path / NODE_FILE)
-    except (OSError, ValueError) as exc:
-        problems.append(f"{path / NODE_FILE}: unreadable ({exc})")
-        return {"node": path.name, "host": None, "exit_code": None, "command": None,
-                "start_ns": None, "end_ns": None, "counters": None}
-    return {k: meta.get(k) for k in ("node", "host", "command", "exit_code", "start_ns",
-                                      "end_ns", "options", "versions", "counters")}
+def _node(node: NodeMeta, problems: list[str]) -> dict[str, Any]:
+    if node.problem is not None:
+        problems.append(node.problem)
+    return {"node": node.node, "host": node.host, "command": node.command,
+            "exit_code": node.exit_code, "start_ns": node.start_ns, "end_ns": node.end_ns,
+            "options": node.options or None, "versions": node.versions or None,
+            "counters": node.counters or None}
 
 
-def _rank(path: Path, problems: list[str], check_traces: bool) -> dict[str, Any] | None:
-    try:
-        meta = read_json(path / RANK_FILE)
-    except (OSError, ValueError) as exc:
-        problems.append(f"{path / RANK_FILE}: unreadable ({exc}); rank data in {path} ignored")
+def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any] | None:
+    path = meta.folder
+    if meta.problem is not None:
+        problems.append(meta.problem)
+    if meta.rank is None:
         return None
     steps, truncated = read_steps(path)
     windows = trace_windows(path)
-    rank = meta.get("rank")
+    rank = meta.rank
     if truncated:
         problems.append(f"rank {rank}: {path / STEPS_FILE} ends with a cut-off line "
                         f"(the rank stopped mid-write); {len(steps)} whole steps kept")
-    if meta.get("end_ns") is None:
+    if meta.readable and not meta.finished:
         last = steps[-1]["step"] if steps else None
         problems.append(
             f"rank {rank} stopped abruptly (killed, crashed, or still running)"
@@ -179,21 +149,21 @@ def _rank(path: Path, problems: list[str], check_traces: bool) -> dict[str, Any]
     return {
         "rank": rank,
         "dir": str(path),
-        "host": meta.get("host"),
-        "node": meta.get("node"),
-        "pid": meta.get("pid"),
-        "local_rank": meta.get("local_rank"),
-        "world_size": meta.get("world_size"),
-        "backend": meta.get("backend"),
-        "device": meta.get("device"),
-        "job_id": meta.get("job_id"),
+        "host": meta.host,
+        "node": meta.node,
+        "pid": meta.pid,
+        "local_rank": meta.local_rank,
+        "world_size": meta.world_size,
+        "backend": meta.backend,
+        "device": meta.device or None,
+        "job_id": meta.job_id,
         "steps": len(steps),
         "first_step": steps[0]["step"] if steps else None,
         "last_step": steps[-1]["step"] if steps else None,
-        "finished": meta.get("end_ns") is not None,
+        "finished": meta.finished,
         "trace_windows": windows,
-        "trace_disabled_reason": (meta.get("trace") or {}).get("disabled_reason"),
-        "clock": meta.get("clock"),
+        "trace_disabled_reason": meta.trace.get("disabled_reason"),
+        "clock": meta.clock or None,
     }
 
 

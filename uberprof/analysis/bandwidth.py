@@ -168,7 +168,7 @@ class Peaks:
 
     def _node_of_host(self) -> dict[str, str]:
         if self._nodes is None:
-            from uberprof.collect.counters.read import counter_meta, counter_nodes
+            from uberprof.rundir.counters import counter_meta, counter_nodes
 
             self._nodes = {}
             for node in counter_nodes(self.ctx.root):
@@ -178,7 +178,7 @@ class Peaks:
 
     def _nic_peak(self, hosts: frozenset[str]) -> LinkPeak:
         """The slowest host's busiest NIC (or InfiniBand port): its tc cap, else its speed."""
-        from uberprof.collect.counters.read import counter_meta, counters_table
+        from uberprof.rundir.counters import counter_meta, counters_table
 
         worst: LinkPeak | None = None
         nodes = self._node_of_host()
@@ -231,7 +231,7 @@ class Peaks:
 
     def _gpu_link_peak(self, hosts: frozenset[str]) -> LinkPeak:
         """NVLink from the GPU model, else PCIe from the link generation and width."""
-        from uberprof.collect.counters.read import counter_meta, counters_table
+        from uberprof.rundir.counters import counter_meta, counters_table
 
         nodes = self._node_of_host()
         host = next(iter(hosts))

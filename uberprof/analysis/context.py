@@ -20,7 +20,7 @@ import pyarrow as pa
 from uberprof.analysis.pipeline import INPUTS_DIR, analyze
 from uberprof.analysis.rank import SUMMARY_FILE
 from uberprof.loader import Run
-from uberprof.rundir import RANK_FILE, RunDir, read_json
+from uberprof.rundir import RunDir, ranks_by_id
 
 __all__ = ["RankInfo", "RunContext", "load_context"]
 
@@ -95,15 +95,7 @@ def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     root = Path(analysis.source)
     run_dir = RunDir(root)
     is_run = run_dir.is_run()
-    meta: dict[int, dict[str, Any]] = {}
-    if is_run:
-        for rd in run_dir.rank_dirs():
-            try:
-                m = read_json(rd / RANK_FILE)
-            except (OSError, ValueError):
-                continue
-            if isinstance(m.get("rank"), int):
-                meta.setdefault(m["rank"], m)
+    meta = {r: m.raw for r, m in ranks_by_id(run_dir).items()} if is_run else {}
     summaries = _input_summaries(analysis.derived, analysis.inputs)
     ranks: dict[int, RankInfo] = {}
     for row in analysis.ranks:

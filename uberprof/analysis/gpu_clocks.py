@@ -51,7 +51,7 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     if not ctx.is_run_dir or window is None:
         return {}
     try:
-        from uberprof.collect.counters.read import counters_table, rank_gpus
+        from uberprof.rundir.counters import counters_table, rank_gpus
 
         mapping = rank_gpus(ctx.root)
     except Exception:  # noqa: BLE001 - counters are optional evidence

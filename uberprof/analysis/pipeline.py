@@ -48,8 +48,7 @@ from uberprof.analysis.rank import (
     analyze_input,
 )
 from uberprof.ingest.discover import Source, TraceInput, discover
-from uberprof.inventory import read_steps
-from uberprof.rundir import DERIVED_DIR, write_json_atomic
+from uberprof.rundir import DERIVED_DIR, read_steps, write_json_atomic
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 
 __all__ = [

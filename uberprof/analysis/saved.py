@@ -3,9 +3,10 @@
 `uberprof report`, the dashboard and `uberprof export` call `load_or_diagnose`: when the
 derived folder holds a diagnosis made from the same inputs (a digest of the analysis'
 manifest.json, and in a run directory the size and mtime of run.json, calibration.json, each
-rank.json and the node folders' counters), with the same options (the gap threshold) and by the same uberprof (version and
-`SAVED_VERSION`), it is read back; otherwise the run is diagnosed and the result saved, when the
-folder is writable. Reading it back takes a few Parquet files instead of the whole diagnosis.
+rank.json and the node folders' counters), with the same options (the gap threshold) and by
+the same uberprof (version and `SAVED_VERSION`), it is read back; otherwise the run is
+diagnosed and the result saved, when the folder is writable. Reading it back takes a few
+Parquet files instead of the whole diagnosis.
 
 Layout (under the derived folder):
 

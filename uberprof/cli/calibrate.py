@@ -43,6 +43,7 @@ def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float,
 
     from uberprof.analysis.bandwidth import CALIBRATION_FILE, read_calibration
     from uberprof.collect import calibrate as sweep
+    from uberprof.present.terminal.calibrate import render_calibration
     from uberprof.rundir import NODE_FILE, RunDir, read_json
 
     err = Console(stderr=True)
@@ -82,7 +83,7 @@ def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float,
         # another node's rank 0 wrote it (local run folders): nothing to show here
         err.print("uberprof calibrate: done; rank 0 (on another node) wrote the results")
         return
-    render(doc, Console())
+    render_calibration(doc, Console())
 
 
 def launcher_prefix(command: list[str]) -> list[str]:
@@ -93,33 +94,3 @@ def launcher_prefix(command: list[str]) -> list[str]:
             return list(command[:i])
     return []
 
-
-def render(doc: dict, console: object) -> None:
-    from rich.table import Table
-
-    table = Table(show_edge=False, header_style="bold", title="all-reduce sweep (busbw)")
-    table.add_column("group")
-    table.add_column("link")
-    table.add_column("ranks", justify="right")
-    table.add_column("peak Gbit/s", justify="right")
-    table.add_column("at size", justify="right")
-    table.add_column("half peak from", justify="right")
-    for g in doc.get("groups") or []:
-        pts = g.get("points") or []
-        peak = g.get("peak_busbw_Bps")
-        at = max(pts, key=lambda p: p["busbw_Bps"])["bytes"] if pts else None
-        table.add_row(
-            g.get("scope", "?") + (f" {g['hosts'][0]}" if g.get("scope") == "host" else ""),
-            g.get("link", "?"), str(len(g.get("ranks") or [])),
-            f"{peak * 8 / 1e9:.2f}" if peak else "-", _size(at),
-            _size(g.get("half_peak_bytes")))
-    console.print(table)  # type: ignore[attr-defined]
-
-
-def _size(b: int | None) -> str:
-    if not b:
-        return "-"
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:g} {unit}"
-    return f"{b} B"

@@ -79,11 +79,11 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, out: Path
     t0 = time.perf_counter()
     data = RunData(root=path.resolve(), out=out, workers=workers)
     try:  # the same progress bar as `uberprof analyze`
-        from uberprof.cli.analyze import _progress
+        from uberprof.present.terminal.progress import ReadProgress
     except ImportError:  # pragma: no cover - it moved: no bar, same work
         data.load()
     else:
-        with _progress(err) as update:
+        with ReadProgress(err) as update:
             data.load(progress=update)
     for n in data.notices:
         err.print(f"uberprof dashboard: {n}", markup=False, highlight=False)

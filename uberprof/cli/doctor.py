@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 
 from uberprof.collect.capabilities import check_all, counter_backends
+from uberprof.present.terminal.doctor import render_checks
 
 
 @click.command(short_help="Check what uberprof can collect on this machine.")
@@ -17,15 +18,7 @@ from uberprof.collect.capabilities import check_all, counter_backends
 def doctor(out: Path) -> None:
     """Check torch, CUDA, NCCL/Gloo, NVML/GPM, DCGM, NICs, InfiniBand and write access, and say
     what will be collected."""
-    console = Console()
     checks = check_all(out)
-    for c in checks:
-        mark = {True: "[green]ok[/green]  ", False: "[red]FAIL[/red]", None: "[dim]--[/dim]  "}[c.ok]
-        console.print(f"{mark} [bold]{c.name:<18}[/bold] {c.detail}")
-    console.print()
-    counters = counter_backends(checks)
-    console.print("[bold]uberprof run will collect:[/bold] step timelines and torch.profiler "
-                  "trace windows of every rank; counters: "
-                  + ("; ".join(counters) if counters else "none (psutil missing)"))
+    render_checks(checks, counter_backends(checks), Console())
     if any(c.ok is False for c in checks):
         raise SystemExit(1)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
 from uberprof.cli.params import RANK_LIST, STEP_RANGE
 
 EPILOG = """\
@@ -40,12 +41,9 @@ chrome://tracing ("Load"); see the README's "uberprof export" section for offlin
               show_default=True,
               help="chrome: Trace Event Format JSON; perfetto: Perfetto's protobuf trace.")
 @click.option("--no-gzip", is_flag=True, help="Write the file uncompressed.")
-@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
-              show_default=True, help="Shortest device idle gap marked.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes for reading traces not analysed yet (default: one per CPU).")
-@click.option("--derived", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the analysis tables are (default: PATH/derived).")
+@gap_threshold_option("marked")
+@workers_option("Processes for reading traces not analysed yet (default: one per CPU).")
+@derived_option("--derived", "Where the analysis tables are (default: PATH/derived).")
 def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[int] | None,
            no_counters: bool, with_python: bool, max_mb: float | None, fmt: str, no_gzip: bool,
            gap_threshold_us: float, workers: int | None, derived: Path | None) -> None:
@@ -56,9 +54,9 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     counters as counter tracks.
     """
     from uberprof.analysis.pipeline import keep_pandas_out
-    from uberprof.cli.analyze import _progress
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.export import DEFAULT_MAX_MB, ExportError, ExportOptions, export_trace
+    from uberprof.present.terminal.progress import ReadProgress
 
     keep_pandas_out()
     err = Console(stderr=True)
@@ -72,7 +70,7 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
         err.print(f"uberprof export: {msg}", markup=False, highlight=False, soft_wrap=True)
 
     try:
-        with _progress(err) as update:
+        with ReadProgress(err) as update:
             res = export_trace(path, output, opts, derived=derived, workers=workers,
                                progress=update)
     except (NoTraces, ExportError) as exc:

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+
 EPILOG = """\
 \b
 Examples:
@@ -23,12 +25,9 @@ Examples:
               help="Print the diagnosis as JSON (stable; see README).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML report to this file.")
-@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
-              show_default=True, help="Shortest device idle gap reported.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes for reading traces (default: one per CPU).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where derived tables go (default: PATH/derived).")
+@gap_threshold_option("reported")
+@workers_option()
+@derived_option("--out", "Where derived tables go (default: PATH/derived).")
 def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: float,
            workers: int | None, out: Path | None) -> None:
     """Diagnose PATH (a run directory, a folder of Kineto traces, or one trace).
@@ -43,8 +42,8 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
     from uberprof.analysis.context import load_context
     from uberprof.analysis.pipeline import keep_pandas_out
     from uberprof.analysis.saved import load_or_diagnose
-    from uberprof.cli.analyze import _progress
     from uberprof.ingest.discover import NoTraces
+    from uberprof.present.terminal.progress import ReadProgress
 
     if html_file is None:
         keep_pandas_out()
@@ -55,7 +54,7 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         err.print(f"uberprof report: could not save the diagnosis tables ({exc})", markup=False)
 
     try:
-        with _progress(err) as update:
+        with ReadProgress(err) as update:
             ctx = load_context(path, out=out, workers=workers, progress=update)
         d = load_or_diagnose(ctx, threshold_ns=int(gap_threshold_us * 1000),
                              on_save_error=unsaved)

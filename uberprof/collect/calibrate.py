@@ -68,20 +68,28 @@ def _summary(points: list[dict[str, float]]) -> tuple[float | None, int | None]:
     return peak, int(half) if half is not None else None
 
 
+def local_device(backend: str = "auto") -> Any:
+    """This process's torch.device: the GPU its LOCAL_RANK picks (made current) unless `backend`
+    is gloo or there is none; on the CPU, one thread per process, as the ranks of a host share
+    its cores. The samples set their ranks up with it too."""
+    import torch
+
+    if torch.cuda.is_available() and backend != "gloo":
+        local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    torch.set_num_threads(1)
+    return torch.device("cpu")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     import torch
     import torch.distributed as dist
 
-    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
-    backend = "nccl" if use_cuda and args.backend != "gloo" else "gloo"
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(1)
+    device = local_device(args.backend)
+    use_cuda = device.type == "cuda"
+    backend = "nccl" if use_cuda else "gloo"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     hosts: list[Any] = [None] * world

@@ -19,8 +19,8 @@ from uberprof.rundir import (
     RUN_FILE,
     TRACES_DIR,
     RunDir,
+    list_ranks,
     parse_trace_file_name,
-    read_json,
 )
 
 __all__ = ["NoTraces", "Source", "TraceInput", "discover", "rank_from_name"]
@@ -98,16 +98,8 @@ def _trace_files(root: Path) -> list[Path]:
 def _run_source(run: RunDir) -> Source:
     inputs: list[TraceInput] = []
     rank_dirs: list[tuple[int | None, Path]] = []
-    for rd in run.rank_dirs():
-        rank: int | None = None
-        try:
-            r = read_json(rd / RANK_FILE).get("rank")
-            rank = r if isinstance(r, int) else None
-        except (OSError, ValueError):
-            pass
-        if rank is None:
-            head = rd.name.split("-", 1)[0]
-            rank = int(head) if head.isdigit() else None
+    for meta in list_ranks(run):
+        rank, rd = meta.rank, meta.folder
         rank_dirs.append((rank, rd))
         tdir = rd / TRACES_DIR
         if not tdir.is_dir():

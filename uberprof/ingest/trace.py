@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from uberprof.ingest import classify as K
 from uberprof.ingest.classify import is_device_category
+from uberprof.ingest.events import TraceArgs, TraceEvent, decode_events
 
 __all__ = ["EVENT_SCHEMA", "IngestedTrace", "RawTrace", "TraceError", "ingest_trace", "read_raw_trace",
            "read_trace_bytes"]
@@ -44,10 +45,10 @@ class TraceError(Exception):
 
 # --- the fields we decode ---------------------------------------------------------------------
 
-class _Args(msgspec.Struct, gc=False):
-    stream: Any = None
+class _Args(TraceArgs, gc=False):
+    """What analysis needs beyond the common fields: operator links and collective metadata."""
+
     device: Any = None
-    correlation: Any = None
     external_id: Any = msgspec.field(default=None, name="External id")
     external_id_old: Any = msgspec.field(default=None, name="external id")  # 2021 traces
     coll_name: Any = msgspec.field(default=None, name="Collective name")
@@ -63,18 +64,9 @@ class _Args(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
     bytes: Any = None
-    name: Any = None  # metadata events: thread and process names
-    labels: Any = None
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
+class _Event(TraceEvent, gc=False):
     args: _Args | None = None
 
 
@@ -240,33 +232,6 @@ def _decode_header(raw: bytes, path: Path) -> _Header:
     return h
 
 
-def _decode_batch(chunk: list[msgspec.Raw]) -> list[_Event]:
-    """Typed structs for a batch of raw events; odd events (args not an object, say) are
-    converted one by one, keeping what fits."""
-    try:
-        return _BATCH_DECODER.decode(b"[" + b",".join(chunk) + b"]")
-    except msgspec.ValidationError:
-        pass
-    out: list[_Event] = []
-    for r in chunk:
-        try:
-            out.append(msgspec.json.decode(r, type=_Event))
-            continue
-        except msgspec.ValidationError:
-            pass
-        e = _ANY_DECODER.decode(r)
-        if not isinstance(e, dict):
-            continue
-        e = {k: v for k, v in e.items() if k != "args" or isinstance(v, dict)}
-        for attempt in (e, {k: v for k, v in e.items() if k != "args"}):
-            try:
-                out.append(msgspec.convert(attempt, _Event, strict=False))
-                break
-            except msgspec.ValidationError:
-                continue
-    return out
-
-
 # --- building the table -----------------------------------------------------------------------
 
 _STREAM_TID = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
@@ -381,7 +346,7 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
         header.traceEvents = None
         cols = _Columns()
         for i in range(0, len(raw_events), BATCH):
-            cols.add(_decode_batch(raw_events[i:i + BATCH]))
+            cols.add(decode_events(raw_events[i:i + BATCH], _BATCH_DECODER, _Event))
         del raw_events  # the JSON text goes with the last raw slice
     finally:
         if was_enabled:

@@ -4,7 +4,8 @@ job's processes), sampled by the node agent beside the job and written into the 
     from uberprof.collect.counters import read_counters
     df = read_counters("uberprof-runs/<run-id>", "node0")   # long format, epoch-ns timestamps
 
-Reading is imported lazily, so `uberprof run` does not pay for pandas at start-up.
+The readers live in `uberprof.rundir.counters` (collect writes, the rest of uberprof reads);
+they are re-exported here lazily, so `uberprof run` does not pay for pandas at start-up.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _READERS = {"read_counters", "counters_table", "counter_meta", "counter_nodes", 
 
 def __getattr__(name: str) -> Any:
     if name in _READERS:
-        from uberprof.collect.counters import read
+        from uberprof.rundir import counters
 
-        return getattr(read, name)
+        return getattr(counters, name)
     raise AttributeError(name)

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from uberprof.collect.counters.store import Row
-from uberprof.rundir import RANK_FILE, RunDir, read_json
+from uberprof.rundir import RunDir, read_rank
 
 SYS_NET = Path("/sys/class/net")
 SYS_IB = Path("/sys/class/infiniband")
@@ -424,13 +424,12 @@ class ProcessSource:
         for d in self.run.rank_dirs():
             if d.name in self._seen_rank_dirs:
                 continue
-            try:
-                meta = read_json(d / RANK_FILE)
-            except (OSError, ValueError):
+            meta = read_rank(d)
+            if not meta.readable:
                 continue  # not written yet: look again next time
             self._seen_rank_dirs.add(d.name)
-            if meta.get("host") == self.host and isinstance(meta.get("pid"), int):
-                self._ranks[meta["pid"]] = meta.get("rank")
+            if meta.host == self.host and meta.pid is not None:
+                self._ranks[meta.pid] = meta.rank
 
     def prime(self) -> None:
         self.refresh()

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from uberprof.collect.counters.store import Row
+from uberprof.rundir.counters import normalize_gpu_uuid
 
 ALL_LINKS = 0xFFFFFFFF
 """NVML field scope meaning "summed over all NVLinks" for the throughput fields."""
@@ -59,16 +60,6 @@ def decode_clocks_event_reasons(mask: int) -> list[str]:
             rest &= ~bit
         bit <<= 1
     return names
-
-
-def normalize_gpu_uuid(uuid: str | None) -> str | None:
-    """`GPU-8f2e...` (NVML) and `8f2e...` (torch) to one form, so ranks map to GPUs."""
-    if not uuid:
-        return None
-    u = str(uuid).strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        u = u.removeprefix(prefix)
-    return u
 
 
 class NvmlUnavailable(Exception):

@@ -9,24 +9,20 @@ differ in what they can measure on each machine, and an unsupported value is the
     counters/index.json        per (source, metric, unit): rows, devices, first/last ts; rewritten
                                after every flush so `uberprof info` need not scan the tables
     counters/meta.json         what was sampled: settings, GPUs (UUIDs), NICs (speed, tc cap), ...
+
+This module writes; reading (and the index format) is `uberprof.rundir.counters`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from uberprof.rundir import (
-    COUNTERS_INDEX,
-    COUNTERS_META,
-    COUNTERS_SUFFIX,
-    read_json,
-    write_json_atomic,
-)
+from uberprof.rundir import COUNTERS_INDEX, COUNTERS_META, COUNTERS_SUFFIX, write_json_atomic
+from uberprof.rundir.counters import SeriesStats
 
 Row = tuple[str, str, float, str]
 """(device, metric, value, unit): what a source returns for one tick."""
@@ -39,15 +35,6 @@ def schema() -> Any:
 
     return pa.schema([("ts_ns", pa.int64()), ("device", pa.string()), ("metric", pa.string()),
                       ("value", pa.float64()), ("unit", pa.string())])
-
-
-@dataclass
-class _Series:
-    unit: str
-    rows: int = 0
-    devices: set[str] = field(default_factory=set)
-    first_ns: int | None = None
-    last_ns: int | None = None
 
 
 class CounterStore:
@@ -64,7 +51,7 @@ class CounterStore:
         self._lock = threading.Lock()
         self._buf: dict[str, tuple[list[int], list[str], list[str], list[float], list[str]]] = {}
         self._writers: dict[str, tuple[IO[bytes], Any]] = {}
-        self._index: dict[tuple[str, str], _Series] = {}
+        self._index: dict[tuple[str, str], SeriesStats] = {}
         self._index_dirty = False
         self.closed = False
         self.error: BaseException | None = None
@@ -148,21 +135,14 @@ class CounterStore:
         for t, d, m, u in zip(ts, dev, met, unit):
             s = self._index.get((source, m))
             if s is None:
-                s = self._index[(source, m)] = _Series(unit=u)
-            s.rows += 1
-            s.devices.add(d)
-            s.first_ns = t if s.first_ns is None else min(s.first_ns, t)
-            s.last_ns = t if s.last_ns is None else max(s.last_ns, t)
+                s = self._index[(source, m)] = SeriesStats(unit=u)
+            s.add(1, (d,), t, t)
         self._index_dirty = True
 
     def _index_doc(self) -> dict[str, Any]:
         return {
             "updated_ns": time.time_ns(),
-            "series": [
-                {"source": src, "metric": m, "unit": s.unit, "samples": s.rows,
-                 "devices": len(s.devices), "first_ns": s.first_ns, "last_ns": s.last_ns}
-                for (src, m), s in sorted(self._index.items())
-            ],
+            "series": [s.entry(src, m) for (src, m), s in sorted(self._index.items())],
         }
 
 
@@ -173,71 +153,3 @@ def _batch(cols: tuple[list[int], list[str], list[str], list[float], list[str]])
     return pa.record_batch([pa.array(ts, pa.int64()), pa.array(dev, pa.string()),
                             pa.array(met, pa.string()), pa.array(val, pa.float64()),
                             pa.array(unit, pa.string())], schema=schema())
-
-
-# ---- reading ------------------------------------------------------------------------------------
-
-
-def source_files(counters_dir: Path) -> dict[str, Path]:
-    """The sources a counters folder holds, by name."""
-    if not counters_dir.is_dir():
-        return {}
-    return {p.name[: -len(COUNTERS_SUFFIX)]: p for p in sorted(counters_dir.iterdir())
-            if p.name.endswith(COUNTERS_SUFFIX) and p.is_file()}
-
-
-def iter_batches(path: Path) -> Iterator[Any]:
-    """Every whole batch of one stream file; stops quietly at a cut-off tail (writer killed)."""
-    import pyarrow as pa
-
-    try:
-        with pa.OSFile(str(path), "rb") as f:
-            if f.size() == 0:
-                return
-            reader = pa.ipc.open_stream(f)
-            while True:
-                try:
-                    yield reader.read_next_batch()
-                except StopIteration:
-                    return
-                except (OSError, pa.ArrowInvalid):
-                    return
-    except (OSError, pa.ArrowInvalid):
-        return
-
-
-def read_index(counters_dir: Path) -> list[dict[str, Any]] | None:
-    try:
-        return list(read_json(counters_dir / COUNTERS_INDEX)["series"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def scan_index(counters_dir: Path) -> list[dict[str, Any]]:
-    """The index rebuilt from the tables themselves, for folders whose index.json is missing."""
-    import pyarrow as pa
-
-    out = []
-    for source, path in source_files(counters_dir).items():
-        series: dict[str, _Series] = {}
-        for batch in iter_batches(path):
-            groups = pa.Table.from_batches([batch]).group_by(["metric", "unit"]).aggregate(
-                [("ts_ns", "min"), ("ts_ns", "max"), ("ts_ns", "count"), ("device", "distinct")])
-            for g in groups.to_pylist():
-                s = series.setdefault(g["metric"], _Series(unit=g["unit"]))
-                s.rows += g["ts_ns_count"]
-                s.devices.update(g["device_distinct"])
-                lo, hi = g["ts_ns_min"], g["ts_ns_max"]
-                s.first_ns = lo if s.first_ns is None else min(s.first_ns, lo)
-                s.last_ns = hi if s.last_ns is None else max(s.last_ns, hi)
-        out += [{"source": source, "metric": m, "unit": s.unit, "samples": s.rows,
-                 "devices": len(s.devices), "first_ns": s.first_ns, "last_ns": s.last_ns}
-                for m, s in sorted(series.items())]
-    return out
-
-
-def read_meta(counters_dir: Path) -> dict[str, Any]:
-    try:
-        return read_json(counters_dir / COUNTERS_META)
-    except (OSError, ValueError):
-        return {}

@@ -9,18 +9,15 @@ every reader land on the exact integer ns, whether it rounds the fraction (uberp
 
 from __future__ import annotations
 
-import gzip
-import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from uberprof.present.export.layout import ProcessInfo, TrackInfo
+from uberprof.present.export.writer import TraceWriter
 
 __all__ = ["ChromeWriter", "ns_to_us"]
-
-FLUSH_BYTES = 1 << 20
 
 
 def ns_to_us(ns: int) -> float:
@@ -28,28 +25,15 @@ def ns_to_us(ns: int) -> float:
     return (ns + 0.25) / 1000.0
 
 
-class ChromeWriter:
-    """Writes `{"traceEvents": [...], ...}` to `path` through a temporary file, so a failed or
-    interrupted export never leaves a truncated trace under the final name."""
+class ChromeWriter(TraceWriter):
+    """Writes `{"traceEvents": [...], ...}`: events are encoded a batch at a time and joined with
+    commas as they come; nothing waits for the end of a rank."""
 
     def __init__(self, path: Path, gzipped: bool, header: dict[str, Any]) -> None:
-        self.path = Path(path)
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self._raw: BinaryIO = open(self._tmp, "wb")  # noqa: SIM115 - closed in finish/abort
-        self._out: BinaryIO = (gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6,
-                                             mtime=0)  # type: ignore[assignment]
-                               if gzipped else self._raw)
-        self.bytes_written = 0
-        self.events_written = 0
-        self._parts: list[bytes] = []
-        self._pending = 0
+        super().__init__(path, gzipped)
         self._first = True
         head = orjson.dumps(header)
-        self._write(head[:-1] + (b"," if len(head) > 2 else b"") + b'"traceEvents":[')
-
-    def _write(self, b: bytes) -> None:
-        self._out.write(b)
-        self.bytes_written += len(b)
+        self._file.write(head[:-1] + (b"," if len(head) > 2 else b"") + b'"traceEvents":[')
 
     def _add(self, encoded: list[bytes]) -> None:
         if not encoded:
@@ -58,17 +42,8 @@ class ChromeWriter:
         if not self._first:
             chunk = b"," + chunk
         self._first = False
-        self._parts.append(chunk)
-        self._pending += len(chunk)
+        self._file.write(chunk)
         self.events_written += len(encoded)
-        if self._pending >= FLUSH_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._parts:
-            self._write(b"".join(self._parts))
-            self._parts.clear()
-            self._pending = 0
 
     def process(self, p: ProcessInfo) -> None:
         ev = [{"ph": "M", "name": "process_name", "pid": p.pid, "tid": 0, "ts": 0,
@@ -99,23 +74,8 @@ class ChromeWriter:
 
     def end_unit(self) -> None:
         """A rank (or another group of events) is complete: nothing to reorder in JSON."""
-        self.flush()
+        self._file.flush()
 
     def finish(self, summary: dict[str, Any]) -> None:
-        self.flush()
-        self._write(b'],"uberprof_export":' + orjson.dumps(summary) + b"}")
-        self._out.close()
-        if self._out is not self._raw:
-            self._raw.close()
-        os.replace(self._tmp, self.path)
-
-    def abort(self) -> None:
-        try:
-            self._out.close()
-            if self._out is not self._raw:
-                self._raw.close()
-        finally:
-            try:
-                os.unlink(self._tmp)
-            except OSError:
-                pass
+        self._file.write(b'],"uberprof_export":' + orjson.dumps(summary) + b"}")
+        self._file.commit()

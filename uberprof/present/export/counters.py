@@ -64,7 +64,7 @@ def read_node_counters(run: Path, node: str, host_offset_ns: int, window: tuple[
     Samples before `floor_ns` are dropped except each series' last one, moved to `floor_ns`:
     a counter holds its value until the next sample, so the track starts with the value the
     counter had there."""
-    from uberprof.collect.counters.read import counter_meta, counters_table
+    from uberprof.rundir.counters import counter_meta, counters_table
 
     host = counter_meta(run, node).get("host")
     lo, hi = window
@@ -121,7 +121,7 @@ def _from(ts: list[int], vals: list[float], floor_ns: int) -> tuple[list[int], l
 def rank_gpu_labels(run: Path) -> dict[int, tuple[str, str]]:
     """rank -> (node, `gpu<N>`) where the counters can tell (GPU UUIDs match)."""
     try:
-        from uberprof.collect.counters.read import rank_gpus
+        from uberprof.rundir.counters import rank_gpus
 
         return rank_gpus(run)
     except Exception:  # noqa: BLE001 - counters are optional: no mapping, no GPU tracks per rank
@@ -130,7 +130,7 @@ def rank_gpu_labels(run: Path) -> dict[int, tuple[str, str]]:
 
 def counter_nodes_of(run: Path) -> list[str]:
     try:
-        from uberprof.collect.counters.read import counter_nodes
+        from uberprof.rundir.counters import counter_nodes
 
         return counter_nodes(run)
     except Exception:  # noqa: BLE001

@@ -48,7 +48,8 @@ from uberprof.present.export.source import (
     iter_events,
     scan_file,
 )
-from uberprof.rundir import RANK_FILE, RunDir, parse_trace_file_name, read_json
+from uberprof.present.export.writer import TraceWriter
+from uberprof.rundir import parse_trace_file_name, ranks_by_id
 
 __all__ = ["DEFAULT_MAX_MB", "ExportError", "ExportOptions", "ExportResult", "export_trace"]
 
@@ -173,7 +174,7 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
     if opts.counters and is_run and lo is not None:
         for n in C.counter_nodes_of(run_root):
             try:
-                from uberprof.collect.counters.read import counter_meta
+                from uberprof.rundir.counters import counter_meta
 
                 h = counter_meta(run_root, n).get("host")
             except Exception:  # noqa: BLE001 - unreadable meta: the node keeps its name only
@@ -376,7 +377,7 @@ def _pair_flows(scan: FileScan, keep: np.ndarray) -> np.ndarray:
     return keep & ~(is_flow & ~np.isin(scan.flow, both))
 
 
-def _write_file(writer: Any, ids: IdSpace, st: _RankState, scan: FileScan,
+def _write_file(writer: TraceWriter, ids: IdSpace, st: _RankState, scan: FileScan,
                 window: tuple[int, int] | None, python: bool, cut: Cut, shift: int,
                 dropped: dict[str, list[int]], tier_counts: dict[int, list[int]]) -> None:
     keep, rule_drops = _select(scan, window, python)
@@ -492,24 +493,18 @@ def _rank_name(r: int, ctx: RunContext, scan: FileScan, gpu_of: dict[int, tuple[
 
 
 def _rank_meta(root: Path, rank: int) -> dict[str, Any]:
-    for rd in RunDir(root).rank_dirs():
-        try:
-            m = read_json(rd / RANK_FILE)
-        except (OSError, ValueError):
-            continue
-        if m.get("rank") == rank:
-            return m
-    return {}
+    m = ranks_by_id(root).get(rank)
+    return m.raw if m is not None else {}
 
 
 # --- uberprof's own tracks ----------------------------------------------------------------------
 
-def _uberprof_tracks(writer: Any, ids: IdSpace, st: _RankState, marks: list[Mark]) -> None:
+def _uberprof_tracks(writer: TraceWriter, ids: IdSpace, st: _RankState, marks: list[Mark]) -> None:
     """The rank's uberprof tracks come first, so their tids (and places) precede the trace's."""
     _marks_tracks(writer, ids, st, marks, RANK_TRACKS)
 
 
-def _marks_tracks(writer: Any, ids: IdSpace, st: _RankState, marks: list[Mark],
+def _marks_tracks(writer: TraceWriter, ids: IdSpace, st: _RankState, marks: list[Mark],
                   order: tuple[str, ...] = ()) -> None:
     names: list[str] = [t for t in order if any(m.track == t for m in marks)]
     names += [m.track for m in marks if m.track not in names]
@@ -531,7 +526,7 @@ def _marks_tracks(writer: Any, ids: IdSpace, st: _RankState, marks: list[Mark],
                                    len(st.tids)))
 
 
-def _write_marks(writer: Any, st: _RankState, marks: list[Mark], base: int) -> None:
+def _write_marks(writer: TraceWriter, st: _RankState, marks: list[Mark], base: int) -> None:
     batch = []
     for m in marks:
         lane = int(m.args.pop("_lane", 0))
@@ -550,8 +545,8 @@ def _write_marks(writer: Any, st: _RankState, marks: list[Mark], base: int) -> N
         writer.events(batch)
 
 
-def _write_gpu_counters(writer: Any, ids: IdSpace, st: _RankState, nc: C.NodeCounters,
-                        gpu: str, base: int) -> None:
+def _write_gpu_counters(writer: TraceWriter, ids: IdSpace, st: _RankState,
+                        nc: C.NodeCounters, gpu: str, base: int) -> None:
     series = [s for s in nc.series if s.gpu == gpu]
     if not series:
         return
@@ -564,7 +559,7 @@ def _write_gpu_counters(writer: Any, ids: IdSpace, st: _RankState, nc: C.NodeCou
 
 # --- helpers ------------------------------------------------------------------------------------
 
-def _writer(opts: ExportOptions, out: Path, base: int) -> Any:
+def _writer(opts: ExportOptions, out: Path, base: int) -> TraceWriter:
     out = Path(out)
     if opts.gzip and not out.name.endswith(".gz"):
         out = out.with_name(out.name + ".gz")

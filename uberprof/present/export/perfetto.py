@@ -17,14 +17,13 @@ time: the writer buffers that much to order begins and ends, never the whole tra
 
 from __future__ import annotations
 
-import gzip
-import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from uberprof.present.export.layout import ProcessInfo, TrackInfo
+from uberprof.present.export.writer import TraceWriter
 
 __all__ = ["PerfettoWriter"]
 
@@ -46,45 +45,14 @@ def _import_protos() -> Any:
     return perfetto_trace_pb2, StreamingTraceProtoBuilder
 
 
-class _Counting:
-    """A write-only file object that counts what passes through and hands it on in ~1 MB
-    chunks (a packet is tens of bytes: one gzip write per packet would double the run time)."""
-
-    def __init__(self, out: BinaryIO) -> None:
-        self.out = out
-        self.n = 0
-        self._parts: list[bytes] = []
-        self._pending = 0
-
-    def write(self, b: bytes) -> int:
-        self.n += len(b)
-        self._parts.append(b)
-        self._pending += len(b)
-        if self._pending >= 1 << 20:
-            self.flush()
-        return len(b)
-
-    def flush(self) -> None:
-        if self._parts:
-            self.out.write(b"".join(self._parts))
-            self._parts.clear()
-            self._pending = 0
-
-
-class PerfettoWriter:
-    """Same interface as ChromeWriter: process(), track(), events(), end_unit(), finish()."""
+class PerfettoWriter(TraceWriter):
+    """TracePackets through the streaming builder; a rank's events are buffered until
+    `end_unit()` to write each track's slices as begin/end pairs in time order."""
 
     def __init__(self, path: Path, gzipped: bool, base_ns: int) -> None:
         self.P, builder = _import_protos()
-        self.path = Path(path)
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self._raw: BinaryIO = open(self._tmp, "wb")  # noqa: SIM115 - closed in finish/abort
-        self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6, mtime=0) \
-            if gzipped else None
-        self._count = _Counting(self._gz if self._gz is not None else self._raw)  # type: ignore[arg-type]
-        self._builder = builder(self._count)
-        self.events_written = 0
-        self.unsupported = 0
+        super().__init__(path, gzipped)
+        self._builder = builder(self._file)
         self._first = True
         self._names: dict[str, int] = {}
         self._cats: dict[str, int] = {}
@@ -99,10 +67,6 @@ class PerfettoWriter:
         d.name = "uberprof export"
         d.child_ordering = self.P.TrackDescriptor.EXPLICIT
         self._builder.write_packet(p)
-
-    @property
-    def bytes_written(self) -> int:
-        return self._count.n
 
     # --- packets --------------------------------------------------------------------------
 
@@ -286,22 +250,7 @@ class PerfettoWriter:
         self._fill(p, te, {"name": "uberprof export summary", "cat": "uberprof",
                            "args": summary})
         self._builder.write_packet(p)
-        self._count.flush()
-        if self._gz is not None:
-            self._gz.close()
-        self._raw.close()
-        os.replace(self._tmp, self.path)
-
-    def abort(self) -> None:
-        try:
-            if self._gz is not None:
-                self._gz.close()
-            self._raw.close()
-        finally:
-            try:
-                os.unlink(self._tmp)
-            except OSError:
-                pass
+        self._file.commit()
 
 
 def _value(a: Any, v: Any) -> None:

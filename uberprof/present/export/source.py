@@ -10,7 +10,6 @@ names) passes through untouched. Memory: the file's JSON text, the scan's arrays
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ import msgspec
 import numpy as np
 
 from uberprof.ingest import classify as K
+from uberprof.ingest.events import TraceEvent, decode_events
 from uberprof.ingest.trace import RawTrace, as_float, read_raw_trace, us_to_ns
 
 __all__ = [
@@ -43,56 +43,16 @@ _DEVICE_TIER_KINDS = frozenset({K.KERNEL, K.MEMCPY, K.MEMSET, K.DEVICE_SYNC, K.D
                                 K.DEVICE_ANNOTATION})
 
 
-class _Args(msgspec.Struct, gc=False):
-    correlation: Any = None
-    stream: Any = None
-    name: Any = None  # metadata events: thread and process names
-    labels: Any = None
+class _Event(TraceEvent, gc=False):
+    """Ingest's common fields, and what flows and instants need."""
 
-
-class _Event(msgspec.Struct, gc=False):
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
     id: Any = None
     bind_id: Any = None
     s: Any = None
-    args: _Args | None = None
 
 
 _DECODER = msgspec.json.Decoder(list[_Event])
 _ANY = msgspec.json.Decoder()
-_PH_OF = operator.attrgetter("ph")
-
-
-def _decode(chunk: list[msgspec.Raw]) -> list[_Event]:
-    """Structs for a batch; an odd event (args not an object, say) keeps what fits, and an
-    event that is not an object becomes an empty one (it is dropped, as ingest drops it)."""
-    try:
-        return _DECODER.decode(b"[" + b",".join(chunk) + b"]")
-    except msgspec.ValidationError:
-        pass
-    out: list[_Event] = []
-    for r in chunk:
-        try:
-            out.append(msgspec.json.decode(r, type=_Event))
-            continue
-        except msgspec.ValidationError:
-            pass
-        e = _ANY.decode(r)
-        if not isinstance(e, dict):
-            out.append(_Event())
-            continue
-        e = {k: v for k, v in e.items() if k != "args"}
-        try:
-            out.append(msgspec.convert(e, _Event, strict=False))
-        except msgspec.ValidationError:
-            out.append(_Event())
-    return out
 
 
 def _key(v: Any) -> Any:
@@ -179,7 +139,8 @@ def scan_file(path: str) -> FileScan:
     step_counts: dict[int, int] = {}
 
     for start in range(0, n, BATCH):
-        evs = _decode(raw.events[start:start + BATCH])
+        evs = decode_events(raw.events[start:start + BATCH], _DECODER, _Event,
+                            keep_place=True)
         for j, e in enumerate(evs):
             i = start + j
             p = _PH.get(e.ph, PH_OTHER)

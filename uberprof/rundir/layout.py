@@ -1,4 +1,5 @@
-"""The run directory: one versioned layout, written and read through this module alone.
+"""The run directory: one versioned layout, written through this module (read back through
+the rest of `uberprof.rundir`).
 
 Every writer owns its own files (one folder per node, one per rank), so many processes on many
 hosts can share a run directory on a shared file system without ever writing the same file.
@@ -52,6 +53,7 @@ DERIVED_DIR = "derived"
 CALIBRATION_FILE = "calibration.json"
 
 _TRACE_NAME = re.compile(r"^steps-(\d+)-(\d+)\.pt\.trace\.json(\.gz)?$")
+_RANK_DIR_NAME = re.compile(r"^([0-9]+)(?:-(.*))?$")
 
 
 def _dumps(obj: Any) -> bytes:
@@ -175,10 +177,28 @@ class RunDir:
         return claim_dir(self.ranks_dir, str(rank))
 
 
+def as_run_dir(run: RunDir | str | os.PathLike[str]) -> RunDir:
+    """Readers take a RunDir or a path."""
+    return run if isinstance(run, RunDir) else RunDir(Path(run))
+
+
 def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "node"
 
 
-def _rank_dir_sort_key(p: Path) -> tuple[int, str]:
-    head = p.name.split("-", 1)[0]
-    return (int(head), p.name) if head.isdigit() else (1 << 30, p.name)
+def parse_rank_dir_name(name: str) -> tuple[int, int] | None:
+    """(leading integer, claim number) of a rank folder: `3` is (3, 1); `3-2` is (3, 2), the
+    second writer that claimed rank 3 (`claim_rank_dir`). None when the name does not start
+    with ASCII digits followed by the end or `-`; other suffixes sort after every claim."""
+    m = _RANK_DIR_NAME.match(name)
+    if m is None:
+        return None
+    suffix = m.group(2)
+    claim = 1 if suffix is None else int(suffix) if suffix.isascii() and suffix.isdigit() \
+        else 1 << 62
+    return int(m.group(1)), claim
+
+
+def _rank_dir_sort_key(p: Path) -> tuple[int, int, str]:
+    parsed = parse_rank_dir_name(p.name)
+    return (*parsed, p.name) if parsed else (1 << 62, 0, p.name)

@@ -1,43 +1,148 @@
 """Reading a run's counters: the accessor that analysis, the report and the dashboard share.
 
+The node agent writes them (`uberprof.collect.counters.store`); everything that reads them goes
+through here, so that no reader depends on the collect side:
+
+    counters/<source>.arrows   Arrow IPC stream: ts_ns int64 (epoch ns), device, metric,
+                               value float64, unit; one batch per flush, a cut-off tail skipped
+    counters/index.json        per (source, metric): unit, samples, devices, first/last ts_ns
+    counters/meta.json         settings, GPUs (UUIDs), NICs (speed, tc cap), processes, notes
+
 Filters (sources, metrics, time range) apply batch by batch while reading, so memory stays
 bounded by what was asked for, not by the length of the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uberprof.collect.counters.nvml import normalize_gpu_uuid
-from uberprof.collect.counters.store import iter_batches, read_meta, source_files
-from uberprof.rundir import COUNTERS_DIR, RANK_FILE, RunDir, read_json
+from uberprof.rundir.layout import (
+    COUNTERS_DIR,
+    COUNTERS_INDEX,
+    COUNTERS_META,
+    COUNTERS_SUFFIX,
+    RunDir,
+    as_run_dir,
+    read_json,
+)
+from uberprof.rundir.ranks import list_ranks, ranks_by_id
 
 COLUMNS = ["node", "ts_ns", "source", "device", "metric", "value", "unit"]
 
 
-def _run(run_dir: str | Path | RunDir) -> RunDir:
-    return run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+def normalize_gpu_uuid(uuid: str | None) -> str | None:
+    """`GPU-8f2e...` (NVML) and `8f2e...` (torch) to one form, so ranks map to GPUs."""
+    if not uuid:
+        return None
+    u = str(uuid).strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        u = u.removeprefix(prefix)
+    return u
+
+
+@dataclass
+class SeriesStats:
+    """What index.json says of one (source, metric): kept by the writer as it flushes, and
+    rebuilt by `scan_index` from the tables when index.json is missing."""
+
+    unit: str
+    rows: int = 0
+    devices: set[str] = field(default_factory=set)
+    first_ns: int | None = None
+    last_ns: int | None = None
+
+    def add(self, rows: int, devices: Iterable[str], first_ns: int, last_ns: int) -> None:
+        self.rows += rows
+        self.devices.update(devices)
+        self.first_ns = first_ns if self.first_ns is None else min(self.first_ns, first_ns)
+        self.last_ns = last_ns if self.last_ns is None else max(self.last_ns, last_ns)
+
+    def entry(self, source: str, metric: str) -> dict[str, Any]:
+        """The index.json row."""
+        return {"source": source, "metric": metric, "unit": self.unit, "samples": self.rows,
+                "devices": len(self.devices), "first_ns": self.first_ns, "last_ns": self.last_ns}
+
+
+def source_files(counters_dir: Path) -> dict[str, Path]:
+    """The sources a counters folder holds, by name."""
+    if not counters_dir.is_dir():
+        return {}
+    return {p.name[: -len(COUNTERS_SUFFIX)]: p for p in sorted(counters_dir.iterdir())
+            if p.name.endswith(COUNTERS_SUFFIX) and p.is_file()}
+
+
+def iter_batches(path: Path) -> Iterator[Any]:
+    """Every whole batch of one stream file; stops quietly at a cut-off tail (writer killed)."""
+    import pyarrow as pa
+
+    try:
+        with pa.OSFile(str(path), "rb") as f:
+            if f.size() == 0:
+                return
+            reader = pa.ipc.open_stream(f)
+            while True:
+                try:
+                    yield reader.read_next_batch()
+                except StopIteration:
+                    return
+                except (OSError, pa.ArrowInvalid):
+                    return
+    except (OSError, pa.ArrowInvalid):
+        return
+
+
+def read_index(counters_dir: Path) -> list[dict[str, Any]] | None:
+    """index.json's series, or None when it is missing or unreadable."""
+    try:
+        return list(read_json(counters_dir / COUNTERS_INDEX)["series"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def scan_index(counters_dir: Path) -> list[dict[str, Any]]:
+    """The index rebuilt from the tables themselves, for folders whose index.json is missing."""
+    import pyarrow as pa
+
+    out = []
+    for source, path in source_files(counters_dir).items():
+        series: dict[str, SeriesStats] = {}
+        for batch in iter_batches(path):
+            groups = pa.Table.from_batches([batch]).group_by(["metric", "unit"]).aggregate(
+                [("ts_ns", "min"), ("ts_ns", "max"), ("ts_ns", "count"), ("device", "distinct")])
+            for g in groups.to_pylist():
+                series.setdefault(g["metric"], SeriesStats(unit=g["unit"])).add(
+                    g["ts_ns_count"], g["device_distinct"], g["ts_ns_min"], g["ts_ns_max"])
+        out += [s.entry(source, m) for m, s in sorted(series.items())]
+    return out
+
+
+def series_index(counters_dir: Path) -> list[dict[str, Any]]:
+    """The series a counters folder holds: from index.json, else by scanning the tables."""
+    index = read_index(counters_dir)
+    return scan_index(counters_dir) if index is None else index
+
+
+def read_meta(counters_dir: Path) -> dict[str, Any]:
+    """meta.json of a counters folder, {} when missing or unreadable."""
+    try:
+        meta = read_json(counters_dir / COUNTERS_META)
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def counter_nodes(run_dir: str | Path | RunDir) -> list[str]:
     """Nodes (folder names under nodes/) that hold counters."""
-    return [p.name for p in _run(run_dir).node_dirs() if source_files(p / COUNTERS_DIR)]
+    return [p.name for p in as_run_dir(run_dir).node_dirs() if source_files(p / COUNTERS_DIR)]
 
 
 def rank_pids(run_dir: str | Path | RunDir, host: str | None) -> dict[int, int]:
     """pid -> rank for the ranks that ran on `host` (from their rank.json)."""
-    out: dict[int, int] = {}
-    for rd in _run(run_dir).rank_dirs():
-        try:
-            meta = read_json(rd / RANK_FILE)
-        except (OSError, ValueError):
-            continue
-        if isinstance(meta.get("pid"), int) and isinstance(meta.get("rank"), int) and (
-                host is None or meta.get("host") == host):
-            out[meta["pid"]] = meta["rank"]
-    return out
+    return {m.pid: m.rank for m in list_ranks(run_dir)
+            if m.pid is not None and m.rank is not None and (host is None or m.host == host)}
 
 
 def counters_table(run_dir: str | Path | RunDir, node: str | None = None,
@@ -50,7 +155,7 @@ def counters_table(run_dir: str | Path | RunDir, node: str | None = None,
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    run = _run(run_dir)
+    run = as_run_dir(run_dir)
     nodes = [node] if node is not None else counter_nodes(run)
     want_sources = set(sources) if sources is not None else None
     want_metrics = pa.array(sorted(set(metrics)), pa.string()) if metrics is not None else None
@@ -117,7 +222,7 @@ def read_counters(run_dir: str | Path | RunDir, node: str | None = None,
 def counter_meta(run_dir: str | Path | RunDir, node: str) -> dict[str, Any]:
     """meta.json of a node's counters: settings, GPUs with UUIDs, NICs with link speed and tc cap
     (bytes/s, None where unknown), InfiniBand ports, processes, unsupported metrics, notes."""
-    return read_meta(_run(run_dir).nodes_dir / node / COUNTERS_DIR)
+    return read_meta(as_run_dir(run_dir).nodes_dir / node / COUNTERS_DIR)
 
 
 def link_caps(run_dir: str | Path | RunDir, node: str) -> dict[str, float | None]:
@@ -136,7 +241,7 @@ def link_caps(run_dir: str | Path | RunDir, node: str) -> dict[str, float | None
 def rank_gpus(run_dir: str | Path | RunDir) -> dict[int, tuple[str, str]]:
     """rank -> (node, GPU label such as `gpu3`), matched on GPU UUID between the rank's
     rank.json (torch's view, after CUDA_VISIBLE_DEVICES) and the node's NVML devices."""
-    run = _run(run_dir)
+    run = as_run_dir(run_dir)
     by_uuid: dict[tuple[str, str], tuple[str, str]] = {}
     for nd in run.node_dirs():
         meta = read_meta(nd / COUNTERS_DIR)
@@ -145,15 +250,11 @@ def rank_gpus(run_dir: str | Path | RunDir) -> dict[int, tuple[str, str]]:
             if uuid:
                 by_uuid[(meta.get("host") or "", uuid)] = (nd.name, label)
     out: dict[int, tuple[str, str]] = {}
-    for rd in run.rank_dirs():
-        try:
-            meta = read_json(rd / RANK_FILE)
-        except (OSError, ValueError):
-            continue
-        uuid = normalize_gpu_uuid((meta.get("device") or {}).get("uuid"))
-        hit = by_uuid.get((meta.get("host") or "", uuid)) if uuid else None
+    for rank, meta in ranks_by_id(run).items():
+        uuid = normalize_gpu_uuid(meta.device.get("uuid"))
+        hit = by_uuid.get((meta.host or "", uuid)) if uuid else None
         if hit is None and uuid:  # host names written differently: UUIDs are unique anyway
             hit = next((v for (h, u), v in by_uuid.items() if u == uuid), None)
-        if hit is not None and isinstance(meta.get("rank"), int):
-            out[meta["rank"]] = hit
+        if hit is not None:
+            out[rank] = hit
     return out

@@ -1,0 +1,79 @@
+"""The typed structs Kineto events are decoded into, and the batch decoder every reader uses.
+
+A reader names only the fields it needs: unknown keys are skipped inside msgspec's C decoder
+(no dict per event, no `args` object tree), which is what makes decoding about 2x faster than
+`orjson.loads`. The fields every reader needs are declared once here; ingest and the trace
+export each extend `TraceEvent` / `TraceArgs` with their own (collective metadata; flow ids).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+__all__ = ["TraceArgs", "TraceEvent", "decode_events"]
+
+
+class TraceArgs(msgspec.Struct, gc=False):
+    """The `args` fields every reader needs: launch links, the stream, metadata names."""
+
+    correlation: Any = None
+    stream: Any = None
+    name: Any = None  # metadata events: thread and process names
+    labels: Any = None
+
+
+class TraceEvent(msgspec.Struct, gc=False):
+    """The fields of a trace event every reader needs (values as the JSON has them)."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: TraceArgs | None = None
+
+
+E = TypeVar("E", bound=TraceEvent)
+
+_ANY = msgspec.json.Decoder()
+
+
+def decode_events(chunk: list[msgspec.Raw], decoder: msgspec.json.Decoder[list[E]],
+                  struct: type[E], keep_place: bool = False) -> list[E]:
+    """Structs for a batch of raw events, in one call to `decoder` (a `list[struct]` decoder).
+
+    When the batch does not fit (an `args` that is not an object, say) the events are converted
+    one by one, keeping what fits: with args when they are an object, else without. An event
+    that is not an object at all is dropped, or with `keep_place` becomes an empty struct, so
+    that the output lines up with `chunk`.
+    """
+    try:
+        return decoder.decode(b"[" + b",".join(chunk) + b"]")
+    except msgspec.ValidationError:
+        pass
+    out: list[E] = []
+    for r in chunk:
+        try:
+            out.append(msgspec.json.decode(r, type=struct))
+            continue
+        except msgspec.ValidationError:
+            pass
+        e = _ANY.decode(r)
+        if isinstance(e, dict):
+            e = {k: v for k, v in e.items() if k != "args" or isinstance(v, dict)}
+            for attempt in (e, {k: v for k, v in e.items() if k != "args"}):
+                try:
+                    out.append(msgspec.convert(attempt, struct, strict=False))
+                    break
+                except msgspec.ValidationError:
+                    continue
+            else:
+                if keep_place:
+                    out.append(struct())
+        elif keep_place:
+            out.append(struct())
+    return out

@@ -1,0 +1,53 @@
+"""`uberprof analyze` on a terminal: one row per rank, then where the tables went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from uberprof.present.format import fmt_num
+
+__all__ = ["MAX_ROWS", "render_analysis"]
+
+MAX_ROWS = 64
+
+
+def _cell(v: float | None) -> str:
+    """A table cell: ms and % alike, one decimal."""
+    return fmt_num(v, 1, missing="-")
+
+
+def render_analysis(ranks: list[dict[str, Any]], problems: list[str], derived: Path,
+                    analysed: int, inputs: int, console: Console) -> None:
+    """Print the per-rank summary rows (at most MAX_ROWS), the trace counts and the problems."""
+    # Two-line headers and no column rules: fits 80 columns.
+    table = Table(show_edge=False, header_style="bold", box=box.SIMPLE_HEAD)
+    for col in ("rank", "device", "steps", "step\nms", "p90\nms", "idle\n%", "comp\n%",
+                "non-\ncomp %", "over-\nlap %", "exp.\ncomm %"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    shown = ranks if len(ranks) <= MAX_ROWS else ranks[:MAX_ROWS]
+    for r in shown:
+        device = {"device": r["device_type"], "cpu": "cpu"}.get(r["mode"], "no trace")
+        table.add_row(str(r["rank"]), device, str(r["steps"]), _cell(r["step_time_median_ms"]),
+                      _cell(r["step_time_p90_ms"]), _cell(r["idle_pct"]), _cell(r["compute_pct"]),
+                      _cell(r["non_compute_pct"]), _cell(r["overlap_pct"]),
+                      _cell(r["exposed_comm_pct"]))
+    if ranks:
+        console.print(table)
+    if len(ranks) > MAX_ROWS:
+        console.print(f"[dim]... {len(ranks) - MAX_ROWS} more ranks: see --json or "
+                      f"{derived / 'ranks.parquet'}[/dim]")
+    reused = inputs - analysed
+    console.print(f"[dim]{inputs} trace(s), {analysed} read now"
+                  + (f", {reused} unchanged since the last analysis" if reused else "")
+                  + f"; tables in {derived}[/dim]", highlight=False)
+    if not ranks:
+        console.print("[bold red]no rank could be analysed[/bold red]")
+    if problems:
+        console.print("[bold red]problems[/bold red]")
+        for p in problems:
+            console.print(f"  - {p}", markup=False, highlight=False)

@@ -1,0 +1,178 @@
+"""Rank folders read back: each rank's metadata, step timeline and trace windows.
+
+One rank-id rule for every reader (inventory, ingest, analysis, export, dashboard, counters), so
+that they never disagree on which folder is which rank:
+
+1. `rank.json`'s `rank` when it is an int (not a bool) in 0..MAX_RANKS-1: the rank the process
+   group gave the process, which is what traces and collectives call it. The folder name is
+   only the agent's guess at claim time and may differ (the job renumbered its ranks).
+2. Else the folder name's leading integer (`3`, `3-2`), in the same range: a rank killed before
+   it wrote rank.json, or a rank.json cut off or hand-edited, still has its steps and traces.
+3. Else the rank is unreadable: `RankMeta.rank` is None and `RankMeta.problem` says why; such
+   a folder is listed (so it is named as a problem) but belongs to no rank.
+
+Two folders for one rank (`0` and `0-2`: a restarted job, or two jobs in one run directory)
+are both listed by `list_ranks`, in folder order (the name's number, then its claim number:
+`0`, `0-2`, `0-10`, `1`); `ranks_by_id`, which readers needing one folder per rank use, keeps
+the first of them in that order (`0`, the first claimed). The inventory names the duplicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uberprof.rundir._checked import as_dict, as_int, as_str
+from uberprof.rundir.layout import (
+    RANK_FILE,
+    STEPS_FILE,
+    TRACES_DIR,
+    RunDir,
+    as_run_dir,
+    parse_rank_dir_name,
+    parse_trace_file_name,
+    read_json,
+    read_jsonl,
+)
+
+MAX_RANKS = 1 << 24
+"""Ranks are below this (16.7 M, far above any job); larger numbers are corrupt data."""
+
+
+@dataclass(frozen=True)
+class RankMeta:
+    """One rank folder's `rank.json`, with every field checked for its type (None, or {} for
+    the dicts, where absent or of the wrong type). `raw` keeps the object as written."""
+
+    rank: int | None  # by the rule above; None: unreadable, see `problem`
+    folder: Path
+    readable: bool = False  # rank.json was read as a JSON object
+    problem: str | None = None  # why rank.json or the rank id could not be read
+    world_size: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    node: str | None = None
+    pid: int | None = None
+    backend: str | None = None
+    job_id: str | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None  # None: the rank never closed (killed, crashed, still running)
+    device: dict[str, Any] = field(default_factory=dict)  # torch's CUDA device; {} on CPU
+    clock: dict[str, Any] = field(default_factory=dict)  # the start-up clock offset estimate
+    trace: dict[str, Any] = field(default_factory=dict)  # trace schedule, disabled_reason
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.end_ns is not None
+
+
+def read_rank(folder: Path) -> RankMeta:
+    """A rank folder's metadata; never raises (a missing or broken rank.json is a problem)."""
+    path = folder / RANK_FILE
+    parsed = parse_rank_dir_name(folder.name)
+    from_name = _rank_number(parsed[0]) if parsed else None
+    try:
+        raw = read_json(path)
+    except (OSError, ValueError, RecursionError) as exc:
+        why = "missing" if isinstance(exc, FileNotFoundError) else f"unreadable ({exc})"
+        return RankMeta(rank=from_name, folder=folder, problem=_fallback(path, why, from_name))
+    if not isinstance(raw, dict):
+        return RankMeta(rank=from_name, folder=folder,
+                        problem=_fallback(path, "not a JSON object", from_name))
+    rank = _rank_number(raw.get("rank"))
+    problem = None
+    if rank is None:
+        rank = from_name
+        problem = _fallback(path, f"rank {_short(raw.get('rank'))} is not a rank number "
+                                  f"(0 to {MAX_RANKS - 1})", from_name)
+    return RankMeta(
+        rank=rank,
+        folder=folder,
+        readable=True,
+        problem=problem,
+        world_size=as_int(raw.get("world_size"), 1, MAX_RANKS + 1),
+        local_rank=as_int(raw.get("local_rank"), 0, MAX_RANKS),
+        host=as_str(raw.get("host")),
+        node=as_str(raw.get("node")),
+        pid=as_int(raw.get("pid"), 1, 1 << 63),
+        backend=as_str(raw.get("backend")),
+        job_id=as_str(raw.get("job_id")),
+        start_ns=as_int(raw.get("start_ns"), 0, 1 << 63),
+        end_ns=as_int(raw.get("end_ns"), 0, 1 << 63),
+        device=as_dict(raw.get("device")),
+        clock=as_dict(raw.get("clock")),
+        trace=as_dict(raw.get("trace")),
+        raw=raw,
+    )
+
+
+def list_ranks(run: RunDir | Path | str) -> list[RankMeta]:
+    """Every rank folder of a run, in folder order (`3`, `3-2`, `3-10`, `4`), including
+    folders whose rank is unreadable (rank None, listed last)."""
+    return [read_rank(p) for p in as_run_dir(run).rank_dirs()]
+
+
+def ranks_by_id(ranks: RunDir | Path | str | Iterable[RankMeta]) -> dict[int, RankMeta]:
+    """One folder per rank: the first in folder order where a rank has several (`0` before
+    `0-2`); folders whose rank is unreadable are left out."""
+    metas = list_ranks(ranks) if isinstance(ranks, RunDir | Path | str) else ranks
+    out: dict[int, RankMeta] = {}
+    for m in metas:
+        if m.rank is not None:
+            out.setdefault(m.rank, m)
+    return out
+
+
+def read_steps(rank_dir: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rank's step rows (`steps.jsonl`) with their GPU rows merged in, in step order, and
+    whether the file was cut off. Rows without an int step number are skipped."""
+    path = rank_dir / STEPS_FILE
+    if not path.exists():
+        return [], False
+    rows, truncated = read_jsonl(path)
+    steps: dict[int, dict[str, Any]] = {}
+    gpu: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            continue
+        kind = row.get("kind")
+        if kind == "step":
+            steps[step] = {k: v for k, v in row.items() if k != "kind"}
+        elif kind == "gpu":
+            gpu[step] = row
+    for step, row in gpu.items():
+        if step in steps:
+            steps[step].update({k: v for k, v in row.items() if k not in ("kind", "step")})
+    return [steps[s] for s in sorted(steps)], truncated
+
+
+def trace_windows(rank_dir: Path) -> list[dict[str, Any]]:
+    """The rank's trace window files: steps [first, last], path, bytes."""
+    out = []
+    tdir = rank_dir / TRACES_DIR
+    if tdir.is_dir():
+        for p in sorted(tdir.iterdir()):
+            steps = parse_trace_file_name(p.name)
+            if steps is not None:
+                out.append({"steps": list(steps), "path": str(p), "bytes": p.stat().st_size})
+    return out
+
+
+def _fallback(path: Path, why: str, from_name: int | None) -> str:
+    if from_name is not None:
+        return f"{path}: {why}; rank {from_name} taken from the folder name"
+    return f"{path}: {why}, and the folder name is not a rank number; rank data in " \
+           f"{path.parent} ignored"
+
+
+def _rank_number(v: Any) -> int | None:
+    return as_int(v, 0, MAX_RANKS)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
