@@ -51,7 +51,7 @@ from uberprof.analysis.gpu_clocks import (
     throttled_vs_others,
 )
 from uberprof.analysis.stragglers import Straggler, find_straggler, lateness, straggler_cause
-from uberprof.analysis.summaries import RankSummaries, summarise
+from uberprof.analysis.summaries import RankSummaries, sql_table, summarise
 from uberprof.analysis.summaries import ns_to_ms as _ms
 from uberprof.present.format import fmt_bytes
 
@@ -314,15 +314,8 @@ def _factors(traced: pa.Table, gaps: pa.Table, lat: pa.Table
 
 def _sql(query: str, **tables: pa.Table) -> list[tuple[Any, ...]]:
     """Rows of a DuckDB query over Arrow tables (aggregations over per-event tables)."""
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        for name, t in tables.items():
-            con.register(name, t)
-        return con.sql(query).fetchall()
-    finally:
-        con.close()
+    t = sql_table(query, **tables)
+    return list(zip(*(c.to_pylist() for c in t.columns)))
 
 
 def severity_of(share: float) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "idle_by_cause",
     "ns_to_ms",
     "rank_lateness",
+    "sql_table",
     "summarise",
     "time_shares",
 ]
@@ -57,7 +58,8 @@ def ns_to_ms(ns: float | None) -> float | None:
     return None if ns is None else round(float(ns) / 1e6, 3)
 
 
-def _sql(query: str, **tables: pa.Table) -> pa.Table:
+def sql_table(query: str, **tables: pa.Table) -> pa.Table:
+    """A DuckDB query over Arrow tables, as an Arrow table (a connection per call)."""
     con = duckdb.connect()
     try:
         for name, t in tables.items():
@@ -71,7 +73,7 @@ def rank_lateness(lat: pa.Table) -> pa.Table:
     """RANK_LATENESS_SCHEMA rows, one per rank present in `lat` (LATENESS_SCHEMA), by rank."""
     if lat.num_rows == 0:
         return RANK_LATENESS_SCHEMA.empty_table()
-    t = _sql("""
+    t = sql_table("""
         SELECT rank, count(*) AS instances,
                quantile_cont(lateness_ns, 0.5) AS median_ns,
                quantile_cont(lateness_ns, 0.9) AS p90_ns,
@@ -87,7 +89,7 @@ def idle_by_cause(gaps: pa.Table) -> pa.Table:
     left out), by rank and cause."""
     if gaps.num_rows == 0:
         return IDLE_SCHEMA.empty_table()
-    t = _sql("SELECT rank, cause, sum(dur_ns) AS idle_ns, count(*) AS gaps FROM g "
+    t = sql_table("SELECT rank, cause, sum(dur_ns) AS idle_ns, count(*) AS gaps FROM g "
              "GROUP BY rank, cause ORDER BY rank, cause", g=gaps)
     return t.cast(IDLE_SCHEMA)
 
