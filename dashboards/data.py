@@ -7,14 +7,17 @@ thousand numbers. Where the numbers come from:
 - `uberprof analyze` tables (steps, ranks, collectives, per-rank events) through
   `uberprof.analysis.context.load_context`, which also (re)runs the analysis when they are
   missing or stale;
-- the diagnosis (`uberprof.analysis.advisor.diagnose_context`): findings, clock alignment,
-  lateness, idle gaps, bandwidth; computed once per run and kept;
+- the diagnosis (`uberprof.analysis.saved.load_or_diagnose`): findings, clock alignment,
+  lateness, idle gaps, bandwidth and the per-rank summaries; read back from the one
+  `uberprof report` saved when it is fresh, else computed once (and saved);
 - the run's counters (`uberprof.rundir.counters`), filtered while read and downsampled
   here with DuckDB;
 - for runs without traces, the step timelines (`steps.jsonl`) alone.
 
-Metric definitions are not repeated here: breakdowns come from the analysis tables and the
-interval sets of a step's timeline from `uberprof.analysis.metrics.device_activity`.
+Metric definitions are not repeated here: breakdowns come from the analysis tables (shares of
+the window from `uberprof.analysis.summaries.time_shares`), per-rank lateness and idle time
+from the diagnosis's summaries, and the interval sets of a step's timeline from
+`uberprof.analysis.metrics.device_activity`.
 """
 
 from __future__ import annotations
@@ -45,12 +48,11 @@ __all__ = [
 
 Progress = Callable[[int, int, str], None]
 
-# The stacked parts of a window, in the order they are drawn. They add up to the window because
-# the analysis guarantees compute + exposed_comm + memory + idle == window, and compute splits
-# into the part with communication under it (overlap) and the part without.
+# The stacked parts of a window (metrics.WINDOW_PARTS), in the order they are drawn, with their
+# legend names: `breakdown_by_rank` has `<part>_pct` (share of the window) and `<part>_ns`.
 BREAKDOWN_PARTS = (
     ("compute_only", "compute"),
-    ("overlap", "comm under compute"),
+    ("comm_under_compute", "comm under compute"),
     ("exposed_comm", "exposed comm"),
     ("memory", "memory"),
     ("idle", "idle"),
@@ -99,7 +101,7 @@ class RankTimeline:
 class StepTimeline:
     step: int
     ranks: list[RankTimeline]
-    arrivals: list[dict[str, Any]]  # instance, name, rank, start_ms, lateness_ms, last
+    arrivals: list[dict[str, Any]]  # instance, name, rank, start_ms, lateness_ms, last (alone)
     resolution_ms: float
     left_out: int = 0  # ranks not drawn (too many to show)
 
@@ -164,15 +166,16 @@ class RunData:
         return self
 
     def diagnose(self) -> Any:
-        """The diagnosis (computed on first use, then kept); None without traces or on error."""
+        """The diagnosis (the saved one when fresh, else computed on first use), then kept;
+        None without traces or on error."""
         with self._lock:
             if not self._diagnosed:
                 self._diagnosed = True
                 if self.has_traces:
-                    from uberprof.analysis.advisor import diagnose_context
+                    from uberprof.analysis.saved import load_or_diagnose
 
                     try:
-                        self._diagnosis = diagnose_context(self.ctx)
+                        self._diagnosis = load_or_diagnose(self.ctx)
                     except Exception as exc:  # noqa: BLE001 - show what we have
                         self._diagnosis_error = f"{type(exc).__name__}: {exc}"
                         self.problems.append(f"the diagnosis failed ({self._diagnosis_error}); "
@@ -441,21 +444,17 @@ class RunData:
                        bin_ranks=br)
 
     def breakdown_by_rank(self) -> pa.Table | None:
-        """Per rank: each BREAKDOWN_PARTS share of its traced time (%), and its ns."""
+        """Per rank: each BREAKDOWN_PARTS share of its traced time (`<part>_pct`) and its ns
+        (`<part>_ns`), the overlap ratio (`overlap_pct`, of the communication), step times."""
         def build() -> pa.Table | None:
+            from uberprof.analysis.summaries import time_shares
+
             rt = self.rank_table()
             if rt is None or rt.num_rows == 0:
                 return None
-            return _sql({"r": rt}, """
-                SELECT rank, window_ns, compute_ns - overlap_ns AS compute_only_ns,
-                       overlap_ns, exposed_comm_ns, memory_ns, idle_ns,
-                       100.0 * (compute_ns - overlap_ns) / nullif(window_ns, 0) AS compute_only,
-                       100.0 * overlap_ns / nullif(window_ns, 0) AS overlap,
-                       100.0 * exposed_comm_ns / nullif(window_ns, 0) AS exposed_comm,
-                       100.0 * memory_ns / nullif(window_ns, 0) AS memory,
-                       100.0 * idle_ns / nullif(window_ns, 0) AS idle,
-                       step_time_median_ms, step_time_p90_ms, mode, host
-                FROM r ORDER BY rank
+            return _sql({"t": time_shares(rt), "r": rt}, """
+                SELECT t.*, r.step_time_median_ms, r.step_time_p90_ms, r.mode, r.host
+                FROM t JOIN r USING (rank) ORDER BY rank
             """)
         return self._once("breakdown_by_rank", build)
 
@@ -551,7 +550,7 @@ class RunData:
             lat = d.lateness.filter(pc.equal(d.lateness.column("step"), step))
             late = {(a, b): (c, e) for a, b, c, e in zip(
                 *(lat.column(k).to_pylist() for k in ("instance", "rank", "lateness_ns",
-                                                      "last")))}
+                                                      "sole_last")))}
             shown = {r.rank for r in out}
             for i, name, rank, s, e in zip(*(mine.column(k).to_pylist() for k in
                                              ("instance", "name", "rank", "start_ns",
@@ -597,18 +596,16 @@ class RunData:
         return Heatmap(ranks=ranks, x=steps, z=z, steps=at, bin_steps=1, bin_ranks=1)
 
     def lateness_ranking(self) -> list[dict[str, Any]]:
-        """Ranks ordered by how late they arrive: median and p90 lateness, times last."""
+        """Ranks ordered by how late they arrive: median and p90 lateness, times alone last
+        (the diagnosis's per-rank summaries)."""
         def build() -> list[dict[str, Any]]:
             d = self.diagnose()
-            if d is None or d.lateness.num_rows == 0:
+            if d is None or d.summaries.lateness.num_rows == 0:
                 return []
-            t = _sql({"l": d.lateness}, """
-                SELECT rank, count(*) AS instances,
-                       median(lateness_ns) / 1e6 AS median_ms,
-                       quantile_cont(lateness_ns, 0.9) / 1e6 AS p90_ms,
-                       sum(CASE WHEN last THEN 1 ELSE 0 END) AS last_in,
-                       sum(delay_ns) / 1e6 AS delay_ms
-                FROM l GROUP BY rank ORDER BY median_ms DESC, rank
+            t = _sql({"l": d.summaries.lateness}, """
+                SELECT rank, instances, median_ns / 1e6 AS median_ms, p90_ns / 1e6 AS p90_ms,
+                       last_in, delay_ns / 1e6 AS delay_ms
+                FROM l ORDER BY median_ms DESC, rank
             """).to_pylist()
             for row in t:
                 row["host"] = self.host_of(row["rank"])
@@ -634,14 +631,13 @@ class RunData:
     # --- gaps -----------------------------------------------------------------------------------
 
     def gaps_by_rank(self) -> pa.Table | None:
-        """Idle time (ms) and gap count by rank and cause."""
+        """Idle time (ms) and gap count by rank and cause (the diagnosis's summaries)."""
         def build() -> pa.Table | None:
             d = self.diagnose()
             if d is None:
                 return None
-            return _sql({"g": d.gaps}, """
-                SELECT rank, cause, sum(dur_ns) / 1e6 AS ms, count(*) AS gaps
-                FROM g GROUP BY ALL ORDER BY rank, cause
+            return _sql({"g": d.summaries.idle}, """
+                SELECT rank, cause, idle_ns / 1e6 AS ms, gaps FROM g ORDER BY rank, cause
             """)
         return self._once("gaps_by_rank", build)
 

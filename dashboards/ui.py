@@ -14,10 +14,12 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from dash import dcc, html
 
+from uberprof.units import fmt_bytes, fmt_ms, fmt_pct  # noqa: F401 - pages use ui.fmt_*
+
 PART_COLORS = {
     "compute_only": "#4C78A8",
     "compute": "#4C78A8",
-    "overlap": "#72B7B2",
+    "comm_under_compute": "#72B7B2",
     "comm": "#72B7B2",
     "exposed_comm": "#F58518",
     "memory": "#B279A2",
@@ -177,27 +179,6 @@ def rank_ticks(ranks: list[int], straggler: int | None, positional: bool = False
         idx = sorted(idx + [ranks.index(straggler)])
     return {"tickvals": idx if positional else [ranks[i] for i in idx],
             "ticktext": [rank_label(ranks[i], straggler) for i in idx]}
-
-
-def fmt_ms(v: float | None, digits: int = 1) -> str:
-    if v is None:
-        return "–"
-    if abs(v) >= 1000:
-        return f"{v / 1000:.2f} s"
-    return f"{v:.{digits}f} ms"
-
-
-def fmt_pct(v: float | None) -> str:
-    return "–" if v is None else f"{v:.1f}%"
-
-
-def fmt_bytes(b: float | None) -> str:
-    if b is None:
-        return "–"
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:.1f} {unit}"
-    return f"{int(b)} B"
 
 
 def table(header: list[str], rows: list[list[Any]], id: str | None = None,

@@ -152,12 +152,12 @@ def test_breakdown_parts_add_up_to_the_window(synth_data: Any) -> None:
     t = synth_data.breakdown_by_rank().to_pylist()
     assert len(t) == 8
     for row in t:
-        assert sum(row[k] for k, _ in BREAKDOWN_PARTS) == pytest.approx(100.0, abs=1e-6)
+        assert sum(row[f"{k}_pct"] for k, _ in BREAKDOWN_PARTS) == pytest.approx(100.0, abs=1e-6)
         assert sum(row[f"{k}_ns"] for k, _ in BREAKDOWN_PARTS) == row["window_ns"]
     straggler = next(r for r in t if r["rank"] == SYNTH_STRAGGLER)
     others = [r for r in t if r["rank"] != SYNTH_STRAGGLER]
     # the others wait for it: more exposed communication than the straggler itself
-    assert straggler["exposed_comm"] < min(r["exposed_comm"] for r in others)
+    assert straggler["exposed_comm_pct"] < min(r["exposed_comm_pct"] for r in others)
 
 
 def test_step_timeline_is_aligned_and_marks_the_last_arrival(synth_data: Any) -> None:

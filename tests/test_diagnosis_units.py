@@ -136,10 +136,11 @@ def _lateness(late: np.ndarray, step_of: np.ndarray) -> pa.Table:
         order = np.argsort(-late[i])
         for r in range(n):
             last = bool(late[i, r] == late[i].max())
+            sole = last and int((late[i] == late[i].max()).sum()) == 1
             delay = late[i, r] - late[i, order[1]] if r == order[0] else 0
             rows.append({"instance": i, "rank": r, "step": int(step_of[i]), "name": "allreduce",
                          "participants": n, "lateness_ns": int(late[i, r]), "last": last,
-                         "delay_ns": int(delay), "transfer_ns": 1000})
+                         "sole_last": sole, "delay_ns": int(delay), "transfer_ns": 1000})
     return pa.Table.from_pylist(rows, schema=LATENESS_SCHEMA)
 
 

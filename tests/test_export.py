@@ -10,11 +10,13 @@ from pathlib import Path
 import click
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from tests._export_check import compare_with_sources, load, rank_pids, us_to_ns, validate_tef
 from tests._export_traces import write_gpu_run, write_traces
 from tests.jobs import PY, job_env
-from uberprof.cli.export import parse_ranks, parse_steps
+from uberprof.cli import main
+from uberprof.cli.params import parse_ranks, parse_steps
 from uberprof.present.export import ExportError, ExportOptions, export_trace
 from uberprof.present.export.chrome import ns_to_us
 from uberprof.present.export.layout import IdSpace, nest_lanes
@@ -145,6 +147,17 @@ def test_cli_parsers() -> None:
     for bad in ("a", "3-1", ""):
         with pytest.raises(click.BadParameter):
             parse_ranks(bad)
+
+
+def test_cli_step_and_rank_options_say_what_is_wrong(tmp_path: Path) -> None:
+    """The shared parameter types (uberprof.cli.params) reject bad ranges before any work."""
+    for opt, bad, says in (("--steps", "5-3", "the range ends before it starts"),
+                           ("--steps", "x", "use A-B or N, such as 10-12"),
+                           ("--ranks", "3-1", "use a list such as 0,2,4-7")):
+        res = CliRunner().invoke(main, ["export", str(tmp_path), "-o", str(tmp_path / "o.json"),
+                                        opt, bad])
+        assert res.exit_code == 2, res.output
+        assert f"Invalid value for '{opt}'" in res.output and says in res.output, res.output
 
 
 def test_cli_writes_and_reports(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from dash import html
 from dashboards import ui
 from dashboards.data import RunData
 from dashboards.ui import Selection
+from uberprof.units import fmt_num
 
 PATH = "/communication"
 TITLE = "Communication"
@@ -61,8 +62,8 @@ def classes_table(data: RunData) -> Any:
     for c in classes[:30]:
         rows.append([c["group"], c["collective"], ui.fmt_bytes(c["bytes"]), str(c["instances"]),
                      f"{c['link']}" + (f" ({c['link_kind']})" if c.get("link_kind") else ""),
-                     _num(c["busbw_gbit_s"]), _num(c["peak_gbit_s"]),
-                     _num(c["busbw_of_peak_pct"], "%"),
+                     fmt_num(c["busbw_gbit_s"]), fmt_num(c["peak_gbit_s"]),
+                     fmt_num(c["busbw_of_peak_pct"], unit="%"),
                      f"{c['transfer_ms']:.1f}", f"{c['exposed_ms']:.1f}",
                      html.Span(c["verdict"], style={"color": _VERDICT_COLORS.get(c["verdict"]),
                                                     "fontWeight": 600},
@@ -70,10 +71,6 @@ def classes_table(data: RunData) -> Any:
     return ui.table(["group", "collective", "size", "calls", "link", "busbw Gbit/s",
                      "peak Gbit/s", "of peak", "transfer ms", "exposed ms", "verdict"], rows,
                     id="classes-table")
-
-
-def _num(v: float | None, unit: str = "") -> str:
-    return "–" if v is None else f"{v:.1f}{unit}"
 
 
 def busbw_figure(data: RunData) -> go.Figure:
@@ -134,8 +131,8 @@ def by_rank_figure(data: RunData) -> go.Figure:
     ranks = t.column("rank").to_pylist()
     x = list(range(len(ranks)))
     fig = ui.new_figure()
-    fig.add_bar(x=x, y=[(v or 0) / 1e6 for v in t.column("overlap_ns").to_pylist()],
-                name="comm under compute", marker_color=ui.PART_COLORS["overlap"],
+    fig.add_bar(x=x, y=[(v or 0) / 1e6 for v in t.column("comm_under_compute_ns").to_pylist()],
+                name="comm under compute", marker_color=ui.PART_COLORS["comm_under_compute"],
                 customdata=ranks, hovertemplate="rank %{customdata}: %{y:.1f} ms hidden"
                                                 "<extra></extra>")
     fig.add_bar(x=x, y=[(v or 0) / 1e6 for v in t.column("exposed_comm_ns").to_pylist()],

@@ -12,16 +12,11 @@ from dash import Input, Output, State, dcc, html, no_update
 from dashboards import ui
 from dashboards.data import RunData
 from dashboards.ui import Selection
+from uberprof.analysis.causes import GAP_CAUSES
+from uberprof.units import shorten
 
 PATH = "/gaps"
 TITLE = "Gaps"
-CAUSE_TEXT = {
-    "data": "the host was fetching the next batch (data loader)",
-    "sync": "the host was blocked in a synchronisation",
-    "launch": "the host launched the next work late, busy with other operators (launch-bound)",
-    "host": "the host was doing other work (optimizer on the CPU, Python, logging)",
-    "other": "work was queued but waited on another stream or device",
-}
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
@@ -47,7 +42,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                          className="controls"))
     body.append(ui.section(
         "Idle time by cause and rank", ui.graph("gaps-by-rank", by_rank_figure(data)),
-        html.Ul([html.Li([html.B(c), f": {t}"]) for c, t in CAUSE_TEXT.items()],
+        html.Ul([html.Li([html.B(k), f": {c.explanation}"]) for k, c in GAP_CAUSES.items()],
                 className="muted cause-legend"),
         sub=f"Gaps longer than {threshold:g} µs with no device activity, in the traced steps "
             "(ms). Click a bar for that rank's largest gaps.", id="gaps-summary"))
@@ -71,7 +66,7 @@ def by_rank_figure(data: RunData) -> go.Figure:
     pos = {r: i for i, r in enumerate(ranks)}
     fig = ui.new_figure()
     rows = by.to_pylist()
-    for cause in ("data", "sync", "launch", "host", "other"):
+    for cause in GAP_CAUSES:
         mine = [r for r in rows if r["cause"] == cause]
         if not mine:
             continue
@@ -102,18 +97,11 @@ def largest_table(data: RunData, sel: Selection) -> Any:
             f"{g['dur_ns'] / 1e6:.3f}",
             html.Span(g["cause"], style={"color": ui.CAUSE_COLORS.get(g["cause"], "#333"),
                                          "fontWeight": 600}),
-            html.Code(_short(g.get("before"))), html.Code(_short(g.get("after"))),
-            _short(g.get("host")) or "–",
+            html.Code(shorten(g.get("before"))), html.Code(shorten(g.get("after"))),
+            shorten(g.get("host"), missing="–"),
         ])
     return ui.table(["rank", "step", "ms", "cause", "device: last before", "device: first after",
                      "host was in"], rows, id="gaps-table")
-
-
-def _short(s: Any, n: int = 48) -> str:
-    if not s:
-        return ""
-    s = str(s)
-    return s if len(s) <= n else s[: n - 1] + "…"
 
 
 def histogram(data: RunData, rank: int | None) -> go.Figure:
@@ -124,7 +112,7 @@ def histogram(data: RunData, rank: int | None) -> go.Figure:
     causes = np.array(g.column("cause").to_pylist(), dtype=object)
     edges = np.logspace(np.log10(max(us.min(), 1.0)), np.log10(us.max() * 1.01 + 1), 30)
     fig = ui.new_figure()
-    for cause in ("data", "sync", "launch", "host", "other"):
+    for cause in GAP_CAUSES:
         m = causes == cause
         if not m.any():
             continue

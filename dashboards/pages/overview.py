@@ -13,6 +13,7 @@ from dash import Input, Output, State, dcc, html, no_update
 from dashboards import ui
 from dashboards.data import BREAKDOWN_PARTS, RunData
 from dashboards.ui import Selection
+from uberprof.units import shorten
 
 PATH = "/"
 TITLE = "Overview"
@@ -95,7 +96,7 @@ def findings_list(data: RunData, sel: Selection) -> Any:
         step = f.steps[0] if f.steps else sel.step
         page = _FINDING_PAGE.get(f.kind, "/")
         ev = [html.Li([html.Span(k.replace("_", " "), className="ev-key"), ": ",
-                       html.Code(_short(v))]) for k, v in f.evidence.items()]
+                       html.Code(shorten(str(v), 160))]) for k, v in f.evidence.items()]
         items.append(html.Div([
             html.Div([html.Span(f.severity, className=f"badge {f.severity}"),
                       html.Span(f.kind.replace("_", " "), className="kind"),
@@ -114,11 +115,6 @@ def findings_list(data: RunData, sel: Selection) -> Any:
         items.append(html.Div(f"… and {more} smaller finding(s): see `uberprof report`.",
                               className="muted"))
     return html.Div(items, className="findings")
-
-
-def _short(v: Any) -> str:
-    text = str(v)
-    return text if len(text) <= 160 else text[:157] + "…"
 
 
 def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
@@ -174,7 +170,7 @@ def breakdown_figure(data: RunData, straggler: int | None) -> go.Figure:
     ranks = t.column("rank").to_pylist()
     fig = ui.new_figure()
     for key, name in BREAKDOWN_PARTS:
-        pct = t.column(key).to_pylist()
+        pct = t.column(f"{key}_pct").to_pylist()
         ns = t.column(f"{key}_ns").to_pylist()
         fig.add_bar(
             x=list(range(len(ranks))), y=pct, name=name, marker_color=ui.PART_COLORS[key],

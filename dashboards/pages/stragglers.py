@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from dashboards import ui
 from dashboards.data import RunData
 from dashboards.ui import Selection
+from uberprof.analysis.causes import straggler_cause_text
 
 PATH = "/stragglers"
 TITLE = "Stragglers"
@@ -20,13 +21,6 @@ TITLE = "Stragglers"
 GPU_METRICS = (("clock.sm", "SM clock"), ("temp.gpu", "temperature"), ("power", "power"),
                ("util.gpu", "utilisation"))
 PROC_METRICS = (("cpu.util", "process CPU"), ("mem.rss", "process memory"))
-_CAUSE_TEXT = {
-    "compute": "it computes longer than the others on the same work",
-    "clock_throttle": "its GPU runs at lower clocks (throttled)",
-    "data": "it waits longer for its data loader",
-    "host_launch": "its host issues work late",
-    "network": "it spends longer inside the collectives (its network)",
-}
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
@@ -89,7 +83,7 @@ def verdict(data: RunData) -> Any:
         html.Div([html.Span("straggler", className="badge high"),
                   html.Span(f" rank {s.rank}", className="straggler-rank",
                             id="straggler-rank")], className="finding-head"),
-        html.Div(f"Rank {s.rank} holds the others back: {_CAUSE_TEXT.get(s.cause or '', s.cause)}"
+        html.Div(f"Rank {s.rank} holds the others back: {straggler_cause_text(s.cause)}"
                  f" (cause: {s.cause}).", className="finding-title", id="straggler-cause",
                  **{"data-cause": s.cause or ""}),
         html.Dl(ev, className="kv"),

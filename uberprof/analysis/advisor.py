@@ -34,6 +34,13 @@ from uberprof.analysis.bandwidth import (
     exposed_ns,
     instance_bandwidth,
 )
+from uberprof.analysis.causes import (
+    EXPOSED_COMM_REMEDY,
+    GAP_CAUSES,
+    LINK_VERDICTS,
+    STRAGGLER_CAUSES,
+    THROTTLE_REMEDY,
+)
 from uberprof.analysis.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.context import RunContext, load_context
 from uberprof.analysis.gaps import CAUSES, DEFAULT_THRESHOLD_NS, GAP_SCHEMA, gap_context, idle_gaps
@@ -44,6 +51,9 @@ from uberprof.analysis.gpu_clocks import (
     throttled_vs_others,
 )
 from uberprof.analysis.stragglers import Straggler, find_straggler, lateness, straggler_cause
+from uberprof.analysis.summaries import RankSummaries, sql_table, summarise
+from uberprof.analysis.summaries import ns_to_ms as _ms
+from uberprof.units import fmt_bytes
 
 __all__ = [
     "FINDING_KINDS",
@@ -100,6 +110,7 @@ class Diagnosis:
     classes: list[BandwidthClass]
     straggler: Straggler | None
     steps: pa.Table  # the analysed (traced) steps, RUN_STEP_SCHEMA
+    summaries: RankSummaries  # per-rank lateness and idle by cause: every view reads these
     top_gaps: list[dict[str, Any]] = field(default_factory=list)
     derived: Path | None = None  # the run's derived-tables folder
 
@@ -156,9 +167,10 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     bw = instance_bandwidth(ctx, matched.instances, exposed, peaks)
     classes = bandwidth_classes(bw)
 
+    summaries = summarise(lat, gaps)
     findings: list[Finding] = []
     if straggler is not None:
-        findings.append(_straggler_finding(straggler, wall_ns, ctx))
+        findings.append(_straggler_finding(straggler, wall_ns, ctx, summaries))
     findings += _gap_findings(gaps, traced, wall_ns, straggler)
     findings += _exposed_comm_findings(traced, lat, wall_ns, classes)
     findings += _bandwidth_findings(classes, wall_ns)
@@ -176,36 +188,18 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     top.sort(key=lambda g: -g["dur_ns"])
     run = _run_doc(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                    problems, classes)
-    ranks = _ranks_doc(ctx, traced, gaps, lat)
+    ranks = _ranks_doc(ctx, traced, summaries)
     return Diagnosis(run=run, ranks=ranks, findings=findings, alignment=alignment,
                      matched=matched, lateness=lat, gaps=gaps, bandwidth=bw, classes=classes,
-                     straggler=straggler, steps=traced, top_gaps=top[:TOP_GAPS * 2],
-                     derived=Path(ctx.run.derived))
-
-
-DIAGNOSIS_FILE = "diagnosis.json"
-DIAGNOSIS_DIR = "diagnosis"
+                     straggler=straggler, steps=traced, summaries=summaries,
+                     top_gaps=top[:TOP_GAPS * 2], derived=Path(ctx.run.derived))
 
 
 def save_diagnosis(d: Diagnosis) -> Path | None:
-    """Write `<derived>/diagnosis.json` (the report's JSON) and the tables behind it
-    (`<derived>/diagnosis/{instances,unmatched,lateness,gaps,bandwidth}.parquet`)."""
-    import orjson
-    import pyarrow.parquet as pq
+    """Write the diagnosis beside the derived tables (see `uberprof.analysis.saved.save`)."""
+    from uberprof.analysis.saved import save
 
-    from uberprof.rundir import write_json_atomic
-
-    if d.derived is None:
-        return None
-    folder = d.derived / DIAGNOSIS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    aligned = d.alignment.apply(d.matched.instances, ("start_ns", "end_ns"))
-    for name, table in (("instances", aligned), ("unmatched", d.matched.unmatched),
-                        ("lateness", d.lateness), ("gaps", d.gaps), ("bandwidth", d.bandwidth)):
-        pq.write_table(table, folder / f"{name}.parquet")
-    write_json_atomic(d.derived / DIAGNOSIS_FILE,
-                      orjson.loads(orjson.dumps(d.to_json(), option=orjson.OPT_SERIALIZE_NUMPY)))
-    return d.derived / DIAGNOSIS_FILE
+    return save(d)
 
 
 def analysed_steps(ctx: RunContext) -> pa.Table:
@@ -320,23 +314,12 @@ def _factors(traced: pa.Table, gaps: pa.Table, lat: pa.Table
 
 def _sql(query: str, **tables: pa.Table) -> list[tuple[Any, ...]]:
     """Rows of a DuckDB query over Arrow tables (aggregations over per-event tables)."""
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        for name, t in tables.items():
-            con.register(name, t)
-        return con.sql(query).fetchall()
-    finally:
-        con.close()
+    t = sql_table(query, **tables)
+    return list(zip(*(c.to_pylist() for c in t.columns)))
 
 
 def severity_of(share: float) -> str:
     return "high" if share >= 0.15 else "medium" if share >= 0.05 else "low"
-
-
-def _ms(ns: float | None) -> float | None:
-    return None if ns is None else round(float(ns) / 1e6, 3)
 
 
 def _ranks_str(ranks: list[int]) -> str:
@@ -346,30 +329,12 @@ def _ranks_str(ranks: list[int]) -> str:
 
 # --- findings -----------------------------------------------------------------------------------
 
-_STRAGGLER_REMEDY = {
-    "compute": "Rank {r} computes longer than the others on the same steps. Check what differs "
-               "on it: another process on its GPU or CPU cores, its CPU/NUMA affinity, a slower "
-               "or different device, uneven inputs (batch or sequence lengths: balance or pack "
-               "them).",
-    "clock_throttle": "Rank {r}'s GPU runs at lower clocks (throttle reasons set). Check its "
-                      "cooling and power cap (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE); "
-                      "drain or replace the node if it persists.",
-    "data": "Rank {r} waits for its data loader. Raise DataLoader num_workers, use "
-            "pin_memory=True, persistent_workers=True and prefetch_factor; check the storage "
-            "or network read path of its node.",
-    "host_launch": "Rank {r}'s host issues work late (host-side work or launch overhead only "
-                   "it has, such as logging, checkpointing or evaluation). Move that work off "
-                   "the step; torch.compile or CUDA graphs cut launch overhead.",
-    "network": "Rank {r} spends longer inside collectives. Check its NIC or InfiniBand port "
-               "(errors, link speed, congestion) and that NCCL_SOCKET_IFNAME / "
-               "GLOO_SOCKET_IFNAME select the fast interface.",
-}
-
-
-def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext) -> Finding:
+def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
+                       summaries: RankSummaries) -> Finding:
     share = s.delay_ns / wall_ns if wall_ns else 0.0
+    late = summaries.lateness_of(s.rank)  # the rank row's numbers, the same by construction
     ev = {
-        "last_in": s.last, "instances": s.instances,
+        "last_in": late["last_in"], "instances": late["instances"],
         "last_pct": round(100 * s.last_fraction, 1),
         "median_lateness_ms": _ms(s.median_lateness_ns),
         "median_lead_ms": _ms(s.median_lead_ns),
@@ -383,31 +348,11 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext) -> Finding:
     if s.counters.get("available"):
         ev["gpu"] = {k: v for k, v in s.counters.items() if k != "available"}
     cause = s.cause or "compute"
-    title = (f"Rank {s.rank} is a straggler ({cause}): last at {s.last}/{s.instances} "
-             f"collectives, {ev['median_lead_ms']} ms behind the others' median")
+    title = (f"Rank {s.rank} is a straggler ({cause}): last at {ev['last_in']}/"
+             f"{ev['instances']} collectives, {ev['median_lead_ms']} ms behind the others' "
+             "median")
     return Finding("straggler", severity_of(share), title, [s.rank], s.steps, cause,
-                   s.delay_ns / 1e6, ev, _STRAGGLER_REMEDY[cause].format(r=s.rank))
-
-
-_GAP_KIND = {"data": "data_stall", "launch": "launch_bound", "sync": "idle", "host": "idle",
-             "other": "idle"}
-_GAP_REMEDY = {
-    "data": "The device idles while the data loader fetches the next batch. Raise DataLoader "
-            "num_workers, use pin_memory=True and persistent_workers=True, raise "
-            "prefetch_factor, or move decoding and augmentation off the training process.",
-    "launch": "The device waits for the host to launch kernels (eager-mode launch overhead). "
-              "Use torch.compile (mode='reduce-overhead' adds CUDA graphs), capture the step "
-              "with CUDA graphs, fuse small operators, or give each kernel more work (larger "
-              "batch per rank).",
-    "sync": "The host blocks on the device mid-step (cudaStreamSynchronize, .item(), .cpu(), "
-            "printing a tensor), then the device waits for new work. Remove or defer these "
-            "synchronisations (log every N steps, non_blocking copies).",
-    "host": "The device idles while the host does other work (an optimizer step on the CPU, "
-            "Python between operators, logging). Use a fused or foreach optimizer on the "
-            "device, move host work off the step, or overlap it.",
-    "other": "The device idles although its next work was already queued: it waits on "
-             "another stream or device. Inspect these gaps in the trace.",
-}
+                   s.delay_ns / 1e6, ev, STRAGGLER_CAUSES[cause].remedy.format(r=s.rank))
 
 
 def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
@@ -455,15 +400,12 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
                             "before": g["before"], "after": g["after"]},
             "share_pct": round(100 * share, 1),
         }
-        kind = _GAP_KIND[cause]
-        what = {"data": "waiting for the data loader", "launch": "launch-bound (host too slow "
-                "to launch work)", "sync": "host synchronisations", "host": "host work",
-                "other": "waiting on other streams"}[cause]
-        title = (f"Device idle {_ms(stake)} ms on {_ranks_str([worst])} ({what}); "
+        c = GAP_CAUSES[cause]
+        title = (f"Device idle {_ms(stake)} ms on {_ranks_str([worst])} ({c.phrase}); "
                  f"{len(ranks)} rank(s) affected")
         steps = sorted(set().union(*(steps_of[cause][r] for r in ranks)))
-        out.append(Finding(kind, severity_of(share), title, ranks, steps, cause, stake / 1e6, ev,
-                           _GAP_REMEDY[cause]))
+        out.append(Finding(c.kind, severity_of(share), title, ranks, steps, cause, stake / 1e6,
+                           ev, c.remedy))
     return out
 
 
@@ -498,14 +440,8 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
           "limited_collectives": bound[:3]}
     title = (f"Communication not hidden under compute: {_ms(stake)} ms "
              f"({ev['share_pct']}% of the analysed time) on every rank")
-    remedy = ("Overlap communication with compute. DDP: tune bucket_cap_mb (smaller buckets "
-              "start all-reduce earlier in backward), keep gradient_as_bucket_view=True, avoid "
-              "find_unused_parameters. FSDP: backward_prefetch=BACKWARD_PRE, "
-              "forward_prefetch=True, limit_all_gathers=True. If the collectives are "
-              "bandwidth-bound (see the bandwidth findings), send fewer bytes (bf16 gradients "
-              "with a DDP comm hook) or use a faster interconnect.")
     return [Finding("exposed_comm", severity_of(share), title, ranks, sorted(steps), None,
-                    stake / 1e6, ev, remedy)]
+                    stake / 1e6, ev, EXPOSED_COMM_REMEDY)]
 
 
 def _bandwidth_findings(classes: list[BandwidthClass], wall_ns: int) -> list[Finding]:
@@ -518,25 +454,18 @@ def _bandwidth_findings(classes: list[BandwidthClass], wall_ns: int) -> list[Fin
         stake = c.exposed_ns
         share = stake / wall_ns
         d = c.as_dict()
-        size = _size(c.bytes)
+        size = fmt_bytes(c.bytes)
         if c.verdict == "bandwidth-bound":
             title = (f"{c.name} of {size} is bandwidth-bound on the {c.link} link "
                      f"({c.link_kind or 'unknown'}): busbw {d['busbw_gbit_s']} Gbit/s = "
                      f"{d['busbw_of_peak_pct']}% of its {d['peak_gbit_s']} Gbit/s peak")
-            remedy = ("The link is the limit: send fewer bytes (bf16 or fp16 gradient "
-                      "compression through a DDP comm hook, PowerSGD; larger local batches for "
-                      "fewer steps), hide the transfer under compute (bucket_cap_mb, FSDP "
-                      "prefetch), or use a faster interconnect (more or faster NICs, "
-                      "InfiniBand/RoCE, NVLink).")
         else:
             peak = f" = {d['busbw_of_peak_pct']}% of the peak" if d["busbw_of_peak_pct"] else ""
             title = (f"{c.name} of {size} is latency-bound on the {c.link} link: busbw "
                      f"{d['busbw_gbit_s']} Gbit/s{peak} over {c.instances} small messages")
-            remedy = ("Small messages pay latency, not bandwidth: coalesce them (raise DDP "
-                      "bucket_cap_mb, all-reduce metrics every N steps instead of every step, "
-                      "torch.distributed coalescing), or reduce their number.")
-        out.append(Finding("bandwidth", severity_of(share), title, [], c.steps, c.verdict,
-                           stake / 1e6, {**d, "share_pct": round(100 * share, 1)}, remedy))
+        v = LINK_VERDICTS[c.verdict]
+        out.append(Finding(v.kind, severity_of(share), title, [], c.steps, c.verdict,
+                           stake / 1e6, {**d, "share_pct": round(100 * share, 1)}, v.remedy))
     return out
 
 
@@ -563,19 +492,9 @@ def _throttle_findings(clocks: dict[int, GpuClocks], traced: pa.Table, wall_ns: 
           "share_pct": round(100 * share, 1)}
     title = (f"GPU clocks slowed down on {_ranks_str(sorted(hit))}"
              + (f" ({', '.join(reasons)})" if reasons else ""))
-    remedy = ("Throttled GPUs compute slower: check cooling (temperatures, fans, airflow), power "
-              "caps (nvidia-smi -q -d POWER), and hardware slowdown events; drain the node if "
-              "one GPU keeps throttling.")
     out.append(Finding("throttle", severity_of(share), title, sorted(hit), [],
-                       ", ".join(reasons) or None, stakes[worst] / 1e6, ev, remedy))
+                       ", ".join(reasons) or None, stakes[worst] / 1e6, ev, THROTTLE_REMEDY))
     return out
-
-
-def _size(b: int) -> str:
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:.1f} {unit}"
-    return f"{b} B"
 
 
 # --- documents ----------------------------------------------------------------------------------
@@ -628,22 +547,9 @@ def _run_doc(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: float
     }
 
 
-def _ranks_doc(ctx: RunContext, traced: pa.Table, gaps: pa.Table, lat: pa.Table
+def _ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries
                ) -> list[dict[str, Any]]:
     bd = {r["rank"]: r for r in ctx.breakdown().to_pylist()}
-    gap_by: dict[int, dict[str, int]] = {}
-    gap_n: dict[int, int] = {}
-    if gaps.num_rows:
-        for r, c, d, n in _sql("SELECT rank, cause, sum(dur_ns), count(*) FROM g "
-                               "GROUP BY rank, cause", g=gaps):
-            gap_by.setdefault(r, {c2: 0 for c2 in CAUSES})[c] = int(d)
-            gap_n[r] = gap_n.get(r, 0) + int(n)
-    late_of: dict[int, tuple[float, float, int, int]] = {}
-    if lat.num_rows:
-        for r, med, p90, last, n in _sql(
-                "SELECT rank, quantile_cont(lateness_ns, 0.5), quantile_cont(lateness_ns, 0.9), "
-                "count(*) FILTER (WHERE last), count(*) FROM l GROUP BY rank", l=lat):
-            late_of[r] = (med, p90, int(last), int(n))
     per_step: dict[int, dict[str, int]] = {}
     for row in traced.select(["rank", "compute_ns", "exposed_comm_ns", "idle_ns", "window_ns",
                               "data_wait_ns"]).to_pylist():
@@ -655,7 +561,8 @@ def _ranks_doc(ctx: RunContext, traced: pa.Table, gaps: pa.Table, lat: pa.Table
     for r in ctx.rank_ids:
         b = bd.get(r, {})
         info = ctx.ranks[r]
-        med, p90, last, n = late_of.get(r, (None, None, 0, 0))
+        late = summaries.lateness_of(r)
+        idle_ns, gaps = summaries.idle_of(r)
         st = per_step.get(r, {})
         out.append({
             "rank": r,
@@ -673,10 +580,9 @@ def _ranks_doc(ctx: RunContext, traced: pa.Table, gaps: pa.Table, lat: pa.Table
                          "idle_ms": _ms(st.get("idle_ns")),
                          "data_wait_ms": _ms(st.get("data_wait_ns")),
                          "window_ms": _ms(st.get("window_ns"))},
-            "idle_gaps": {"count": gap_n.get(r, 0),
-                          "ms_by_cause": {c: _ms(v) for c, v in
-                                          gap_by.get(r, {c: 0 for c in CAUSES}).items()}},
-            "lateness_ms": {"median": _ms(med), "p90": _ms(p90), "last_in": last,
-                            "instances": n},
+            "idle_gaps": {"count": gaps,
+                          "ms_by_cause": {c: _ms(v) for c, v in idle_ns.items()}},
+            "lateness_ms": {"median": _ms(late["median_ns"]), "p90": _ms(late["p90_ns"]),
+                            "last_in": late["last_in"], "instances": late["instances"]},
         })
     return out

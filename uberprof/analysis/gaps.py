@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from uberprof.analysis import intervals as iv
 from uberprof.analysis import metrics as M
+from uberprof.analysis.causes import GAP_CAUSES
 from uberprof.ingest import classify as K
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 DEFAULT_THRESHOLD_NS = 50_000
-CAUSES = ("data", "sync", "launch", "host", "other")
+CAUSES = tuple(GAP_CAUSES)  # the order causes are tested in (module docstring)
 
 GAP_SCHEMA = pa.schema([
     ("rank", pa.int64()),

@@ -6,6 +6,7 @@
 - `breakdown`: compute, comm, overlap, exposed comm, memory, idle of any set of windows.
 - `trace_window`: the whole-trace window that Holistic Trace Analysis (HTA) uses.
 - `percentages`: the summary percentages (HTA's temporal breakdown and comm/comp overlap).
+- `window_shares`: the parts that tile a window, each as a share of it (for stacked bars).
 - `host_time_in`: host-side time (data-loader wait, optimizer) inside host windows.
 """
 
@@ -22,6 +23,7 @@ from uberprof.analysis.intervals import Intervals
 from uberprof.ingest import classify as K
 
 __all__ = [
+    "WINDOW_PARTS",
     "Activity",
     "Breakdown",
     "breakdown",
@@ -34,6 +36,7 @@ __all__ = [
     "trace_activity",
     "trace_window",
     "training_threads",
+    "window_shares",
 ]
 
 # What counts as what on an accelerator. `device_other` (an unknown accelerator's activity) is
@@ -304,6 +307,20 @@ def percentages(window: int, compute: int, comm: int, overlap: int, exposed_comm
         "exposed_comm_pct": pct(exposed_comm),
         "memory_pct": pct(memory),
     }
+
+
+WINDOW_PARTS = ("compute_only", "comm_under_compute", "exposed_comm", "memory", "idle")
+
+
+def window_shares(window: int, compute: int, overlap: int, exposed_comm: int, memory: int,
+                  idle: int) -> dict[str, float | None]:
+    """`WINDOW_PARTS` as % of the window: they tile it (compute splits into the part with
+    communication under it and the part without), so they add up to 100. Not the overlap
+    ratio: `comm_under_compute_pct` is |compute ∩ comm| / window, `overlap_pct` (in
+    `percentages`) is |compute ∩ comm| / |comm|."""
+    parts = (compute - overlap, overlap, exposed_comm, memory, idle)
+    return {f"{k}_pct": (100.0 * v / window if window > 0 else None)
+            for k, v in zip(WINDOW_PARTS, parts)}
 
 
 def host_time_in(events: pa.Table, kinds: tuple[str, ...], lo: np.ndarray, hi: np.ndarray,

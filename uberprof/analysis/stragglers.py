@@ -2,12 +2,13 @@
 
 - `lateness`: per matched instance and rank, its start minus the earliest start among the
   participants, on aligned clocks.
-- `find_straggler`: the rank that is last in clearly more instances than chance (more than
-  1/2 + 1/(2n) of them with n participants) and whose lead over the others is large both
-  absolutely (>= 100 µs and 3% of the median step) and against the others' own spread (>= 2x the
-  robust sigma, 1.4826 MAD, of their lateness around each instance's median). Its cost is the
-  delay it alone adds (its lateness beyond the second-latest rank), per step the largest over
-  the step's collectives: every other participant waits that long.
+- `find_straggler`: the rank that is alone last in clearly more instances than chance (more
+  than 1/2 + 1/(2n) of them with n participants; a tie for last counts for nobody) and whose
+  lead over the others is large both absolutely (>= 100 µs and 3% of the median step) and
+  against the others' own spread (>= 2x the robust sigma, 1.4826 MAD, of their lateness around
+  each instance's median). Its cost is the delay it alone adds (its lateness beyond the
+  second-latest rank), per step the largest over the step's collectives: every other
+  participant waits that long.
 - `straggler_cause`: from its per-step breakdown against the other ranks' median on the same
   steps (compute, data wait, host/launch idle, transfer time), and from its GPU counters: more
   compute with lower SM clocks or throttle reasons set is `clock_throttle`.
@@ -22,6 +23,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from uberprof.analysis.causes import STRAGGLER_CAUSES as _CAUSES
+
 __all__ = [
     "LATENESS_SCHEMA",
     "STRAGGLER_CAUSES",
@@ -32,7 +35,7 @@ __all__ = [
     "straggler_cause",
 ]
 
-STRAGGLER_CAUSES = ("compute", "clock_throttle", "data", "host_launch", "network")
+STRAGGLER_CAUSES = tuple(_CAUSES)
 ABS_MIN_LEAD_NS = 100_000
 REL_MIN_LEAD = 0.03  # of the median step time
 SIGMA_FACTOR = 2.0
@@ -45,6 +48,7 @@ LATENESS_SCHEMA = pa.schema([
     ("participants", pa.int64()),
     ("lateness_ns", pa.int64()),  # start - earliest start of the instance (aligned clocks)
     ("last", pa.bool_()),  # the latest to arrive (ties: all of them)
+    ("sole_last", pa.bool_()),  # the only latest to arrive: a tie for last is nobody's fault
     ("delay_ns", pa.int64()),  # if last: its lateness beyond the second-latest; else 0
     ("transfer_ns", pa.int64()),  # its end - the last arrival: time in the collective proper
 ])
@@ -54,7 +58,7 @@ LATENESS_SCHEMA = pa.schema([
 class Straggler:
     rank: int
     instances: int  # instances the rank took part in
-    last: int  # instances where it arrived last
+    last: int  # instances where it alone arrived last (LATENESS_SCHEMA `sole_last`)
     steps: list[int]  # steps where it arrived last in at least one collective
     median_lateness_ns: int
     median_lead_ns: int  # over the others' median lateness in the same instance
@@ -85,11 +89,13 @@ def lateness(instances: pa.Table) -> pa.Table:
                    row_number() OVER (PARTITION BY instance ORDER BY start_ns DESC) AS pos
             FROM i
         ), second AS (
-            SELECT instance, max(lateness_ns) FILTER (WHERE pos = 2) AS second_late
+            SELECT instance, max(lateness_ns) FILTER (WHERE pos = 2) AS second_late,
+                   count(*) FILTER (WHERE start_ns = last_start) AS n_last
             FROM w GROUP BY instance
         )
         SELECT w.instance, w.rank, w.step, w.name, w.participants, w.lateness_ns,
                w.start_ns = w.last_start AS last,
+               w.start_ns = w.last_start AND s.n_last = 1 AS sole_last,
                CASE WHEN w.pos = 1 THEN w.lateness_ns - coalesce(s.second_late, 0) ELSE 0 END
                    AS delay_ns,
                w.end_ns - w.last_start AS transfer_ns
@@ -115,13 +121,10 @@ def find_straggler(lat: pa.Table, median_step_ns: float | None) -> Straggler | N
     iid = lat.column("instance").to_numpy()
     rank = lat.column("rank").to_numpy()
     late = lat.column("lateness_ns").to_numpy().astype(np.float64)
-    last = lat.column("last").to_numpy(zero_copy_only=False)
     n_part = lat.column("participants").to_numpy()
     step = lat.column("step").to_numpy()
     delay = lat.column("delay_ns").to_numpy()
-    # a tie for last is nobody's fault: count only a single latest rank
-    n_last = np.bincount(iid, weights=last.astype(np.float64))
-    sole_last = last & (n_last[iid] == 1)
+    sole_last = lat.column("sole_last").to_numpy(zero_copy_only=False)
     best = None
     for r in np.unique(rank).tolist():
         mine = rank == r

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import click
 from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+from uberprof.cli.params import RANK_LIST, STEP_RANGE
 
 EPILOG = """\
 \b
@@ -23,56 +23,14 @@ chrome://tracing ("Load"); see the README's "uberprof export" section for offlin
 """
 
 
-def parse_steps(text: str | None) -> tuple[int, int] | None:
-    """`A-B` (inclusive) or `N` -> (A, B)."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
-    if not m:
-        raise click.BadParameter(f"{text!r}: use A-B or N, such as 10-12")
-    lo = int(m.group(1))
-    hi = int(m.group(2)) if m.group(2) is not None else lo
-    if hi < lo:
-        raise click.BadParameter(f"{text!r}: the range ends before it starts")
-    return lo, hi
-
-
-def parse_ranks(text: str | None) -> set[int] | None:
-    """`0,2,4-7` -> {0, 2, 4, 5, 6, 7}."""
-    if text is None:
-        return None
-    out: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                a, b = part.split("-", 1)
-                lo, hi = int(a), int(b)
-                if hi < lo or lo < 0:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                r = int(part)
-                if r < 0:
-                    raise ValueError
-                out.add(r)
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use a list such as 0,2,4-7") from None
-    if not out:
-        raise click.BadParameter("no rank given")
-    return out
-
-
 @click.command(epilog=EPILOG,
                short_help="Merge all ranks into one clock-aligned trace for Perfetto.")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("-o", "--output", "output", required=True,
               type=click.Path(dir_okay=False, path_type=Path),
               help="The trace file to write (.gz is added when compressing).")
-@click.option("--steps", "steps_text", metavar="A-B", help="Only these steps (inclusive).")
-@click.option("--ranks", "ranks_text", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
+@click.option("--steps", type=STEP_RANGE, metavar="A-B", help="Only these steps (inclusive).")
+@click.option("--ranks", type=RANK_LIST, metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
 @click.option("--no-counters", is_flag=True, help="Leave out GPU, NIC and CPU counter tracks.")
 @click.option("--with-python", is_flag=True,
               help="Keep Python function events (with_stack traces; large, off by default).")
@@ -86,7 +44,7 @@ def parse_ranks(text: str | None) -> set[int] | None:
 @gap_threshold_option("marked")
 @workers_option("Processes for reading traces not analysed yet (default: one per CPU).")
 @derived_option("--derived", "Where the analysis tables are (default: PATH/derived).")
-def export(path: Path, output: Path, steps_text: str | None, ranks_text: str | None,
+def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[int] | None,
            no_counters: bool, with_python: bool, max_mb: float | None, fmt: str, no_gzip: bool,
            gap_threshold_us: float, workers: int | None, derived: Path | None) -> None:
     """Merge the traces of PATH (a run directory, a folder of Kineto traces, or one trace) into
@@ -103,7 +61,7 @@ def export(path: Path, output: Path, steps_text: str | None, ranks_text: str | N
     keep_pandas_out()
     err = Console(stderr=True)
     budget = DEFAULT_MAX_MB if max_mb is None else max_mb
-    opts = ExportOptions(steps=parse_steps(steps_text), ranks=parse_ranks(ranks_text),
+    opts = ExportOptions(steps=steps, ranks=ranks,
                          counters=not no_counters, python=with_python,
                          max_bytes=int(budget * 1e6) if budget else None, fmt=fmt,
                          gzip=not no_gzip, gap_threshold_ns=int(gap_threshold_us * 1000))

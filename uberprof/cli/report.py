@@ -34,22 +34,30 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
 
     Reads the traces first when their tables are missing or stale (as `uberprof analyze`),
     then aligns clocks, matches collectives and reports stragglers, idle gaps and their causes,
-    exposed communication and link limits, ranked by the time they cost.
+    exposed communication and link limits, ranked by the time they cost. The diagnosis is
+    kept beside the tables and reused while the traces and options stay the same.
     """
     import orjson
 
-    from uberprof.analysis.advisor import diagnose
+    from uberprof.analysis.context import load_context
     from uberprof.analysis.pool import keep_pandas_out
+    from uberprof.analysis.saved import load_or_diagnose
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.terminal.progress import ReadProgress
 
     if html_file is None:
         keep_pandas_out()
     err = Console(stderr=True)
+
+    def unsaved(exc: OSError) -> None:
+        # kept for the dashboard, export and notebooks; a read-only place only costs a notice
+        err.print(f"uberprof report: could not save the diagnosis tables ({exc})", markup=False)
+
     try:
         with ReadProgress(err) as update:
-            d = diagnose(path, out=out, workers=workers, progress=update,
-                         threshold_ns=int(gap_threshold_us * 1000))
+            ctx = load_context(path, out=out, workers=workers, progress=update)
+        d = load_or_diagnose(ctx, threshold_ns=int(gap_threshold_us * 1000),
+                             on_save_error=unsaved)
     except NoTraces as exc:
         if as_json:
             sys.stdout.buffer.write(orjson.dumps({"run": {"path": str(path)}, "ranks": [],
@@ -57,7 +65,6 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
                                                  option=orjson.OPT_INDENT_2) + b"\n")
         err.print(f"uberprof report: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
-    _save(d, err)
     if html_file is not None:
         from uberprof.present.report_html import write_html
 
@@ -72,14 +79,3 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         render_report(d, Console())
     if not d.ranks:
         sys.exit(1)
-
-
-def _save(d: object, err: Console) -> None:
-    """Keep the diagnosis beside the derived tables (diagnosis.json and its Parquet tables) for
-    the dashboard and notebooks; a read-only place only costs a notice."""
-    try:
-        from uberprof.analysis.advisor import save_diagnosis
-
-        save_diagnosis(d)  # type: ignore[arg-type]
-    except OSError as exc:
-        err.print(f"uberprof report: could not save the diagnosis tables ({exc})", markup=False)

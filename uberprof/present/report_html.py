@@ -12,6 +12,7 @@ import numpy as np
 
 from uberprof.analysis.advisor import Diagnosis
 from uberprof.analysis.gaps import CAUSES
+from uberprof.units import fmt_num
 
 __all__ = ["render_html", "write_html"]
 
@@ -106,10 +107,8 @@ def _ranks_html(d: Diagnosis) -> str:
 
 
 def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.2f}"
+    if v is None or isinstance(v, float):
+        return fmt_num(v, 2, missing="-")
     return str(v)
 
 

@@ -14,12 +14,13 @@ from rich.table import Table
 from rich.text import Text
 
 from uberprof.analysis.advisor import Diagnosis, Finding
+from uberprof.analysis.causes import GAP_CAUSES, gap_cause
+from uberprof.units import fmt_bytes, fmt_num, shorten
 
 __all__ = ["MAX_RANK_ROWS", "render_report"]
 
 MAX_RANK_ROWS = 32
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
-_CAUSE_LETTER = {"data": "D", "sync": "S", "launch": "L", "host": "H", "other": "O"}
 
 
 def render_report(d: Diagnosis, console: Console) -> None:
@@ -39,7 +40,11 @@ def render_report(d: Diagnosis, console: Console) -> None:
 
 
 def _ms(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+    return fmt_num(v, digits, missing="-")
+
+
+def _short(name: Any, n: int = 48) -> str:
+    return shorten(name, n, missing="-")
 
 
 def _header(d: Diagnosis, console: Console) -> None:
@@ -102,7 +107,7 @@ def _ranks(d: Diagnosis, console: Console) -> None:
     for x in rows:
         b = x["breakdown_pct"]
         g = x["idle_gaps"]["ms_by_cause"]
-        gaps = " ".join(f"{_CAUSE_LETTER[k]}{v:.0f}" for k, v in g.items() if v) or "-"
+        gaps = " ".join(f"{gap_cause(k).letter}{v:.0f}" for k, v in g.items() if v) or "-"
         lt = x["lateness_ms"]
         style = "bold red" if x["rank"] == straggler else None
         host = [str(x["host"] or "-")] if many_hosts else []
@@ -113,10 +118,11 @@ def _ranks(d: Diagnosis, console: Console) -> None:
                       f"{lt['last_in']}/{lt['instances']}" if lt["instances"] else "-",
                       style=style)
     console.print(table)
+    letters = ", ".join(f"{c.letter} {c.key}" for c in GAP_CAUSES.values())
     console.print("[dim]step ms: median; comp/exp/idle: compute, exposed communication, idle % "
-                  "of the device time; gaps ms: idle gaps by cause (D data, S sync, L launch, "
-                  "H host, O other); late ms: median lateness at collectives; last: times it "
-                  "arrived last (p90, overlap and more: --json, --html)[/dim]")
+                  f"of the device time; gaps ms: idle gaps by cause ({letters}); late ms: "
+                  "median lateness at collectives; last: times it alone arrived last (p90, "
+                  "overlap and more: --json, --html)[/dim]")
     if len(d.ranks) > MAX_RANK_ROWS:
         console.print(f"[dim]{len(d.ranks) - MAX_RANK_ROWS} more ranks (the {MAX_RANK_ROWS} "
                       "slowest shown): see --json or --html[/dim]")
@@ -189,11 +195,6 @@ def _evidence_line(f: Finding) -> str:
     return ", ".join(f"{k}={v}" for k, v in e.items() if not isinstance(v, (dict, list)))
 
 
-def _short(name: Any, n: int = 48) -> str:
-    s = str(name or "-")
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
 def _bandwidth(d: Diagnosis, console: Console) -> None:
     classes = d.run.get("bandwidth") or []
     if not classes:
@@ -205,7 +206,7 @@ def _bandwidth(d: Diagnosis, console: Console) -> None:
         table.add_column(col, justify="left" if col in ("collective", "link", "verdict")
                          else "right", no_wrap=True)
     for c in classes[:8]:
-        table.add_row(c["collective"], _size(c["bytes"]), c["link"],
+        table.add_row(c["collective"], fmt_bytes(c["bytes"] or None, missing="-"), c["link"],
                       str(c["instances"]), _ms(c["busbw_gbit_s"], 2),
                       _ms(c["peak_gbit_s"], 2), _ms(c["busbw_of_peak_pct"]),
                       _ms(c["exposed_pct"]), c["verdict"])
@@ -228,12 +229,3 @@ def _gaps(d: Diagnosis, console: Console) -> None:
                       _short(g.get("host"), 40))
     console.print(table)
     console.print()
-
-
-def _size(b: int | None) -> str:
-    if not b:
-        return "-"
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:.1f} {unit}"
-    return f"{b} B"

@@ -19,7 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.compute as pc
+
 from uberprof.analysis.advisor import Diagnosis
+from uberprof.analysis.causes import GAP_CAUSES, gap_cause
+from uberprof.analysis.summaries import ns_to_ms as _ms
+from uberprof.units import fmt_bytes
 
 __all__ = ["GAP_LABEL", "Mark", "global_marks", "rank_marks"]
 
@@ -29,13 +34,7 @@ TRACK_WAITS = "uberprof · straggler waits"
 TRACK_LINK = "uberprof · link-limited collectives"
 RANK_TRACKS = (TRACK_GAPS, TRACK_WAITS, TRACK_LINK)
 
-GAP_LABEL = {
-    "data": "idle: data loader",
-    "sync": "idle: host synchronisation",
-    "launch": "idle: launch-bound",
-    "host": "idle: host work",
-    "other": "idle: waiting on another stream",
-}
+GAP_LABEL = {k: f"idle: {c.label}" for k, c in GAP_CAUSES.items()}
 
 
 @dataclass
@@ -48,19 +47,6 @@ class Mark:
     name: str
     args: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
-
-
-def _ms(ns: float | None) -> float | None:
-    return None if ns is None else round(float(ns) / 1e6, 3)
-
-
-def _size(b: int | None) -> str:
-    if b is None:
-        return "? B"
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:.1f} {unit}"
-    return f"{b} B"
 
 
 def _in(step: int | None, steps: tuple[int, int] | None) -> bool:
@@ -78,7 +64,7 @@ def rank_marks(d: Diagnosis, ranks: Iterable[int],
         if r not in want or not _in(g["step"], steps):
             continue
         out[r].append(Mark(TRACK_GAPS, g["start_ns"] + offsets.get(r, 0), g["dur_ns"],
-                           GAP_LABEL.get(g["cause"], f"idle: {g['cause']}"),
+                           f"idle: {gap_cause(g['cause']).label}",
                            {"cause": g["cause"], "step": g["step"], "idle_ms": _ms(g["dur_ns"]),
                             "before": g["before"], "after": g["after"],
                             "what": "device idle longer than the gap threshold (uberprof)"},
@@ -99,12 +85,14 @@ def _straggler_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]],
     s = d.straggler
     assert s is not None
     cause = s.cause or "compute"
+    lat = d.lateness
+    alone = set(lat.filter(pc.and_(pc.equal(lat.column("rank"), s.rank),
+                                   pc.equal(lat.column("sole_last"), True)))
+                .column("instance").to_pylist()) if lat.num_rows else set()
     for iid, rows in by_instance.items():
-        if len(rows) < 2:
-            continue
+        if iid not in alone or len(rows) < 2:
+            continue  # only where the straggler alone arrived last (its `last_in`)
         last = max(rows, key=lambda x: x["start_ns"])
-        if last["rank"] != s.rank or sum(x["start_ns"] == last["start_ns"] for x in rows) > 1:
-            continue  # only where the straggler alone arrived last
         step = last["step"]
         if not _in(step, steps):
             continue
@@ -148,7 +136,7 @@ def _link_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want
                 "class_busbw_gbit_s": cd["busbw_gbit_s"], "peak_gbit_s": cd["peak_gbit_s"],
                 "peak_source": cd["peak_source"], "class_of_peak_pct": cd["busbw_of_peak_pct"],
                 "instance": b["instance"], "step": b["step"]}
-        label = f"{c.verdict}: {b['name']} {_size(b['bytes'])}"
+        label = f"{c.verdict}: {b['name']} {fmt_bytes(b['bytes'], missing='? B')}"
         if busbw is not None:
             label += f" at {busbw:.2f} Gbit/s"
             if cd["peak_gbit_s"]:

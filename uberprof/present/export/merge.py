@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from uberprof import __version__
-from uberprof.analysis.advisor import Diagnosis, diagnose_context
+from uberprof.analysis.advisor import Diagnosis
 from uberprof.analysis.context import RunContext, load_context
 from uberprof.analysis.derived import Analysis
 from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
+from uberprof.analysis.saved import load_or_diagnose
 from uberprof.ingest.trace import TraceError
 from uberprof.present.export import counters as C
 from uberprof.present.export.budget import Budget, Cut, describe_drops
@@ -125,7 +126,7 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             progress: Progress | None) -> ExportResult:
     t0 = time.monotonic()
     ctx = load_context(path, out=derived, workers=workers, progress=progress)
-    d = diagnose_context(ctx, threshold_ns=opts.gap_threshold_ns)
+    d = load_or_diagnose(ctx, threshold_ns=opts.gap_threshold_ns)
     notes: list[str] = []
     offsets = d.alignment.offsets()
 

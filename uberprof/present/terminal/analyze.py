@@ -9,17 +9,16 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from uberprof.units import fmt_num
+
 __all__ = ["MAX_ROWS", "render_analysis"]
 
 MAX_ROWS = 64
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
+def _cell(v: float | None) -> str:
+    """A table cell: ms and % alike, one decimal."""
+    return fmt_num(v, 1, missing="-")
 
 
 def render_analysis(ranks: list[dict[str, Any]], problems: list[str], derived: Path,
@@ -33,10 +32,10 @@ def render_analysis(ranks: list[dict[str, Any]], problems: list[str], derived: P
     shown = ranks if len(ranks) <= MAX_ROWS else ranks[:MAX_ROWS]
     for r in shown:
         device = {"device": r["device_type"], "cpu": "cpu"}.get(r["mode"], "no trace")
-        table.add_row(str(r["rank"]), device, str(r["steps"]), _ms(r["step_time_median_ms"]),
-                      _ms(r["step_time_p90_ms"]), _pct(r["idle_pct"]), _pct(r["compute_pct"]),
-                      _pct(r["non_compute_pct"]), _pct(r["overlap_pct"]),
-                      _pct(r["exposed_comm_pct"]))
+        table.add_row(str(r["rank"]), device, str(r["steps"]), _cell(r["step_time_median_ms"]),
+                      _cell(r["step_time_p90_ms"]), _cell(r["idle_pct"]), _cell(r["compute_pct"]),
+                      _cell(r["non_compute_pct"]), _cell(r["overlap_pct"]),
+                      _cell(r["exposed_comm_pct"]))
     if ranks:
         console.print(table)
     if len(ranks) > MAX_ROWS:

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from uberprof.units import fmt_bytes
+
 __all__ = ["render_calibration"]
 
 
@@ -32,9 +34,4 @@ def render_calibration(doc: dict[str, Any], console: Console) -> None:
 
 
 def _size(b: int | None) -> str:
-    if not b:
-        return "-"
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:g} {unit}"
-    return f"{b} B"
+    return fmt_bytes(b or None, missing="-", spec="g")

@@ -1,0 +1,206 @@
+"""The saved diagnosis: written once beside the derived tables, read by every view.
+
+`uberprof report`, the dashboard and `uberprof export` call `load_or_diagnose`: when the
+derived folder holds a diagnosis made from the same inputs (a digest of the analysis'
+manifest.json, and in a run directory the size and mtime of run.json, calibration.json, each
+rank.json and the node folders' counters), with the same options (the gap threshold) and by
+the same uberprof (version and `SAVED_VERSION`), it is read back; otherwise the run is
+diagnosed and the result saved, when the folder is writable. Reading it back takes a few
+Parquet files instead of the whole diagnosis.
+
+Layout (under the derived folder):
+
+    diagnosis.json                  the `uberprof report --json` document
+    diagnosis/state.json            what the JSON does not hold (alignment, straggler, classes,
+                                    findings unrounded, longest gaps) and the freshness key;
+                                    written last, so a half-written diagnosis is never fresh
+    diagnosis/<table>.parquet       instances (aligned clocks), unmatched, lateness, gaps,
+                                    bandwidth, steps, rank_lateness, idle
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from uberprof import __version__
+from uberprof.analysis import advisor
+from uberprof.analysis.advisor import Diagnosis, Finding
+from uberprof.analysis.align import Alignment, HostClock
+from uberprof.analysis.bandwidth import BandwidthClass
+from uberprof.analysis.collectives import Matched
+from uberprof.analysis.context import RunContext
+from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
+from uberprof.analysis.pipeline import MANIFEST_FILE
+from uberprof.analysis.stragglers import Straggler
+from uberprof.analysis.summaries import RankSummaries
+
+__all__ = [
+    "DIAGNOSIS_DIR",
+    "DIAGNOSIS_FILE",
+    "SAVED_VERSION",
+    "freshness_key",
+    "load",
+    "load_or_diagnose",
+    "save",
+]
+
+SAVED_VERSION = 1  # bump when what is saved changes: older saves are diagnosed again
+DIAGNOSIS_FILE = "diagnosis.json"
+DIAGNOSIS_DIR = "diagnosis"
+STATE_FILE = "state.json"
+_TABLES = ("instances", "unmatched", "lateness", "gaps", "bandwidth", "steps", "rank_lateness",
+           "idle")
+
+
+def freshness_key(root: Path, derived: Path, threshold_ns: int) -> dict[str, Any] | None:
+    """What a saved diagnosis must have been made from to be reused; None when the derived
+    folder has no manifest (nothing to compare with)."""
+    h = hashlib.sha256()
+    try:
+        h.update((derived / MANIFEST_FILE).read_bytes())
+    except OSError:
+        return None
+    for p in _run_files(root):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return {"saved_version": SAVED_VERSION, "uberprof_version": __version__,
+            "inputs_sha256": h.hexdigest(), "gap_threshold_ns": int(threshold_ns)}
+
+
+def _run_files(root: Path) -> list[Path]:
+    """The files of a run directory besides the traces that the diagnosis reads: host names
+    and clock estimates (rank.json), the run id, the calibration, the counters."""
+    from uberprof.rundir import CALIBRATION_FILE, RANK_FILE, RunDir
+
+    run = RunDir(root)
+    if not run.is_run():
+        return []
+    out = [run.run_file, root / CALIBRATION_FILE]
+    out += [rd / RANK_FILE for rd in run.rank_dirs()]
+    for top, dirs, files in os.walk(run.nodes_dir):
+        dirs.sort()
+        out += [Path(top) / f for f in sorted(files)]
+    return out
+
+
+def _threshold_of(d: Diagnosis) -> int:
+    return round(float(d.run.get("gap_threshold_us") or 0) * 1000)
+
+
+def _dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+
+
+def save(d: Diagnosis) -> Path | None:
+    """Write `d` under its derived folder (see the module docstring); returns the path of
+    diagnosis.json, None when `d` has no derived folder. Raises OSError when it is not
+    writable."""
+    from uberprof.rundir import write_json_atomic
+
+    if d.derived is None:
+        return None
+    key = freshness_key(Path(d.run["path"]), d.derived, _threshold_of(d))
+    folder = d.derived / DIAGNOSIS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / STATE_FILE).unlink(missing_ok=True)  # stale until the state is written again
+    tables = {"instances": d.alignment.apply(d.matched.instances, ("start_ns", "end_ns")),
+              "unmatched": d.matched.unmatched, "lateness": d.lateness, "gaps": d.gaps,
+              "bandwidth": d.bandwidth, "steps": d.steps,
+              "rank_lateness": d.summaries.lateness, "idle": d.summaries.idle}
+    for name, table in tables.items():
+        pq.write_table(table, folder / f"{name}.parquet")
+    write_json_atomic(d.derived / DIAGNOSIS_FILE, orjson.loads(_dumps(d.to_json())))
+    state = {
+        "key": key,
+        "alignment": d.alignment.as_dict(),
+        "groups": d.matched.groups,
+        "method": d.matched.method,
+        "classes": [dataclasses.asdict(c) for c in d.classes],
+        "straggler": dataclasses.asdict(d.straggler) if d.straggler is not None else None,
+        "findings": [dataclasses.asdict(f) for f in d.findings],
+        "top_gaps": d.top_gaps,
+    }
+    if key is not None:  # without a manifest nothing could tell it is fresh: never reused
+        write_json_atomic(folder / STATE_FILE, orjson.loads(_dumps(state)))
+    return d.derived / DIAGNOSIS_FILE
+
+
+def load(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) -> Diagnosis | None:
+    """The saved diagnosis of `ctx`'s run when it is fresh (same inputs, options and
+    uberprof), else None. An unreadable save counts as absent."""
+    derived = Path(ctx.run.derived)
+    folder = derived / DIAGNOSIS_DIR
+    key = freshness_key(Path(ctx.root), derived, threshold_ns)
+    try:
+        state = orjson.loads((folder / STATE_FILE).read_bytes())
+        if key is None or state.get("key") != key:
+            return None
+        doc = orjson.loads((derived / DIAGNOSIS_FILE).read_bytes())
+        t = {name: pq.read_table(folder / f"{name}.parquet") for name in _TABLES}
+    except (OSError, orjson.JSONDecodeError, pa.ArrowInvalid):
+        return None
+    try:
+        return _rebuild(ctx, derived, state, doc, t)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _rebuild(ctx: RunContext, derived: Path, state: dict[str, Any], doc: dict[str, Any],
+             t: dict[str, pa.Table]) -> Diagnosis:
+    a = state["alignment"]
+    hosts = [HostClock(**{**h, "bounds_ns": tuple(h["bounds_ns"]) if h.get("bounds_ns")
+                          else None}) for h in a["hosts"]]
+    alignment = Alignment(reference=a["reference"], hosts=hosts)
+    matched = Matched(instances=_unalign(t["instances"], alignment),
+                      unmatched=t["unmatched"], groups=state["groups"], method=state["method"])
+    s = state["straggler"]
+    run = {**doc["run"], "path": str(ctx.root)}  # how this caller named the run
+    return Diagnosis(
+        run=run, ranks=doc["ranks"], findings=[Finding(**f) for f in state["findings"]],
+        alignment=alignment, matched=matched, lateness=t["lateness"], gaps=t["gaps"],
+        bandwidth=t["bandwidth"], classes=[BandwidthClass(**c) for c in state["classes"]],
+        straggler=Straggler(**s) if s is not None else None, steps=t["steps"],
+        summaries=RankSummaries(lateness=t["rank_lateness"], idle=t["idle"]),
+        top_gaps=state["top_gaps"], derived=derived)
+
+
+def _unalign(aligned: pa.Table, alignment: Alignment) -> pa.Table:
+    """The matched instances back on each rank's own clock (they are saved aligned)."""
+    if aligned.num_rows == 0:
+        return aligned
+    offs = alignment.offsets()
+    ranks = aligned.column("rank").to_pylist()
+    shift = pa.array([-offs.get(r, 0) for r in ranks], pa.int64())
+    for col in ("start_ns", "end_ns"):
+        i = aligned.schema.get_field_index(col)
+        aligned = aligned.set_column(i, col, pc.add(aligned.column(col), shift))
+    return aligned
+
+
+def load_or_diagnose(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS,
+                     on_save_error: Callable[[OSError], None] | None = None) -> Diagnosis:
+    """The saved diagnosis when fresh, else a new one (then saved; a folder that cannot be
+    written is told to `on_save_error` and otherwise ignored)."""
+    d = load(ctx, threshold_ns)
+    if d is not None:
+        return d
+    d = advisor.diagnose_context(ctx, threshold_ns=threshold_ns)
+    try:
+        save(d)
+    except OSError as exc:
+        if on_save_error is not None:
+            on_save_error(exc)
+    return d

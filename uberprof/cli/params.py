@@ -1,0 +1,87 @@
+"""Click parameter types shared by the commands: a step range and a list of ranks, so that every
+command that takes them accepts the same syntax and says the same thing when it is wrong."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+__all__ = ["RANK_LIST", "STEP_RANGE", "RankList", "StepRange", "parse_ranks", "parse_steps"]
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """`A-B` (inclusive) or `N` -> (A, B); raises click.BadParameter."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if not m:
+        raise click.BadParameter(f"{text!r}: use A-B or N, such as 10-12")
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) is not None else lo
+    if hi < lo:
+        raise click.BadParameter(f"{text!r}: the range ends before it starts")
+    return lo, hi
+
+
+def parse_ranks(text: str | None) -> set[int] | None:
+    """`0,2,4-7` -> {0, 2, 4, 5, 6, 7}; raises click.BadParameter."""
+    if text is None:
+        return None
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo or lo < 0:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            else:
+                r = int(part)
+                if r < 0:
+                    raise ValueError
+                out.add(r)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use a list such as 0,2,4-7") from None
+    if not out:
+        raise click.BadParameter("no rank given")
+    return out
+
+
+class _Parsed(click.ParamType):
+    """A parameter whose text one of the parsers above turns into a value."""
+
+    parser: Callable[[str], Any]
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value  # already converted (a default, or a second pass)
+        try:
+            return type(self).parser(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+class StepRange(_Parsed):
+    """`--steps A-B` or `--steps N`: an inclusive range of steps, as (A, B)."""
+
+    name = "A-B"
+    parser = staticmethod(parse_steps)
+
+
+class RankList(_Parsed):
+    """`--ranks 0,2,4-7`: a set of ranks."""
+
+    name = "LIST"
+    parser = staticmethod(parse_ranks)
+
+
+STEP_RANGE = StepRange()
+RANK_LIST = RankList()
