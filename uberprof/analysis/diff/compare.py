@@ -81,7 +81,9 @@ class Comparison:
 
 def compare(a: RunProfile, b: RunProfile, min_change_pct: float = DEFAULT_MIN_CHANGE_PCT,
             seed: int = 0) -> Comparison:
-    """Compare run B against run A (A is the baseline)."""
+    """Compare run B against run A (A is the baseline). Findings are matched by kind, cause
+    and (bandwidth findings) collective class; their `a_ms`/`b_ms` are time at stake per
+    analysed step."""
     test = median_ratio_test(a.step_ns, b.step_ns, min_change_pct=min_change_pct, seed=seed)
     delta = None if a.step_mean_ns is None or b.step_mean_ns is None else \
         b.step_mean_ns - a.step_mean_ns
@@ -198,9 +200,9 @@ def _findings(a: RunProfile, b: RunProfile) -> dict[str, list[dict[str, Any]]]:
                 "a_severity": fa[_finding_key(f)]["severity"] if _finding_key(f) in fa else None,
                 "b_severity": fb[_finding_key(f)]["severity"] if _finding_key(f) in fb else None}
 
-    new = [row(f, None, f["time_at_stake_ms"]) for k, f in fb.items() if k not in fa]
-    gone = [row(f, f["time_at_stake_ms"], None) for k, f in fa.items() if k not in fb]
-    changed = [row(fb[k], fa[k]["time_at_stake_ms"], fb[k]["time_at_stake_ms"])
+    new = [row(f, None, f["ms_per_step"]) for k, f in fb.items() if k not in fa]
+    gone = [row(f, f["ms_per_step"], None) for k, f in fa.items() if k not in fb]
+    changed = [row(fb[k], fa[k]["ms_per_step"], fb[k]["ms_per_step"])
                for k in fa.keys() & fb.keys()]
     return {"new": sorted(new, key=lambda r: -r["b_ms"]),
             "gone": sorted(gone, key=lambda r: -r["a_ms"]),

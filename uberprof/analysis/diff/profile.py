@@ -105,7 +105,14 @@ def profile_run(path: str | os.PathLike[str], ranks: set[int] | None = None,
         breakdown_ns=_breakdown(traced, d.gaps), step_mean_ns=_mean(traced, "step_time_ns"),
         ops=ops, collectives=collective_stats(ctx, d, rank_ids, step_ids), counters=counters,
         counters_from=counters_from, metadata=run_metadata(ctx),
-        findings=[f.as_dict() for f in d.findings], notes=notes)
+        findings=_findings_per_step(d), notes=notes)
+
+
+def _findings_per_step(d: Diagnosis) -> list[dict[str, Any]]:
+    """The findings, with their time at stake per analysed step of the diagnosis (the time at
+    stake is over all analysed steps, and two runs may have analysed different numbers)."""
+    n = max(len(d.run.get("analysed_steps") or []), 1)
+    return [{**f.as_dict(), "ms_per_step": round(f.time_at_stake_ms / n, 3)} for f in d.findings]
 
 
 def _select(d: Diagnosis, ranks: set[int] | None, steps: tuple[int, int] | None,
