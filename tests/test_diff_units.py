@@ -82,14 +82,15 @@ def test_self_time_subtracts_direct_children_per_thread() -> None:
 def _profile(step_ms: list[float], ops: dict[str, float], **kw: object) -> RunProfile:
     bd = {k: 0.0 for k, _, _ in BREAKDOWN_PARTS}
     bd["compute"] = float(np.mean(step_ms)) * 1e6
-    base: dict[str, object] = dict(
-        path="/x", kind="run", run_id="x", world_size=2, ranks=[0, 1],
-        steps=list(range(len(step_ms))), step_ns=[v * 1e6 for v in step_ms],
-        rank_step_ns={0: [v * 1e6 for v in step_ms]}, breakdown_ns=bd,
-        step_mean_ns=float(np.mean(step_ms)) * 1e6,
-        ops={("operator", n): OpStat("operator", n, 1.0, v * 1e6, v * 1e6)
-             for n, v in ops.items()},
-        collectives={}, counters={}, counters_from="none", metadata={}, findings=[])
+    base: dict[str, object] = {
+        "path": "/x", "kind": "run", "run_id": "x", "world_size": 2, "ranks": [0, 1],
+        "steps": list(range(len(step_ms))), "step_ns": [v * 1e6 for v in step_ms],
+        "rank_step_ns": {0: [v * 1e6 for v in step_ms]}, "breakdown_ns": bd,
+        "step_mean_ns": float(np.mean(step_ms)) * 1e6,
+        "ops": {("operator", n): OpStat("operator", n, 1.0, v * 1e6, v * 1e6)
+                for n, v in ops.items()},
+        "collectives": {}, "counters": {}, "counters_from": "none", "metadata": {},
+        "findings": []}
     base.update(kw)
     return RunProfile(**base)  # type: ignore[arg-type]
 

@@ -57,17 +57,17 @@ def render_diff_html(c: Comparison) -> str:
                        config={"displaylogo": False}) for i, f in enumerate(figs)]
     css = {"slower": "slower", "faster": "faster"}.get(st["verdict"], "same")
     parts = [
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>uberprof diff {e(name)}"
-        f"</title><style>{_STYLE}</style></head><body>",
+        (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>uberprof diff {e(name)}"
+         f"</title><style>{_STYLE}</style></head><body>"),
         f"<h1>uberprof diff: {e(name)}</h1>",
         f"<div class='dim'>A: {e(doc['a']['path'])}<br>B: {e(doc['b']['path'])}</div>",
-        f"<p><span class='verdict {css}'>{e(st['verdict'])}</span> {e(st['test']['reason'])}"
-        "</p>",
+        (f"<p><span class='verdict {css}'>{e(st['verdict'])}</span> "
+         f"{e(st['test']['reason'])}</p>"),
         _table(["", "median ms", "p90 ms", "steps"],
                [[k.upper(), _num(st[k]["median"]), _num(st[k]["p90"]), str(st[k]["steps"])]
                 for k in ("a", "b")]),
-        f"<p class='dim'>{e(st['test']['name'])}, {st['test']['resamples']} resamples, seed "
-        f"{st['test']['seed']}; significant only beyond {st['test']['min_change_pct']:g}%.</p>",
+        (f"<p class='dim'>{e(st['test']['name'])}, {st['test']['resamples']} resamples, seed "
+         f"{st['test']['seed']}; significant only beyond {st['test']['min_change_pct']:g}%.</p>"),
         *(f"<p class='dim'>note: {e(n)}</p>" for n in doc["notes"]),
         *plots,
         "<h2>Where the time moved (ms per step)</h2>",
