@@ -5,6 +5,8 @@ and tests of the diagnosis:
   --slow-rank R --slow-compute X   rank R does X times the compute (a straggler)
   --slow-data-rank R --data-delay-ms D   rank R's data loader waits D ms per batch
   --host-work-ms H                 every rank does H ms of extra host work per step
+  --extra-matmul N                 every rank multiplies two 256x256 matrices N more times
+                                   per step (a code change that costs compute: uberprof diff)
 Run it alone (`python samples/train_ddp.py`) or under torchrun.
 """
 
@@ -68,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-data-rank", type=int, default=-1)
     p.add_argument("--data-delay-ms", type=float, default=0.0)
     p.add_argument("--host-work-ms", type=float, default=0.0)
+    p.add_argument("--extra-matmul", type=int, default=0, metavar="N")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-times", metavar="FILE",
@@ -127,6 +130,10 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
                 model(x)
         if args.host_work_ms:
             _busy_wait(args.host_work_ms / 1e3)
+        if args.extra_matmul:  # extra aten::mm work on every rank, outside autograd
+            m = torch.ones(256, 256, device=device)
+            for _ in range(args.extra_matmul):
+                m = torch.mm(m, m).clamp_(-1.0, 1.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -8,6 +8,7 @@ from uberprof import __version__
 from uberprof.cli.analyze import analyze
 from uberprof.cli.calibrate import calibrate
 from uberprof.cli.dashboard import dashboard
+from uberprof.cli.diff import diff
 from uberprof.cli.doctor import doctor
 from uberprof.cli.export import export
 from uberprof.cli.info import info
@@ -44,3 +45,4 @@ main.add_command(dashboard)
 main.add_command(calibrate)
 main.add_command(report)
 main.add_command(export)
+main.add_command(diff)

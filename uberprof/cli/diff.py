@@ -1,0 +1,82 @@
+"""`uberprof diff A B`: what changed between two runs, and whether it is beyond noise."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from uberprof.cli.export import parse_ranks, parse_steps
+
+EPILOG = """\
+\b
+Examples:
+  uberprof diff uberprof-runs/yesterday uberprof-runs/today
+  uberprof diff runA runB --steps 10-40 --ranks 0-7
+  uberprof diff ./tb_old/rank0.json.gz ./tb_new/rank0.json.gz --json > diff.json
+  uberprof diff runA runB --html diff.html               (one file to share)
+"""
+
+
+@click.command(epilog=EPILOG, short_help="Compare two runs: what changed, and is it real.")
+@click.argument("a", type=click.Path(exists=True, path_type=Path))
+@click.argument("b", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the comparison as JSON (stable; see README).")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a self-contained HTML comparison to this file.")
+@click.option("--steps", "steps_text", metavar="A-B",
+              help="Only these steps (inclusive) of both runs.")
+@click.option("--ranks", "ranks_text", metavar="LIST",
+              help="Only these ranks of both runs, e.g. 0,2,4-7.")
+@click.option("--min-change-pct", type=click.FloatRange(min=0), default=5.0,
+              show_default=True,
+              help="Smallest change in median step time reported as significant.")
+@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
+              show_default=True, help="Shortest device idle gap counted by cause.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes for reading traces (default: one per CPU).")
+def diff(a: Path, b: Path, as_json: bool, html_file: Path | None, steps_text: str | None,
+         ranks_text: str | None, min_change_pct: float, gap_threshold_us: float,
+         workers: int | None) -> None:
+    """Compare run B against run A (each a run directory, a folder of Kineto traces, or one
+    trace): step time and whether the change is beyond noise, where the time moved, the
+    operators and kernels, collectives, counters, metadata and findings that changed. Runs are
+    analysed first where needed. Times are per step, so runs with other ranks or steps compare.
+    """
+    import orjson
+
+    from uberprof.analysis.diff import compare, profile_run
+    from uberprof.analysis.pipeline import keep_pandas_out
+    from uberprof.cli.analyze import _progress
+    from uberprof.ingest.discover import NoTraces
+
+    steps, ranks = parse_steps(steps_text), parse_ranks(ranks_text)
+    if html_file is None:
+        keep_pandas_out()
+    err = Console(stderr=True)
+    profiles = []
+    for path in (a, b):
+        try:
+            with _progress(err) as update:
+                profiles.append(profile_run(path, ranks=ranks, steps=steps, workers=workers,
+                                            progress=update,
+                                            threshold_ns=int(gap_threshold_us * 1000)))
+        except NoTraces as exc:
+            err.print(f"uberprof diff: {exc}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(1)
+    c = compare(profiles[0], profiles[1], min_change_pct=min_change_pct)
+    if html_file is not None:
+        from uberprof.present.diff_html import write_diff_html
+
+        write_diff_html(c, html_file)
+        err.print(f"uberprof diff: wrote {html_file}", markup=False, highlight=False)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(c.to_json(), option=orjson.OPT_INDENT_2
+                                             | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        from uberprof.present.diff_terminal import render_diff
+
+        render_diff(c, Console())
