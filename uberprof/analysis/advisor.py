@@ -113,6 +113,7 @@ class Diagnosis:
     summaries: RankSummaries  # per-rank lateness and idle by cause: every view reads these
     top_gaps: list[dict[str, Any]] = field(default_factory=list)
     derived: Path | None = None  # the run's derived-tables folder
+    inputs: list[str] = field(default_factory=list)  # the traces diagnosed (relative paths)
 
     def to_json(self) -> dict[str, Any]:
         """The `uberprof report --json` document (see README, "uberprof report")."""
@@ -192,7 +193,8 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     return Diagnosis(run=run, ranks=ranks, findings=findings, alignment=alignment,
                      matched=matched, lateness=lat, gaps=gaps, bandwidth=bw, classes=classes,
                      straggler=straggler, steps=traced, summaries=summaries,
-                     top_gaps=top[:TOP_GAPS * 2], derived=Path(ctx.run.derived))
+                     top_gaps=top[:TOP_GAPS * 2], derived=Path(ctx.run.derived),
+                     inputs=sorted(ctx.run.inputs))
 
 
 def save_diagnosis(d: Diagnosis) -> Path | None:

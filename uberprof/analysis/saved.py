@@ -40,7 +40,7 @@ from uberprof.analysis.bandwidth import BandwidthClass
 from uberprof.analysis.collectives import Matched
 from uberprof.analysis.context import RunContext
 from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
-from uberprof.analysis.pipeline import MANIFEST_FILE
+from uberprof.analysis.derived import MANIFEST_FILE, write_parquet
 from uberprof.analysis.stragglers import Straggler
 from uberprof.analysis.summaries import RankSummaries
 
@@ -62,10 +62,13 @@ _TABLES = ("instances", "unmatched", "lateness", "gaps", "bandwidth", "steps", "
            "idle")
 
 
-def freshness_key(root: Path, derived: Path, threshold_ns: int) -> dict[str, Any] | None:
+def freshness_key(root: Path, derived: Path, threshold_ns: int,
+                  inputs: list[str]) -> dict[str, Any] | None:
     """What a saved diagnosis must have been made from to be reused; None when the derived
-    folder has no manifest (nothing to compare with)."""
+    folder has no manifest (nothing to compare with). `inputs` are the traces diagnosed: two
+    single traces of one folder share a derived folder, not a diagnosis."""
     h = hashlib.sha256()
+    h.update(orjson.dumps(sorted(inputs)))
     try:
         h.update((derived / MANIFEST_FILE).read_bytes())
     except OSError:
@@ -112,7 +115,7 @@ def save(d: Diagnosis) -> Path | None:
 
     if d.derived is None:
         return None
-    key = freshness_key(Path(d.run["path"]), d.derived, _threshold_of(d))
+    key = freshness_key(Path(d.run["path"]), d.derived, _threshold_of(d), d.inputs)
     folder = d.derived / DIAGNOSIS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STATE_FILE).unlink(missing_ok=True)  # stale until the state is written again
@@ -121,7 +124,7 @@ def save(d: Diagnosis) -> Path | None:
               "bandwidth": d.bandwidth, "steps": d.steps,
               "rank_lateness": d.summaries.lateness, "idle": d.summaries.idle}
     for name, table in tables.items():
-        pq.write_table(table, folder / f"{name}.parquet")
+        write_parquet(table, folder / f"{name}.parquet")
     write_json_atomic(d.derived / DIAGNOSIS_FILE, orjson.loads(_dumps(d.to_json())))
     state = {
         "key": key,
@@ -143,7 +146,7 @@ def load(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) -> Diagnosis
     uberprof), else None. An unreadable save counts as absent."""
     derived = Path(ctx.run.derived)
     folder = derived / DIAGNOSIS_DIR
-    key = freshness_key(Path(ctx.root), derived, threshold_ns)
+    key = freshness_key(Path(ctx.root), derived, threshold_ns, sorted(ctx.run.inputs))
     try:
         state = orjson.loads((folder / STATE_FILE).read_bytes())
         if key is None or state.get("key") != key:
@@ -174,7 +177,8 @@ def _rebuild(ctx: RunContext, derived: Path, state: dict[str, Any], doc: dict[st
         bandwidth=t["bandwidth"], classes=[BandwidthClass(**c) for c in state["classes"]],
         straggler=Straggler(**s) if s is not None else None, steps=t["steps"],
         summaries=RankSummaries(lateness=t["rank_lateness"], idle=t["idle"]),
-        top_gaps=state["top_gaps"], derived=derived)
+        top_gaps=state["top_gaps"], derived=derived,
+        inputs=sorted(ctx.run.inputs))
 
 
 def _unalign(aligned: pa.Table, alignment: Alignment) -> pa.Table:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from uberprof.cli.export import parse_ranks, parse_steps
+from uberprof.cli.params import RANK_LIST, STEP_RANGE
 
 EPILOG = """\
 \b
@@ -27,9 +27,9 @@ Examples:
               help="Print the comparison as JSON (stable; see README).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML comparison to this file.")
-@click.option("--steps", "steps_text", metavar="A-B",
+@click.option("--steps", type=STEP_RANGE, metavar="A-B",
               help="Only these steps (inclusive) of both runs.")
-@click.option("--ranks", "ranks_text", metavar="LIST",
+@click.option("--ranks", type=RANK_LIST, metavar="LIST",
               help="Only these ranks of both runs, e.g. 0,2,4-7.")
 @click.option("--min-change-pct", type=click.FloatRange(min=0), default=5.0,
               show_default=True,
@@ -38,8 +38,8 @@ Examples:
               show_default=True, help="Shortest device idle gap counted by cause.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for reading traces (default: one per CPU).")
-def diff(a: Path, b: Path, as_json: bool, html_file: Path | None, steps_text: str | None,
-         ranks_text: str | None, min_change_pct: float, gap_threshold_us: float,
+def diff(a: Path, b: Path, as_json: bool, html_file: Path | None,
+         steps: tuple[int, int] | None, ranks: set[int] | None, min_change_pct: float, gap_threshold_us: float,
          workers: int | None) -> None:
     """Compare run B against run A (each a run directory, a folder of Kineto traces, or one
     trace): step time and whether the change is beyond noise, where the time moved, the
@@ -49,18 +49,17 @@ def diff(a: Path, b: Path, as_json: bool, html_file: Path | None, steps_text: st
     import orjson
 
     from uberprof.analysis.diff import compare, profile_run
-    from uberprof.analysis.pipeline import keep_pandas_out
-    from uberprof.cli.analyze import _progress
+    from uberprof.analysis.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
+    from uberprof.present.terminal.progress import ReadProgress
 
-    steps, ranks = parse_steps(steps_text), parse_ranks(ranks_text)
     if html_file is None:
         keep_pandas_out()
     err = Console(stderr=True)
     profiles = []
     for path in (a, b):
         try:
-            with _progress(err) as update:
+            with ReadProgress(err) as update:
                 profiles.append(profile_run(path, ranks=ranks, steps=steps, workers=workers,
                                             progress=update,
                                             threshold_ns=int(gap_threshold_us * 1000)))

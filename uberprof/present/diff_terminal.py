@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from uberprof.analysis.diff import Comparison
+from uberprof.units import fmt_bytes, fmt_num, shorten
 
 __all__ = ["render_diff"]
 
@@ -19,11 +20,11 @@ COUNTER_CHANGE = 0.05  # counters shown when they differ by this fraction or mor
 VERDICT_STYLE = {"slower": "bold red", "faster": "bold green"}
 
 
-# Minimal formatting (TODO: present/format.py once it is in this tree).
 def _ms(v: float | None, digits: int = 1, signed: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+    """A per-step time in ms as a table cell; `signed` for deltas."""
+    if v is None or not signed:
+        return fmt_num(v, digits, missing="-")
+    return f"{v:+.{digits}f}"
 
 
 def _pct(v: float | None) -> str:
@@ -31,16 +32,11 @@ def _pct(v: float | None) -> str:
 
 
 def _bytes(b: int | None) -> str:
-    if b is None:
-        return "-"
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:.1f} {unit}"
-    return f"{b} B"
+    return fmt_bytes(b, missing="-")
 
 
 def _cut(text: str, n: int = 60) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+    return shorten(text, n)
 
 
 def _differing(a: str | None, b: str | None, n: int = 50) -> tuple[str, str]:

@@ -18,13 +18,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.advisor import Diagnosis, diagnose_context
+from uberprof.analysis.advisor import Diagnosis
 from uberprof.analysis.context import RunContext, load_context
 from uberprof.analysis.diff.comm import CollKey, CollStat, collective_stats
 from uberprof.analysis.diff.counters import CounterStat, counter_stats
 from uberprof.analysis.diff.metadata import run_metadata
 from uberprof.analysis.diff.operators import OpStat, rank_ops
 from uberprof.analysis.gaps import CAUSES, DEFAULT_THRESHOLD_NS
+from uberprof.analysis.saved import load_or_diagnose
 
 __all__ = ["BREAKDOWN_PARTS", "RunProfile", "profile_run"]
 
@@ -80,7 +81,7 @@ def profile_run(path: str | os.PathLike[str], ranks: set[int] | None = None,
                 threshold_ns: int = DEFAULT_THRESHOLD_NS) -> RunProfile:
     """Analyse and diagnose `path` if needed, and keep what a comparison needs of it."""
     ctx = load_context(path, out=out, workers=workers, progress=progress)
-    d = diagnose_context(ctx, threshold_ns=threshold_ns)  # TODO(load_or_diagnose)
+    d = load_or_diagnose(ctx, threshold_ns=threshold_ns)
     notes: list[str] = []
     traced = _select(d, ranks, steps, notes)
     rank_ids = sorted(set(traced.column("rank").to_pylist()))
