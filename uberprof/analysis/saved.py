@@ -69,10 +69,11 @@ def freshness_key(root: Path, derived: Path, threshold_ns: int,
     single traces of one folder share a derived folder, not a diagnosis."""
     h = hashlib.sha256()
     h.update(orjson.dumps(sorted(inputs)))
-    try:
-        h.update((derived / MANIFEST_FILE).read_bytes())
-    except OSError:
+    try:  # canonical form: the order in which workers finished is not an input
+        manifest = orjson.loads((derived / MANIFEST_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
         return None
+    h.update(orjson.dumps(manifest, option=orjson.OPT_SORT_KEYS))
     for p in _run_files(root):
         try:
             st = p.stat()
