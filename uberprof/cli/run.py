@@ -34,7 +34,7 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 
 
 @click.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings={"allow_interspersed_args": False},
     epilog=EPILOG,
     short_help="Run a training command and collect from every rank.",
 )
