@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +76,109 @@ def test_bootstrap_makes_only_uberprof_importable(tmp_path: Path, neighbour: str
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["no", "True"], proc.stderr
     assert "bootstrap failed" not in proc.stderr
+
+
+# ---- a terminal: the job reads it, Ctrl-C and Ctrl-Z reach it -----------------------------------
+
+
+class _Pty:
+    """`uberprof run -- ...` as the foreground job of a fresh terminal (its own session)."""
+
+    def __init__(self, tmp_path: Path, code: str) -> None:
+        argv = [PY, "-m", "uberprof", "run", "--out", str(tmp_path / "runs"), "--counters",
+                "none", "--", PY, "-c", code]
+        env = job_env(PYTHONPATH=str(ROOT))
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: exec at once
+            os.chdir(tmp_path)
+            os.execve(PY, argv, env)
+        self.output = b""
+
+    def read_until(self, text: bytes, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {text!r} after {timeout} s: {self.output!r}")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:  # EIO: the terminal's last process is gone
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"terminal closed before {text!r}: {self.output!r}")
+                self.output += chunk
+
+    def write(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def wait(self, timeout: float = 60, untraced: bool = False) -> int:
+        """The wait status of `uberprof run` (a stop too with untraced)."""
+        deadline = time.monotonic() + timeout
+        flags = os.WNOHANG | (os.WUNTRACED if untraced else 0)
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                return status
+            try:  # keep the terminal drained so the job never blocks on output
+                if select.select([self.fd], [], [], 0.1)[0]:
+                    self.output += os.read(self.fd, 4096)
+            except OSError:
+                time.sleep(0.1)
+        self.kill()
+        raise AssertionError(f"uberprof run still running after {timeout} s: {self.output!r}")
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def terminal(tmp_path: Path):
+    started: list[_Pty] = []
+
+    def start(code: str) -> _Pty:
+        started.append(_Pty(tmp_path, code))
+        return started[-1]
+
+    yield start
+    for t in started:
+        t.kill()
+        try:
+            os.waitpid(t.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        os.close(t.fd)
+
+
+def test_job_reads_the_terminal(terminal) -> None:
+    t = terminal("print('answer:', input('question? '))")
+    t.read_until(b"question? ")
+    t.write(b"forty-two\n")
+    t.read_until(b"answer: forty-two")
+    status = t.wait()
+    assert os.waitstatus_to_exitcode(status) == 0, t.output
+
+
+def test_ctrl_c_in_the_terminal_reaches_the_job(terminal) -> None:
+    t = terminal("import time\ntry:\n    print('ready', flush=True); time.sleep(60)\n"
+                 "except KeyboardInterrupt:\n    print('got INT', flush=True); raise SystemExit(9)")
+    t.read_until(b"ready")
+    t.write(b"\x03")
+    t.read_until(b"got INT")
+    assert os.waitstatus_to_exitcode(t.wait()) == 9, t.output
+
+
+def test_ctrl_z_stops_uberprof_and_continue_resumes_the_job(terminal) -> None:
+    t = terminal("print('ready', flush=True)\nprint('after:', input())")
+    t.read_until(b"ready")
+    t.write(b"\x1a")  # Ctrl-Z: the job stops, and uberprof run with it (the shell's view)
+    status = t.wait(untraced=True)
+    assert os.WIFSTOPPED(status), t.output
+    os.kill(t.pid, signal.SIGCONT)  # what `fg` sends; uberprof still holds the terminal
+    t.write(b"resumed\n")
+    t.read_until(b"after: resumed")
+    assert os.waitstatus_to_exitcode(t.wait()) == 0, t.output
