@@ -182,3 +182,14 @@ def test_ctrl_z_stops_uberprof_and_continue_resumes_the_job(terminal) -> None:
     t.write(b"resumed\n")
     t.read_until(b"after: resumed")
     assert os.waitstatus_to_exitcode(t.wait()) == 0, t.output
+
+
+def test_a_run_leaves_no_lock_file(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([PY, "-m", "uberprof", "run", "--out", str(tmp_path / "runs"),
+                           "--counters", "host", "--", PY, "-c", "import time; time.sleep(1)"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=job_env(PYTHONPATH=str(ROOT), TMPDIR=str(tmp)))
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp.rglob("*.lock")) == []

@@ -8,18 +8,14 @@ lower rate. Everything runs beside the job, never in its processes, and every fa
 to fewer counters with at most one line on stderr.
 
 With one `uberprof run` per rank (srun), the agents of one host race for a host-wide lock
-(`flock` on a file named after the run and the host in the temp folder); the winner samples,
-the others record which node did.
+(`hostlock.HostLock`: a `flock` in a private per-user folder); the winner samples, the others
+record which node did.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
-import re
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from uberprof.collect.counters.hostlock import HostLock
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import COUNTERS_DIR, RunDir
 
@@ -80,52 +77,6 @@ class CounterSettings:
 # ---- one sampler per host ---------------------------------------------------------------------
 
 
-class HostLock:
-    """A host-wide, per-run lock: held while sampling, released by the kernel if the agent dies."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd: int | None = fd
-
-    @staticmethod
-    def path_for(run: RunDir, run_id: str, host: str) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", f"{run_id}-{host}")[:120]
-        digest = hashlib.sha1(str(run.root.absolute()).encode()).hexdigest()[:10]
-        return Path(tempfile.gettempdir()) / f"uberprof-{safe}-{digest}.counters.lock"
-
-    @classmethod
-    def acquire(cls, path: Path, holder: str) -> tuple[HostLock | None, str | None]:
-        """(lock, None) when this agent samples, (None, holder) when another one does."""
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:  # another user's file: a read-only descriptor can still flock
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                other = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another agent"
-            except OSError:
-                other = "another agent"
-            os.close(fd)
-            return None, other
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, holder.encode(), 0)
-        except OSError:
-            pass
-        return cls(path, fd), None
-
-    def release(self) -> None:
-        if self._fd is not None:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-
-
 # ---- the sampler --------------------------------------------------------------------------------
 
 
@@ -174,17 +125,23 @@ class NodeSampler:
         here (mode none, or another agent on this host already samples)."""
         if self.settings.mode == "none":
             return False
-        path = HostLock.path_for(self.run, self.run_id, self.host)
-        self._lock, other = HostLock.acquire(path, f"{self.node_dir.name} pid {os.getpid()}")
-        if self._lock is None:
+        try:
+            path = HostLock.path_for(self.run, self.run_id, self.host)
+            self._lock, other = HostLock.acquire(path, f"{self.node_dir.name} pid {os.getpid()}")
+        except OSError as exc:  # an unsafe lock folder or file: sample anyway, at worst twice
+            self.log.notice(f"counters: no host-wide lock ({exc}); sampling without it",
+                            key="counters-lock")
+            self._lock, other = None, None
+        if self._lock is None and other is not None:
             self.sampled_by = other
             self.log.write(f"counters: {other} samples this host; this agent does not")
             return False
         try:
             self._start_threads()
         except BaseException:
-            self._lock.release()  # let another agent of this host sample instead
-            self._lock = None
+            if self._lock is not None:
+                self._lock.release()  # let another agent of this host sample instead
+                self._lock = None
             raise
         return True
 
