@@ -127,3 +127,27 @@ def test_several_optimizers_and_accumulation_count_iterations(tmp_path: Path) ->
     uberprof_run(tmp_path, "gan", [PY, str(SCRIPTS / "two_optimizers.py"), "6"], "--no-trace")
     [rank] = info_json(tmp_path / "gan")["ranks"]
     assert rank["steps"] == 6
+
+
+def test_a_job_that_ends_where_its_window_starts(tmp_path: Path) -> None:
+    # 10 steps (0-9) and a window at 10-12: no backwards 10-9 file, and both run and info say
+    # why there is no trace.
+    proc = uberprof_run(tmp_path, "edge", [PY, str(SAMPLES / "train_ddp.py"), "--steps", "10"],
+                        "--trace-steps", "10-12")
+    run = tmp_path / "edge"
+    assert not list(run.glob("ranks/*/traces/*"))
+    closing = "1 rank(s), 10 steps per rank, 0 trace window file(s)"
+    assert closing in proc.stderr
+    said = ("no trace window: the job ended at step 9, before the window at steps 10-12; "
+            "to get a trace, run again with a window inside the job, e.g. --trace-steps 4-6")
+    assert f"uberprof: {said}" in proc.stderr
+    info = info_json(run)
+    assert info["problems"] == [said]
+    assert info["ranks"][0]["steps"] == 10 and info["ranks"][0]["trace_windows"] == []
+
+
+def test_closing_line_counts_steps_per_rank(tmp_path: Path) -> None:
+    proc = uberprof_run(tmp_path, "per", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
+                        "--trace-steps", "2-3")
+    assert "2 rank(s), 6 steps per rank, 2 trace window file(s)" in proc.stderr
+    assert "12 steps" not in proc.stderr

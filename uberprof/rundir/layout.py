@@ -122,9 +122,20 @@ def trace_file_name(first_step: int, last_step: int) -> str:
 
 
 def parse_trace_file_name(name: str) -> tuple[int, int] | None:
-    """Steps covered by a trace window file written by uberprof, or None for other names."""
+    """Steps covered by a trace window file written by uberprof, or None for other names and
+    for backwards windows (see `is_backwards_trace_file_name`), which cover no step."""
     m = _TRACE_NAME.match(name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    if not m:
+        return None
+    first, last = int(m.group(1)), int(m.group(2))
+    return (first, last) if first <= last else None
+
+
+def is_backwards_trace_file_name(name: str) -> bool:
+    """`steps-000010-000009...`: what uberprof up to 0.1 wrote when the job ended exactly where a
+    window started; readers ignore it (it would add a phantom step) and `info` names it."""
+    m = _TRACE_NAME.match(name)
+    return bool(m) and int(m.group(1)) > int(m.group(2))
 
 
 @dataclass(frozen=True)

@@ -152,13 +152,16 @@ class RankAgent:
             return
         self.closed = True
         self.detector.flush()
-        self.windows.close(self.timeline.step - 1)
+        last_step = self.timeline.step - 1
+        self.windows.close(last_step)
         self.timeline.close(self._cuda)
         with self._meta_lock:
             self.meta["end_ns"] = time.time_ns()
             self.meta["exit"] = exit_reason
             self.meta["steps"] = self.timeline.steps_written
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
+            self.meta["trace"]["not_reached"] = [list(w)
+                                                 for w in self.windows.not_reached(last_step)]
         self._write_meta()
 
     def _describe_device(self, torch: Any) -> None:

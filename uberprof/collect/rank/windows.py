@@ -67,9 +67,22 @@ class TraceWindows:
 
     def close(self, last_step: int) -> None:
         if self._prof is not None and self._window is not None:
-            self._stop(self._window[0], last_step)
+            first = self._window[0]
+            # A job that ends where a window starts opened it on no step: nothing to keep.
+            self._stop(first, last_step if last_step >= first else None)
         for t in self._compressors:
             t.join(timeout=60)
+
+    def not_reached(self, last_step: int) -> list[tuple[int, int]]:
+        """The scheduled windows the job ended before (`last_step` was its last step), so that
+        `run` and `info` can say why there is no trace instead of failing silently."""
+        if self.disabled_reason is not None or not self._schedule.enabled:
+            return []
+        missed = [w for w in self._schedule.windows if w[0] > last_step]
+        every, active = self._schedule.every, self._schedule.active
+        if every and every > last_step:
+            missed.append((every, every + active - 1))
+        return missed
 
     def _start(self, window: tuple[int, int], step: int) -> None:
         import torch
@@ -115,7 +128,7 @@ class TraceWindows:
             self._log.error("stopping the profiler", exc)
             return
         if last is None:
-            return  # interrupted by the user's own profiler: a partial window is not worth keeping
+            return  # the user's own profiler interrupted it, or it holds no step: not worth keeping
         self._dir.mkdir(parents=True, exist_ok=True)
         path = self._dir / trace_file_name(first, last)
         prof.export_chrome_trace(str(path))
