@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from uberprof.collect import capabilities
 from uberprof.collect.counters import CounterSettings, NodeSampler, read_counters
 from uberprof.collect.counters.gpm import GpmSource
 from uberprof.collect.counters.nvml import (
@@ -301,6 +302,7 @@ def test_no_gpu_is_one_line_and_host_counters_go_on(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=LIB_NOT_FOUND))
+    monkeypatch.setattr(capabilities, "torch_build_has_gpu", lambda: True)  # a GPU was expected
     run, nd = _run(tmp_path, "nogpu")
     sampler = NodeSampler(run, "nogpu", nd, CounterSettings(sample_hz=10, flush_s=0.3),
                           AgentLog("node", nd / "uberprof.log"))
@@ -313,6 +315,36 @@ def test_no_gpu_is_one_line_and_host_counters_go_on(tmp_path: Path,
     df = read_counters(run.root, "n0")
     assert "nvml" not in set(df.source) and (df.metric == "cpu.util").sum() >= 5
     assert sampler.status()["notes"] == [err[0].removeprefix("uberprof: ")]
+
+
+def test_a_cpu_only_torch_build_expects_no_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=LIB_NOT_FOUND))
+    monkeypatch.setattr(capabilities, "torch_build_has_gpu", lambda: False)
+    run, nd = _run(tmp_path, "cpu")
+    sampler = NodeSampler(run, "cpu", nd, CounterSettings(sample_hz=10, flush_s=0.3),
+                          AgentLog("node", nd / "uberprof.log"))
+    sampler.start()
+    sampler.wait_ready(10)
+    sampler.stop()
+    assert capsys.readouterr().err == ""  # nothing unexpected: no warning on every run
+    assert sampler.status()["notes"] == ["a CPU-only torch build: host counters only"]
+
+
+def test_torch_build_is_read_without_importing_torch(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise RuntimeError('torch must not be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    for cuda, hip, expected in (("None", "None", False), ("'12.4'", "None", True),
+                                ("None", "'6.2.4'", True)):
+        (fake / "version.py").write_text(f"from typing import Optional\n"
+                                         f"cuda: Optional[str] = {cuda}\nhip = {hip}\n")
+        assert capabilities.torch_build_has_gpu() is expected
+    (fake / "version.py").unlink()
+    assert capabilities.torch_build_has_gpu() is None
 
 
 def test_dcgm_requested_without_bindings_is_one_line(tmp_path: Path,

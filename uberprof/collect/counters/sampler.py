@@ -299,13 +299,17 @@ class NodeSampler:
     def _setup_gpu(self) -> None:
         if self.settings.mode == "host":
             return
+        from uberprof.collect import capabilities
         from uberprof.collect.counters.gpm import GpmSource
         from uberprof.collect.counters.nvml import Nvml, NvmlSource, NvmlUnavailable
 
         try:
             nvml = Nvml.open(self._nvml_module)
         except NvmlUnavailable as exc:
-            self._note(f"no NVIDIA GPU (NVML: {exc}): host counters only")
+            if capabilities.torch_build_has_gpu() is False:  # no GPU expected: a note, no warning
+                self._note("a CPU-only torch build: host counters only", loud=False)
+            else:
+                self._note(f"no NVIDIA GPU (NVML: {exc}): host counters only")
             return
         self._closers.append(nvml.close)
         gpm = GpmSource(nvml)
@@ -342,9 +346,13 @@ class NodeSampler:
         self._describers.append(dcgm.describe)
         self._slow.append(_Task(dcgm.name, dcgm.sample))
 
-    def _note(self, message: str) -> None:
+    def _note(self, message: str, loud: bool = True) -> None:
+        """For node.json (info, dashboard); also one line on stderr when `loud`."""
         self.notes.append(message)
-        self.log.notice(message)
+        if loud:
+            self.log.notice(message)
+        else:
+            self.log.write(message)
 
     def _write_meta(self) -> None:
         if self._store is None:
