@@ -151,3 +151,35 @@ def test_closing_line_counts_steps_per_rank(tmp_path: Path) -> None:
                         "--trace-steps", "2-3")
     assert "2 rank(s), 6 steps per rank, 2 trace window file(s)" in proc.stderr
     assert "12 steps" not in proc.stderr
+
+
+COMPILED = """
+import warnings
+import torch
+warnings.simplefilter("always")
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+cm = torch.compile(model, backend="eager")
+for _ in range(3):
+    opt.zero_grad()
+    cm(torch.randn(2, 4)).sum().backward()
+    opt.step()
+print("done", torch.compile.__name__)
+"""
+
+
+def test_torch_compile_prints_no_new_warning(tmp_path: Path) -> None:
+    # torch.compile(module) warns when global module hooks exist (OptimizedModule.__call__, any
+    # backend): uberprof's first-forward watch must not be one when the module is called.
+    import subprocess
+
+    from tests.jobs import job_env
+
+    plain = subprocess.run([PY, "-c", COMPILED], capture_output=True, text=True, timeout=300,
+                           env=job_env())
+    proc = uberprof_run(tmp_path, "compiled", [PY, "-c", COMPILED], "--counters", "none")
+    assert "global hooks" not in plain.stderr  # the check is real: the plain job is quiet
+    assert "global hooks" not in proc.stderr, proc.stderr
+    assert proc.stdout == plain.stdout == "done compile\n"
+    [rank] = info_json(tmp_path / "compiled")["ranks"]
+    assert rank["steps"] == 3
