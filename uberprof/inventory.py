@@ -8,12 +8,14 @@ whose rank-id rule decides which folder is which rank; a folder it cannot place 
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from uberprof.collect.diskfull import disk_full_at
 from uberprof.rundir import (
     COUNTERS_DIR,
     STEPS_FILE,
@@ -81,9 +83,17 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
     _cross_rank_problems(ranks, problems)
     _step_problems(ranks, problems)
     exit_codes = [n["exit_code"] for n in nodes if n.get("exit_code") is not None]
+    full = [(run.root, ns) for run in runs if (ns := disk_full_at(run.root)) is not None]
+    for root, ns in full:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+        problems.append(f"the disk holding {root} was full at {at}: uberprof stopped writing "
+                        "there; what it wrote is readable, the rest is missing")
     for n in nodes:
         if n.get("exit_code"):
             problems.append(f"the command exited with code {n['exit_code']} on node {n['node']}")
+        elif n.get("end_ns") is None and full:
+            problems.append(f"node {n['node']}: the end of uberprof run was not recorded "
+                            "(the disk was full)")
         elif n.get("end_ns") is None:
             problems.append(f"node {n['node']}: uberprof run did not finish (still running, "
                             "or killed)")
@@ -140,7 +150,9 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
     if meta.readable and not meta.finished:
         last = steps[-1]["step"] if steps else None
         problems.append(
-            f"rank {rank} stopped abruptly (killed, crashed, or still running)"
+            (f"rank {rank}: its end was not recorded (the disk was full)"
+             if disk_full_at(path.parent.parent) is not None else
+             f"rank {rank} stopped abruptly (killed, crashed, or still running)")
             + (f" after step {last}: its {len(steps)} finished steps are kept" if steps
                else " before finishing any step")
         )

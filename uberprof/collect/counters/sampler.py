@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from uberprof.collect import diskfull
 from uberprof.collect.counters.hostlock import HostLock
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import COUNTERS_DIR, RunDir
@@ -201,7 +202,10 @@ class NodeSampler:
             self._store.close()
         except Exception as exc:  # noqa: BLE001
             self.log.error("closing the counter tables", exc)
-        if self._store.error is not None:
+        error = self._store.error
+        if error is not None and diskfull.is_disk_full_error(error):
+            diskfull.declare(error)
+        elif error is not None:
             self.log.notice(f"counters could not be written to {self._store.dir} "
                             f"({self._store.error}); the job is not affected", key="counters-io")
         self._threads = []

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from uberprof import __version__
+from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank import clock
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
 from uberprof.collect.safety import AgentLog
-from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir, write_json_atomic
+from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir
 
 
 class RankAgent:
@@ -39,6 +40,7 @@ class RankAgent:
         self.pid = os.getpid()
         self.log = log
         self.rank: int = identity["rank"]
+        diskfull.configure(run.root)
         self.dir: Path = run.claim_rank_dir(self.rank)
         log.set_path(self.dir / LOG_FILE)
         self._cuda: Any = None
@@ -61,7 +63,8 @@ class RankAgent:
             "trace": {"schedule": config.trace.describe(), "disabled_reason": None},
         }
         self._write_meta()
-        self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns)
+        self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns,
+                                     on_error=lambda e: log.error("writing the step timeline", e))
         self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank)
         self.detector = StepDetector(self._boundary)
         self.closed = False
@@ -162,7 +165,7 @@ class RankAgent:
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
             self.meta["trace"]["not_reached"] = [list(w)
                                                  for w in self.windows.not_reached(last_step)]
-        self._write_meta()
+        self._write_meta(final=True)
 
     def _describe_device(self, torch: Any) -> None:
         try:
@@ -178,11 +181,14 @@ class RankAgent:
             self.meta["device"] = device
         self._write_meta()
 
-    def _write_meta(self) -> None:
+    def _write_meta(self, final: bool = False) -> None:
+        """After a full disk, only the last write is tried (in place), to record the end."""
+        if diskfull.is_full() and not final:
+            return
         with self._meta_lock:
             snapshot = dict(self.meta)
         try:
-            write_json_atomic(self.dir / RANK_FILE, snapshot)
+            diskfull.write_json_final(self.dir / RANK_FILE, snapshot)
         except OSError as exc:
             self.log.error("writing rank metadata", exc)
 

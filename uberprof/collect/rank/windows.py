@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import trace_file_name
@@ -43,7 +44,7 @@ class TraceWindows:
         if self._prof is not None:
             self._annotate(step)
             return
-        if self.disabled_reason is not None or not self._schedule.enabled:
+        if self.disabled_reason is not None or not self._schedule.enabled or diskfull.is_full():
             return
         window = self._schedule.window_at(step)
         if window is not None:
@@ -127,11 +128,19 @@ class TraceWindows:
         except Exception as exc:  # noqa: BLE001
             self._log.error("stopping the profiler", exc)
             return
-        if last is None:
-            return  # the user's own profiler interrupted it, or it holds no step: not worth keeping
+        if last is None or diskfull.is_full():
+            return  # the user's own profiler interrupted it, it holds no step, or no disk left
         self._dir.mkdir(parents=True, exist_ok=True)
         path = self._dir / trace_file_name(first, last)
         prof.export_chrome_trace(str(path))
+        if not path.exists():  # Kineto logs its failure and raises nothing; it leaves a .tmp
+            _unlink(path.with_name(path.name + ".tmp"))
+            if _no_room_left(self._dir):
+                diskfull.declare()
+            else:
+                self._log.notice(f"torch.profiler could not write the trace {path}",
+                                 key="trace-export")
+            return
         self.windows_written.append((first, last))
         self._log.write(f"trace window steps {first}-{last} -> {path}")
         t = threading.Thread(target=_gzip_in_place, args=(path, self._log), daemon=True)
@@ -156,7 +165,24 @@ def _gzip_in_place(path: Path, log: AgentLog) -> None:
         os.replace(tmp, path.with_name(path.name + ".gz"))
         os.unlink(path)
     except Exception as exc:  # noqa: BLE001 - the uncompressed trace stays readable
+        _unlink(tmp)
         log.error(f"compressing {path.name}", exc)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _no_room_left(directory: Path) -> bool:
+    """Whether the file system holding `directory` has no room left (under 1 MiB)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
 
 
 def _own_profile_class() -> type:
