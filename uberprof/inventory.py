@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from uberprof.collect.diskfull import disk_full_at
 from uberprof.rundir import (
     COUNTERS_DIR,
     STEPS_FILE,
@@ -29,7 +28,7 @@ from uberprof.rundir import (
     read_steps,
     trace_windows,
 )
-from uberprof.rundir.layout import is_backwards_trace_file_name
+from uberprof.rundir.layout import disk_full_at, is_backwards_trace_file_name
 
 # read_steps and trace_windows live in uberprof.rundir.ranks; still importable from here.
 __all__ = ["NotARunDirectory", "gzip_is_complete", "inventory", "node_counters", "read_steps",

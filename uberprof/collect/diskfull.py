@@ -17,9 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from uberprof.rundir import write_json_atomic
+from uberprof.rundir.layout import DISK_FULL_FILE, write_json_atomic
 
-MARKER = "disk-full"
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -52,7 +51,7 @@ def declare(exc: BaseException | None = None) -> None:
     root = _State.root
     if root is not None:
         try:
-            os.close(os.open(root / MARKER, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            os.close(os.open(root / DISK_FULL_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
             return  # another process of the run has said it
         except OSError:
@@ -83,11 +82,3 @@ def write_json_final(path: Path, obj: Any) -> None:
         os.pwrite(fd, data + b" " * max(0, old - len(data)), 0)
     finally:
         os.close(fd)
-
-
-def disk_full_at(run_root: Path) -> int | None:
-    """When a run met a full disk (epoch ns of the marker), or None."""
-    try:
-        return (run_root / MARKER).stat().st_mtime_ns
-    except OSError:
-        return None

@@ -51,6 +51,7 @@ COUNTERS_INDEX = "index.json"
 COUNTERS_META = "meta.json"
 DERIVED_DIR = "derived"
 CALIBRATION_FILE = "calibration.json"
+DISK_FULL_FILE = "disk-full"  # empty; written by the first agent that met a full disk
 
 _TRACE_NAME = re.compile(r"^steps-(\d+)-(\d+)\.pt\.trace\.json(\.gz)?$")
 _RANK_DIR_NAME = re.compile(r"^([0-9]+)(?:-(.*))?$")
@@ -213,3 +214,11 @@ def parse_rank_dir_name(name: str) -> tuple[int, int] | None:
 def _rank_dir_sort_key(p: Path) -> tuple[int, int, str]:
     parsed = parse_rank_dir_name(p.name)
     return (*parsed, p.name) if parsed else (1 << 62, 0, p.name)
+
+
+def disk_full_at(run_root: Path) -> int | None:
+    """When the run met a full disk (epoch ns of DISK_FULL_FILE, see collect.diskfull), or None."""
+    try:
+        return (run_root / DISK_FULL_FILE).stat().st_mtime_ns
+    except OSError:
+        return None
