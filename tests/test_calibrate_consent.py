@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from uberprof.cli import main
+
 calibrate_cli = importlib.import_module("uberprof.cli.calibrate")  # the module, not the command
 
 

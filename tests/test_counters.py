@@ -255,7 +255,7 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_lock_lives_in_a_private_folder_and_is_removed(tmp_path: Path, private_tmp: Path) -> None:
-    run, sampler = _sampler(tmp_path, run_id="lk")
+    _, sampler = _sampler(tmp_path, run_id="lk")
     assert sampler.start()
     folder = private_tmp / f"uberprof-{os.getuid()}"
     locks = list(folder.iterdir())
@@ -297,7 +297,7 @@ def test_an_unsafe_lock_folder_is_refused(tmp_path: Path, private_tmp: Path,
         folder.chmod(0o777)
     with pytest.raises(UnsafeLockFolder):
         private_folder()
-    run, sampler = _sampler(tmp_path, run_id="unsafe")
+    _, sampler = _sampler(tmp_path, run_id="unsafe")
     assert sampler.start()  # a planted folder must not switch the user's counters off
     sampler.stop()
     assert list(elsewhere.iterdir()) == []

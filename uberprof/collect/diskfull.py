@@ -42,6 +42,13 @@ def is_full() -> bool:
     return _State.full
 
 
+def run_is_full() -> bool:
+    """`is_full()`, or another process of the run met a full disk (one stat: not per step)."""
+    if not _State.full and _State.root is not None and (_State.root / DISK_FULL_FILE).exists():
+        _State.full = True
+    return _State.full
+
+
 def declare(exc: BaseException | None = None) -> None:
     """Stop writing; say so in one line, unless another process of the run already has."""
     with _State.lock:

@@ -14,6 +14,7 @@ record which node did.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -260,6 +261,8 @@ class NodeSampler:
                     self._write_meta()
                 slow_due = _next_deadline(slow_due, self.settings.slow_period_s, time.monotonic())
             if now >= flush_due:
+                if diskfull.run_is_full():
+                    self._store.stop_writing(OSError(errno.ENOSPC, "the disk is full"))
                 self._store.flush()
                 flush_due = _next_deadline(flush_due, self.settings.flush_s, time.monotonic())
         self.cpu_s["slow"] = time.thread_time() - self.cpu_s["setup"]

@@ -376,7 +376,7 @@ def _watch_first_forward(torch: Any) -> None:
             h.remove()
         if os.getpid() == S.pid and S.first_activity_ns is None:
             _first_activity(time.time_ns())
-        return None
+        return
 
     handles.append(register_module_forward_pre_hook(first_forward))
     compile_ = getattr(torch, "compile", None)

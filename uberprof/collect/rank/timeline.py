@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from uberprof.collect import diskfull
+
 try:
     import orjson
 
@@ -128,7 +130,7 @@ class StepTimeline:
     def _write(self, row: dict[str, Any]) -> None:
         """One whole line or nothing; after an I/O error (a full disk) the timeline stops: the
         lines already written stay readable, and the step count goes on in rank.json."""
-        if self._file is None:
+        if self._file is None or diskfull.is_full():
             return
         try:
             self._file.write(_line(row))

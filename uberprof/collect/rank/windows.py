@@ -44,10 +44,10 @@ class TraceWindows:
         if self._prof is not None:
             self._annotate(step)
             return
-        if self.disabled_reason is not None or not self._schedule.enabled or diskfull.is_full():
+        if self.disabled_reason is not None or not self._schedule.enabled:
             return
         window = self._schedule.window_at(step)
-        if window is not None:
+        if window is not None and not diskfull.run_is_full():
             self._start(window, step)
 
     def step_ended(self, step: int) -> None:
