@@ -183,3 +183,16 @@ def test_torch_compile_prints_no_new_warning(tmp_path: Path) -> None:
     assert proc.stdout == plain.stdout == "done compile\n"
     [rank] = info_json(tmp_path / "compiled")["ranks"]
     assert rank["steps"] == 3
+
+
+def test_a_rank_that_starts_before_its_process_group_gets_its_own_folder(tmp_path: Path) -> None:
+    # Lightning with profiler="pytorch": the rank agent starts at the script's profiler step,
+    # before init_process_group, in an environment without RANK (it was written to ranks/0-2).
+    proc = uberprof_run(tmp_path, "early", [PY, str(SCRIPTS / "profiler_before_process_group.py")])
+    assert "rank 1 done" in proc.stdout
+    run = tmp_path / "early"
+    assert sorted(p.name for p in (run / "ranks").iterdir()) == ["0", "1"]
+    info = info_json(run)
+    assert [(r["rank"], Path(r["dir"]).name, r["steps"]) for r in info["ranks"]] == \
+        [(0, "0", 7), (1, "1", 7)]
+    assert not any("appears" in p for p in info["problems"]), info["problems"]

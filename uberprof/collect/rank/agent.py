@@ -40,6 +40,7 @@ class RankAgent:
         self.pid = os.getpid()
         self.log = log
         self.rank: int = identity["rank"]
+        self.run = run
         diskfull.configure(run.root)
         self.dir: Path = run.claim_rank_dir(self.rank)
         log.set_path(self.dir / LOG_FILE)
@@ -120,6 +121,8 @@ class RankAgent:
         import torch.distributed as dist
 
         info = process_group_info(dist)
+        if info["rank"] != self.rank or self.dir.name != str(info["rank"]):
+            self._move_to_rank(info["rank"])
         with self._meta_lock:
             self.meta.update(info)
         self._write_meta()
@@ -136,6 +139,27 @@ class RankAgent:
             on_result=self._clock_result,
             on_error=lambda exc: self.log.write(f"clock offset estimate failed: {exc!r}"),
         )
+
+    def _move_to_rank(self, rank: int) -> None:
+        """The agent started before the process group (the script stepped its own profiler,
+        as Lightning does) under a rank taken from an environment that had none (no RANK): move
+        the folder to the rank torch.distributed gives. Open files follow the rename."""
+        target = self.run.claim_rank_dir(rank)
+        if rank == self.rank and target.name != str(rank):  # its own name is still taken: stay
+            os.rmdir(target)
+            return
+        try:
+            os.rename(self.dir, target)  # onto the empty folder just claimed
+        except OSError as exc:
+            self.log.error(f"moving rank {self.rank}'s folder to {target}", exc)
+            try:
+                os.rmdir(target)
+            except OSError:
+                pass
+            return
+        self.log.set_path(target / LOG_FILE)
+        self.windows.moved_to(target / TRACES_DIR)
+        self.dir, self.rank = target, rank
 
     def _clock_result(self, result: dict[str, Any]) -> None:
         with self._meta_lock:

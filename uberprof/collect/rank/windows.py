@@ -50,6 +50,10 @@ class TraceWindows:
         if window is not None and not diskfull.run_is_full():
             self._start(window, step)
 
+    def moved_to(self, traces_dir: Path) -> None:
+        """The rank's folder was renamed (its real rank became known)."""
+        self._dir = traces_dir
+
     def step_ended(self, step: int) -> None:
         if self._window is not None and step >= self._window[1]:
             self._stop(self._window[0], step)
