@@ -273,6 +273,7 @@ def test_sampler_with_fake_gpus_writes_gpu_tables(tmp_path: Path,
     sampler = NodeSampler(run, "g", nd, CounterSettings(sample_hz=10, flush_s=0.3),
                           AgentLog("node", nd / "uberprof.log"))
     assert sampler.start()
+    assert sampler.wait_ready(60)  # set-up (pyarrow, NVML, GPM) is slow on a loaded machine
     time.sleep(1.6)
     sampler.stop()
     assert "no NVIDIA GPU" not in capsys.readouterr().err
