@@ -125,9 +125,9 @@ def _closing_line(run_dir: RunDir, code: int) -> str:
     windows = sum(len(r["trace_windows"]) for r in ranks)
     status = "" if code == 0 else f"; the command exited with code {code}"
     missed = trace_not_reached(ranks)
-    missed = f"\nuberprof: {missed}" if missed else ""
+    why_no_trace = f"\nuberprof: {missed}" if missed else ""
     return (f"{len(ranks)} rank(s), {_steps_per_rank([r['steps'] for r in ranks])}, "
-            f"{windows} trace window file(s) in {run_dir.root}{status}{missed}"
+            f"{windows} trace window file(s) in {run_dir.root}{status}{why_no_trace}"
             f"\nuberprof: next: uberprof info {run_dir.root}")
 
 

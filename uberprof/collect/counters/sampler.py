@@ -76,9 +76,6 @@ class CounterSettings:
                 "pcie_period_s": self.pcie_period_s, "link_period_s": self.link_period_s}
 
 
-# ---- one sampler per host ---------------------------------------------------------------------
-
-
 # ---- the sampler --------------------------------------------------------------------------------
 
 

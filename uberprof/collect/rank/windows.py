@@ -138,8 +138,9 @@ class TraceWindows:
         path = self._dir / trace_file_name(first, last)
         prof.export_chrome_trace(str(path))
         if not path.exists():  # Kineto logs its failure and raises nothing; it leaves a .tmp
+            full = _no_room_left(self._dir)  # before the .tmp goes and frees its room
             _unlink(path.with_name(path.name + ".tmp"))
-            if _no_room_left(self._dir):
+            if full:
                 diskfull.declare()
             else:
                 self._log.notice(f"torch.profiler could not write the trace {path}",
