@@ -200,3 +200,53 @@ def test_gpu_times_are_read_without_waiting_for_the_gpu(tmp_path: Path) -> None:
     assert rows[0]["gpu_mem_peak_bytes"] == 2048
     tl.close(cuda)  # at exit the rest is waited for
     assert read_steps(tmp_path)[0][2]["gpu_time_ns"] == 12_000_000
+
+
+def test_a_window_opened_at_the_end_writes_no_backwards_file(tmp_path: Path) -> None:
+    from uberprof.collect.rank.windows import TraceWindows
+    from uberprof.collect.safety import AgentLog
+
+    config = CollectConfig(trace=TraceSchedule.parse_steps("10-12,20-22"))
+    windows = TraceWindows(config, tmp_path / "traces", AgentLog("rank"), rank=0)
+    windows.step_started(10)  # the boundary after step 9 opens step 10, which never ends
+    assert windows.active
+    windows.close(last_step=9)
+    assert not windows.active and windows.windows_written == []
+    assert not (tmp_path / "traces").exists() or list((tmp_path / "traces").iterdir()) == []
+    assert windows.not_reached(9) == [(10, 12), (20, 22)]
+    periodic = TraceWindows(CollectConfig(trace=TraceSchedule.periodic(50, 3)), tmp_path,
+                            AgentLog("rank"), rank=0)
+    assert periodic.not_reached(39) == [(50, 52)] and periodic.not_reached(60) == []
+    off = TraceWindows(CollectConfig(trace=TraceSchedule.off()), tmp_path, AgentLog("rank"), 0)
+    assert off.not_reached(3) == []
+
+
+def test_readers_ignore_a_legacy_backwards_window(tmp_path: Path) -> None:
+    from uberprof.ingest.discover import discover
+
+    run = RunDir(tmp_path / "r")
+    run.create("r")
+    d = run.claim_rank_dir(0)
+    (d / "rank.json").write_text(json.dumps({"rank": 0, "world_size": 1, "end_ns": 1}))
+    (d / "steps.jsonl").write_text("".join(
+        json.dumps({"kind": "step", "step": s, "host_start_ns": s, "host_end_ns": s + 1}) + "\n"
+        for s in range(10)))
+    (d / "traces").mkdir()
+    legacy = d / "traces" / "steps-000010-000009.pt.trace.json.gz"
+    legacy.write_bytes(b"")
+    assert parse_trace_file_name(legacy.name) is None
+    inv = inventory([run.root])
+    assert inv["ranks"][0]["trace_windows"] == []
+    assert any(p.startswith(f"rank 0: {legacy} ignored: a trace window that ends before it "
+                            "starts") for p in inv["problems"]), inv["problems"]
+    assert discover(run.root).inputs == []
+
+
+def test_info_names_ranks_that_recorded_no_step(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r")
+    run.create("r")
+    for rank in (0, 1):
+        d = run.claim_rank_dir(rank)
+        (d / "rank.json").write_text(json.dumps({"rank": rank, "world_size": 2, "end_ns": 1}))
+    problems = inventory([run.root])["problems"]
+    assert any(p.startswith("ranks 0-1 recorded 0 steps") for p in problems), problems

@@ -239,3 +239,67 @@ def test_a_killed_agent_leaves_its_counters_readable(tmp_path: Path) -> None:
     assert any(s["metric"] == "cpu.util" and s["samples"] >= 8 for s in series)
     meta = json.loads((tmp_path / "k" / "nodes" / "n0" / COUNTERS_DIR / "meta.json").read_text())
     assert meta["stopped_ns"] is None  # it never got to stop
+
+
+# ---- the host lock: private, never following links, removed after use --------------------------
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def test_lock_lives_in_a_private_folder_and_is_removed(tmp_path: Path, private_tmp: Path) -> None:
+    _, sampler = _sampler(tmp_path, run_id="lk")
+    assert sampler.start()
+    folder = private_tmp / f"uberprof-{os.getuid()}"
+    locks = list(folder.iterdir())
+    assert len(locks) == 1 and locks[0].name.endswith(".counters.lock")
+    assert (folder.stat().st_mode & 0o777) == 0o700 and folder.stat().st_uid == os.getuid()
+    assert (locks[0].stat().st_mode & 0o077) == 0
+    sampler.stop()
+    assert list(folder.iterdir()) == [], "the lock file outlived the run"
+
+
+def test_lock_does_not_follow_a_planted_symlink(tmp_path: Path, private_tmp: Path) -> None:
+    from uberprof.collect.counters.hostlock import HostLock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    run, sampler = _sampler(tmp_path, run_id="sym")
+    path = HostLock.path_for(run, "sym", sampler.host)
+    path.symlink_to(victim)
+    with pytest.raises(OSError):
+        HostLock.acquire(path, "me")
+    assert sampler.start()  # counters still on, without the lock, one notice
+    sampler.stop()
+    assert victim.read_text() == "precious"
+    assert path.is_symlink()
+
+
+@pytest.mark.parametrize("plant", ["symlink", "open-mode"])
+def test_an_unsafe_lock_folder_is_refused(tmp_path: Path, private_tmp: Path,
+                                          capsys: pytest.CaptureFixture[str], plant: str) -> None:
+    from uberprof.collect.counters.hostlock import UnsafeLockFolder, private_folder
+
+    folder = private_tmp / f"uberprof-{os.getuid()}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if plant == "symlink":
+        folder.symlink_to(elsewhere)
+    else:
+        folder.mkdir()
+        folder.chmod(0o777)
+    with pytest.raises(UnsafeLockFolder):
+        private_folder()
+    _, sampler = _sampler(tmp_path, run_id="unsafe")
+    assert sampler.start()  # a planted folder must not switch the user's counters off
+    sampler.stop()
+    assert list(elsewhere.iterdir()) == []
+    err = capsys.readouterr().err
+    assert err.count("uberprof: counters: no host-wide lock") == 1

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from uberprof.collect import capabilities
 from uberprof.collect.counters import CounterSettings, NodeSampler, read_counters
 from uberprof.collect.counters.gpm import GpmSource
 from uberprof.collect.counters.nvml import (
@@ -272,6 +273,7 @@ def test_sampler_with_fake_gpus_writes_gpu_tables(tmp_path: Path,
     sampler = NodeSampler(run, "g", nd, CounterSettings(sample_hz=10, flush_s=0.3),
                           AgentLog("node", nd / "uberprof.log"))
     assert sampler.start()
+    assert sampler.wait_ready(60)  # set-up (pyarrow, NVML, GPM) is slow on a loaded machine
     time.sleep(1.6)
     sampler.stop()
     assert "no NVIDIA GPU" not in capsys.readouterr().err
@@ -297,10 +299,15 @@ def test_sampler_with_fake_gpus_writes_gpu_tables(tmp_path: Path,
     assert normalize_gpu_uuid(UUIDS[0]) == normalize_gpu_uuid(UUIDS[0][4:].upper())
 
 
-def test_no_gpu_is_one_line_and_host_counters_go_on(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("gpu_build, said", [
+    (True, "no NVIDIA GPU (NVML: NVML Shared Library Not Found): host counters only"),
+    (False, None),  # a CPU-only torch build expects no GPU: a note, no warning on every run
+])
+def test_no_gpu_is_at_most_one_line_and_host_counters_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        gpu_build: bool, said: str | None) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=LIB_NOT_FOUND))
+    monkeypatch.setattr(capabilities, "torch_build_has_gpu", lambda: gpu_build)
     run, nd = _run(tmp_path, "nogpu")
     sampler = NodeSampler(run, "nogpu", nd, CounterSettings(sample_hz=10, flush_s=0.3),
                           AgentLog("node", nd / "uberprof.log"))
@@ -308,11 +315,27 @@ def test_no_gpu_is_one_line_and_host_counters_go_on(tmp_path: Path,
     time.sleep(0.8)
     sampler.stop()
     err = capsys.readouterr().err.splitlines()
-    assert err == [("uberprof: no NVIDIA GPU (NVML: NVML Shared Library Not Found): "
-                    "host counters only")]
+    assert err == ([f"uberprof: {said}"] if said else [])
     df = read_counters(run.root, "n0")
     assert "nvml" not in set(df.source) and (df.metric == "cpu.util").sum() >= 5
-    assert sampler.status()["notes"] == [err[0].removeprefix("uberprof: ")]
+    note = said or "a CPU-only torch build: host counters only"
+    assert sampler.status()["notes"] == [note]
+
+
+def test_torch_build_is_read_without_importing_torch(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise RuntimeError('torch must not be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    for cuda, hip, expected in (("None", "None", False), ("'12.4'", "None", True),
+                                ("None", "'6.2.4'", True)):
+        (fake / "version.py").write_text(f"from typing import Optional\n"
+                                         f"cuda: Optional[str] = {cuda}\nhip = {hip}\n")
+        assert capabilities.torch_build_has_gpu() is expected
+    (fake / "version.py").unlink()
+    assert capabilities.torch_build_has_gpu() is None
 
 
 def test_dcgm_requested_without_bindings_is_one_line(tmp_path: Path,

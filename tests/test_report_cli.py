@@ -105,9 +105,9 @@ def test_calibrate_records_the_peak_in_the_run(slow_compute_run: Path,  # noqa: 
 
     run = tmp_path / "run"
     shutil.copytree(slow_compute_run, run, ignore=shutil.ignore_patterns("derived"))
-    proc = subprocess.run([PY, "-m", "uberprof", "calibrate", str(run), "--max-mb", "4",  # noqa: PLW1510
-                           "--iters", "3"], capture_output=True, text=True, timeout=300,
-                          env=job_env())
+    proc = subprocess.run([PY, "-m", "uberprof", "calibrate", str(run), "--yes",  # noqa: PLW1510
+                           "--max-mb", "4", "--iters", "3"], capture_output=True, text=True,
+                          timeout=300, env=job_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.distributed.run" in proc.stderr  # the run's own launcher, reused
     cal = json.loads((run / "calibration.json").read_text())

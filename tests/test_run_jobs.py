@@ -127,3 +127,72 @@ def test_several_optimizers_and_accumulation_count_iterations(tmp_path: Path) ->
     uberprof_run(tmp_path, "gan", [PY, str(SCRIPTS / "two_optimizers.py"), "6"], "--no-trace")
     [rank] = info_json(tmp_path / "gan")["ranks"]
     assert rank["steps"] == 6
+
+
+def test_a_job_that_ends_where_its_window_starts(tmp_path: Path) -> None:
+    # 10 steps (0-9) and a window at 10-12: no backwards 10-9 file, and both run and info say
+    # why there is no trace.
+    proc = uberprof_run(tmp_path, "edge", [PY, str(SAMPLES / "train_ddp.py"), "--steps", "10"],
+                        "--trace-steps", "10-12")
+    run = tmp_path / "edge"
+    assert not list(run.glob("ranks/*/traces/*"))
+    closing = "1 rank(s), 10 steps per rank, 0 trace window file(s)"
+    assert closing in proc.stderr
+    said = ("no trace window: the job ended at step 9, before the window at steps 10-12; "
+            "to get a trace, run again with a window inside the job, e.g. --trace-steps 4-6")
+    assert f"uberprof: {said}" in proc.stderr
+    info = info_json(run)
+    assert info["problems"] == [said]
+    assert info["ranks"][0]["steps"] == 10 and info["ranks"][0]["trace_windows"] == []
+
+
+def test_closing_line_counts_steps_per_rank(tmp_path: Path) -> None:
+    proc = uberprof_run(tmp_path, "per", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
+                        "--trace-steps", "2-3")
+    assert "2 rank(s), 6 steps per rank, 2 trace window file(s)" in proc.stderr
+    assert "12 steps" not in proc.stderr
+
+
+COMPILED = """
+import warnings
+import torch
+warnings.simplefilter("always")
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+cm = torch.compile(model, backend="eager")
+for _ in range(3):
+    opt.zero_grad()
+    cm(torch.randn(2, 4)).sum().backward()
+    opt.step()
+print("done", torch.compile.__name__)
+"""
+
+
+def test_torch_compile_prints_no_new_warning(tmp_path: Path) -> None:
+    # torch.compile(module) warns when global module hooks exist (OptimizedModule.__call__, any
+    # backend): uberprof's first-forward watch must not be one when the module is called.
+    import subprocess
+
+    from tests.jobs import job_env
+
+    plain = subprocess.run([PY, "-c", COMPILED], capture_output=True, text=True, timeout=300,
+                           env=job_env())
+    proc = uberprof_run(tmp_path, "compiled", [PY, "-c", COMPILED], "--counters", "none")
+    assert "global hooks" not in plain.stderr  # the check is real: the plain job is quiet
+    assert "global hooks" not in proc.stderr, proc.stderr
+    assert proc.stdout == plain.stdout == "done compile\n"
+    [rank] = info_json(tmp_path / "compiled")["ranks"]
+    assert rank["steps"] == 3
+
+
+def test_a_rank_that_starts_before_its_process_group_gets_its_own_folder(tmp_path: Path) -> None:
+    # Lightning with profiler="pytorch": the rank agent starts at the script's profiler step,
+    # before init_process_group, in an environment without RANK (it was written to ranks/0-2).
+    proc = uberprof_run(tmp_path, "early", [PY, str(SCRIPTS / "profiler_before_process_group.py")])
+    assert "rank 1 done" in proc.stdout
+    run = tmp_path / "early"
+    assert sorted(p.name for p in (run / "ranks").iterdir()) == ["0", "1"]
+    info = info_json(run)
+    assert [(r["rank"], Path(r["dir"]).name, r["steps"]) for r in info["ranks"]] == \
+        [(0, "0", 7), (1, "1", 7)]
+    assert not any("appears" in p for p in info["problems"]), info["problems"]

@@ -8,6 +8,7 @@ whose rank-id rule decides which folder is which rank; a folder it cannot place 
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import Any
 from uberprof.rundir import (
     COUNTERS_DIR,
     STEPS_FILE,
+    TRACES_DIR,
     NodeMeta,
     RankMeta,
     RunDir,
@@ -26,6 +28,7 @@ from uberprof.rundir import (
     read_steps,
     trace_windows,
 )
+from uberprof.rundir.layout import disk_full_at, is_backwards_trace_file_name
 
 # read_steps and trace_windows live in uberprof.rundir.ranks; still importable from here.
 __all__ = ["NotARunDirectory", "gzip_is_complete", "inventory", "node_counters", "read_steps",
@@ -77,10 +80,19 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
     ranks.sort(key=lambda r: r["rank"])  # stable: a rank's folders stay in claim order
 
     _cross_rank_problems(ranks, problems)
+    _step_problems(ranks, problems)
     exit_codes = [n["exit_code"] for n in nodes if n.get("exit_code") is not None]
+    full = [(run.root, ns) for run in runs if (ns := disk_full_at(run.root)) is not None]
+    for root, ns in full:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+        problems.append(f"the disk holding {root} was full at {at}: uberprof stopped writing "
+                        "there; what it wrote is readable, the rest is missing")
     for n in nodes:
         if n.get("exit_code"):
             problems.append(f"the command exited with code {n['exit_code']} on node {n['node']}")
+        elif n.get("end_ns") is None and full:
+            problems.append(f"node {n['node']}: the end of uberprof run was not recorded "
+                            "(the disk was full)")
         elif n.get("end_ns") is None:
             problems.append(f"node {n['node']}: uberprof run did not finish (still running, "
                             "or killed)")
@@ -137,7 +149,9 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
     if meta.readable and not meta.finished:
         last = steps[-1]["step"] if steps else None
         problems.append(
-            f"rank {rank} stopped abruptly (killed, crashed, or still running)"
+            (f"rank {rank}: its end was not recorded (the disk was full)"
+             if disk_full_at(path.parent.parent) is not None else
+             f"rank {rank} stopped abruptly (killed, crashed, or still running)")
             + (f" after step {last}: its {len(steps)} finished steps are kept" if steps
                else " before finishing any step")
         )
@@ -146,6 +160,11 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         if check_traces and p.suffix == ".gz" and not gzip_is_complete(p):
             problems.append(f"rank {rank}: trace {p} is truncated")
             w["truncated"] = True
+    tdir = path / TRACES_DIR
+    for p in sorted(tdir.iterdir()) if tdir.is_dir() else ():
+        if is_backwards_trace_file_name(p.name):
+            problems.append(f"rank {rank}: {p} ignored: a trace window that ends before it "
+                            "starts (the job ended where the window began); it holds no step")
     return {
         "rank": rank,
         "dir": str(path),
@@ -163,8 +182,52 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         "finished": meta.finished,
         "trace_windows": windows,
         "trace_disabled_reason": meta.trace.get("disabled_reason"),
+        "trace_not_reached": _step_ranges(meta.trace.get("not_reached")),
         "clock": meta.clock or None,
     }
+
+
+def _step_ranges(value: Any) -> list[list[int]]:
+    """`[[first, last], ...]` as rank.json holds it; anything else is no window."""
+    if not isinstance(value, list):
+        return []
+    return [list(w) for w in value if isinstance(w, list) and len(w) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in w)]
+
+
+def trace_not_reached(ranks: list[dict[str, Any]]) -> str | None:
+    """Why scheduled trace windows are missing: the job ended before them. None if none was
+    missed. Shared by `info` and `run`'s closing line, so a short job never fails silently."""
+    missed = [r for r in ranks if r.get("trace_not_reached")]
+    if not missed:
+        return None
+    windows = sorted({tuple(w) for r in missed for w in r["trace_not_reached"]})
+    steps = ", ".join(f"{a}-{b}" for a, b in windows)
+    last = max((r["last_step"] for r in missed if r.get("last_step") is not None), default=None)
+    ended = (f"the job ended at step {last}" if last is not None
+             else "the job ended before its first step")
+    if any(r["trace_windows"] for r in missed):
+        return f"trace window at steps {steps} not reached: {ended}"
+    hint = ""
+    if last is not None:
+        first = last // 2
+        hint = (f"; to get a trace, run again with a window inside the job, e.g. "
+                f"--trace-steps {first}-{min(last, first + 2)}")
+    return f"no trace window: {ended}, before the window at steps {steps}{hint}"
+
+
+def _step_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
+    """Ranks that finished without a single step, and trace windows the job never reached."""
+    idle = sorted(r["rank"] for r in ranks
+                  if r["finished"] and not r["steps"] and isinstance(r["rank"], int))
+    if idle:
+        who = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {_ranges(idle)}"
+        problems.append(f"{who} recorded 0 steps: no optimizer.step() or torch.profiler step "
+                        "was seen (a script that had nothing left to train, e.g. resumed from a "
+                        "finished checkpoint?); loops without an optimizer: call uberprof.step()")
+    missed = trace_not_reached(ranks)
+    if missed:
+        problems.append(missed)
 
 
 def _cross_rank_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:

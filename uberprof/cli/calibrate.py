@@ -3,6 +3,7 @@ reach, with a short all-reduce sweep under the job's own launcher, and record it
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import click
 EPILOG = """\
 \b
 Examples:
-  uberprof calibrate uberprof-runs/RUN                         (launcher taken from the run)
+  uberprof calibrate uberprof-runs/RUN          (the run's launcher, after you confirm it)
+  uberprof calibrate --yes uberprof-runs/RUN    (the run's launcher, no question: your own runs)
   uberprof calibrate uberprof-runs/RUN -- torchrun --nproc_per_node=8
   uberprof calibrate RUN -- torchrun --nnodes=2 --nproc_per_node=8 --rdzv-endpoint=...
 \b
@@ -31,13 +33,17 @@ writes RUN/calibration.json; `uberprof report` then compares busbw with the meas
               help="Timed all-reduces per size.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Give up after this many seconds.")
+@click.option("--yes", "-y", is_flag=True,
+              help="Run the launcher recorded in RUN without asking (only for runs you trust: "
+              "a run directory can name any command).")
 @click.argument("launcher", nargs=-1, type=click.UNPROCESSED)
-def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float,
+def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float, yes: bool,
               launcher: tuple[str, ...]) -> None:
     """Run an all-reduce sweep under LAUNCHER and record the peak busbw in RUN_DIR.
 
-    Without LAUNCHER, the launcher recorded in the run (node.json) is reused: the command up to
-    the training script.
+    Without LAUNCHER, the launcher recorded in the run (node.json) is reused, the command up to
+    the training script, once you confirm it (or with --yes): a run directory made by someone
+    else could name any command.
     """
     from rich.console import Console
 
@@ -62,6 +68,8 @@ def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float,
     if not prefix:
         raise click.UsageError("cannot tell the job's launcher from the run; give it after --, "
                                "e.g. uberprof calibrate RUN -- torchrun --nproc_per_node=8")
+    if not launcher:
+        _consent_to_recorded(prefix, run.root, yes)
     out = run.root / CALIBRATION_FILE
     cmd = [*prefix, sweep.__file__, "--out", str(out), "--max-bytes",
            str(int(max_mb * (1 << 20))), "--iters", str(iters)]
@@ -84,6 +92,26 @@ def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float,
         err.print("uberprof calibrate: done; rank 0 (on another node) wrote the results")
         return
     render_calibration(doc, Console())
+
+
+def _consent_to_recorded(prefix: list[str], run: Path, yes: bool) -> None:
+    """Never run what a run directory says unless the user says so: --yes, or a confirmed prompt
+    (default No); without a terminal to ask on, refuse."""
+    shown = shlex.join(prefix)
+    if yes:
+        return
+    if not stdin_is_terminal():
+        raise click.UsageError(f"{run} records the launcher `{shown}`; uberprof runs it only "
+                               "when you say so: add --yes, or give the launcher after --")
+    if not click.confirm(f"uberprof calibrate: run the launcher recorded in {run}:\n  {shown}\n"
+                         "with the sweep script in place of the training script?",
+                         default=False, err=True):
+        click.echo("uberprof calibrate: nothing run", err=True)
+        sys.exit(1)
+
+
+def stdin_is_terminal() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
 
 
 def launcher_prefix(command: list[str]) -> list[str]:

@@ -34,7 +34,7 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 
 
 @click.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings={"allow_interspersed_args": False},
     epilog=EPILOG,
     short_help="Run a training command and collect from every rank.",
 )
@@ -115,18 +115,28 @@ def _schedule(steps: str | None, every: int | None, active: int, off: bool) -> T
 
 
 def _closing_line(run_dir: RunDir, code: int) -> str:
-    from uberprof.inventory import inventory
+    from uberprof.inventory import inventory, trace_not_reached
 
     try:
         inv = inventory([run_dir.root], check_traces=False)
     except Exception as exc:  # noqa: BLE001 - the summary is a courtesy
         return f"run directory {run_dir.root} (could not summarise it: {exc})"
     ranks = inv["ranks"]
-    steps = sum(r["steps"] for r in ranks)
     windows = sum(len(r["trace_windows"]) for r in ranks)
     status = "" if code == 0 else f"; the command exited with code {code}"
-    return (f"{len(ranks)} rank(s), {steps} steps, {windows} trace window file(s) in "
-            f"{run_dir.root}{status}\nuberprof: next: uberprof info {run_dir.root}")
+    missed = trace_not_reached(ranks)
+    why_no_trace = f"\nuberprof: {missed}" if missed else ""
+    return (f"{len(ranks)} rank(s), {_steps_per_rank([r['steps'] for r in ranks])}, "
+            f"{windows} trace window file(s) in {run_dir.root}{status}{why_no_trace}"
+            f"\nuberprof: next: uberprof info {run_dir.root}")
+
+
+def _steps_per_rank(steps: list[int]) -> str:
+    """Steps are per rank (every rank runs the same loop): a sum over ranks would mislead."""
+    if not steps:
+        return "0 steps"
+    low, high = min(steps), max(steps)
+    return f"{high} steps per rank" if low == high else f"{low}-{high} steps per rank"
 
 
 def _say(message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,21 @@ def counter_backends(checks: list[Check]) -> list[str]:
     if "dcgm" in ok:
         out.append("DCGM profiling fields with --counters dcgm")
     return out
+
+
+def torch_build_has_gpu() -> bool | None:
+    """Whether the torch this environment imports was built for CUDA or ROCm, read from its
+    version.py without importing torch (seconds and memory in the node agent); None if unknown.
+    A CPU-only build expects no GPU, so a missing NVML is not news there."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return None
+    builds = re.findall(r"^(?:cuda|hip)\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.MULTILINE)
+    return any(b != "None" for b in builds) if builds else None
 
 
 def _torch() -> Check:

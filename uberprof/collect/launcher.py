@@ -1,8 +1,14 @@
-"""Start the wrapped command and pass signals and the exit code through, unchanged.
+"""Start the wrapped command and pass the terminal, signals and the exit code through, unchanged.
 
-The command runs in its own process group, so a signal sent to `uberprof run` (Ctrl-C, SIGTERM
-from a scheduler) reaches the whole job: the launcher, its ranks and their workers. A third
-Ctrl-C kills the group outright for jobs that ignore the first two.
+The command runs in its own process group, so a signal sent to `uberprof run` (SIGTERM from a
+scheduler, `kill -INT`) reaches the whole job: the launcher, its ranks and their workers. A third
+SIGINT kills the group outright for jobs that ignore the first two.
+
+When `uberprof run` is the foreground job of a terminal, it hands the terminal's foreground to
+the job's group, as a shell does: the job can read the terminal (input(), pdb, a password
+prompt) instead of stopping on SIGTTIN, and Ctrl-C, Ctrl-\\ and Ctrl-Z reach the whole job
+straight from the terminal. When the job is stopped (Ctrl-Z), `uberprof run` takes the
+terminal back and stops too, so the shell's job control (fg, bg) works as without uberprof.
 """
 
 from __future__ import annotations
@@ -17,11 +23,47 @@ from types import FrameType
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
 KILL_AFTER_INTERRUPTS = 3
+TERMINAL_STOPS = (signal.SIGTTIN, signal.SIGTTOU)
 
 
 def exit_code_of(returncode: int) -> int:
     """A child killed by signal N exits like it would in a shell: 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+class Terminal:
+    """The controlling terminal of `uberprof run`, and which process group holds its foreground."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.own_group = os.getpgrp()
+
+    @classmethod
+    def controlling(cls) -> Terminal | None:
+        """None without a controlling terminal (batch jobs, pipes, CI)."""
+        try:
+            return cls(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
+        except OSError:
+            return None
+
+    def foreground(self) -> int | None:
+        try:
+            return os.tcgetpgrp(self.fd)
+        except OSError:
+            return None
+
+    def give(self, group: int) -> None:
+        """Make `group` the foreground; SIGTTOU is blocked, as a background caller would get it."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+        try:
+            os.tcsetpgrp(self.fd, group)
+        except OSError:
+            pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def run_wrapped(command: Sequence[str], env: Mapping[str, str]) -> int:
@@ -33,6 +75,9 @@ def run_wrapped(command: Sequence[str], env: Mapping[str, str]) -> int:
         raise CommandNotFound(command[0]) from None
     except PermissionError:
         raise CommandNotFound(command[0], "is not executable") from None
+    terminal = Terminal.controlling()
+    if terminal is not None and terminal.foreground() == terminal.own_group:
+        terminal.give(child.pid)
     interrupts = 0
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -48,13 +93,37 @@ def run_wrapped(command: Sequence[str], env: Mapping[str, str]) -> int:
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         while True:
-            try:
-                return exit_code_of(child.wait())
-            except InterruptedError:
+            _, status = os.waitpid(child.pid, os.WUNTRACED)
+            if os.WIFSTOPPED(status):
+                _job_stopped(child.pid, os.WSTOPSIG(status), terminal)
                 continue
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return exit_code_of(child.returncode)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if terminal is not None:
+            if terminal.foreground() == child.pid:
+                terminal.give(terminal.own_group)
+            terminal.close()
+
+
+def _job_stopped(group: int, sig: int, terminal: Terminal | None) -> None:
+    """Mirror the job's stop the way a shell sees it: stop, and on resume resume the job."""
+    if terminal is None:
+        return  # no job control to serve: whoever stopped the job will continue it
+    if sig in TERMINAL_STOPS and terminal.foreground() == group:
+        os.killpg(group, signal.SIGCONT)  # it read the terminal just before we handed it over
+        return
+    if terminal.foreground() == group:
+        terminal.give(terminal.own_group)
+    os.kill(os.getpid(), signal.SIGSTOP)  # the shell shows the job stopped; fg/bg continue us
+    if terminal.foreground() == terminal.own_group:
+        terminal.give(group)
+    try:
+        os.killpg(group, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 class CommandNotFound(Exception):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import uberprof
+from uberprof.collect import diskfull
 from uberprof.collect.bootstrap import BOOTSTRAP_DIR
 from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR, CollectConfig
 from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
@@ -34,6 +35,7 @@ class NodeAgent:
         self.command = list(command)
         self.config = config
         self.log = AgentLog("node")
+        diskfull.configure(run.root)
         run.create(run_id)
         self.dir: Path = run.claim_node_dir()
         self.log.set_path(self.dir / LOG_FILE)
@@ -89,7 +91,7 @@ class NodeAgent:
             except Exception as exc:  # noqa: BLE001
                 self.log.error("stopping the counter sampler", exc)
         try:
-            write_json_atomic(self.dir / NODE_FILE, self.meta)
+            diskfull.write_json_final(self.dir / NODE_FILE, self.meta)
         except OSError as exc:
             self.log.error("writing node.json at the end of the run", exc)
 

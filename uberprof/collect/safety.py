@@ -56,7 +56,14 @@ class AgentLog:
             pass
 
     def error(self, where: str, exc: BaseException) -> None:
-        """An exception inside uberprof: full traceback to the log, one line to stderr."""
+        """An exception inside uberprof: full traceback to the log, one line to stderr. A full
+        disk is no internal error: `diskfull` says it once and writing stops."""
+        from uberprof.collect import diskfull
+
+        if diskfull.is_disk_full_error(exc):
+            self.write(f"disk full in {where}: {exc}")
+            diskfull.declare(exc)
+            return
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         self.write(f"error in {where}:\n{detail}")
         where_log = f" (details in {self._path})" if self._path else ""

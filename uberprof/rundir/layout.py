@@ -51,6 +51,7 @@ COUNTERS_INDEX = "index.json"
 COUNTERS_META = "meta.json"
 DERIVED_DIR = "derived"
 CALIBRATION_FILE = "calibration.json"
+DISK_FULL_FILE = "disk-full"  # empty; written by the first agent that met a full disk
 
 _TRACE_NAME = re.compile(r"^steps-(\d+)-(\d+)\.pt\.trace\.json(\.gz)?$")
 _RANK_DIR_NAME = re.compile(r"^([0-9]+)(?:-(.*))?$")
@@ -122,9 +123,20 @@ def trace_file_name(first_step: int, last_step: int) -> str:
 
 
 def parse_trace_file_name(name: str) -> tuple[int, int] | None:
-    """Steps covered by a trace window file written by uberprof, or None for other names."""
+    """Steps covered by a trace window file written by uberprof, or None for other names and
+    for backwards windows (see `is_backwards_trace_file_name`), which cover no step."""
     m = _TRACE_NAME.match(name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    if not m:
+        return None
+    first, last = int(m.group(1)), int(m.group(2))
+    return (first, last) if first <= last else None
+
+
+def is_backwards_trace_file_name(name: str) -> bool:
+    """`steps-000010-000009...`: what uberprof up to 0.1 wrote when the job ended exactly where a
+    window started; readers ignore it (it would add a phantom step) and `info` names it."""
+    m = _TRACE_NAME.match(name)
+    return bool(m) and int(m.group(1)) > int(m.group(2))
 
 
 @dataclass(frozen=True)
@@ -202,3 +214,11 @@ def parse_rank_dir_name(name: str) -> tuple[int, int] | None:
 def _rank_dir_sort_key(p: Path) -> tuple[int, int, str]:
     parsed = parse_rank_dir_name(p.name)
     return (*parsed, p.name) if parsed else (1 << 62, 0, p.name)
+
+
+def disk_full_at(run_root: Path) -> int | None:
+    """When the run met a full disk (epoch ns of DISK_FULL_FILE, see collect.diskfull), or None."""
+    try:
+        return (run_root / DISK_FULL_FILE).stat().st_mtime_ns
+    except OSError:
+        return None

@@ -20,7 +20,7 @@ def _arm_uberprof() -> None:
             home = os.environ.get("UBERPROF_HOME")
             if not home:
                 return
-            sys.path.append(home)
+            _import_only_uberprof_from(home)
         from uberprof.collect.rank import activation
 
         if activation.configure_from_env():
@@ -28,6 +28,28 @@ def _arm_uberprof() -> None:
     except Exception as exc:  # noqa: BLE001 - never break the user's interpreter
         sys.stderr.write(f"uberprof: bootstrap failed ({type(exc).__name__}: {exc}); "
                          "this process is not profiled\n")
+
+
+def _import_only_uberprof_from(home: str) -> None:
+    """Import the `uberprof` package found in `home` without putting `home` on sys.path: the
+    job must not be able to import what lies beside uberprof (its tests, samples, or every
+    neighbour in site-packages) when it could not without uberprof."""
+    import importlib.util
+    import os
+    import sys
+
+    package = os.path.join(home, "uberprof")
+    spec = importlib.util.spec_from_file_location(
+        "uberprof", os.path.join(package, "__init__.py"), submodule_search_locations=[package])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no uberprof package in {home}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["uberprof"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["uberprof"]
+        raise
 
 
 def _chain_shadowed_sitecustomize() -> None:

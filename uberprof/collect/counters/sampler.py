@@ -8,18 +8,15 @@ lower rate. Everything runs beside the job, never in its processes, and every fa
 to fewer counters with at most one line on stderr.
 
 With one `uberprof run` per rank (srun), the agents of one host race for a host-wide lock
-(`flock` on a file named after the run and the host in the temp folder); the winner samples,
-the others record which node did.
+(`hostlock.HostLock`: a `flock` in a private per-user folder); the winner samples, the others
+record which node did.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
+import errno
 import os
-import re
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from uberprof.collect import diskfull
+from uberprof.collect.counters.hostlock import HostLock
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import COUNTERS_DIR, RunDir
 
@@ -75,55 +74,6 @@ class CounterSettings:
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "slow_period_s": self.slow_period_s,
                 "pcie_period_s": self.pcie_period_s, "link_period_s": self.link_period_s}
-
-
-# ---- one sampler per host ---------------------------------------------------------------------
-
-
-class HostLock:
-    """A host-wide, per-run lock: held while sampling, released by the kernel if the agent dies."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd: int | None = fd
-
-    @staticmethod
-    def path_for(run: RunDir, run_id: str, host: str) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", f"{run_id}-{host}")[:120]
-        digest = hashlib.sha1(str(run.root.absolute()).encode()).hexdigest()[:10]
-        return Path(tempfile.gettempdir()) / f"uberprof-{safe}-{digest}.counters.lock"
-
-    @classmethod
-    def acquire(cls, path: Path, holder: str) -> tuple[HostLock | None, str | None]:
-        """(lock, None) when this agent samples, (None, holder) when another one does."""
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:  # another user's file: a read-only descriptor can still flock
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                other = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another agent"
-            except OSError:
-                other = "another agent"
-            os.close(fd)
-            return None, other
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, holder.encode(), 0)
-        except OSError:
-            pass
-        return cls(path, fd), None
-
-    def release(self) -> None:
-        if self._fd is not None:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
 
 
 # ---- the sampler --------------------------------------------------------------------------------
@@ -174,17 +124,23 @@ class NodeSampler:
         here (mode none, or another agent on this host already samples)."""
         if self.settings.mode == "none":
             return False
-        path = HostLock.path_for(self.run, self.run_id, self.host)
-        self._lock, other = HostLock.acquire(path, f"{self.node_dir.name} pid {os.getpid()}")
-        if self._lock is None:
+        try:
+            path = HostLock.path_for(self.run, self.run_id, self.host)
+            self._lock, other = HostLock.acquire(path, f"{self.node_dir.name} pid {os.getpid()}")
+        except OSError as exc:  # an unsafe lock folder or file: sample anyway, at worst twice
+            self.log.notice(f"counters: no host-wide lock ({exc}); sampling without it",
+                            key="counters-lock")
+            self._lock, other = None, None
+        if self._lock is None and other is not None:
             self.sampled_by = other
             self.log.write(f"counters: {other} samples this host; this agent does not")
             return False
         try:
             self._start_threads()
         except BaseException:
-            self._lock.release()  # let another agent of this host sample instead
-            self._lock = None
+            if self._lock is not None:
+                self._lock.release()  # let another agent of this host sample instead
+                self._lock = None
             raise
         return True
 
@@ -244,7 +200,10 @@ class NodeSampler:
             self._store.close()
         except Exception as exc:  # noqa: BLE001
             self.log.error("closing the counter tables", exc)
-        if self._store.error is not None:
+        error = self._store.error
+        if error is not None and diskfull.is_disk_full_error(error):
+            diskfull.declare(error)
+        elif error is not None:
             self.log.notice(f"counters could not be written to {self._store.dir} "
                             f"({self._store.error}); the job is not affected", key="counters-io")
         self._threads = []
@@ -299,6 +258,8 @@ class NodeSampler:
                     self._write_meta()
                 slow_due = _next_deadline(slow_due, self.settings.slow_period_s, time.monotonic())
             if now >= flush_due:
+                if diskfull.run_is_full():
+                    self._store.stop_writing(OSError(errno.ENOSPC, "the disk is full"))
                 self._store.flush()
                 flush_due = _next_deadline(flush_due, self.settings.flush_s, time.monotonic())
         self.cpu_s["slow"] = time.thread_time() - self.cpu_s["setup"]
@@ -342,13 +303,17 @@ class NodeSampler:
     def _setup_gpu(self) -> None:
         if self.settings.mode == "host":
             return
+        from uberprof.collect import capabilities
         from uberprof.collect.counters.gpm import GpmSource
         from uberprof.collect.counters.nvml import Nvml, NvmlSource, NvmlUnavailable
 
         try:
             nvml = Nvml.open(self._nvml_module)
         except NvmlUnavailable as exc:
-            self._note(f"no NVIDIA GPU (NVML: {exc}): host counters only")
+            if capabilities.torch_build_has_gpu() is False:  # no GPU expected: a note, no warning
+                self._note("a CPU-only torch build: host counters only", loud=False)
+            else:
+                self._note(f"no NVIDIA GPU (NVML: {exc}): host counters only")
             return
         self._closers.append(nvml.close)
         gpm = GpmSource(nvml)
@@ -385,9 +350,13 @@ class NodeSampler:
         self._describers.append(dcgm.describe)
         self._slow.append(_Task(dcgm.name, dcgm.sample))
 
-    def _note(self, message: str) -> None:
+    def _note(self, message: str, loud: bool = True) -> None:
+        """For node.json (info, dashboard); also one line on stderr when `loud`."""
         self.notes.append(message)
-        self.log.notice(message)
+        if loud:
+            self.log.notice(message)
+        else:
+            self.log.write(message)
 
     def _write_meta(self) -> None:
         if self._store is None:

@@ -99,6 +99,11 @@ class CounterStore:
             except Exception as exc:  # noqa: BLE001 - disk full, permissions: stop, keep the job
                 self.error = exc
 
+    def stop_writing(self, why: BaseException) -> None:
+        """Write nothing more (what is on disk stays readable); `error` says why."""
+        with self._lock:
+            self.error = self.error or why
+
     def close(self) -> None:
         self.flush()
         with self._lock:

@@ -12,6 +12,7 @@ Forked children of an active rank (data-loader workers) are made inert at fork t
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -363,16 +364,35 @@ def _first_activity(t_ns: int) -> None:
 
 
 def _watch_first_forward(torch: Any) -> None:
-    """Step 0 starts at the first forward pass or batch; the hook removes itself on first use."""
+    """Step 0 starts at the first forward pass or batch, seen by a global forward pre-hook that
+    removes itself on first use. `torch.compile(module)` warns when global module hooks exist,
+    so compiling removes it first and watches the compiled module with a hook of its own."""
     from torch.nn.modules.module import register_module_forward_pre_hook
 
-    handle: Any = None
+    handles: list[Any] = []
 
     def first_forward(module: Any, args: Any) -> None:
-        if handle is not None:
-            handle.remove()
+        for h in handles:
+            h.remove()
         if os.getpid() == S.pid and S.first_activity_ns is None:
             _first_activity(time.time_ns())
-        return None
+        return
 
-    handle = register_module_forward_pre_hook(first_forward)
+    handles.append(register_module_forward_pre_hook(first_forward))
+    compile_ = getattr(torch, "compile", None)
+    if compile_ is None:
+        return
+
+    @functools.wraps(compile_)
+    def compile_watching(*args: Any, **kwargs: Any) -> Any:
+        for h in handles:
+            h.remove()
+        compiled = compile_(*args, **kwargs)
+        if S.first_activity_ns is None and isinstance(compiled, torch.nn.Module):
+            try:  # on the wrapper: its hooks run outside the compiled code
+                handles.append(compiled.register_forward_pre_hook(first_forward))
+            except Exception as exc:  # noqa: BLE001
+                log.write(f"watching the first forward of a compiled module: {exc!r}")
+        return compiled
+
+    torch.compile = compile_watching

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from uberprof import __version__
+from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank import clock
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
 from uberprof.collect.safety import AgentLog
-from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir, write_json_atomic
+from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir
 
 
 class RankAgent:
@@ -39,6 +40,8 @@ class RankAgent:
         self.pid = os.getpid()
         self.log = log
         self.rank: int = identity["rank"]
+        self.run = run
+        diskfull.configure(run.root)
         self.dir: Path = run.claim_rank_dir(self.rank)
         log.set_path(self.dir / LOG_FILE)
         self._cuda: Any = None
@@ -61,7 +64,8 @@ class RankAgent:
             "trace": {"schedule": config.trace.describe(), "disabled_reason": None},
         }
         self._write_meta()
-        self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns)
+        self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns,
+                                     on_error=lambda e: log.error("writing the step timeline", e))
         self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank)
         self.detector = StepDetector(self._boundary)
         self.closed = False
@@ -117,6 +121,8 @@ class RankAgent:
         import torch.distributed as dist
 
         info = process_group_info(dist)
+        if info["rank"] != self.rank or self.dir.name != str(info["rank"]):
+            self._move_to_rank(info["rank"])
         with self._meta_lock:
             self.meta.update(info)
         self._write_meta()
@@ -133,6 +139,27 @@ class RankAgent:
             on_result=self._clock_result,
             on_error=lambda exc: self.log.write(f"clock offset estimate failed: {exc!r}"),
         )
+
+    def _move_to_rank(self, rank: int) -> None:
+        """The agent started before the process group (the script stepped its own profiler,
+        as Lightning does) under a rank taken from an environment that had none (no RANK): move
+        the folder to the rank torch.distributed gives. Open files follow the rename."""
+        target = self.run.claim_rank_dir(rank)
+        if rank == self.rank and target.name != str(rank):  # its own name is still taken: stay
+            os.rmdir(target)
+            return
+        try:
+            os.rename(self.dir, target)  # onto the empty folder just claimed
+        except OSError as exc:
+            self.log.error(f"moving rank {self.rank}'s folder to {target}", exc)
+            try:
+                os.rmdir(target)
+            except OSError:
+                pass
+            return
+        self.log.set_path(target / LOG_FILE)
+        self.windows.moved_to(target / TRACES_DIR)
+        self.dir, self.rank = target, rank
 
     def _clock_result(self, result: dict[str, Any]) -> None:
         with self._meta_lock:
@@ -152,14 +179,17 @@ class RankAgent:
             return
         self.closed = True
         self.detector.flush()
-        self.windows.close(self.timeline.step - 1)
+        last_step = self.timeline.step - 1
+        self.windows.close(last_step)
         self.timeline.close(self._cuda)
         with self._meta_lock:
             self.meta["end_ns"] = time.time_ns()
             self.meta["exit"] = exit_reason
             self.meta["steps"] = self.timeline.steps_written
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
-        self._write_meta()
+            self.meta["trace"]["not_reached"] = [list(w)
+                                                 for w in self.windows.not_reached(last_step)]
+        self._write_meta(final=True)
 
     def _describe_device(self, torch: Any) -> None:
         try:
@@ -175,11 +205,14 @@ class RankAgent:
             self.meta["device"] = device
         self._write_meta()
 
-    def _write_meta(self) -> None:
+    def _write_meta(self, final: bool = False) -> None:
+        """After a full disk, only the last write is tried (in place), to record the end."""
+        if diskfull.is_full() and not final:
+            return
         with self._meta_lock:
             snapshot = dict(self.meta)
         try:
-            write_json_atomic(self.dir / RANK_FILE, snapshot)
+            diskfull.write_json_final(self.dir / RANK_FILE, snapshot)
         except OSError as exc:
             self.log.error("writing rank metadata", exc)
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from uberprof.collect import diskfull
 
 try:
     import orjson
@@ -26,8 +29,10 @@ except ImportError:  # the rank side works with the standard library alone
 
 
 class StepTimeline:
-    def __init__(self, path: Path, start_ns: int | None = None) -> None:
+    def __init__(self, path: Path, start_ns: int | None = None,
+                 on_error: Callable[[OSError], None] | None = None) -> None:
         self._file: IO[bytes] | None = open(path, "ab", buffering=0)
+        self._on_error = on_error
         self.step = 0
         self.start_ns = start_ns if start_ns is not None else time.time_ns()
         self.data_wait_ns = 0
@@ -123,8 +128,18 @@ class StepTimeline:
             self._file = None
 
     def _write(self, row: dict[str, Any]) -> None:
-        if self._file is not None:
+        """One whole line or nothing; after an I/O error (a full disk) the timeline stops: the
+        lines already written stay readable, and the step count goes on in rank.json."""
+        if self._file is None or diskfull.is_full():
+            return
+        try:
             self._file.write(_line(row))
+        except OSError as exc:
+            self._file.close()
+            self._file = None
+            if self._on_error is None:
+                raise
+            self._on_error(exc)
 
 
 def _record_event(torch_cuda: Any) -> Any:

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import trace_file_name
@@ -46,8 +47,12 @@ class TraceWindows:
         if self.disabled_reason is not None or not self._schedule.enabled:
             return
         window = self._schedule.window_at(step)
-        if window is not None:
+        if window is not None and not diskfull.run_is_full():
             self._start(window, step)
+
+    def moved_to(self, traces_dir: Path) -> None:
+        """The rank's folder was renamed (its real rank became known)."""
+        self._dir = traces_dir
 
     def step_ended(self, step: int) -> None:
         if self._window is not None and step >= self._window[1]:
@@ -67,9 +72,22 @@ class TraceWindows:
 
     def close(self, last_step: int) -> None:
         if self._prof is not None and self._window is not None:
-            self._stop(self._window[0], last_step)
+            first = self._window[0]
+            # A job that ends where a window starts opened it on no step: nothing to keep.
+            self._stop(first, last_step if last_step >= first else None)
         for t in self._compressors:
             t.join(timeout=60)
+
+    def not_reached(self, last_step: int) -> list[tuple[int, int]]:
+        """The scheduled windows the job ended before (`last_step` was its last step), so that
+        `run` and `info` can say why there is no trace instead of failing silently."""
+        if self.disabled_reason is not None or not self._schedule.enabled:
+            return []
+        missed = [w for w in self._schedule.windows if w[0] > last_step]
+        every, active = self._schedule.every, self._schedule.active
+        if every and every > last_step:
+            missed.append((every, every + active - 1))
+        return missed
 
     def _start(self, window: tuple[int, int], step: int) -> None:
         import torch
@@ -114,11 +132,20 @@ class TraceWindows:
         except Exception as exc:  # noqa: BLE001
             self._log.error("stopping the profiler", exc)
             return
-        if last is None:
-            return  # interrupted by the user's own profiler: a partial window is not worth keeping
+        if last is None or diskfull.is_full():
+            return  # the user's own profiler interrupted it, it holds no step, or no disk left
         self._dir.mkdir(parents=True, exist_ok=True)
         path = self._dir / trace_file_name(first, last)
         prof.export_chrome_trace(str(path))
+        if not path.exists():  # Kineto logs its failure and raises nothing; it leaves a .tmp
+            full = _no_room_left(self._dir)  # before the .tmp goes and frees its room
+            _unlink(path.with_name(path.name + ".tmp"))
+            if full:
+                diskfull.declare()
+            else:
+                self._log.notice(f"torch.profiler could not write the trace {path}",
+                                 key="trace-export")
+            return
         self.windows_written.append((first, last))
         self._log.write(f"trace window steps {first}-{last} -> {path}")
         t = threading.Thread(target=_gzip_in_place, args=(path, self._log), daemon=True)
@@ -143,7 +170,24 @@ def _gzip_in_place(path: Path, log: AgentLog) -> None:
         os.replace(tmp, path.with_name(path.name + ".gz"))
         os.unlink(path)
     except Exception as exc:  # noqa: BLE001 - the uncompressed trace stays readable
+        _unlink(tmp)
         log.error(f"compressing {path.name}", exc)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _no_room_left(directory: Path) -> bool:
+    """Whether the file system holding `directory` has no room left (under 1 MiB)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
 
 
 def _own_profile_class() -> type:
