@@ -21,9 +21,9 @@ import dash
 import flask
 from dash import Input, Output, dcc, html
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.ui import Selection
 
 __all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app"]
 
@@ -63,7 +63,7 @@ def light_plotly() -> Path | None:
 
 
 def _pages() -> dict[str, ModuleType]:
-    mods = [importlib.import_module(f"dashboards.pages.{m}") for m in PAGE_MODULES]
+    mods = [importlib.import_module(f"uberprof.dashboards.pages.{m}") for m in PAGE_MODULES]
     return {m.PATH: m for m in mods}
 
 

@@ -43,7 +43,7 @@ def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def synth_data(synth_run: Path) -> Any:
-    from dashboards.data import RunData
+    from uberprof.dashboards.data import RunData
 
     data = RunData(root=synth_run, workers=1).load()
     data.warm()
@@ -51,7 +51,7 @@ def synth_data(synth_run: Path) -> Any:
 
 
 def _pages() -> dict[str, Any]:
-    from dashboards.app import _pages
+    from uberprof.dashboards.app import _pages
 
     return _pages()
 
@@ -147,7 +147,7 @@ def test_heatmap_bins_steps_and_keeps_the_slowest(synth_data: Any) -> None:
 
 
 def test_breakdown_parts_add_up_to_the_window(synth_data: Any) -> None:
-    from dashboards.data import BREAKDOWN_PARTS
+    from uberprof.dashboards.data import BREAKDOWN_PARTS
 
     t = synth_data.breakdown_by_rank().to_pylist()
     assert len(t) == 8
@@ -205,7 +205,7 @@ def test_counters_downsampled_and_throttling_found(synth_data: Any) -> None:
 
 
 def test_every_page_renders_with_its_elements(synth_data: Any) -> None:
-    from dashboards.ui import Selection
+    from uberprof.dashboards.ui import Selection
 
     pages = _pages()
     expect = {
@@ -228,8 +228,8 @@ def test_every_page_renders_with_its_elements(synth_data: Any) -> None:
 
 
 def test_run_without_traces_says_what_is_missing(tmp_path: Path) -> None:
-    from dashboards.data import RunData
-    from dashboards.ui import Selection
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
 
     run = write_synth(tmp_path / "nt", ranks=4, steps=20, counters=False, straggler=None)
     for rd in (run / "ranks").iterdir():
@@ -250,8 +250,8 @@ def test_run_without_traces_says_what_is_missing(tmp_path: Path) -> None:
 
 def test_cpu_run_without_gpu_counters(tmp_path: Path) -> None:
     """Host counters only (a CPU run): the GPU notice, host panels, no throttle marks."""
-    from dashboards.data import RunData
-    from dashboards.ui import Selection
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
 
     run = write_synth(tmp_path / "cpu", ranks=2, steps=30, straggler=None)
     for node in (run / "nodes").iterdir():
@@ -274,8 +274,8 @@ def test_real_gpu_traces_folder(tmp_path: Path) -> None:
     """Two ranks of a 128-rank NCCL job recorded by others (a folder of traces, read-only):
     every page renders, the timeline has kernels and NCCL on both ranks, and it says that
     counters come with runs recorded by uberprof."""
-    from dashboards.data import RunData
-    from dashboards.ui import Selection
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
 
     data = RunData(root=SHARED_TRACES / "hta" / "trace_filter", out=tmp_path / "derived",
                    workers=1).load()
@@ -294,7 +294,7 @@ def test_real_gpu_traces_folder(tmp_path: Path) -> None:
 
 
 def test_selection_round_trips_through_the_query() -> None:
-    from dashboards.ui import Selection
+    from uberprof.dashboards.ui import Selection
 
     sel = Selection.parse("?rank=3&step=120&node=n0")
     assert sel == Selection(rank=3, step=120, node="n0")
@@ -306,7 +306,7 @@ def test_selection_round_trips_through_the_query() -> None:
 # --- safety ---------------------------------------------------------------------------------------
 
 def _client(data: Any, **kw: Any) -> Any:
-    from dashboards.app import create_app
+    from uberprof.dashboards.app import create_app
 
     return create_app(data, warm=False, **kw).server.test_client()
 

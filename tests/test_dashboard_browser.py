@@ -87,8 +87,8 @@ class Served:
     def __init__(self, run: Path) -> None:
         from werkzeug.serving import make_server
 
-        from dashboards.app import create_app
-        from dashboards.data import RunData
+        from uberprof.dashboards.app import create_app
+        from uberprof.dashboards.data import RunData
 
         self.data = RunData(root=run).load()
         self.data.warm()

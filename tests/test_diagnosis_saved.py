@@ -63,7 +63,7 @@ def test_a_saved_diagnosis_is_read_back_whole(tmp_path: Path,
 
 def test_the_dashboard_reads_the_saved_diagnosis(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from dashboards.data import RunData
+    from uberprof.dashboards.data import RunData
 
     folder = _two_rank_traces(tmp_path)
     doc = _report(folder, "--out", str(tmp_path / "d"))
@@ -112,7 +112,7 @@ def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,  # noqa:
     the HTML report agree on each rank's lateness, last arrivals, breakdown and step time."""
     import pyarrow.parquet as pq
 
-    from dashboards.data import RunData
+    from uberprof.dashboards.data import RunData
 
     run = tmp_path / "run"
     shutil.copytree(slow_compute_run, run, ignore=shutil.ignore_patterns("derived"))

@@ -10,9 +10,9 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import html
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.ui import Selection
 from uberprof.units import fmt_num
 
 PATH = "/communication"

@@ -10,9 +10,9 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html, no_update
 
-from dashboards import ui
-from dashboards.data import RunData, StepTimeline
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData, StepTimeline
+from uberprof.dashboards.ui import Selection
 
 PATH = "/steps"
 TITLE = "Steps"

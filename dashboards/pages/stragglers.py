@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html, no_update
 from plotly.subplots import make_subplots
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.ui import Selection
 from uberprof.analysis.causes import straggler_cause_text
 
 PATH = "/stragglers"

@@ -73,8 +73,8 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, out: Path
                   "use an SSH tunnel (ssh -L 8050:127.0.0.1:8050 ...).", markup=False)
         sys.exit(2)
 
-    from dashboards.app import LOOPBACK_HOSTS, create_app
-    from dashboards.data import RunData
+    from uberprof.dashboards.app import LOOPBACK_HOSTS, create_app
+    from uberprof.dashboards.data import RunData
 
     t0 = time.perf_counter()
     data = RunData(root=path.resolve(), out=out, workers=workers)
