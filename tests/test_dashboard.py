@@ -30,13 +30,14 @@ SYNTH_STRAGGLER = 5
 
 
 def write_synth(out: Path, ranks: int = 8, steps: int = 60, counters: bool = True,
-                straggler: int | None = SYNTH_STRAGGLER, cause: str = "throttle") -> Path:
+                straggler: int | None = SYNTH_STRAGGLER, cause: str = "throttle",
+                step_ms: float = 100.0) -> Path:
     """A small synthetic GPU run (benchmarks/synth_run.py): 2 nodes of 4 GPUs, 3 traced
     steps, rank 5 throttled."""
     s = load_script(ROOT / "benchmarks" / "synth_run.py", "synth_run")
     cfg = s.Config(out=out, ranks=ranks, steps=steps, gpus_per_node=4, windows=[(20, 22)],
                    straggler=straggler, cause=cause, slow=1.3, counters=counters, seed=1,
-                   step_ms=100.0)
+                   step_ms=step_ms)
     s.write_run(cfg, log=lambda *_: None)
     return out
 
@@ -445,3 +446,176 @@ def test_cli_port_in_use(synth_run: Path) -> None:
                            env=job_env())
     assert r.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in r.stdout + r.stderr
+
+
+# --- bad values in the URL, loopback addresses, credentials ----------------------------------------
+
+def _route(client: Any, path: str, search: str) -> tuple[int, str]:
+    """What the router callback answers for a URL (the request the browser makes)."""
+    r = client.post("/_dash-update-component", json={
+        "output": "..nav.children...page.children..",
+        "outputs": [{"id": "nav", "property": "children"},
+                    {"id": "page", "property": "children"}],
+        "inputs": [{"id": "url", "property": "pathname", "value": path},
+                   {"id": "url", "property": "search", "value": search}],
+        "changedPropIds": ["url.pathname"], "state": []})
+    return r.status_code, r.get_data(as_text=True)
+
+
+def test_a_rank_or_step_the_run_does_not_have_says_so(synth_data: Any) -> None:
+    c = _client(synth_data)
+    huge = "99999999999999999999999"
+    for path in ("/steps", "/gaps", "/stragglers", "/counters", "/"):
+        status, body = _route(c, path, f"?rank={huge}")
+        assert status == 200, (path, body[:300])
+        assert "No such rank" in body and f"no rank {huge} (ranks: 0–7)" in body, path
+        assert "Traceback" not in body and "File \\\"" not in body, path
+    status, body = _route(c, "/steps", "?step=123456789012345678901234567890")
+    assert status == 200 and "No such step" in body and "(steps: 0–59)" in body
+    status, body = _route(c, "/gaps", "?rank=3")  # a rank it has: the page itself
+    assert "page-gaps" in body and "No such rank" not in body
+
+
+def test_a_failing_page_shows_no_traceback(synth_data: Any, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    from uberprof.dashboards.pages import gaps
+
+    def broken(data: Any, sel: Any) -> Any:
+        raise OSError(f"[Errno 2] No such file: '{synth_data.root}/secret.parquet'")
+
+    monkeypatch.setattr(gaps, "layout", broken)
+    status, body = _route(_client(synth_data), "/gaps", "")
+    assert status == 200 and "This page failed" in body and "OSError" in body
+    assert str(synth_data.root) not in body and "Traceback" not in body
+
+
+def test_any_loopback_address_is_an_accepted_host(synth_data: Any) -> None:
+    from uberprof.dashboards.app import LOOPBACK_HOSTS, loopback_hosts
+
+    assert loopback_hosts("127.0.0.1") == LOOPBACK_HOSTS
+    c = _client(synth_data, allowed_hosts=loopback_hosts("127.0.0.2"))
+    assert c.get("/", headers={"Host": "127.0.0.2:8050"}).status_code == 200
+    assert c.get("/", headers={"Host": "localhost:8050"}).status_code == 200
+    assert c.get("/", headers={"Host": "127.0.0.3:8050"}).status_code == 421
+    assert c.get("/", headers={"Host": "evil.example:8050"}).status_code == 421
+
+
+def test_cli_help_and_auth_file_options(synth_run: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["dashboard", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "--auth-file" in text and "`ps`" in text and "--compare" in text
+    creds = tmp_path / "creds"
+    creds.write_text("ada:s3cret\n")
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--auth", "a:b",
+                                  "--auth-file", str(creds)])
+    assert r.exit_code == 2 and "not both" in r.output
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--host", "0.0.0.0",
+                                  "--auth-file", str(tmp_path / "absent")])
+    assert r.exit_code == 2 and "--auth-file: cannot read" in r.output
+    creds.write_text("nopassword\n")
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--auth-file", str(creds)])
+    assert r.exit_code == 2 and "user:password" in r.output
+
+
+def test_cli_auth_file_on_another_loopback_address(synth_run: Path, tmp_path: Path) -> None:
+    """--host 127.0.0.2 answers (its own address is an accepted Host), and --auth-file's
+    credentials are required; a file others can read is warned about."""
+    creds = tmp_path / "creds"
+    creds.write_text("ada:s3cret\n")
+    creds.chmod(0o644)
+    proc, url, lines = _serve([str(synth_run), "--port", "0", "--host", "127.0.0.2",
+                               "--auth-file", str(creds)])
+    try:
+        text = " ".join("".join(lines).split())
+        assert url.startswith("http://127.0.0.2:")
+        assert "can be read by other users" in text
+        assert "ada:s3cret" not in text and "s3cret" not in text
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=30)
+        assert e.value.code == 401
+        req = urllib.request.Request(url, headers={
+            "Authorization": "Basic " + base64.b64encode(b"ada:s3cret").decode()})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_saved_diagnosis_is_read_not_made(synth_run: Path, synth_data: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `uberprof dashboard` says before it serves: a fresh saved diagnosis is read
+    (and no diagnosis work is done); a run diagnosed with other inputs is not."""
+    from uberprof.analysis import advisor
+    from uberprof.dashboards.data import RunData
+
+    assert synth_data.diagnose() is not None  # the fixture diagnosed it, and saved it
+    data = RunData(root=synth_run, workers=1).load()
+
+    def fail(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("diagnosed again")
+
+    monkeypatch.setattr(advisor, "diagnose_context", fail)
+    assert data.read_saved_diagnosis() is True
+    assert data.diagnose().straggler.rank == SYNTH_STRAGGLER
+
+
+def test_without_a_saved_diagnosis_nothing_is_read(tmp_path: Path) -> None:
+    from uberprof.dashboards.data import RunData
+
+    run = write_synth(tmp_path / "fresh", ranks=2, steps=30, counters=False, straggler=None)
+    data = RunData(root=run, workers=1).load()
+    assert data.read_saved_diagnosis() is False
+    assert data.diagnose() is not None  # then diagnosed (and saved)
+    again = RunData(root=run, workers=1).load()
+    assert again.read_saved_diagnosis() is True
+
+
+# --- comparing two runs ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def baseline_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run A for the comparison: like synth_run, 30 % faster steps and no straggler."""
+    return write_synth(tmp_path_factory.mktemp("dash-base") / "base8", counters=False,
+                       straggler=None, step_ms=70.0)
+
+
+def test_compare_page_shows_what_uberprof_diff_says(synth_run: Path, baseline_run: Path
+                                                    ) -> None:
+    from uberprof.analysis.diff import diff_runs
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
+    from uberprof.units import fmt_ms
+
+    data = RunData(root=synth_run, workers=1, baseline=baseline_run).load()
+    layout = _pages()["/compare"].layout(data, Selection())
+    ids = _ids(layout)
+    assert {"compare-headline", "card-step-a", "card-step-b", "card-ratio", "compare-verdict",
+            "compare-breakdown-table", "compare-ops-table", "compare-breakdown-graph"} <= ids
+    doc = diff_runs(baseline_run, synth_run, workers=1).to_json()
+    st = doc["step_time_ms"]
+    assert st["ratio"] > 1.2 and st["verdict"] == "slower"
+    text = _text(layout)
+    assert fmt_ms(st["a"]["median"]) in text and fmt_ms(st["b"]["median"]) in text
+    assert f"{st['ratio']:.3f}" in text and st["test"]["reason"] in text
+    assert st["test"]["name"] in text
+    for row in doc["breakdown"]:
+        assert row["label"] in text
+    assert doc["ops"][0]["kind"] in text
+    # the bar carries the page when a baseline was given, and only then
+    status, body = _route(_client(data), "/compare", "")
+    assert status == 200 and "nav-compare" in body and "page-compare" in body
+    status, body = _route(_client(RunData(root=synth_run, workers=1).load()), "/", "")
+    assert "nav-compare" not in body
+
+
+def test_compare_with_a_run_without_traces(tmp_path: Path, synth_run: Path) -> None:
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    data = RunData(root=synth_run, workers=1, baseline=empty).load()
+    layout = _pages()["/compare"].layout(data, Selection())
+    assert "no-comparison" in _ids(layout) and "nothing to compare" in _text(layout)

@@ -174,7 +174,7 @@ def _credentials(auth_text: str | None, auth_file: Path | None, err: Console
             err.print(f"uberprof dashboard: --auth-file: {exc}", markup=False)
             sys.exit(2)
         if warning:
-            err.print(f"uberprof dashboard: warning: {warning}", markup=False)
+            err.print(f"uberprof dashboard: warning: {warning}", markup=False, soft_wrap=True)
     elif auth_text is not None:
         source, text = "--auth", auth_text
         err.print("uberprof dashboard: note: --auth shows in `ps` to every user of this "
