@@ -325,6 +325,7 @@ def test_compare_page(browser: Any, compared: Served) -> None:
     assert v.count("#compare-ops-table tbody tr") == min(len(doc["ops"]), 30)
     assert v.count("#compare-breakdown-graph .main-svg")
     assert "bad" in (v.page.get_attribute("#card-verdict", "class") or "")
+    v.page.screenshot(path=str(ARTIFACTS / "compared-compare-page.png"), full_page=True)
     v.page.click("#nav-overview")  # the other pages are this run's (B)
     v.page.wait_for_url("**/")
     v.settle("page-overview")
