@@ -404,6 +404,17 @@ def _serve(args: list[str], env: dict[str, str] | None = None
     raise AssertionError("no URL from uberprof dashboard:\n" + "".join(lines))
 
 
+def _assert_basic_auth(url: str, credentials: bytes) -> None:
+    """`url` answers 401 without credentials and 200 with them."""
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url, timeout=30)
+    assert e.value.code == 401
+    req = urllib.request.Request(url, headers={
+        "Authorization": "Basic " + base64.b64encode(credentials).decode()})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+
+
 def test_cli_serves_the_run_and_requires_auth_off_loopback(synth_run: Path) -> None:
     proc, url, lines = _serve([str(synth_run), "--port", "0"])
     try:
@@ -422,13 +433,7 @@ def test_cli_serves_the_run_and_requires_auth_off_loopback(synth_run: Path) -> N
         text = "".join(lines) + (proc.stdout.readline() if proc.stdout else "")
         assert "basic authentication required: user 'ada'" in text
         port = url.rsplit(":", 1)[1].strip("/")
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30)
-        assert e.value.code == 401
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={
-            "Authorization": "Basic " + base64.b64encode(b"ada:s3cret").decode()})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            assert r.status == 200
+        _assert_basic_auth(f"http://127.0.0.1:{port}/", b"ada:s3cret")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -531,13 +536,7 @@ def test_cli_auth_file_on_another_loopback_address(synth_run: Path, tmp_path: Pa
         assert url.startswith("http://127.0.0.2:")
         assert "can be read by other users" in text
         assert "ada:s3cret" not in text and "s3cret" not in text
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(url, timeout=30)
-        assert e.value.code == 401
-        req = urllib.request.Request(url, headers={
-            "Authorization": "Basic " + base64.b64encode(b"ada:s3cret").decode()})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            assert r.status == 200
+        _assert_basic_auth(url, b"ada:s3cret")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
