@@ -12,7 +12,6 @@ import base64
 import hmac
 import importlib
 import re
-import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,13 +20,14 @@ import dash
 import flask
 from dash import Input, Output, dcc, html
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.ui import Selection
 
-__all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app"]
+__all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app", "loopback_hosts"]
 
-PAGE_MODULES = ("overview", "steps", "stragglers", "gaps", "communication", "counters")
+PAGE_MODULES = ("overview", "steps", "stragglers", "gaps", "communication", "counters",
+                "compare")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 ASSETS = Path(__file__).resolve().parent / "assets"
 LIGHT_DIR = Path(__file__).resolve().parent / "vendor"
@@ -62,8 +62,14 @@ def light_plotly() -> Path | None:
     return light if version and version == _plotly_js_version(full) else None
 
 
+def loopback_hosts(bound: str) -> tuple[str, ...]:
+    """The Host header values accepted when listening on the loopback address `bound`: the
+    usual loopback names and `bound` itself (127.0.0.2 is loopback too)."""
+    return LOOPBACK_HOSTS if bound.lower() in LOOPBACK_HOSTS else (*LOOPBACK_HOSTS, bound)
+
+
 def _pages() -> dict[str, ModuleType]:
-    mods = [importlib.import_module(f"dashboards.pages.{m}") for m in PAGE_MODULES]
+    mods = [importlib.import_module(f"uberprof.dashboards.pages.{m}") for m in PAGE_MODULES]
     return {m.PATH: m for m in mods}
 
 
@@ -86,7 +92,7 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
                 return flask.send_file(light, mimetype="application/javascript", max_age=86400)
             return None
     app = dash.Dash(
-        "uberprof-dashboard", server=server, title=f"uberprof · {data.run_id or data.root.name}",
+        "uberprof-dashboard", server=server, title=f"uberprof · {data.label}",
         assets_folder=str(ASSETS),
         suppress_callback_exceptions=True, serve_locally=True,
         update_title=None, compress=False, enable_mcp=False,
@@ -112,23 +118,25 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
         if path != "/" and path.endswith("/"):
             path = path.rstrip("/")
         sel = Selection.parse(search)
-        label = data.run_id or data.root.name
+        nav = ui.nav(path if path in pages else "", sel, data.label,
+                     compare=data.baseline is not None)
         page = pages.get(path)
         if page is None:
-            return ui.nav("", sel, label), html.Div(
-                [html.H2("Not found"), html.P(f"No page {path}. "),
-                 dcc.Link("Back to the overview", href=sel.href("/"))],
-                className="page", id="page-not-found")
+            return nav, ui.page("page-not-found", html.H2("Not found"),
+                                html.P(f"No page {path}. "),
+                                dcc.Link("Back to the overview", href=sel.href("/")))
+        bad = _bad_selection(data, sel, path)
+        if bad is not None:
+            return nav, bad
         try:
             body = page.layout(data, sel)
-        except Exception as exc:  # noqa: BLE001 - show it rather than a blank page
-            tb = traceback.format_exc(limit=6)
-            server.logger.error("page %s failed: %s", path, tb)
-            body = html.Div([html.H2("This page failed"),
-                             ui.notice(f"{type(exc).__name__}: {exc}", "bad"),
-                             html.Pre(tb, className="traceback")],
-                            className="page", id="page-error")
-        return ui.nav(path, sel, label), body
+        except Exception as exc:
+            server.logger.exception("page %s%s failed", path, search or "")
+            body = ui.page("page-error", html.H2("This page failed"),
+                           ui.notice(f"{type(exc).__name__} while building {path}: the "
+                                     "details are in the log of `uberprof dashboard`.", "bad"),
+                           dcc.Link("Back to the overview", href="/"))
+        return nav, body
 
     for m in pages.values():
         if hasattr(m, "register"):
@@ -139,6 +147,23 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
         except Exception as exc:  # noqa: BLE001 - the page shows the error when visited
             server.logger.warning("warming the overview failed: %s", exc)
     return app
+
+
+def _bad_selection(data: RunData, sel: Selection, path: str) -> html.Div | None:
+    """A page that says which value of the URL names nothing in this run (a rank or a step
+    it does not have), with a link to the same page without it; None when all is well."""
+    for key, value, have in (("rank", sel.rank, data.ranks), ("step", sel.step, data.all_steps)):
+        if value is None:
+            continue
+        known = have()
+        if value in known:
+            continue
+        span = f"{known[0]}–{known[-1]}" if known else "none"
+        return ui.page("page-bad-selection", html.H2(f"No such {key}"),
+                       ui.notice(f"This run has no {key} {value} ({key}s: {span}).", "warn",
+                                 id="bad-selection"),
+                       dcc.Link(f"Open {path} without it", href=sel.href(path, **{key: None})))
+    return None
 
 
 def _secure(server: flask.Flask, auth: tuple[str, str] | None,

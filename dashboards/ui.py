@@ -6,13 +6,14 @@ every page, and one `Selection` so that links between pages carry the rank and s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from dash import dcc, html
+from dash import Input, Output, State, dcc, html, no_update
 
 from uberprof.units import fmt_bytes, fmt_ms, fmt_pct  # noqa: F401 - pages use ui.fmt_*
 
@@ -45,6 +46,7 @@ PAGES = (
     ("/communication", "Communication"),
     ("/counters", "Counters"),
 )
+COMPARE_PAGE = ("/compare", "Compare")  # in the bar when a baseline run was given
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,49 @@ class Selection:
         return path + self.query(**changes)
 
 
-def nav(active: str, sel: Selection, run_label: str) -> html.Nav:
+def page(page_id: str, *children: Any) -> html.Div:
+    """A page's body: its children in one `page` block that the tests and the browser find by
+    its id."""
+    return html.Div(list(children), className="page", id=page_id)
+
+
+# --- the only callbacks a page has: a control or a click changes the URL -------------------------
+
+Href = Callable[[Any, Selection], "str | None"]
+
+
+def on_change(app: Any, component: str, prop: str, to: Href) -> None:
+    """When `component.prop` changes, go to `to(value, selection)` (None: stay). The
+    selection is the URL's, so that every view stays a plain link."""
+    @app.callback(Output("url", "href", allow_duplicate=True), Input(component, prop),
+                  State("url", "search"), prevent_initial_call=True)
+    def _go(value: Any, search: str | None) -> Any:
+        href = None if value is None else to(value, Selection.parse(search))
+        return no_update if href is None else href
+
+
+def on_click(app: Any, graph: str, to: Href) -> None:
+    """When a point of `graph` is clicked, go to `to(point, selection)` (None: stay)."""
+    def first_point(click: dict[str, Any], sel: Selection) -> str | None:
+        points = click.get("points") or []
+        return to(points[0], sel) if points else None
+
+    on_change(app, graph, "clickData", first_point)
+
+
+def step_cell(point: dict[str, Any], sel: Selection) -> str | None:
+    """A rank x step heatmap cell (the step in its customdata) opens that step on /steps."""
+    step = point.get("customdata")
+    if step is None or int(step) < 0:
+        return None
+    return sel.href("/steps", rank=int(point["y"]), step=int(step))
+
+
+def nav(active: str, sel: Selection, run_label: str, compare: bool = False) -> html.Nav:
     """The top bar: run name and one link per page, each carrying the selection."""
     links = [dcc.Link(title, href=sel.href(path), id=f"nav-{title.lower()}",
                       className="nav-link active" if path == active else "nav-link")
-             for path, title in PAGES]
+             for path, title in (*PAGES, *((COMPARE_PAGE,) if compare else ()))]
     chips = []
     if sel.rank is not None:
         chips.append(html.Span(f"rank {sel.rank}", className="chip", id="sel-rank"))

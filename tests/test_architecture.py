@@ -81,7 +81,7 @@ def test_the_check_sees_a_presenter_import() -> None:
     src = ("from uberprof.units import fmt_bytes\n"
            "from uberprof.present.report_terminal import render_report\n"
            "def f():\n    from uberprof import present\n"
-           "import dashboards.data\n")
+           "import uberprof.dashboards.data\n")
     assert sorted(line for line, _ in forbidden_imports(src, DOWNSTREAM)) == [2, 4, 5]
 
 

@@ -20,18 +20,24 @@ from click.testing import CliRunner
 
 from tests.jobs import PY, ROOT, job_env, load_script
 from uberprof.cli import main
+from uberprof.dashboards.queries import counters as counters_q
+from uberprof.dashboards.queries import overview as overview_q
+from uberprof.dashboards.queries import steps as steps_q
+from uberprof.dashboards.queries import stragglers as stragglers_q
+from uberprof.dashboards.queries.tables import binned_heatmap
 
 SYNTH_STRAGGLER = 5
 
 
 def write_synth(out: Path, ranks: int = 8, steps: int = 60, counters: bool = True,
-                straggler: int | None = SYNTH_STRAGGLER, cause: str = "throttle") -> Path:
+                straggler: int | None = SYNTH_STRAGGLER, cause: str = "throttle",
+                step_ms: float = 100.0) -> Path:
     """A small synthetic GPU run (benchmarks/synth_run.py): 2 nodes of 4 GPUs, 3 traced
     steps, rank 5 throttled."""
     s = load_script(ROOT / "benchmarks" / "synth_run.py", "synth_run")
     cfg = s.Config(out=out, ranks=ranks, steps=steps, gpus_per_node=4, windows=[(20, 22)],
                    straggler=straggler, cause=cause, slow=1.3, counters=counters, seed=1,
-                   step_ms=100.0)
+                   step_ms=step_ms)
     s.write_run(cfg, log=lambda *_: None)
     return out
 
@@ -43,7 +49,7 @@ def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def synth_data(synth_run: Path) -> Any:
-    from dashboards.data import RunData
+    from uberprof.dashboards.data import RunData
 
     data = RunData(root=synth_run, workers=1).load()
     data.warm()
@@ -51,7 +57,7 @@ def synth_data(synth_run: Path) -> Any:
 
 
 def _pages() -> dict[str, Any]:
-    from dashboards.app import _pages
+    from uberprof.dashboards.app import _pages
 
     return _pages()
 
@@ -120,7 +126,7 @@ def test_synth_run_cli_writes_a_run_directory(tmp_path: Path) -> None:
 
 def test_synth_run_is_diagnosed_as_written(synth_data: Any) -> None:
     """The generator's straggler and throttling come out of the real analysis."""
-    h = synth_data.health()
+    h = overview_q.health(synth_data)
     assert h["ranks"] == 8 and h["hosts"] == 2 and h["steps"] == 60
     assert h["traced_steps"] == [20, 21, 22]
     assert h["device"] == "cuda"
@@ -133,9 +139,9 @@ def test_synth_run_is_diagnosed_as_written(synth_data: Any) -> None:
 # --- queries ------------------------------------------------------------------------------------
 
 def test_heatmap_bins_steps_and_keeps_the_slowest(synth_data: Any) -> None:
-    hm = synth_data.step_heatmap()
+    hm = overview_q.step_heatmap(synth_data)
     assert hm.ranks == list(range(8)) and hm.bin_steps == 1 and hm.z.shape == (8, 60)
-    binned = synth_data._heatmap(synth_data.steps, "step_time_ns", max_cols=7, max_rows=3)
+    binned = binned_heatmap(synth_data.steps, "step_time_ns", max_cols=7, max_rows=3)
     assert binned.bin_steps == 9 and binned.z.shape[1] == 7
     assert binned.bin_ranks == 3 and binned.ranks == [0, 3, 6]
     # each cell is the maximum of its bin, and names the step it came from
@@ -147,7 +153,7 @@ def test_heatmap_bins_steps_and_keeps_the_slowest(synth_data: Any) -> None:
 
 
 def test_breakdown_parts_add_up_to_the_window(synth_data: Any) -> None:
-    from dashboards.data import BREAKDOWN_PARTS
+    from uberprof.dashboards.data import BREAKDOWN_PARTS
 
     t = synth_data.breakdown_by_rank().to_pylist()
     assert len(t) == 8
@@ -161,7 +167,7 @@ def test_breakdown_parts_add_up_to_the_window(synth_data: Any) -> None:
 
 
 def test_step_timeline_is_aligned_and_marks_the_last_arrival(synth_data: Any) -> None:
-    tl = synth_data.step_timeline(21)
+    tl = steps_q.step_timeline(synth_data, 21)
     assert [r.rank for r in tl.ranks] == list(range(8))
     for r in tl.ranks:
         assert {"compute", "comm"} <= set(r.parts)
@@ -170,17 +176,17 @@ def test_step_timeline_is_aligned_and_marks_the_last_arrival(synth_data: Any) ->
         assert r.window[0] >= -5.0  # aligned: every rank starts near the step's origin
     last = [a for a in tl.arrivals if a["last"]]
     assert last and all(a["rank"] == SYNTH_STRAGGLER for a in last)
-    assert synth_data.step_timeline(3) is None  # not traced
-    assert synth_data.step_ranks(3).num_rows == 8
+    assert steps_q.step_timeline(synth_data, 3) is None  # not traced
+    assert steps_q.step_ranks(synth_data, 3).num_rows == 8
 
 
 def test_lateness_ranking_and_median_rank(synth_data: Any) -> None:
-    ranking = synth_data.lateness_ranking()
+    ranking = stragglers_q.lateness_ranking(synth_data)
     assert ranking[0]["rank"] == SYNTH_STRAGGLER
     assert ranking[0]["last_in"] == ranking[0]["instances"]
-    median = synth_data.median_rank()
+    median = stragglers_q.median_rank(synth_data)
     assert median is not None and median != SYNTH_STRAGGLER
-    hm = synth_data.lateness_heatmap()
+    hm = stragglers_q.lateness_heatmap(synth_data)
     assert hm.x == [20, 21, 22]
     row = hm.ranks.index(SYNTH_STRAGGLER)
     assert np.nanmin(hm.z[row]) > np.nanmax(np.delete(hm.z, row, axis=0))
@@ -196,16 +202,16 @@ def test_counters_downsampled_and_throttling_found(synth_data: Any) -> None:
     t, v = cs.devices["gpu1"]
     assert len(t) <= 21 and (np.diff(t) > 0).all()
     assert np.median(v) < np.median(cs.devices["gpu0"][1]) - 200  # throttled clocks
-    spans = synth_data.throttle_spans(node)
+    spans = counters_q.throttle_spans(synth_data, node)
     assert spans and {d for d, _, _ in spans} == {"gpu1"}
     assert all(hi >= lo for _, lo, hi in spans)
-    assert synth_data.throttle_spans("gpu-node-00") == []
-    starts, every = synth_data.step_boundaries(0, max_lines=25)
+    assert counters_q.throttle_spans(synth_data, "gpu-node-00") == []
+    starts, every = counters_q.step_boundaries(synth_data, 0, max_lines=25)
     assert every == 3 and len(starts) == 20 and starts[0] == pytest.approx(0.0, abs=0.01)
 
 
 def test_every_page_renders_with_its_elements(synth_data: Any) -> None:
-    from dashboards.ui import Selection
+    from uberprof.dashboards.ui import Selection
 
     pages = _pages()
     expect = {
@@ -228,8 +234,8 @@ def test_every_page_renders_with_its_elements(synth_data: Any) -> None:
 
 
 def test_run_without_traces_says_what_is_missing(tmp_path: Path) -> None:
-    from dashboards.data import RunData
-    from dashboards.ui import Selection
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
 
     run = write_synth(tmp_path / "nt", ranks=4, steps=20, counters=False, straggler=None)
     for rd in (run / "ranks").iterdir():
@@ -242,16 +248,18 @@ def test_run_without_traces_says_what_is_missing(tmp_path: Path) -> None:
     assert "No traces" in missing and "No counters" in missing
     for path, page in _pages().items():
         layout = page.layout(data, Selection())
+        assert "Traceback" not in _text(layout)
+        if path == "/compare":  # about the baseline, not this run
+            assert "no-baseline" in _ids(layout)
+            continue
         assert "missing" in _ids(layout) or path == "/steps", path
-        text = _text(layout)
-        assert "Traceback" not in text
     assert "step-heatmap" in _ids(_pages()["/"].layout(data, Selection()))
 
 
 def test_cpu_run_without_gpu_counters(tmp_path: Path) -> None:
     """Host counters only (a CPU run): the GPU notice, host panels, no throttle marks."""
-    from dashboards.data import RunData
-    from dashboards.ui import Selection
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
 
     run = write_synth(tmp_path / "cpu", ranks=2, steps=30, straggler=None)
     for node in (run / "nodes").iterdir():
@@ -274,16 +282,16 @@ def test_real_gpu_traces_folder(tmp_path: Path) -> None:
     """Two ranks of a 128-rank NCCL job recorded by others (a folder of traces, read-only):
     every page renders, the timeline has kernels and NCCL on both ranks, and it says that
     counters come with runs recorded by uberprof."""
-    from dashboards.data import RunData
-    from dashboards.ui import Selection
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
 
     data = RunData(root=SHARED_TRACES / "hta" / "trace_filter", out=tmp_path / "derived",
                    workers=1).load()
     data.warm()
     assert data.has_traces and not data.is_run_dir and data.ranks() == [0, 1]
-    assert data.health()["device"] == "cuda"
+    assert overview_q.health(data)["device"] == "cuda"
     step = data.traced_steps()[-1]
-    tl = data.step_timeline(step)
+    tl = steps_q.step_timeline(data, step)
     assert [r.rank for r in tl.ranks] == [0, 1]
     assert all({"compute", "comm"} <= set(r.parts) for r in tl.ranks)
     assert any("folder of traces" in m for m in data.missing())
@@ -294,7 +302,7 @@ def test_real_gpu_traces_folder(tmp_path: Path) -> None:
 
 
 def test_selection_round_trips_through_the_query() -> None:
-    from dashboards.ui import Selection
+    from uberprof.dashboards.ui import Selection
 
     sel = Selection.parse("?rank=3&step=120&node=n0")
     assert sel == Selection(rank=3, step=120, node="n0")
@@ -306,7 +314,7 @@ def test_selection_round_trips_through_the_query() -> None:
 # --- safety ---------------------------------------------------------------------------------------
 
 def _client(data: Any, **kw: Any) -> Any:
-    from dashboards.app import create_app
+    from uberprof.dashboards.app import create_app
 
     return create_app(data, warm=False, **kw).server.test_client()
 
@@ -396,6 +404,17 @@ def _serve(args: list[str], env: dict[str, str] | None = None
     raise AssertionError("no URL from uberprof dashboard:\n" + "".join(lines))
 
 
+def _assert_basic_auth(url: str, credentials: bytes) -> None:
+    """`url` answers 401 without credentials and 200 with them."""
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url, timeout=30)
+    assert e.value.code == 401
+    req = urllib.request.Request(url, headers={
+        "Authorization": "Basic " + base64.b64encode(credentials).decode()})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+
+
 def test_cli_serves_the_run_and_requires_auth_off_loopback(synth_run: Path) -> None:
     proc, url, lines = _serve([str(synth_run), "--port", "0"])
     try:
@@ -414,13 +433,7 @@ def test_cli_serves_the_run_and_requires_auth_off_loopback(synth_run: Path) -> N
         text = "".join(lines) + (proc.stdout.readline() if proc.stdout else "")
         assert "basic authentication required: user 'ada'" in text
         port = url.rsplit(":", 1)[1].strip("/")
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30)
-        assert e.value.code == 401
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={
-            "Authorization": "Basic " + base64.b64encode(b"ada:s3cret").decode()})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            assert r.status == 200
+        _assert_basic_auth(f"http://127.0.0.1:{port}/", b"ada:s3cret")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -438,3 +451,170 @@ def test_cli_port_in_use(synth_run: Path) -> None:
                            env=job_env())
     assert r.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in r.stdout + r.stderr
+
+
+# --- bad values in the URL, loopback addresses, credentials ----------------------------------------
+
+def _route(client: Any, path: str, search: str) -> tuple[int, str]:
+    """What the router callback answers for a URL (the request the browser makes)."""
+    r = client.post("/_dash-update-component", json={
+        "output": "..nav.children...page.children..",
+        "outputs": [{"id": "nav", "property": "children"},
+                    {"id": "page", "property": "children"}],
+        "inputs": [{"id": "url", "property": "pathname", "value": path},
+                   {"id": "url", "property": "search", "value": search}],
+        "changedPropIds": ["url.pathname"], "state": []})
+    return r.status_code, r.get_data(as_text=True)
+
+
+def test_a_rank_or_step_the_run_does_not_have_says_so(synth_data: Any) -> None:
+    c = _client(synth_data)
+    huge = "99999999999999999999999"
+    for path in ("/steps", "/gaps", "/stragglers", "/counters", "/"):
+        status, body = _route(c, path, f"?rank={huge}")
+        assert status == 200, (path, body[:300])
+        assert "No such rank" in body and f"no rank {huge} (ranks: 0–7)" in body, path
+        assert "Traceback" not in body and "File \\\"" not in body, path
+    status, body = _route(c, "/steps", "?step=123456789012345678901234567890")
+    assert status == 200 and "No such step" in body and "(steps: 0–59)" in body
+    status, body = _route(c, "/gaps", "?rank=3")  # a rank it has: the page itself
+    assert "page-gaps" in body and "No such rank" not in body
+
+
+def test_a_failing_page_shows_no_traceback(synth_data: Any, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    from uberprof.dashboards.pages import gaps
+
+    def broken(data: Any, sel: Any) -> Any:
+        raise OSError(f"[Errno 2] No such file: '{synth_data.root}/secret.parquet'")
+
+    monkeypatch.setattr(gaps, "layout", broken)
+    status, body = _route(_client(synth_data), "/gaps", "")
+    assert status == 200 and "This page failed" in body and "OSError" in body
+    assert str(synth_data.root) not in body and "Traceback" not in body
+
+
+def test_any_loopback_address_is_an_accepted_host(synth_data: Any) -> None:
+    from uberprof.dashboards.app import LOOPBACK_HOSTS, loopback_hosts
+
+    assert loopback_hosts("127.0.0.1") == LOOPBACK_HOSTS
+    c = _client(synth_data, allowed_hosts=loopback_hosts("127.0.0.2"))
+    assert c.get("/", headers={"Host": "127.0.0.2:8050"}).status_code == 200
+    assert c.get("/", headers={"Host": "localhost:8050"}).status_code == 200
+    assert c.get("/", headers={"Host": "127.0.0.3:8050"}).status_code == 421
+    assert c.get("/", headers={"Host": "evil.example:8050"}).status_code == 421
+
+
+def test_cli_help_and_auth_file_options(synth_run: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["dashboard", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "--auth-file" in text and "`ps`" in text and "--compare" in text
+    creds = tmp_path / "creds"
+    creds.write_text("ada:s3cret\n")
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--auth", "a:b",
+                                  "--auth-file", str(creds)])
+    assert r.exit_code == 2 and "not both" in r.output
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--host", "0.0.0.0",
+                                  "--auth-file", str(tmp_path / "absent")])
+    assert r.exit_code == 2 and "--auth-file: cannot read" in r.output
+    creds.write_text("nopassword\n")
+    r = CliRunner().invoke(main, ["dashboard", str(synth_run), "--auth-file", str(creds)])
+    assert r.exit_code == 2 and "user:password" in r.output
+
+
+def test_cli_auth_file_on_another_loopback_address(synth_run: Path, tmp_path: Path) -> None:
+    """--host 127.0.0.2 answers (its own address is an accepted Host), and --auth-file's
+    credentials are required; a file others can read is warned about."""
+    creds = tmp_path / "creds"
+    creds.write_text("ada:s3cret\n")
+    creds.chmod(0o644)
+    proc, url, lines = _serve([str(synth_run), "--port", "0", "--host", "127.0.0.2",
+                               "--auth-file", str(creds)])
+    try:
+        text = " ".join("".join(lines).split())
+        assert url.startswith("http://127.0.0.2:")
+        assert "can be read by other users" in text
+        assert "ada:s3cret" not in text and "s3cret" not in text
+        _assert_basic_auth(url, b"ada:s3cret")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_saved_diagnosis_is_read_not_made(synth_run: Path, synth_data: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `uberprof dashboard` says before it serves: a fresh saved diagnosis is read
+    (and no diagnosis work is done); a run diagnosed with other inputs is not."""
+    from uberprof.analysis import advisor
+    from uberprof.dashboards.data import RunData
+
+    assert synth_data.diagnose() is not None  # the fixture diagnosed it, and saved it
+    data = RunData(root=synth_run, workers=1).load()
+
+    def fail(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("diagnosed again")
+
+    monkeypatch.setattr(advisor, "diagnose_context", fail)
+    assert data.read_saved_diagnosis() is True
+    assert data.diagnose().straggler.rank == SYNTH_STRAGGLER
+
+
+def test_without_a_saved_diagnosis_nothing_is_read(tmp_path: Path) -> None:
+    from uberprof.dashboards.data import RunData
+
+    run = write_synth(tmp_path / "fresh", ranks=2, steps=30, counters=False, straggler=None)
+    data = RunData(root=run, workers=1).load()
+    assert data.read_saved_diagnosis() is False
+    assert data.diagnose() is not None  # then diagnosed (and saved)
+    again = RunData(root=run, workers=1).load()
+    assert again.read_saved_diagnosis() is True
+
+
+# --- comparing two runs ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def baseline_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run A for the comparison: like synth_run, 30 % faster steps and no straggler."""
+    return write_synth(tmp_path_factory.mktemp("dash-base") / "base8", counters=False,
+                       straggler=None, step_ms=70.0)
+
+
+def test_compare_page_shows_what_uberprof_diff_says(synth_run: Path, baseline_run: Path
+                                                    ) -> None:
+    from uberprof.analysis.diff import diff_runs
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
+    from uberprof.units import fmt_ms
+
+    data = RunData(root=synth_run, workers=1, baseline=baseline_run).load()
+    layout = _pages()["/compare"].layout(data, Selection())
+    ids = _ids(layout)
+    assert {"compare-headline", "card-step-a", "card-step-b", "card-ratio", "compare-verdict",
+            "compare-breakdown-table", "compare-ops-table", "compare-breakdown-graph"} <= ids
+    doc = diff_runs(baseline_run, synth_run, workers=1).to_json()
+    st = doc["step_time_ms"]
+    assert st["ratio"] > 1.2 and st["verdict"] == "slower"
+    text = _text(layout)
+    assert fmt_ms(st["a"]["median"]) in text and fmt_ms(st["b"]["median"]) in text
+    assert f"{st['ratio']:.3f}" in text and st["test"]["reason"] in text
+    assert st["test"]["name"] in text
+    for row in doc["breakdown"]:
+        assert row["label"] in text
+    assert doc["ops"][0]["kind"] in text
+    # the bar carries the page when a baseline was given, and only then
+    status, body = _route(_client(data), "/compare", "")
+    assert status == 200 and "nav-compare" in body and "page-compare" in body
+    status, body = _route(_client(RunData(root=synth_run, workers=1).load()), "/", "")
+    assert "nav-compare" not in body
+
+
+def test_compare_with_a_run_without_traces(tmp_path: Path, synth_run: Path) -> None:
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.ui import Selection
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    data = RunData(root=synth_run, workers=1, baseline=empty).load()
+    layout = _pages()["/compare"].layout(data, Selection())
+    assert "no-comparison" in _ids(layout) and "nothing to compare" in _text(layout)

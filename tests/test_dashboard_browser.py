@@ -18,7 +18,7 @@ import pytest
 
 from tests._diag_runs import slow_compute_run  # noqa: F401
 from tests.jobs import ROOT, SAMPLES, torchrun, uberprof_run
-from tests.test_dashboard import SYNTH_STRAGGLER, synth_run  # noqa: F401
+from tests.test_dashboard import SYNTH_STRAGGLER, baseline_run, synth_run  # noqa: F401
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -26,7 +26,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 PAGES = {"/": "page-overview", "/steps": "page-steps", "/stragglers": "page-stragglers",
          "/gaps": "page-gaps", "/communication": "page-communication",
-         "/counters": "page-counters"}
+         "/counters": "page-counters", "/compare": "page-compare"}
 STRAGGLER = 2  # slow_compute_run: rank 2 runs its forward pass four times
 
 if not CHROMIUM.exists():
@@ -84,13 +84,13 @@ _Quiet = _quiet_handler()
 class Served:
     """A run's dashboard on a free loopback port, in a thread of this process."""
 
-    def __init__(self, run: Path) -> None:
+    def __init__(self, run: Path, baseline: Path | None = None) -> None:
         from werkzeug.serving import make_server
 
-        from dashboards.app import create_app
-        from dashboards.data import RunData
+        from uberprof.dashboards.app import create_app
+        from uberprof.dashboards.data import RunData
 
-        self.data = RunData(root=run).load()
+        self.data = RunData(root=run, baseline=baseline).load()
         self.data.warm()
         self.server = make_server("127.0.0.1", 0, create_app(self.data).server, threaded=True,
                                   request_handler=_Quiet)
@@ -103,8 +103,8 @@ class Served:
         self.thread.join(timeout=10)
 
 
-def _served(run: Path) -> Iterator[Served]:
-    s = Served(run)
+def _served(run: Path, baseline: Path | None = None) -> Iterator[Served]:
+    s = Served(run, baseline)
     yield s
     s.close()
 
@@ -122,6 +122,11 @@ def straggler(slow_compute_run: Path) -> Iterator[Served]:  # noqa: F811
 @pytest.fixture(scope="module")
 def synthetic(synth_run: Path) -> Iterator[Served]:  # noqa: F811
     yield from _served(synth_run)
+
+
+@pytest.fixture(scope="module")
+def compared(synth_run: Path, baseline_run: Path) -> Iterator[Served]:  # noqa: F811
+    yield from _served(synth_run, baseline_run)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -303,3 +308,40 @@ def test_synthetic_gpu_run_counters_and_throttle(browser: Any, synthetic: Served
 
     for path in ("/steps", "/gaps", "/communication"):
         _visit(browser, synthetic, path, "synthetic").done()
+
+
+# --- two runs compared, and values of the URL the run does not have ----------------------------
+
+def test_compare_page(browser: Any, compared: Served) -> None:
+    from uberprof.dashboards.queries.compare import comparison
+
+    doc = comparison(compared.data).doc
+    st = doc["step_time_ms"]
+    v = _visit(browser, compared, "/compare", "compared")
+    assert v.page.get_attribute("#compare-verdict", "data-verdict") == st["verdict"] == "slower"
+    assert f"{st['ratio']:.3f}" in v.text("#card-ratio")
+    assert st["test"]["reason"] in v.text("#compare-headline")
+    assert v.count("#compare-breakdown-table tbody tr") == len(doc["breakdown"])
+    assert v.count("#compare-ops-table tbody tr") == min(len(doc["ops"]), 30)
+    assert v.count("#compare-breakdown-graph .main-svg")
+    assert "bad" in (v.page.get_attribute("#card-verdict", "class") or "")
+    v.page.screenshot(path=str(ARTIFACTS / "compared-compare-page.png"), full_page=True)
+    v.page.click("#nav-overview")  # the other pages are this run's (B)
+    v.page.wait_for_url("**/")
+    v.settle("page-overview")
+    assert v.count("#nav-compare") == 1
+    v.done()
+
+
+def test_a_rank_the_run_does_not_have(browser: Any, synthetic: Served) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(synthetic.url + "/steps?rank=99999999999999999999999")
+    page.wait_for_selector("#page-bad-selection", timeout=120_000)
+    text = page.locator("#page-bad-selection").inner_text()
+    assert "No such rank" in text and "Traceback" not in text
+    assert str(synthetic.data.root) not in page.content()
+    page.screenshot(path=str(ARTIFACTS / "synthetic-bad-rank.png"), full_page=True)
+    page.close()
+    assert not errors

@@ -63,7 +63,7 @@ def test_a_saved_diagnosis_is_read_back_whole(tmp_path: Path,
 
 def test_the_dashboard_reads_the_saved_diagnosis(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from dashboards.data import RunData
+    from uberprof.dashboards.data import RunData
 
     folder = _two_rank_traces(tmp_path)
     doc = _report(folder, "--out", str(tmp_path / "d"))
@@ -112,7 +112,10 @@ def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,  # noqa:
     the HTML report agree on each rank's lateness, last arrivals, breakdown and step time."""
     import pyarrow.parquet as pq
 
-    from dashboards.data import RunData
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.queries.gaps import gaps_by_rank
+    from uberprof.dashboards.queries.overview import health
+    from uberprof.dashboards.queries.stragglers import lateness_ranking
 
     run = tmp_path / "run"
     shutil.copytree(slow_compute_run, run, ignore=shutil.ignore_patterns("derived"))
@@ -138,11 +141,11 @@ def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,  # noqa:
     _no_diagnosis(monkeypatch)
     data = RunData(root=run.resolve(), workers=1).load()
     data.warm()
-    for x in data.lateness_ranking():
+    for x in lateness_ranking(data):
         lt = rows[x["rank"]]["lateness_ms"]
         assert (x["last_in"], x["instances"]) == (lt["last_in"], lt["instances"])
         assert round(x["median_ms"], 3) == lt["median"] and round(x["p90_ms"], 3) == lt["p90"]
-    assert data.health()["straggler"]["last"] == f["evidence"]["last_in"]
+    assert health(data)["straggler"]["last"] == f["evidence"]["last_in"]
     for b in data.breakdown_by_rank().to_pylist():
         pct = rows[b["rank"]]["breakdown_pct"]
         assert b["compute_only_pct"] + b["comm_under_compute_pct"] == \
@@ -150,7 +153,7 @@ def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,  # noqa:
         for k in ("exposed_comm", "memory", "idle", "overlap"):
             assert b[f"{k}_pct"] == pytest.approx(pct[k], abs=0.01), k
         assert b["step_time_median_ms"] == rows[b["rank"]]["step_time_ms"]["median"]
-    for g in data.gaps_by_rank().to_pylist():
+    for g in gaps_by_rank(data).to_pylist():
         assert round(g["ms"], 3) == rows[g["rank"]]["idle_gaps"]["ms_by_cause"][g["cause"]]
 
     # the HTML report's rank table

@@ -180,7 +180,7 @@ def test_node_json_read_safely(tmp_path: Path) -> None:
 
 def test_dashboard_step_timelines_follow_the_rule(tmp_path: Path) -> None:
     """A run without traces: the dashboard names ranks as rank.json does, once per rank."""
-    from dashboards.data import RunData
+    from uberprof.dashboards.data import RunData
 
     run = RunDir(tmp_path / "run")
     run.create("r")

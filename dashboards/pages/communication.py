@@ -10,9 +10,10 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import html
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.queries import communication as q
+from uberprof.dashboards.ui import Selection
 from uberprof.units import fmt_num
 
 PATH = "/communication"
@@ -26,15 +27,15 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     if not data.has_traces:
         body.append(ui.notice("Communication needs traces: collective kernels or Gloo spans.",
                               "info"))
-        return html.Div(body, className="page", id="page-communication")
-    kinds = data.collectives_by_kind()
+        return ui.page("page-communication", *body)
+    kinds = q.collectives_by_kind(data)
     if kinds is None:
         body.append(ui.notice("No collective in the traced steps: a single-rank run, or "
                               "communication uberprof does not recognise.", "info",
                               id="no-collectives"))
         body.append(ui.section("Communication per rank", ui.graph("comm-by-rank",
                                                                    by_rank_figure(data))))
-        return html.Div(body, className="page", id="page-communication")
+        return ui.page("page-communication", *body)
     body.append(ui.section("Bandwidth per collective class", classes_table(data),
                            id="bandwidth-classes",
                            sub="Per group, collective and message size: median bus bandwidth "
@@ -51,11 +52,11 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                            ui.graph("comm-by-rank", by_rank_figure(data)),
                            sub="Communication under compute costs nothing; exposed "
                                "communication adds to the step."))
-    return html.Div(body, className="page", id="page-communication")
+    return ui.page("page-communication", *body)
 
 
 def classes_table(data: RunData) -> Any:
-    classes = data.bandwidth_classes()
+    classes = q.bandwidth_classes(data)
     if not classes:
         return ui.notice("No collective instance could be matched across ranks.", "info")
     rows = []
@@ -74,7 +75,7 @@ def classes_table(data: RunData) -> Any:
 
 
 def busbw_figure(data: RunData) -> go.Figure:
-    bw = data.bandwidth_instances(limit=5000)
+    bw = q.bandwidth_instances(data, limit=5000)
     if bw is None:
         return ui.empty_figure("No matched collective instances.")
     fig = ui.new_figure()
@@ -107,7 +108,7 @@ def busbw_figure(data: RunData) -> go.Figure:
 
 
 def kinds_figure(data: RunData) -> go.Figure:
-    k = data.collectives_by_kind()
+    k = q.collectives_by_kind(data)
     if k is None:
         return ui.empty_figure("No collectives.")
     rows = k.to_pylist()[:20]

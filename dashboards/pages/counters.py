@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import Input, Output, State, dcc, html, no_update
+from dash import dcc, html
 from plotly.subplots import make_subplots
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.queries import counters as q
+from uberprof.dashboards.ui import Selection
 
 PATH = "/counters"
 TITLE = "Counters"
@@ -42,11 +43,11 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                                            or "GPU" in m])]
     if not cat["nodes"]:
         body.append(ui.notice("This run has no counters to show.", "info", id="no-counters"))
-        return html.Div(body, className="page", id="page-counters")
+        return ui.page("page-counters", *body)
     node = sel.node if sel.node in cat["nodes"] else data.node_of_rank(sel.rank)
     assert node is not None
     info = cat["nodes"][node]
-    rank_on_node = _rank_on_node(data, info["host"], sel.rank)
+    rank_on_node = q.rank_on_node(data, info["host"], sel.rank)
     opts = [{"label": f"{n} ({i['host']})" if i["host"] != n else n, "value": n}
             for n, i in cat["nodes"].items()]
     body.append(html.Div([
@@ -59,11 +60,11 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     panels = [(s, m, t) for s, m, t in PANELS if m in info["series"].get(s, {})]
     if not panels:
         body.append(ui.notice(f"Node {node} has counters, but none of the usual ones.", "info"))
-        return html.Div(body, className="page", id="page-counters")
+        return ui.page("page-counters", *body)
     if "nvml" not in info["series"]:
         body.append(ui.notice(f"No GPU counters on {node}: host counters only.", "info",
                               id="no-gpu-counters"))
-    spans = data.throttle_spans(node)
+    spans = q.throttle_spans(data, node)
     if spans:
         gpus = sorted({d for d, _, _ in spans})
         body.append(ui.notice(f"Clock slowdown (throttling) on {', '.join(gpus)}: "
@@ -75,14 +76,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                            sub="Averaged into at most 600 points per line. Grey: traced "
                                "steps; dotted: step boundaries; red: throttling.",
                            id="counters-section"))
-    return html.Div(body, className="page", id="page-counters")
-
-
-def _rank_on_node(data: RunData, host: str, rank: int | None) -> int | None:
-    ranks = [r for r in data.ranks() if data.host_of(r) == host]
-    if rank in ranks:
-        return rank
-    return ranks[0] if ranks else (data.ranks()[0] if data.ranks() else None)
+    return ui.page("page-counters", *body)
 
 
 def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: int | None,
@@ -121,9 +115,9 @@ def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: i
     shapes = []
     if rank is not None:
         shapes += [_band(lo, hi, "rgba(0,0,0,0.08)") for lo, hi, _, _ in data.traced_spans(rank)]
-    shapes += [_band(lo, hi, "rgba(214,39,40,0.18)") for lo, hi in merge_spans(spans)]
+    shapes += [_band(lo, hi, "rgba(214,39,40,0.18)") for lo, hi in q.merge_spans(spans)]
     if rank is not None:
-        starts, every = data.step_boundaries(rank, max_lines=150)
+        starts, every = q.step_boundaries(data, rank, max_lines=150)
         if starts.size:
             xs: list[Any] = []
             for x in starts.tolist():
@@ -149,33 +143,8 @@ def _band(lo: float, hi: float, color: str) -> dict[str, Any]:
             "fillcolor": color, "line": {"width": 0}, "layer": "below"}
 
 
-def merge_spans(spans: list[tuple[str, float, float]], limit: int = 200
-                ) -> list[tuple[float, float]]:
-    """Throttle periods of all GPUs as bands, joined across short breaks so that at most
-    `limit` bands are drawn (a GPU that recovers for one sample is still throttling)."""
-    if not spans:
-        return []
-    ivs = sorted((lo, hi) for _, lo, hi in spans)
-    total = ivs[-1][1] - ivs[0][0]
-    join = 0.0
-    while True:
-        out: list[list[float]] = []
-        for lo, hi in ivs:
-            if out and lo - out[-1][1] <= join:
-                out[-1][1] = max(out[-1][1], hi)
-            else:
-                out.append([lo, hi])
-        if len(out) <= limit or total <= 0:
-            return [(a, b) for a, b in out]
-        join = max(join * 2, total / 1000)
-
-
 def register(app: Any, data_of: Any) -> None:
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("counters-node", "value"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _node(node: str | None, search: str | None) -> Any:
-        sel = Selection.parse(search)
-        if not node or node == sel.node:
-            return no_update
-        return sel.href(PATH, node=node)
+    """The node picker shows that node's counters."""
+    ui.on_change(app, "counters-node", "value",
+                 lambda node, sel: None if not node or node == sel.node
+                 else sel.href(PATH, node=node))

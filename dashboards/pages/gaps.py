@@ -7,12 +7,13 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from dash import Input, Output, State, dcc, html, no_update
+from dash import dcc, html
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
 from uberprof.analysis.causes import GAP_CAUSES
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.queries import gaps as q
+from uberprof.dashboards.ui import Selection
 from uberprof.units import shorten
 
 PATH = "/gaps"
@@ -24,14 +25,14 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     if not data.has_traces or data.diagnose() is None:
         body.append(ui.notice("Idle gaps need traces: the device timeline of each rank.",
                               "info"))
-        return html.Div(body, className="page", id="page-gaps")
-    by = data.gaps_by_rank()
+        return ui.page("page-gaps", *body)
+    by = q.gaps_by_rank(data)
     d = data.diagnose()
     threshold = d.run.get("gap_threshold_us")
     if by is None or by.num_rows == 0:
         body.append(ui.notice(f"No idle gap longer than {threshold:g} µs in the traced steps.",
                               "ok", id="no-gaps"))
-        return html.Div(body, className="page", id="page-gaps")
+        return ui.page("page-gaps", *body)
     ranks = data.ranks()
     rank_opts = [{"label": "all ranks", "value": -1}] + [{"label": f"rank {r}", "value": r}
                                                           for r in ranks]
@@ -52,11 +53,11 @@ def layout(data: RunData, sel: Selection) -> html.Div:
         ui.section("How long the gaps are", ui.graph("gap-hist", histogram(data, sel.rank)),
                    sub="Count of gaps by duration and cause."),
     ], className="row"))
-    return html.Div(body, className="page", id="page-gaps")
+    return ui.page("page-gaps", *body)
 
 
 def by_rank_figure(data: RunData) -> go.Figure:
-    by = data.gaps_by_rank()
+    by = q.gaps_by_rank(data)
     assert by is not None
     straggler = data.straggler_rank()
     # every traced rank has a place, so that a rank without gaps shows as such
@@ -84,7 +85,7 @@ def by_rank_figure(data: RunData) -> go.Figure:
 
 
 def largest_table(data: RunData, sel: Selection) -> Any:
-    gaps = data.largest_gaps(sel.rank)
+    gaps = q.largest_gaps(data, sel.rank)
     if not gaps:
         return ui.notice("No gaps" + (f" on rank {sel.rank}." if sel.rank is not None else "."),
                          "info")
@@ -105,7 +106,7 @@ def largest_table(data: RunData, sel: Selection) -> Any:
 
 
 def histogram(data: RunData, rank: int | None) -> go.Figure:
-    g = data.gap_durations(rank)
+    g = q.gap_durations(data, rank)
     if g is None or g.num_rows == 0:
         return ui.empty_figure("No gaps.")
     us = g.column("dur_ns").to_numpy() / 1e3
@@ -126,21 +127,13 @@ def histogram(data: RunData, rank: int | None) -> go.Figure:
     return ui.base_layout(fig, height=300)
 
 
-def register(app: Any, data_of: Any) -> None:
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("gaps-rank", "value"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _pick(rank: int | None, search: str | None) -> Any:
-        sel = Selection.parse(search)
-        new = None if rank in (None, -1) else int(rank)
-        if new == sel.rank:
-            return no_update
-        return sel.href(PATH, rank=new)
+def _rank_href(rank: int | None, sel: Selection) -> str | None:
+    return None if rank == sel.rank else sel.href(PATH, rank=rank)
 
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("gaps-by-rank", "clickData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _click(click: dict[str, Any] | None, search: str | None) -> Any:
-        if not click or not click.get("points"):
-            return no_update
-        return Selection.parse(search).href(PATH, rank=int(click["points"][0]["customdata"][0]))
+
+def register(app: Any, data_of: Any) -> None:
+    """The rank picker and a click on a rank's bar show that rank's largest gaps."""
+    ui.on_change(app, "gaps-rank", "value",
+                 lambda rank, sel: _rank_href(None if rank == -1 else int(rank), sel))
+    ui.on_click(app, "gaps-by-rank",
+                lambda p, sel: sel.href(PATH, rank=int(p["customdata"][0])))

@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from dash import Input, Output, State, dcc, html, no_update
+from dash import dcc, html
 
-from dashboards import ui
-from dashboards.data import BREAKDOWN_PARTS, RunData
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import BREAKDOWN_PARTS, RunData
+from uberprof.dashboards.queries import overview as q
+from uberprof.dashboards.ui import Selection
 from uberprof.units import shorten
 
 PATH = "/"
@@ -26,9 +27,10 @@ _FINDING_PAGE = {"straggler": "/stragglers", "data_stall": "/gaps", "launch_boun
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
-    h = data.health()
+    h = q.health(data)
     straggler = data.straggler_rank()
-    return html.Div([
+    return ui.page(
+        "page-overview",
         ui.missing_notices(data.missing()),
         health_cards(h),
         ui.section("What holds this run back", findings_list(data, sel), id="findings",
@@ -43,7 +45,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                        "overview-breakdown", lambda: breakdown_figure(data, straggler))),
                    sub="Share of each rank's traced time. Click a bar for its idle gaps."),
         problems(data),
-    ], className="page", id="page-overview")
+    )
 
 
 def health_cards(h: dict[str, Any]) -> html.Div:
@@ -118,7 +120,7 @@ def findings_list(data: RunData, sel: Selection) -> Any:
 
 
 def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
-    hm = data.step_heatmap()
+    hm = q.step_heatmap(data)
     if hm is None:
         return ui.empty_figure("No step timelines in this run.")
     z = hm.z
@@ -196,24 +198,6 @@ def problems(data: RunData) -> Any:
 
 def register(app: Any, data_of: Any) -> None:
     """Drill-down: a heatmap cell opens /steps, a breakdown bar opens /gaps, for that rank."""
-
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("step-heatmap", "clickData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _open_step(click: dict[str, Any] | None, search: str | None) -> Any:
-        if not click or not click.get("points"):
-            return no_update
-        p = click["points"][0]
-        step = p.get("customdata")
-        if step is None or int(step) < 0:
-            return no_update
-        return Selection.parse(search).href("/steps", rank=int(p["y"]), step=int(step))
-
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("rank-breakdown", "clickData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _open_gaps(click: dict[str, Any] | None, search: str | None) -> Any:
-        if not click or not click.get("points"):
-            return no_update
-        rank = click["points"][0]["customdata"][0]
-        return Selection.parse(search).href("/gaps", rank=int(rank))
+    ui.on_click(app, "step-heatmap", ui.step_cell)
+    ui.on_click(app, "rank-breakdown",
+                lambda p, sel: sel.href("/gaps", rank=int(p["customdata"][0])))

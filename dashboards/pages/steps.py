@@ -8,11 +8,13 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from dash import Input, Output, State, dcc, html, no_update
+from dash import dcc, html
 
-from dashboards import ui
-from dashboards.data import RunData, StepTimeline
-from dashboards.ui import Selection
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.queries import steps as q
+from uberprof.dashboards.queries.steps import StepTimeline
+from uberprof.dashboards.ui import Selection
 
 PATH = "/steps"
 TITLE = "Steps"
@@ -34,9 +36,8 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     traced = data.traced_steps()
     all_steps = data.all_steps()
     if step is None:
-        return html.Div([ui.missing_notices(data.missing()),
-                         ui.notice("This run has no steps.", "warn")], className="page",
-                        id="page-steps")
+        return ui.page("page-steps", ui.missing_notices(data.missing()),
+                       ui.notice("This run has no steps.", "warn"))
     options = [{"label": f"step {s}" + (" · traced" if s in traced else ""), "value": s}
                for s in (all_steps if len(all_steps) <= 5000 else sorted(set(traced) | {step}))]
     controls = html.Div([
@@ -51,7 +52,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     ], className="controls")
     body: list[Any] = [ui.missing_notices([m for m in data.missing() if "traces" in m]),
                        controls]
-    tl = data.step_timeline(step, focus=sel.rank) if step in traced else None
+    tl = q.step_timeline(data, step, focus=sel.rank) if step in traced else None
     if tl is not None and tl.ranks:
         body.append(ui.section(
             f"Step {step} on every rank (aligned clocks)",
@@ -61,7 +62,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
             sub="Upper bar: compute; lower bar: communication; shaded: idle gaps by cause; "
                 "▶ marks each rank's arrival at a collective (red: the last to arrive)."))
         body.append(ui.section("Late arrivals in this step",
-                               arrivals_table(tl, sel, data.straggler_rank()),
+                               arrivals_table(data, tl, sel),
                                id="arrivals"))
     else:
         why = ("this step was not traced: pick a traced step for its timeline"
@@ -70,7 +71,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     body.append(ui.section(f"Step {step}: host step time and data wait per rank",
                            ui.graph("step-ranks", ranks_figure(data, step, sel.rank)),
                            id="step-ranks-section"))
-    return html.Div(body, className="page", id="page-steps")
+    return ui.page("page-steps", *body)
 
 
 def timeline_figure(tl: StepTimeline, straggler: int | None, focus: int | None) -> go.Figure:
@@ -157,32 +158,29 @@ def timeline_note(tl: StepTimeline, data: RunData) -> Any:
     return html.P(" ".join(parts), className="muted")
 
 
-def arrivals_table(tl: StepTimeline, sel: Selection, straggler: int | None) -> Any:
+def arrivals_table(data: RunData, tl: StepTimeline, sel: Selection) -> Any:
     """Ranks by lateness in this step; the run's straggler in red, whoever came last to every
     collective of this step in bold."""
     if not tl.arrivals:
         return ui.notice("No matched collectives in this step.", "info")
-    per: dict[int, dict[str, Any]] = {}
-    for a in tl.arrivals:
-        p = per.setdefault(a["rank"], {"late": [], "last": 0})
-        p["late"].append(a["lateness_ms"])
-        p["last"] += int(a["last"])
+    straggler = data.straggler_rank()
+    order = q.step_lateness(data, tl.step)
+    shown = order[:20] + [r for r in order[20:] if r["rank"] == straggler]
     rows, classes = [], []
-    order = sorted(per.items(), key=lambda kv: -float(np.median(kv[1]["late"])))
-    shown = order[:20] + [kv for kv in order[20:] if kv[0] == straggler]
-    for rank, p in shown:
+    for r in shown:
+        rank = r["rank"]
         rows.append([dcc.Link(f"rank {rank}", href=sel.href("/stragglers", rank=rank)),
-                     f"{np.median(p['late']):.3f}", f"{max(p['late']):.3f}",
-                     f"{p['last']}/{len(p['late'])}",
+                     f"{r['median_ms']:.3f}", f"{r['max_ms']:.3f}",
+                     f"{r['last_in']}/{r['instances']}",
                      "straggler" if rank == straggler else ""])
         classes.append("straggler" if rank == straggler else
-                       "late" if p["last"] and p["last"] == len(p["late"]) else "")
+                       "late" if r["last_in"] and r["last_in"] == r["instances"] else "")
     return ui.table(["rank", "median lateness (ms)", "max lateness (ms)", "last to arrive", ""],
                     rows, id="arrivals-table", row_classes=classes)
 
 
 def ranks_figure(data: RunData, step: int, focus: int | None) -> go.Figure:
-    t = data.step_ranks(step)
+    t = q.step_ranks(data, step)
     if t.num_rows == 0:
         return ui.empty_figure(f"No rank recorded step {step}.")
     straggler = data.straggler_rank()
@@ -203,20 +201,7 @@ def ranks_figure(data: RunData, step: int, focus: int | None) -> go.Figure:
 
 
 def register(app: Any, data_of: Any) -> None:
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("step-picker", "value"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _pick(step: int | None, search: str | None) -> Any:
-        sel = Selection.parse(search)
-        if step is None or step == sel.step:
-            return no_update
-        return sel.href(PATH, step=int(step))
-
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("step-ranks", "clickData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _rank(click: dict[str, Any] | None, search: str | None) -> Any:
-        if not click or not click.get("points"):
-            return no_update
-        sel = Selection.parse(search)
-        return sel.href("/stragglers", rank=int(click["points"][0]["x"]))
+    """Picking a step opens it; a rank's bar opens that rank on /stragglers."""
+    ui.on_change(app, "step-picker", "value",
+                 lambda step, sel: None if step == sel.step else sel.href(PATH, step=int(step)))
+    ui.on_click(app, "step-ranks", lambda p, sel: sel.href("/stragglers", rank=int(p["x"])))

@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import Input, Output, State, dcc, html, no_update
+from dash import dcc, html
 from plotly.subplots import make_subplots
 
-from dashboards import ui
-from dashboards.data import RunData
-from dashboards.ui import Selection
 from uberprof.analysis.causes import straggler_cause_text
+from uberprof.dashboards import ui
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.queries import stragglers as q
+from uberprof.dashboards.ui import Selection
 
 PATH = "/stragglers"
 TITLE = "Stragglers"
@@ -28,14 +29,14 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     if not data.has_traces:
         body.append(ui.notice("Lateness needs traces: the collectives' start times on every "
                               "rank.", "info"))
-        return html.Div(body, className="page", id="page-stragglers")
+        return ui.page("page-stragglers", *body)
     s = data.straggler()
     body.append(verdict(data))
-    hm = data.lateness_heatmap()
+    hm = q.lateness_heatmap(data)
     if hm is None:
         body.append(ui.notice("No collective could be matched across ranks, so lateness is "
                               "unknown (see the problems on the overview).", "warn"))
-        return html.Div(body, className="page", id="page-stragglers")
+        return ui.page("page-stragglers", *body)
     body.append(html.Div([
         ui.section("Lateness per rank and step",
                    ui.graph("lateness-heatmap", lateness_figure(data)),
@@ -45,12 +46,12 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                    sub="Ranks that arrive latest first."),
     ], className="row"))
     focus = sel.rank if sel.rank is not None else (s.rank if s is not None else None)
-    median = data.median_rank()
+    median = q.median_rank(data)
     if focus is not None:
         body.append(ui.section(
             f"Counters: rank {focus} beside rank {median} (median lateness)",
             counters_block(data, focus, median), id="straggler-counters"))
-    return html.Div(body, className="page", id="page-stragglers")
+    return ui.page("page-stragglers", *body)
 
 
 def verdict(data: RunData) -> Any:
@@ -59,7 +60,7 @@ def verdict(data: RunData) -> Any:
         return ui.notice("No persistent straggler: no rank arrives last at the collectives "
                          "clearly more often than chance, by a margin above the noise.", "ok",
                          id="straggler-verdict")
-    f = data.straggler_factors()
+    f = q.straggler_factors(data)
     factors = f.get("factors_ms", {})
     ev = [html.Dt("arrives last"), html.Dd(f"{s.last} of {s.instances} collectives "
                                            f"({100 * s.last_fraction:.0f}%)"),
@@ -92,7 +93,7 @@ def verdict(data: RunData) -> Any:
 
 
 def lateness_figure(data: RunData) -> go.Figure:
-    hm = data.lateness_heatmap()
+    hm = q.lateness_heatmap(data)
     assert hm is not None
     straggler = data.straggler_rank()
     n = len(hm.ranks)
@@ -107,7 +108,7 @@ def lateness_figure(data: RunData) -> go.Figure:
 
 
 def ranking_table(data: RunData, sel: Selection) -> Any:
-    ranking = data.lateness_ranking()
+    ranking = q.lateness_ranking(data)
     straggler = data.straggler_rank()
     rows, classes = [], []
     shown = ranking[:15]
@@ -176,14 +177,5 @@ def counters_block(data: RunData, rank: int, median: int | None) -> Any:
 
 
 def register(app: Any, data_of: Any) -> None:
-    @app.callback(Output("url", "href", allow_duplicate=True),
-                  Input("lateness-heatmap", "clickData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def _open(click: dict[str, Any] | None, search: str | None) -> Any:
-        if not click or not click.get("points"):
-            return no_update
-        p = click["points"][0]
-        step = p.get("customdata")
-        if step is None or int(step) < 0:
-            return no_update
-        return Selection.parse(search).href("/steps", rank=int(p["y"]), step=int(step))
+    """A heatmap cell opens that rank's step on /steps."""
+    ui.on_click(app, "lateness-heatmap", ui.step_cell)

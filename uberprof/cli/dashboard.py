@@ -1,9 +1,11 @@
-"""`uberprof dashboard`: serve the Dash app of one run (dashboards/), safe by default."""
+"""`uberprof dashboard`: serve the Dash app of one run (`uberprof.dashboards`), safe by
+default."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -26,6 +28,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_auth_file(path: Path) -> tuple[str, str | None]:
+    """The credentials in `path` (its first line, user:password), and a warning when other
+    users can read the file; raises ValueError when it cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8").splitlines()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+    warning = (f"{path} can be read by other users (chmod 600 {path})"
+               if mode & (stat.S_IRGRP | stat.S_IROTH) else None)
+    return (text[0].strip() if text else ""), warning
+
+
 def parse_auth(text: str | None) -> tuple[str, str] | None:
     """'user:password' -> (user, password); None for None; raises ValueError when malformed."""
     if text is None:
@@ -43,41 +59,48 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but a loopback address needs --auth.")
 @click.option("--auth", "auth_text", metavar="USER:PASSWORD", default=None,
-              help=f"Require HTTP basic authentication (or set {AUTH_ENV}).")
+              help="Require HTTP basic authentication. Other users of this machine can read "
+                   f"it in `ps`: prefer --auth-file or {AUTH_ENV}=user:password.")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Require HTTP basic authentication with the user:password on the first "
+                   "line of this file (keep it private: chmod 600).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the analysis tables are (default: PATH/derived).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for reading traces when the analysis must run first.")
-def dashboard(path: Path, port: int, host: str, auth_text: str | None, out: Path | None,
-              workers: int | None) -> None:
+@click.option("--compare", "baseline", type=click.Path(exists=True, path_type=Path),
+              default=None, metavar="A",
+              help="Also compare PATH against run A (the baseline) on a /compare page, as "
+                   "`uberprof diff A PATH` does.")
+def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file: Path | None,
+              out: Path | None, workers: int | None, baseline: Path | None) -> None:
     """Serve the dashboard of PATH (a uberprof run directory or a folder of Kineto traces).
 
     \b
-    Pages: /  overview · /steps · /stragglers · /gaps · /communication · /counters
-    Runs `uberprof analyze` first when the tables are missing or stale. Listens on
-    127.0.0.1 unless --host says otherwise; any other address requires --auth
-    (or UBERPROF_DASHBOARD_AUTH=user:password). Serves nothing but this run's views.
+    Pages: /  overview · /steps · /stragglers · /gaps · /communication · /counters, and
+    /compare with --compare A. Runs `uberprof analyze` first when the tables are missing or
+    stale, and reads the diagnosis `uberprof report` saved when it is fresh. Listens on
+    127.0.0.1 unless --host says otherwise; any other address requires credentials:
+    --auth-file FILE or UBERPROF_DASHBOARD_AUTH=user:password (--auth user:password works
+    too, but shows in `ps`). Serves nothing but this run's views.
     """
     err = Console(stderr=True)
     say = Console(highlight=False)
-    source = "--auth" if auth_text is not None else AUTH_ENV
-    try:
-        auth = parse_auth(auth_text if auth_text is not None else os.environ.get(AUTH_ENV) or None)
-    except ValueError as exc:
-        err.print(f"uberprof dashboard: {source}: {exc}", markup=False)
-        sys.exit(2)
+    auth, source = _credentials(auth_text, auth_file, err)
     if not is_loopback(host) and auth is None:
         err.print(f"uberprof dashboard: refusing to listen on {host} without credentials: "
-                  "anyone who can reach this machine could read the run. Give --auth "
-                  f"user:password (or set {AUTH_ENV}), or keep the default 127.0.0.1 and "
-                  "use an SSH tunnel (ssh -L 8050:127.0.0.1:8050 ...).", markup=False)
+                  "anyone who can reach this machine could read the run. Give --auth-file "
+                  f"FILE (user:password inside) or set {AUTH_ENV}=user:password, or keep the "
+                  "default 127.0.0.1 and use an SSH tunnel (ssh -L 8050:127.0.0.1:8050 ...).",
+                  markup=False)
         sys.exit(2)
 
-    from dashboards.app import LOOPBACK_HOSTS, create_app
-    from dashboards.data import RunData
+    from uberprof.dashboards.app import create_app, loopback_hosts
+    from uberprof.dashboards.data import RunData
 
     t0 = time.perf_counter()
-    data = RunData(root=path.resolve(), out=out, workers=workers)
+    data = RunData(root=path.resolve(), out=out, workers=workers,
+                   baseline=baseline.resolve() if baseline is not None else None)
     try:  # the same progress bar as `uberprof analyze`
         from uberprof.present.terminal.progress import ReadProgress
     except ImportError:  # pragma: no cover - it moved: no bar, same work
@@ -93,16 +116,31 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, out: Path
                   markup=False, highlight=False)
         sys.exit(1)
     ranks = len(data.ranks())
-    with err.status(f"diagnosing {ranks} rank(s)…", spinner="dots"):
+    if data.has_traces:
+        with err.status("reading the saved diagnosis…", spinner="dots"):
+            saved = data.read_saved_diagnosis()
+        if not saved:
+            with err.status(f"diagnosing {ranks} rank(s)…", spinner="dots"):
+                data.diagnose()
+    with err.status("reading the counters…", spinner="dots"):
         data.warm()
+    if data.baseline is not None:
+        from uberprof.dashboards.queries.compare import comparison
+
+        with err.status(f"comparing with {baseline}…", spinner="dots"):
+            compared = comparison(data)
+        if compared is not None and compared.error:
+            err.print(f"uberprof dashboard: --compare: {compared.error}", markup=False,
+                      highlight=False)
     say.print(f"[dim]{ranks} rank(s), {len(data.all_steps())} step(s), "
               f"{len(data.traced_steps())} traced; ready in {time.perf_counter() - t0:.1f} s"
               "[/dim]")
     for p in data.problems[:5]:
         err.print(f"uberprof dashboard: {p}", markup=False, highlight=False)
 
-    allowed = LOOPBACK_HOSTS if is_loopback(host) else None
-    app = create_app(data, auth=auth, allowed_hosts=allowed)
+    allowed = loopback_hosts(host) if is_loopback(host) else None
+    with err.status("preparing the overview…", spinner="dots"):
+        app = create_app(data, auth=auth, allowed_hosts=allowed)
     server = _make_server(host, port, app.server, err)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/"
@@ -119,6 +157,35 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, out: Path
         pass
     finally:
         server.server_close()
+
+
+def _credentials(auth_text: str | None, auth_file: Path | None, err: Console
+                 ) -> tuple[tuple[str, str] | None, str]:
+    """(user, password) from --auth, --auth-file or the environment, and where they came
+    from; exits 2 when they are malformed or given twice."""
+    if auth_text is not None and auth_file is not None:
+        err.print("uberprof dashboard: give --auth or --auth-file, not both", markup=False)
+        sys.exit(2)
+    if auth_file is not None:
+        source = "--auth-file"
+        try:
+            text, warning = read_auth_file(auth_file)
+        except ValueError as exc:
+            err.print(f"uberprof dashboard: --auth-file: {exc}", markup=False)
+            sys.exit(2)
+        if warning:
+            err.print(f"uberprof dashboard: warning: {warning}", markup=False, soft_wrap=True)
+    elif auth_text is not None:
+        source, text = "--auth", auth_text
+        err.print("uberprof dashboard: note: --auth shows in `ps` to every user of this "
+                  f"machine; prefer --auth-file or {AUTH_ENV}", markup=False)
+    else:
+        source, text = AUTH_ENV, os.environ.get(AUTH_ENV) or None
+    try:
+        return parse_auth(text), source
+    except ValueError as exc:
+        err.print(f"uberprof dashboard: {source}: {exc}", markup=False)
+        sys.exit(2)
 
 
 def _make_server(host: str, port: int, wsgi: Any, err: Console) -> Any:

@@ -1,0 +1,45 @@
+"""What `/communication` shows: the diagnosis's bandwidth per collective class and per matched
+instance (`uberprof.analysis.bandwidth`), and time per collective kind and message size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from uberprof.analysis.summaries import sql_table
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.queries.tables import evenly
+
+__all__ = ["bandwidth_classes", "bandwidth_instances", "collectives_by_kind"]
+
+
+def bandwidth_classes(run: RunData) -> list[dict[str, Any]]:
+    d = run.diagnose()
+    return [c.as_dict() for c in d.classes] if d is not None else []
+
+
+def bandwidth_instances(run: RunData, limit: int = 20_000) -> pa.Table | None:
+    """BANDWIDTH_SCHEMA rows (evenly sampled beyond `limit`), None when there are none."""
+    d = run.diagnose()
+    if d is None or d.bandwidth.num_rows == 0:
+        return None
+    return evenly(d.bandwidth, limit)
+
+
+def collectives_by_kind(run: RunData) -> pa.Table | None:
+    """Per collective kind and message size: calls, total and median time (per rank)."""
+    def build() -> pa.Table | None:
+        if run.ctx is None:
+            return None
+        c = run.ctx.collectives()
+        if c.num_rows == 0:
+            return None
+        return sql_table("""
+            SELECT coalesce(name, event) AS name, coalesce(in_bytes, out_bytes) AS bytes,
+                   count(*) AS calls, count(DISTINCT rank) AS ranks,
+                   sum(end_ns - start_ns) / 1e6 AS total_ms,
+                   median(end_ns - start_ns) / 1e6 AS median_ms
+            FROM c GROUP BY ALL ORDER BY total_ms DESC
+        """, c=c)
+    return run.once("collectives_by_kind", build)

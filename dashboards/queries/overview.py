@@ -1,0 +1,73 @@
+"""What the overview (`/`) shows: the numbers behind its cards and its rank x step heatmap of
+step time. The findings and the per-rank breakdown come from the core (`RunData.findings`,
+`RunData.breakdown_by_rank`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uberprof.analysis import metrics as M
+from uberprof.analysis.summaries import sql_table
+from uberprof.dashboards.data import RunData
+from uberprof.dashboards.queries.tables import Heatmap, binned_heatmap
+
+__all__ = ["health", "step_heatmap"]
+
+_TOTALS = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
+
+
+def health(run: RunData) -> dict[str, Any]:
+    """The numbers behind the overview's cards: ranks, hosts, steps, host step time over every
+    step of every rank (median, p90), the run's breakdown (metrics.percentages of the ranks'
+    totals), the straggler and the findings by severity."""
+    return run.once("health", lambda: _health(run))
+
+
+def _health(run: RunData) -> dict[str, Any]:
+    ranks = run.ranks()
+    hosts = sorted({h for h in (run.host_of(r) for r in ranks) if h})
+    q = sql_table("""
+        SELECT median(step_time_ns) / 1e6, quantile_cont(step_time_ns, 0.9) / 1e6,
+               count(DISTINCT step), max(step), min(step), median(data_wait_ns) / 1e6
+        FROM s WHERE step_time_ns IS NOT NULL AND step >= 0
+    """, s=run.steps).to_pylist()[0]
+    vals = list(q.values())
+    out: dict[str, Any] = {
+        "run_id": run.label, "path": str(run.root),
+        "ranks": len(ranks), "hosts": len(hosts), "host_names": hosts,
+        "step_ms_median": vals[0], "step_ms_p90": vals[1], "steps": vals[2] or 0,
+        "first_step": vals[4], "last_step": vals[3], "data_wait_ms_median": vals[5],
+        "traced_steps": run.traced_steps(),
+        "device": None, "backend": None, "breakdown": None,
+        "findings": {"high": 0, "medium": 0, "low": 0},
+        "straggler": None, "diagnosis_error": run.diagnosis_error,
+    }
+    rt = run.rank_table()
+    if rt is not None and rt.num_rows:
+        tot = {f: sum(x or 0 for x in rt.column(f"{f}_ns").to_pylist()) for f in _TOTALS}
+        out["breakdown"] = M.percentages(**tot)
+        modes = set(rt.column("mode").to_pylist())
+        out["device"] = next((d for d, m in zip(rt.column("device_type").to_pylist(),
+                                                rt.column("mode").to_pylist())
+                              if m == "device"), None) or ("cpu" if modes else None)
+    d = run.diagnose()
+    if d is not None:
+        out["backend"] = d.run.get("backend")
+        for f in d.findings:
+            out["findings"][f.severity] = out["findings"].get(f.severity, 0) + 1
+        s = d.straggler
+        if s is not None:
+            out["straggler"] = {"rank": s.rank, "cause": s.cause, "last": s.last,
+                                "instances": s.instances, "lead_ms": s.median_lead_ns / 1e6,
+                                "delay_ms": s.delay_ns / 1e6, "host": run.host_of(s.rank)}
+        out["analysed_wall_ms"] = d.run.get("analysed_wall_ms")
+        out["residual_us"] = max((h.residual_ns or 0 for h in d.alignment.hosts),
+                                 default=0) / 1e3
+    return out
+
+
+def step_heatmap(run: RunData, column: str = "step_time_ns", max_cols: int = 250,
+                 max_rows: int = 256) -> Heatmap | None:
+    """Rank x step matrix of `column` in ms (tables.binned_heatmap), built once."""
+    return run.once(f"heatmap:{column}:{max_cols}:{max_rows}",
+                    lambda: binned_heatmap(run.steps, column, max_cols, max_rows))
