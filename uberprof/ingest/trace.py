@@ -276,7 +276,7 @@ _TS = operator.attrgetter("ts")
 _DUR = operator.attrgetter("dur")
 _COLL_NAME = operator.attrgetter("coll_name")
 _NO_ARGS = _Args()
-_EXACT_KEYS = (int, str, type(None))
+_EXACT_KEYS = frozenset((int, str, type(None)))
 _DEVICE_CAT = _DeviceCats()
 
 
@@ -552,15 +552,11 @@ def _distinct(values: list[Any]) -> tuple[list[Any], np.ndarray] | None:
     """The distinct values in order of first sight and each value's index among them; None
     when a dict cannot tell them apart exactly (unhashable values; 1, 1.0 and True are one key,
     so only ints, strings and None qualify)."""
+    if not set(map(type, values)) <= _EXACT_KEYS:
+        return None
     coder = _Coder()
-    try:
-        idx = np.fromiter(map(coder.__getitem__, values), np.int64, len(values))
-    except TypeError:
-        return None
-    keys = list(coder)
-    if not all(type(k) in _EXACT_KEYS for k in keys):
-        return None
-    return keys, idx
+    idx = np.fromiter(map(coder.__getitem__, values), np.int64, len(values))
+    return list(coder), idx
 
 
 def _streams(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
