@@ -262,19 +262,11 @@ class _DeviceCats(dict):  # type: ignore[type-arg]
         return v
 
 
-_CAT = operator.attrgetter("cat")
-_NAME = operator.attrgetter("name")
-_PID = operator.attrgetter("pid")
-_TID = operator.attrgetter("tid")
-_ARGS = operator.attrgetter("args")
-_PH = operator.attrgetter("ph")
-_STREAM = operator.attrgetter("stream")
-_CORRELATION = operator.attrgetter("correlation")
-_EXTERNAL_ID = operator.attrgetter("external_id")
-_EXTERNAL_ID_OLD = operator.attrgetter("external_id_old")
-_TS = operator.attrgetter("ts")
-_DUR = operator.attrgetter("dur")
-_COLL_NAME = operator.attrgetter("coll_name")
+# Field getters of events (and of their args), mapped over a batch in C.
+_CAT, _NAME, _PID, _TID, _ARGS, _PH, _TS, _DUR = map(
+    operator.attrgetter, ("cat", "name", "pid", "tid", "args", "ph", "ts", "dur"))
+_STREAM, _CORRELATION, _EXTERNAL_ID, _EXTERNAL_ID_OLD, _COLL_NAME = map(
+    operator.attrgetter, ("stream", "correlation", "external_id", "external_id_old", "coll_name"))
 _NO_ARGS = _Args()
 _EXACT_KEYS = frozenset((int, str, type(None)))
 _DEVICE_CAT = _DeviceCats()
