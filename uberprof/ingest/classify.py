@@ -7,6 +7,7 @@ profiler, old (2021: `Kernel`, `Runtime`, `Operator`) and new (`kernel`, `cuda_r
 
 from __future__ import annotations
 
+import functools
 import re
 
 # Device kinds: activity on an accelerator stream.
@@ -67,6 +68,7 @@ def step_number(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+@functools.lru_cache(maxsize=8192)  # ranks of one job share their names: classify each once
 def classify(cat: str, name: str, on_device: bool) -> str:
     """The kind of one (category, name) pair; `on_device` says the event carries a stream."""
     if cat in _KERNEL_CATS:

@@ -51,10 +51,16 @@ def decode_events(chunk: list[msgspec.Raw], decoder: msgspec.json.Decoder[list[E
     that is not an object at all is dropped, or with `keep_place` becomes an empty struct, so
     that the output lines up with `chunk`.
     """
+    if not chunk:
+        return []
+    # One buffer, one copy: the brackets ride on the first and last slices.
+    text = b",".join([b"[" + chunk[0], *chunk[1:-1], bytes(chunk[-1]) + b"]"] if len(chunk) > 1
+                     else [b"[" + chunk[0] + b"]"])
     try:
-        return decoder.decode(b"[" + b",".join(chunk) + b"]")
+        return decoder.decode(text)
     except msgspec.ValidationError:
         pass
+    del text
     out: list[E] = []
     for r in chunk:
         try:
