@@ -9,7 +9,6 @@ whose rank-id rule decides which folder is which rank; a folder it cannot place 
 from __future__ import annotations
 
 import zlib
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from uberprof.rundir import (
     NodeMeta,
     RankMeta,
     RunDir,
+    folder_problems,
     list_nodes,
     list_ranks,
     read_json,
@@ -72,11 +72,12 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
 
     nodes = [_node(n, problems) for run in runs for n in list_nodes(run)]
     counters = [c for run in runs for p in run.node_dirs() for c in node_counters(p)]
-    ranks = [_rank(m, problems, check_traces) for run in runs for m in list_ranks(run)]
-    ranks = [r for r in ranks if r is not None]
+    metas = [m for run in runs for m in list_ranks(run)]
+    problems.extend(folder_problems(metas))
+    ranks = [_rank(m, problems, check_traces) for m in metas if m.rank is not None]
     ranks.sort(key=lambda r: r["rank"])  # stable: a rank's folders stay in claim order
 
-    _cross_rank_problems(ranks, problems)
+    _window_problems(ranks, problems)
     exit_codes = [n["exit_code"] for n in nodes if n.get("exit_code") is not None]
     for n in nodes:
         if n.get("exit_code"):
@@ -122,12 +123,8 @@ def _node(node: NodeMeta, problems: list[str]) -> dict[str, Any]:
             "counters": node.counters or None}
 
 
-def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any] | None:
+def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any]:
     path = meta.folder
-    if meta.problem is not None:
-        problems.append(meta.problem)
-    if meta.rank is None:
-        return None
     steps, truncated = read_steps(path)
     windows = trace_windows(path)
     rank = meta.rank
@@ -167,17 +164,7 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
     }
 
 
-def _cross_rank_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
-    counts = Counter(r["rank"] for r in ranks)
-    for rank, n in sorted(counts.items(), key=lambda kv: str(kv[0])):
-        if n > 1:
-            dirs = ", ".join(r["dir"] for r in ranks if r["rank"] == rank)
-            problems.append(f"rank {rank} appears {n} times ({dirs}): restarted, or two jobs "
-                            "wrote into one run directory")
-    world = max((r["world_size"] or 0 for r in ranks), default=0)
-    missing = sorted(set(range(world)) - set(counts))
-    if missing:
-        problems.append(f"missing ranks: {_ranges(missing)} of a world of {world}")
+def _window_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
     window_sets = {tuple(tuple(w["steps"]) for w in r["trace_windows"]) for r in ranks}
     if len(window_sets) > 1:
         problems.append("ranks have different trace windows: "
@@ -187,14 +174,3 @@ def _cross_rank_problems(ranks: list[dict[str, Any]], problems: list[str]) -> No
                                        or "none")
                                     for r in ranks))
 
-
-def _ranges(values: list[int]) -> str:
-    out, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:  # type: ignore[list-item]
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(out)

@@ -523,7 +523,7 @@ def _run_doc(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: float
         "path": str(ctx.root),
         "run_id": run_id,
         "kind": "run" if ctx.is_run_dir else "traces",
-        "world_size": len(ctx.rank_ids),
+        "world_size": ctx.world_size,
         "ranks": ctx.rank_ids,
         "hosts": hosts,
         "backend": next((i.backend for i in ctx.ranks.values() if i.backend), None),

@@ -60,6 +60,12 @@ class RunContext:
     def rank_ids(self) -> list[int]:
         return sorted(self.ranks)
 
+    @property
+    def world_size(self) -> int:
+        """The job's world size as its ranks report it: more than the ranks analysed when some
+        are missing (named among the problems)."""
+        return max([len(self.ranks), *(i.world_size or 0 for i in self.ranks.values())])
+
     def steps(self) -> pa.Table:
         """RUN_STEP_SCHEMA rows (one per rank and step), Arrow."""
         if "steps" not in self._cache:

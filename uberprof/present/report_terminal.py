@@ -47,6 +47,12 @@ def _short(name: Any, n: int = 48) -> str:
     return shorten(name, n, missing="-")
 
 
+def _of_world(r: dict[str, Any]) -> str:
+    """"4", or "3 of 4" when ranks of the world are missing."""
+    n = len(r.get("ranks") or [])
+    return f"{n} of {r['world_size']}" if n < r["world_size"] else str(r["world_size"])
+
+
 def _header(d: Diagnosis, console: Console) -> None:
     r = d.run
     hosts = r.get("hosts") or {}
@@ -56,7 +62,7 @@ def _header(d: Diagnosis, console: Console) -> None:
     title = Text(f"uberprof report  {r.get('run_id') or r['path']}", style="bold")
     console.print(title)
     console.print(
-        f"{r['world_size']} rank(s) on {len(hosts)} host(s), "
+        f"{_of_world(r)} rank(s) on {len(hosts)} host(s), "
         f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
         f"({_ms(r.get('analysed_wall_ms'))} ms wall), median step {_ms(r.get('step_time_ms'))} ms",
         highlight=False)

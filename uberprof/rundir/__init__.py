@@ -35,6 +35,7 @@ from uberprof.rundir.nodes import NodeMeta, list_nodes, read_node
 from uberprof.rundir.ranks import (
     MAX_RANKS,
     RankMeta,
+    folder_problems,
     list_ranks,
     ranks_by_id,
     read_rank,
@@ -62,6 +63,7 @@ __all__ = [
     "RunDir",
     "as_run_dir",
     "claim_dir",
+    "folder_problems",
     "list_nodes",
     "list_ranks",
     "parse_rank_dir_name",

@@ -14,12 +14,14 @@ that they never disagree on which folder is which rank:
 Two folders for one rank (`0` and `0-2`: a restarted job, or two jobs in one run directory)
 are both listed by `list_ranks`, in folder order (the name's number, then its claim number:
 `0`, `0-2`, `0-10`, `1`); `ranks_by_id`, which readers needing one folder per rank use, keeps
-the first of them in that order (`0`, the first claimed). The inventory names the duplicate.
+the first of them in that order (`0`, the first claimed): two jobs' data are never mixed.
+`folder_problems` is what every command says about the folders (the same lines in `info`,
+`analyze`, `report`, `export` and the dashboard).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +128,30 @@ def ranks_by_id(ranks: RunDir | Path | str | Iterable[RankMeta]) -> dict[int, Ra
     return out
 
 
+def folder_problems(metas: Sequence[RankMeta]) -> list[str]:
+    """What is wrong with a run's rank folders (`list_ranks`), worded once for every command:
+    rank ids that could not be read, a rank with several folders (which one is read, which are
+    left out) and ranks missing from the world the ranks report."""
+    problems = [m.problem for m in metas if m.problem is not None]
+    chosen = ranks_by_id(metas)
+    folders: dict[int, list[Path]] = {}
+    for m in metas:
+        if m.rank is not None:
+            folders.setdefault(m.rank, []).append(m.folder)
+    for rank, dirs in sorted(folders.items()):
+        if len(dirs) > 1:
+            left = [str(d) for d in dirs if d != chosen[rank].folder]
+            problems.append(f"rank {rank} appears {len(dirs)} times "
+                            f"({', '.join(map(str, dirs))}): restarted, or two jobs wrote into "
+                            f"one run directory; {chosen[rank].folder} (the first claimed) is "
+                            f"read, {', '.join(left)} left out")
+    world = max((m.world_size or 0 for m in metas), default=0)
+    missing = sorted(set(range(world)) - set(folders))
+    if missing:
+        problems.append(f"missing ranks: {_ranges(missing)} of a world of {world}")
+    return problems
+
+
 def read_steps(rank_dir: Path) -> tuple[list[dict[str, Any]], bool]:
     """The rank's step rows (`steps.jsonl`) with their GPU rows merged in, in step order, and
     whether the file was cut off. Rows without an int step number are skipped."""
@@ -160,6 +186,19 @@ def trace_windows(rank_dir: Path) -> list[dict[str, Any]]:
             if steps is not None:
                 out.append({"steps": list(steps), "path": str(p), "bytes": p.stat().st_size})
     return out
+
+
+def _ranges(values: list[int]) -> str:
+    """`[1, 2, 3, 7]` as "1-3, 7"."""
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
 
 
 def _fallback(path: Path, why: str, from_name: int | None) -> str:
