@@ -23,6 +23,7 @@ from uberprof.rundir import (
     list_nodes,
     list_ranks,
     read_json,
+    read_step_timeline,
     read_steps,
     trace_windows,
 )
@@ -125,9 +126,12 @@ def _node(node: NodeMeta, problems: list[str]) -> dict[str, Any]:
 
 def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any]:
     path = meta.folder
-    steps, truncated = read_steps(path)
+    timeline = read_step_timeline(path)
+    steps, truncated = timeline.steps, timeline.truncated
     windows = trace_windows(path)
     rank = meta.rank
+    if (skipped := timeline.problem(path / STEPS_FILE)) is not None:
+        problems.append(skipped)
     if truncated:
         problems.append(f"rank {rank}: {path / STEPS_FILE} ends with a cut-off line "
                         f"(the rank stopped mid-write); {len(steps)} whole steps kept")

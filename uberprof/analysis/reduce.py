@@ -36,7 +36,15 @@ from uberprof.analysis.derived import (
 )
 from uberprof.ingest.discover import Source, TraceInput
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
-from uberprof.rundir import RankMeta, folder_problems, list_ranks, ranks_by_id, write_json_atomic
+from uberprof.rundir import (
+    RankMeta,
+    folder_problems,
+    is_utf8,
+    list_ranks,
+    ranks_by_id,
+    shown,
+    write_json_atomic,
+)
 
 __all__ = ["reduce_run"]
 
@@ -52,8 +60,14 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
     left_out = {rd for _, rd in source.rank_dirs if rd not in read}
     loaded: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]] = []
     for inp in source.inputs:
+        if left_out and inp.path.parents[1] in left_out:  # ranks/<r>/traces/<file>
+            continue
+        if not is_utf8(inp.rel):
+            problems.append(f"{shown(inp.path)}: the file name is not valid UTF-8; left out "
+                            "(rename it to analyse it)")
+            continue
         e = entries.get(inp.rel)
-        if e is None or (left_out and inp.path.parents[1] in left_out):  # ranks/<r>/traces/
+        if e is None:
             continue
         if e.get("status") != "ok":
             problems.append(e.get("message") or f"{inp.path}: could not be analysed")
@@ -230,6 +244,8 @@ def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
         if e.get("truncated"):
             notes[rd] = (f"{rd / STEPS_JSONL}: ends with a cut-off line; "
                          f"{e.get('rows')} whole steps kept")
+        if e.get("skipped"):
+            notes[rd] = "; ".join(filter(None, (notes.get(rd), e["skipped"])))
         if not e.get("rows"):
             continue
         steps = {} if steps is None else steps

@@ -79,7 +79,8 @@ def freshness_key(root: Path, derived: Path, threshold_ns: int,
             st = p.stat()
         except OSError:
             continue
-        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                 .encode("utf-8", "surrogateescape"))  # any file name, UTF-8 or not
     return {"saved_version": SAVED_VERSION, "uberprof_version": __version__,
             "inputs_sha256": h.hexdigest(), "gap_threshold_ns": int(threshold_ns)}
 
