@@ -70,7 +70,7 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     def say(msg: str) -> None:
         err.print(f"uberprof export: {msg}", markup=False, highlight=False, soft_wrap=True)
 
-    if (why := unwritable(output)) is not None:
+    if (why := unwritable(output, makes_folders=True)) is not None:
         say(why)
         sys.exit(1)
     try:

@@ -9,14 +9,19 @@ from pathlib import Path
 __all__ = ["cannot_write", "unwritable"]
 
 
-def unwritable(path: Path) -> str | None:
-    """Why `path` cannot be written (a folder in its place, a missing or read-only folder),
-    or None when it looks writable; the write itself may still fail (`cannot_write`)."""
-    parent = path.parent
+def unwritable(path: Path, makes_folders: bool = False) -> str | None:
+    """Why `path` cannot be written (a folder in its place, a file where a folder should be,
+    a missing folder unless the command `makes_folders`, a read-only folder), or None when it
+    looks writable; the write itself may still fail (`cannot_write`)."""
     if path.is_dir():
         return f"cannot write {path}: it is a folder"
-    if not parent.is_dir():
+    parent = path.parent
+    while makes_folders and not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.exists():
         return f"cannot write {path}: no folder {parent}"
+    if not parent.is_dir():
+        return f"cannot write {path}: {parent} is not a folder"
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         return f"cannot write {path}: permission denied"
     return None
