@@ -195,7 +195,7 @@ def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]]) -> str
     ended = "the job stopped abruptly (crashed or killed)" if crashed else "the job ended"
     ended += f" after {steps} step(s)" if steps else " before finishing a step"
     if not isinstance(schedule, str):
-        return f"{ended} without writing a trace"
+        return f"{ended} without writing a trace (tracing off with --no-trace, or never started)"
     hint = (f", e.g. --trace-steps {max(0, steps - 3)}-{steps - 1}" if steps else "")
     return (f"{ended}, before its trace window ({schedule}); to get a trace, choose steps "
             f"it reaches with --trace-steps{hint}")
