@@ -22,7 +22,6 @@ from uberprof.rundir import (
     folder_problems,
     list_nodes,
     list_ranks,
-    read_json,
     read_step_timeline,
     read_steps,
     trace_windows,
@@ -65,11 +64,10 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
     problems: list[str] = []
     run_ids = []
     for run in runs:
-        try:
-            run_ids.append(read_json(run.run_file).get("run_id", run.root.name))
-        except (OSError, ValueError):
-            run_ids.append(run.root.name)
-            problems.append(f"{run.run_file}: missing or unreadable")
+        run_id = run.run_id()
+        if run_id is None:
+            problems.append(f"{run.run_file}: missing, unreadable or without a run id")
+        run_ids.append(run_id or run.root.name)
 
     nodes = [_node(n, problems) for run in runs for n in list_nodes(run)]
     counters = [c for run in runs for p in run.node_dirs() for c in node_counters(p)]
