@@ -164,9 +164,13 @@ def test_steps_jsonl_rows_that_are_not_objects(tmp_path: Path) -> None:
     path = run / "ranks" / "1" / "steps.jsonl"
     with path.open("a") as f:
         f.write("[1, 2]\n\"step\"\n7\n")
-    said = f"{path}: 3 row(s) left out (not a JSON object: 3)"
+    timeline_named(run, [6, 6], f"{path}: 3 row(s) left out (not a JSON object: 3)")
+
+
+def timeline_named(run: Path, steps: list[int], said: str) -> None:
+    """analyze keeps `steps` steps per rank, and it and info name the rows left out."""
     doc = analyze_json(run)
-    assert [r["steps"] for r in doc["ranks"]] == [6, 6]
+    assert [r["steps"] for r in doc["ranks"]] == steps
     one(doc["problems"], said)
     _, out, _ = cli("info", "--json", str(run))
     one(json.loads(out)["problems"], said)
@@ -295,12 +299,8 @@ def test_an_overflowing_step_row_costs_only_that_row(tmp_path: Path) -> None:
     rows[4]["host_end_ns"] = 10**30
     rows[5]["data_wait_ns"] = -5
     path.write_text("".join(json.dumps(x) + "\n" for x in rows))
-    said = f"{path}: 2 row(s) left out (host_end_ns out of range: 1; data_wait_ns out of range: 1)"
-    doc = analyze_json(run)
-    assert [r["steps"] for r in doc["ranks"]] == [6, 4]
-    one(doc["problems"], said)
-    _, out, _ = cli("info", "--json", str(run))
-    one(json.loads(out)["problems"], said)
+    timeline_named(run, [6, 4], f"{path}: 2 row(s) left out (host_end_ns out of range: 1; "
+                                "data_wait_ns out of range: 1)")
     assert dashboard_problems(run)
 
 
@@ -342,9 +342,9 @@ def test_report_with_no_rank_analysed_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("finished,words", [
-    (False, "the job stopped abruptly (crashed or killed) after 4 step(s), before its trace "
-            "window (steps 1-2); to get a trace, choose steps it reaches with --trace-steps, "
-            "e.g. --trace-steps 1-3"),
+    (False, ("the job stopped abruptly (crashed or killed) after 4 step(s), before its trace "
+             "window (steps 1-2); to get a trace, choose steps it reaches with --trace-steps, "
+             "e.g. --trace-steps 1-3")),
     (True, "the job ended after 4 step(s), before its trace window (steps 1-2)"),
 ])
 def test_a_run_that_never_reached_its_window_is_not_called_no_trace(
