@@ -95,15 +95,10 @@ class RunData:
         its step timelines. Runs without traces load their step timelines only."""
         from uberprof.analysis.context import load_context
         from uberprof.ingest.discover import NoTraces
-        from uberprof.rundir import RunDir, read_json
+        from uberprof.rundir import RunDir
 
         t0 = time.perf_counter()
-        run = RunDir(self.root)
-        if run.run_file.is_file():
-            try:
-                self.run_id = read_json(run.run_file).get("run_id")
-            except (OSError, ValueError):
-                self.run_id = None
+        self.run_id = RunDir(self.root).run_id()
         try:
             self.ctx = load_context(self.root, out=self.out, workers=self.workers,
                                     progress=progress)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,11 @@ from uberprof.rundir import (
     NodeMeta,
     RankMeta,
     RunDir,
+    folder_problems,
     list_nodes,
     list_ranks,
-    read_json,
+    rank_ranges,
+    read_step_timeline,
     read_steps,
     trace_windows,
 )
@@ -67,20 +68,20 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
     problems: list[str] = []
     run_ids = []
     for run in runs:
-        try:
-            run_ids.append(read_json(run.run_file).get("run_id", run.root.name))
-        except (OSError, ValueError):
-            run_ids.append(run.root.name)
-            problems.append(f"{run.run_file}: missing or unreadable")
+        run_id = run.run_id()
+        if run_id is None:
+            problems.append(f"{run.run_file}: missing, unreadable or without a run id")
+        run_ids.append(run_id or run.root.name)
 
     nodes = [_node(n, problems) for run in runs for n in list_nodes(run)]
     counters = [c for run in runs for p in run.node_dirs() for c in node_counters(p)]
-    ranks = [_rank(m, problems, check_traces) for run in runs for m in list_ranks(run)]
-    ranks = [r for r in ranks if r is not None]
+    metas = [m for run in runs for m in list_ranks(run)]
+    problems.extend(folder_problems(metas))
+    ranks = [_rank(m, problems, check_traces) for m in metas if m.rank is not None]
     ranks.sort(key=lambda r: r["rank"])  # stable: a rank's folders stay in claim order
 
-    _cross_rank_problems(ranks, problems)
     _step_problems(ranks, problems)
+    _window_problems(ranks, problems)
     exit_codes = [n["exit_code"] for n in nodes if n.get("exit_code") is not None]
     full = [(run.root, ns) for run in runs if (ns := disk_full_at(run.root)) is not None]
     for root, ns in full:
@@ -134,15 +135,14 @@ def _node(node: NodeMeta, problems: list[str]) -> dict[str, Any]:
             "counters": node.counters or None}
 
 
-def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any] | None:
+def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any]:
     path = meta.folder
-    if meta.problem is not None:
-        problems.append(meta.problem)
-    if meta.rank is None:
-        return None
-    steps, truncated = read_steps(path)
+    timeline = read_step_timeline(path)
+    steps, truncated = timeline.steps, timeline.truncated
     windows = trace_windows(path)
     rank = meta.rank
+    if (skipped := timeline.problem(path / STEPS_FILE)) is not None:
+        problems.append(skipped)
     if truncated:
         problems.append(f"rank {rank}: {path / STEPS_FILE} ends with a cut-off line "
                         f"(the rank stopped mid-write); {len(steps)} whole steps kept")
@@ -221,7 +221,7 @@ def _step_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
     idle = sorted(r["rank"] for r in ranks
                   if r["finished"] and not r["steps"] and isinstance(r["rank"], int))
     if idle:
-        who = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {_ranges(idle)}"
+        who = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {rank_ranges(idle)}"
         problems.append(f"{who} recorded 0 steps: no optimizer.step() or torch.profiler step "
                         "was seen (a script that had nothing left to train, e.g. resumed from a "
                         "finished checkpoint?); loops without an optimizer: call uberprof.step()")
@@ -230,17 +230,7 @@ def _step_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
         problems.append(missed)
 
 
-def _cross_rank_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
-    counts = Counter(r["rank"] for r in ranks)
-    for rank, n in sorted(counts.items(), key=lambda kv: str(kv[0])):
-        if n > 1:
-            dirs = ", ".join(r["dir"] for r in ranks if r["rank"] == rank)
-            problems.append(f"rank {rank} appears {n} times ({dirs}): restarted, or two jobs "
-                            "wrote into one run directory")
-    world = max((r["world_size"] or 0 for r in ranks), default=0)
-    missing = sorted(set(range(world)) - set(counts))
-    if missing:
-        problems.append(f"missing ranks: {_ranges(missing)} of a world of {world}")
+def _window_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
     window_sets = {tuple(tuple(w["steps"]) for w in r["trace_windows"]) for r in ranks}
     if len(window_sets) > 1:
         problems.append("ranks have different trace windows: "
@@ -250,14 +240,3 @@ def _cross_rank_problems(ranks: list[dict[str, Any]], problems: list[str]) -> No
                                        or "none")
                                     for r in ranks))
 
-
-def _ranges(values: list[int]) -> str:
-    out, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:  # type: ignore[list-item]
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(out)

@@ -508,14 +508,9 @@ def _run_doc(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: float
     hosts: dict[str, list[int]] = {}
     for r in ctx.rank_ids:
         hosts.setdefault(ctx.host_of(r) or "unknown", []).append(r)
-    run_id = None
-    if ctx.is_run_dir:
-        try:
-            from uberprof.rundir import RunDir, read_json
+    from uberprof.rundir import RunDir
 
-            run_id = read_json(RunDir(ctx.root).run_file).get("run_id")
-        except (OSError, ValueError):
-            run_id = None
+    run_id = RunDir(ctx.root).run_id() if ctx.is_run_dir else None
     un = matched.unmatched
     return {
         "schema_version": SCHEMA_VERSION,
@@ -523,7 +518,7 @@ def _run_doc(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: float
         "path": str(ctx.root),
         "run_id": run_id,
         "kind": "run" if ctx.is_run_dir else "traces",
-        "world_size": len(ctx.rank_ids),
+        "world_size": ctx.world_size,
         "ranks": ctx.rank_ids,
         "hosts": hosts,
         "backend": next((i.backend for i in ctx.ranks.values() if i.backend), None),

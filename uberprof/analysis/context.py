@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from uberprof.analysis import derived as D
 from uberprof.analysis.pipeline import Analysis, analyze
-from uberprof.rundir import RunDir, ranks_by_id
+from uberprof.rundir import RankMeta, RunDir, ranks_by_id
 
 __all__ = ["RankInfo", "RunContext", "load_context"]
 
@@ -60,6 +60,12 @@ class RunContext:
     def rank_ids(self) -> list[int]:
         return sorted(self.ranks)
 
+    @property
+    def world_size(self) -> int:
+        """The job's world size as its ranks report it: more than the ranks analysed when some
+        are missing (named among the problems)."""
+        return max([len(self.ranks), *(i.world_size or 0 for i in self.ranks.values())])
+
     def steps(self) -> pa.Table:
         """RUN_STEP_SCHEMA rows (one per rank and step), Arrow."""
         if "steps" not in self._cache:
@@ -98,24 +104,24 @@ def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     root = Path(analysis.source)
     run_dir = RunDir(root)
     is_run = run_dir.is_run()
-    meta = {r: m.raw for r, m in ranks_by_id(run_dir).items()} if is_run else {}
+    meta = ranks_by_id(run_dir) if is_run else {}  # rank.json's fields, type-checked
     summaries: dict[int, dict[str, Any]] = {}  # the first readable one per rank
     for r, s in analysis.input_summaries():
         summaries.setdefault(r, s)
     ranks: dict[int, RankInfo] = {}
     for row in analysis.ranks:
         r = int(row["rank"])
-        m = meta.get(r, {})
+        m = meta.get(r) or RankMeta(rank=r, folder=root)
         s = summaries.get(r, {})
         ranks[r] = RankInfo(
             rank=r,
-            host=_str(m.get("host")) or _str(row.get("host")) or _str(s.get("host")),
-            world_size=_int(m.get("world_size")) or _int(s.get("world_size")),
-            local_rank=_int(m.get("local_rank")),
-            backend=_str(m.get("backend")) or _str(s.get("backend")),
+            host=m.host or _str(row.get("host")) or _str(s.get("host")),
+            world_size=m.world_size or _int(s.get("world_size")),
+            local_rank=m.local_rank,
+            backend=m.backend or _str(s.get("backend")),
             mode=str(row.get("mode") or "cpu"),
             device_type=str(row.get("device_type") or "cpu"),
-            clock=m.get("clock") if isinstance(m.get("clock"), dict) else {},
+            clock=m.clock,
             process_groups=list(s.get("process_groups") or []),
             window=_window(s),
         )

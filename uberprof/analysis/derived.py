@@ -217,7 +217,7 @@ def derived_dir_for(source: Source, out: Path | None) -> tuple[Path, str | None]
 
 def entry_key(rel: str) -> str:
     """The folder/file name of an input's tables: readable, unique per relative path."""
-    digest = hashlib.sha1(rel.encode()).hexdigest()[:8]
+    digest = hashlib.sha1(rel.encode("utf-8", "surrogateescape")).hexdigest()[:8]
     return f"{_safe(rel)[-80:]}-{digest}"
 
 

@@ -39,6 +39,7 @@ from uberprof.analysis.rank import analyze_input, timeline_table
 from uberprof.analysis.reduce import reduce_run
 from uberprof.ingest.discover import Source, discover
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
+from uberprof.rundir import is_utf8
 
 __all__ = [
     "FORMAT_VERSION",
@@ -79,6 +80,8 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
 
     todo: list[Job] = []
     for inp in source.inputs:
+        if not is_utf8(inp.rel):  # cannot be stored: the reduce names it
+            continue
         try:
             st = inp.path.stat()
         except OSError as exc:

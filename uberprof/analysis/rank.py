@@ -38,7 +38,7 @@ from uberprof.analysis.derived import (
 from uberprof.ingest import classify as K
 from uberprof.ingest.trace import TraceError, ingest_trace
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
-from uberprof.rundir import read_steps
+from uberprof.rundir import read_step_timeline
 
 __all__ = [  # the table names and schemas are derived.py's, kept importable from here
     "BREAKDOWN_FIELDS",
@@ -168,10 +168,12 @@ def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
     one row per step: parsed here, in the map, so that the cross-rank step reads a small
     columnar table per rank rather than every JSON line of every rank. Never raises.
 
-    Returns {"status", "message", "rows": whole rows read, "truncated": cut-off last line}.
+    Returns {"status", "message", "rows": whole rows read, "truncated": cut-off last line,
+    "skipped": the line naming rows left out, or None}.
     """
     try:
-        rows, truncated = read_steps(Path(rank_dir))
+        timeline = read_step_timeline(Path(rank_dir))
+        rows, truncated = timeline.steps, timeline.truncated
         first: dict[int, dict[str, Any]] = {}
         for r in rows:
             if isinstance(r.get("step"), int):
@@ -181,7 +183,8 @@ def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
                 for name in TIMELINE_SCHEMA.names[1:]}
         write_parquet(pa.table({"step": list(first), **cols}, schema=TIMELINE_SCHEMA),
                       Path(out_file))
-        return {"status": "ok", "message": None, "rows": len(rows), "truncated": truncated}
+        return {"status": "ok", "message": None, "rows": len(rows), "truncated": truncated,
+                "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL)}
     except Exception as exc:  # noqa: BLE001 - one bad file must not stop the other ranks
         return {"status": "error", "rows": 0, "truncated": False,
                 "message": f"{Path(rank_dir) / STEPS_JSONL}: could not be read "

@@ -2,6 +2,11 @@
 summaries, collectives) and the rank folders' step timelines, decides which rank each trace
 belongs to, and writes the run-level tables (steps, ranks, collectives) and summary.json, one
 rank at a time so that memory holds one rank's tables however many ranks there are.
+
+In a run directory, one folder per rank is read (`uberprof.rundir.ranks_by_id`, the rule every
+reader follows): a second folder of a rank (a restart, or two jobs under one run id) and a
+folder whose rank cannot be read are left out, never mixed in, and the problems `info` names
+about the folders are the analysis' problems too.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ from uberprof.analysis.derived import (
 )
 from uberprof.ingest.discover import Source, TraceInput
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
-from uberprof.rundir import write_json_atomic
+from uberprof.rundir import (
+    RankMeta,
+    folder_problems,
+    is_utf8,
+    list_ranks,
+    ranks_by_id,
+    shown,
+    write_json_atomic,
+)
 
 __all__ = ["reduce_run"]
 
@@ -41,8 +54,18 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
     """Decide each trace's rank, then write the run-level tables and summary.json from the
     inputs' and timelines' tables (`entries`, `timelines`: the manifest's sections)."""
     problems: list[str] = []
+    metas = list_ranks(source.root) if source.kind == "run" else []
+    problems.extend(folder_problems(metas))
+    read = {m.folder for m in ranks_by_id(metas).values()}
+    left_out = {rd for _, rd in source.rank_dirs if rd not in read}
     loaded: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]] = []
     for inp in source.inputs:
+        if left_out and inp.path.parents[1] in left_out:  # ranks/<r>/traces/<file>
+            continue
+        if not is_utf8(inp.rel):
+            problems.append(f"{shown(inp.path)}: the file name is not valid UTF-8; left out "
+                            "(rename it to analyse it)")
+            continue
         e = entries.get(inp.rel)
         if e is None:
             continue
@@ -98,7 +121,7 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
     # are read, so memory holds one rank's tables (plus one small row per rank), however many.
     dirs: dict[int, list[Path]] = {}
     for rank, rd in source.rank_dirs:
-        if rank is not None:
+        if rank is not None and rd not in left_out:
             dirs.setdefault(rank, []).append(rd)
     cut: dict[Path, str] = {}  # step timelines cut off or unreadable
     rank_rows: list[dict[str, Any]] = []
@@ -119,8 +142,8 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
                 untraced.append(rank)
     problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
     if untraced and not source.inputs:
-        problems.append(f"{source.root}: no trace windows in this run (recorded with "
-                        "--no-trace?): step times only, no breakdown")
+        problems.append(f"{source.root}: no trace window in this run: "
+                        f"{_why_untraced(metas, rank_rows)}; step times only, no breakdown")
     elif untraced:
         problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
                         "step times only")
@@ -154,6 +177,28 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
             inputs[inp.rel] = {**entries[inp.rel], "rank": rank_of.get(inp.rel)}
     return Analysis(source=source.root, derived=derived, summary=summary, ranks=rank_rows,
                     inputs=inputs)
+
+
+def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]]) -> str:
+    """Why a run has no trace at all, from what its ranks wrote: tracing off, tracing switched
+    off, or a job that ended (or crashed) before its trace window."""
+    trace = next((m.trace for m in metas if m.trace), {})
+    schedule = trace.get("schedule")
+    reason = next((m.trace.get("disabled_reason") for m in metas
+                   if isinstance(m.trace.get("disabled_reason"), str)), None)
+    if schedule == "off":
+        return "tracing was off (--no-trace)"
+    if reason:
+        return f"tracing was switched off ({reason})"
+    steps = max((r["steps"] for r in rank_rows), default=0)
+    crashed = any(m.readable and not m.finished for m in metas)
+    ended = "the job stopped abruptly (crashed or killed)" if crashed else "the job ended"
+    ended += f" after {steps} step(s)" if steps else " before finishing a step"
+    if not isinstance(schedule, str):
+        return f"{ended} without writing a trace (tracing off with --no-trace, or never started)"
+    hint = (f", e.g. --trace-steps {max(0, steps - 3)}-{steps - 1}" if steps else "")
+    return (f"{ended}, before its trace window ({schedule}); to get a trace, choose steps "
+            f"it reaches with --trace-steps{hint}")
 
 
 _REDUCE_KEYS = ("trace_rank", "first_ns", "last_ns", "mode", "device_type", "host",
@@ -199,6 +244,8 @@ def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
         if e.get("truncated"):
             notes[rd] = (f"{rd / STEPS_JSONL}: ends with a cut-off line; "
                          f"{e.get('rows')} whole steps kept")
+        if e.get("skipped"):
+            notes[rd] = "; ".join(filter(None, (notes.get(rd), e["skipped"])))
         if not e.get("rows"):
             continue
         steps = {} if steps is None else steps

@@ -39,8 +39,8 @@ from uberprof.analysis.align import Alignment, HostClock
 from uberprof.analysis.bandwidth import BandwidthClass
 from uberprof.analysis.collectives import Matched
 from uberprof.analysis.context import RunContext
-from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
 from uberprof.analysis.derived import MANIFEST_FILE, write_parquet
+from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
 from uberprof.analysis.stragglers import Straggler
 from uberprof.analysis.summaries import RankSummaries
 
@@ -79,7 +79,8 @@ def freshness_key(root: Path, derived: Path, threshold_ns: int,
             st = p.stat()
         except OSError:
             continue
-        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                 .encode("utf-8", "surrogateescape"))  # any file name, UTF-8 or not
     return {"saved_version": SAVED_VERSION, "uberprof_version": __version__,
             "inputs_sha256": h.hexdigest(), "gap_threshold_ns": int(threshold_ns)}
 

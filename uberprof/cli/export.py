@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+from uberprof.cli.output import cannot_write, unwritable
 from uberprof.cli.params import RANK_LIST, STEP_RANGE
 
 EPILOG = """\
@@ -69,10 +70,16 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     def say(msg: str) -> None:
         err.print(f"uberprof export: {msg}", markup=False, highlight=False, soft_wrap=True)
 
+    if (why := unwritable(output, makes_folders=True)) is not None:
+        say(why)
+        sys.exit(1)
     try:
         with ReadProgress(err) as update:
             res = export_trace(path, output, opts, derived=derived, workers=workers,
                                progress=update)
+    except OSError as exc:  # reading is the analysis' (problems), so this is the output
+        say(cannot_write(output, exc))
+        sys.exit(1)
     except (NoTraces, ExportError) as exc:
         say(str(exc))
         sys.exit(1)

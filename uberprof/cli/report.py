@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+from uberprof.cli.output import cannot_write, unwritable
 
 EPILOG = """\
 \b
@@ -48,6 +49,9 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
     if html_file is None:
         keep_pandas_out()
     err = Console(stderr=True)
+    if html_file is not None and (why := unwritable(html_file)) is not None:
+        err.print(f"uberprof report: {why}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
 
     def unsaved(exc: OSError) -> None:
         # kept for the dashboard, export and notebooks; a read-only place only costs a notice
@@ -65,11 +69,17 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
                                                  option=orjson.OPT_INDENT_2) + b"\n")
         err.print(f"uberprof report: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
+    failed = False
     if html_file is not None:
         from uberprof.present.report_html import write_html
 
-        write_html(d, html_file)
-        err.print(f"uberprof report: wrote {html_file}", markup=False, highlight=False)
+        try:
+            write_html(d, html_file)
+            err.print(f"uberprof report: wrote {html_file}", markup=False, highlight=False)
+        except OSError as exc:
+            err.print(f"uberprof report: {cannot_write(html_file, exc)}", markup=False,
+                      highlight=False, soft_wrap=True)
+            failed = True
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(d.to_json(), option=orjson.OPT_INDENT_2
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
@@ -77,5 +87,5 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         from uberprof.present.report_terminal import render_report
 
         render_report(d, Console())
-    if not d.ranks:
+    if failed or not d.ranks:
         sys.exit(1)

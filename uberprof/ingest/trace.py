@@ -18,8 +18,8 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from itertools import compress, islice, repeat
 from dataclasses import dataclass, field
+from itertools import compress, islice, repeat
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
 from uberprof.ingest import classify as K
 from uberprof.ingest.classify import is_device_category
 from uberprof.ingest.events import TraceArgs, TraceEvent, decode_events
+from uberprof.ingest.validate import check_times
 
 __all__ = ["EVENT_SCHEMA", "IngestedTrace", "RawTrace", "TraceError", "ingest_trace", "read_raw_trace",
            "read_trace_bytes"]
@@ -409,10 +410,15 @@ def _build(path: Path, header: _Header, cols: _Columns) -> IngestedTrace:
         raise TraceError(path, "no timed events: the trace holds only metadata "
                                "(the profiler window recorded nothing)")
 
-    ts = cols.array("ts", np.float64)
-    dur = cols.array("dur", np.float64)
     base = header.baseTimeNanoseconds
-    if isinstance(base, int) and not isinstance(base, bool) and base > 0:
+    base = base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0
+    checked = check_times(cols.array("ts", np.float64), cols.array("dur", np.float64), base)
+    ts, dur = checked.ts_us, checked.dur_us
+    if checked.problem:
+        if checked.dropped == cols.n:
+            raise TraceError(path, f"no usable timed events: {checked.problem}")
+        problems.append(f"{path}: {checked.problem}")
+    if base:
         clock = "epoch"
         ts_ns = us_to_ns(ts) + base
     else:
@@ -458,6 +464,8 @@ def _build(path: Path, header: _Header, cols: _Columns) -> IngestedTrace:
         ],
         schema=EVENT_SCHEMA,
     )
+    if checked.keep is not None:
+        table, ts_ns = table.filter(pa.array(checked.keep)), ts_ns[checked.keep]
     # Sorted by start time: every consumer wants that, and Parquet compresses it better.
     order = np.argsort(ts_ns, kind="stable")
     if not (order[1:] > order[:-1]).all():

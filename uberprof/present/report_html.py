@@ -69,6 +69,9 @@ def _summary_line(d: Diagnosis) -> str:
 
 
 def _findings_html(d: Diagnosis) -> str:
+    if not d.ranks:
+        return ("<p><b>Nothing could be analysed</b>: no rank has a usable trace or step "
+                "timeline (see the problems).</p>")
     if not d.findings:
         return "<p>No findings: nothing holds this run back beyond the thresholds.</p>"
     e = html.escape

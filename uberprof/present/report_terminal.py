@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -39,12 +40,33 @@ def render_report(d: Diagnosis, console: Console) -> None:
             console.print(f"  ... {len(problems) - 10} more (see --json)")
 
 
+def _print_table(console: Console, table: Table) -> None:
+    """A table at its natural width when the output is a file or a pipe (`less`, `> out.txt`):
+    cut to the 80 columns rich assumes there, it would lose names and numbers."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        width = console.width
+        wide = Measurement.get(console, console.options.update_width(1 << 12), table).maximum
+        console.width = max(width, wide)
+        try:
+            console.print(table)
+        finally:
+            console.width = width
+
+
 def _ms(v: float | None, digits: int = 1) -> str:
     return fmt_num(v, digits, missing="-")
 
 
 def _short(name: Any, n: int = 48) -> str:
     return shorten(name, n, missing="-")
+
+
+def _of_world(r: dict[str, Any]) -> str:
+    """"4", or "3 of 4" when ranks of the world are missing."""
+    n = len(r.get("ranks") or [])
+    return f"{n} of {r['world_size']}" if n < r["world_size"] else str(r["world_size"])
 
 
 def _header(d: Diagnosis, console: Console) -> None:
@@ -56,7 +78,7 @@ def _header(d: Diagnosis, console: Console) -> None:
     title = Text(f"uberprof report  {r.get('run_id') or r['path']}", style="bold")
     console.print(title)
     console.print(
-        f"{r['world_size']} rank(s) on {len(hosts)} host(s), "
+        f"{_of_world(r)} rank(s) on {len(hosts)} host(s), "
         f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
         f"({_ms(r.get('analysed_wall_ms'))} ms wall), median step {_ms(r.get('step_time_ms'))} ms",
         highlight=False)
@@ -117,7 +139,7 @@ def _ranks(d: Diagnosis, console: Console) -> None:
                       _ms(lt["median"]),
                       f"{lt['last_in']}/{lt['instances']}" if lt["instances"] else "-",
                       style=style)
-    console.print(table)
+    _print_table(console, table)
     letters = ", ".join(f"{c.letter} {c.key}" for c in GAP_CAUSES.values())
     console.print("[dim]step ms: median; comp/exp/idle: compute, exposed communication, idle % "
                   f"of the device time; gaps ms: idle gaps by cause ({letters}); late ms: "
@@ -130,6 +152,11 @@ def _ranks(d: Diagnosis, console: Console) -> None:
 
 
 def _findings(d: Diagnosis, console: Console) -> None:
+    if not d.ranks:
+        console.print("[bold red]Nothing could be analysed[/bold red]: no rank has a usable "
+                      "trace or step timeline (see the problems below).")
+        console.print()
+        return
     if not d.findings:
         console.print("[bold green]No findings[/bold green]: nothing holds this run back beyond "
                       "the thresholds (no straggler, idle, exposed communication or link limit).")
@@ -185,9 +212,10 @@ def _evidence_line(f: Finding) -> str:
         return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank, "
                 f"{e.get('exposed_of_comm_pct')}% of its communication")
     if f.kind == "bandwidth":
+        peak = (f"peak {e['peak_gbit_s']} Gbit/s ({e.get('peak_source') or 'source unknown'})"
+                if e.get("peak_gbit_s") is not None else "no peak known")
         return (f"{e.get('instances')} instances, median busbw {e.get('busbw_gbit_s')} Gbit/s, "
-                f"peak {e.get('peak_gbit_s')} Gbit/s ({e.get('peak_source')}), "
-                f"{e.get('exposed_pct')}% of {e.get('transfer_ms')} ms exposed")
+                f"{peak}, {e.get('exposed_pct')}% of {e.get('transfer_ms')} ms exposed")
     if f.kind == "throttle":
         return "; ".join(f"rank {r}: {g.get('sm_clock_mhz')} MHz, slowdown "
                          f"{g.get('slowdown_pct')}% {g.get('reasons')}"
@@ -210,7 +238,7 @@ def _bandwidth(d: Diagnosis, console: Console) -> None:
                       str(c["instances"]), _ms(c["busbw_gbit_s"], 2),
                       _ms(c["peak_gbit_s"], 2), _ms(c["busbw_of_peak_pct"]),
                       _ms(c["exposed_pct"]), c["verdict"])
-    console.print(table)
+    _print_table(console, table)
     if len(classes) > 8:
         console.print(f"[dim]{len(classes) - 8} more classes: see --json[/dim]")
     console.print()
@@ -227,5 +255,5 @@ def _gaps(d: Diagnosis, console: Console) -> None:
         table.add_row(str(g["rank"]), str(g["step"]), f"{g['dur_ns'] / 1e6:.2f}", g["cause"],
                       _short(g.get("before"), 32), _short(g.get("after"), 32),
                       _short(g.get("host"), 40))
-    console.print(table)
+    _print_table(console, table)
     console.print()

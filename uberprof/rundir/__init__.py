@@ -7,6 +7,7 @@ package, never through `uberprof.collect` (tests/test_architecture.py holds that
 ...`), so that the rank side, which imports this package, stays on the standard library.
 """
 
+from uberprof.rundir._checked import is_utf8, shown
 from uberprof.rundir.layout import (
     CALIBRATION_FILE,
     COUNTERS_DIR,
@@ -35,10 +36,15 @@ from uberprof.rundir.nodes import NodeMeta, list_nodes, read_node
 from uberprof.rundir.ranks import (
     MAX_RANKS,
     RankMeta,
+    StepTimeline,
+    folder_problems,
     list_ranks,
+    rank_ranges,
     ranks_by_id,
     read_rank,
+    read_step_timeline,
     read_steps,
+    step_row_problem,
     trace_windows,
 )
 
@@ -60,18 +66,25 @@ __all__ = [
     "NodeMeta",
     "RankMeta",
     "RunDir",
+    "StepTimeline",
     "as_run_dir",
     "claim_dir",
+    "folder_problems",
+    "is_utf8",
     "list_nodes",
     "list_ranks",
     "parse_rank_dir_name",
     "parse_trace_file_name",
+    "rank_ranges",
     "ranks_by_id",
     "read_json",
     "read_jsonl",
     "read_node",
     "read_rank",
+    "read_step_timeline",
     "read_steps",
+    "shown",
+    "step_row_problem",
     "trace_file_name",
     "trace_windows",
     "write_json_atomic",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from uberprof.rundir._checked import as_int, as_str
 from uberprof.rundir.layout import (
     COUNTERS_DIR,
     COUNTERS_INDEX,
@@ -95,11 +96,21 @@ def iter_batches(path: Path) -> Iterator[Any]:
 
 
 def read_index(counters_dir: Path) -> list[dict[str, Any]] | None:
-    """index.json's series, or None when it is missing or unreadable."""
+    """index.json's series, or None when it is missing, unreadable or holds a row that is not
+    what `SeriesStats.entry` writes (the tables are scanned instead: they are the truth)."""
     try:
-        return list(read_json(counters_dir / COUNTERS_INDEX)["series"])
-    except (OSError, ValueError, KeyError, TypeError):
+        rows = list(read_json(counters_dir / COUNTERS_INDEX)["series"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
+    return rows if all(_index_row_ok(r) for r in rows) else None
+
+
+def _index_row_ok(row: Any) -> bool:
+    return (isinstance(row, dict) and all(as_str(row.get(k)) for k in ("source", "metric"))
+            and (row.get("unit") is None or isinstance(row.get("unit"), str))
+            and all(as_int(row.get(k), 0) is not None for k in ("samples", "devices"))
+            and all(row.get(k) is None or as_int(row.get(k)) is not None
+                    for k in ("first_ns", "last_ns")))
 
 
 def scan_index(counters_dir: Path) -> list[dict[str, Any]]:

@@ -164,6 +164,16 @@ class RunDir:
     def is_run(self) -> bool:
         return self.run_file.is_file() or self.ranks_dir.is_dir()
 
+    def run_id(self) -> str | None:
+        """run.json's run id; None when the file is missing, unreadable, not an object, or its
+        run_id is not a non-empty string (a hand-edited or damaged run.json)."""
+        try:
+            doc = read_json(self.run_file)
+        except (OSError, ValueError, RecursionError):
+            return None
+        v = doc.get("run_id") if isinstance(doc, dict) else None
+        return v if isinstance(v, str) and v and v.isprintable() and len(v) < 1024 else None
+
     def node_dirs(self) -> Iterator[Path]:
         if self.nodes_dir.is_dir():
             yield from sorted(p for p in self.nodes_dir.iterdir() if p.is_dir())

@@ -14,17 +14,20 @@ that they never disagree on which folder is which rank:
 Two folders for one rank (`0` and `0-2`: a restarted job, or two jobs in one run directory)
 are both listed by `list_ranks`, in folder order (the name's number, then its claim number:
 `0`, `0-2`, `0-10`, `1`); `ranks_by_id`, which readers needing one folder per rank use, keeps
-the first of them in that order (`0`, the first claimed). The inventory names the duplicate.
+the first of them in that order (`0`, the first claimed): two jobs' data are never mixed.
+`folder_problems` is what every command says about the folders (the same lines in `info`,
+`analyze`, `report`, `export` and the dashboard).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uberprof.rundir._checked import as_dict, as_int, as_str
+from uberprof.rundir._checked import as_dict, as_int, as_str, is_utf8, shown
 from uberprof.rundir.layout import (
     RANK_FILE,
     STEPS_FILE,
@@ -72,6 +75,10 @@ class RankMeta:
 def read_rank(folder: Path) -> RankMeta:
     """A rank folder's metadata; never raises (a missing or broken rank.json is a problem)."""
     path = folder / RANK_FILE
+    if not is_utf8(folder.name):
+        return RankMeta(rank=None, folder=folder,
+                        problem=f"{shown(folder)}: the folder name is not valid UTF-8; rank "
+                                "data in it ignored (rename it)")
     parsed = parse_rank_dir_name(folder.name)
     from_name = _rank_number(parsed[0]) if parsed else None
     try:
@@ -126,28 +133,105 @@ def ranks_by_id(ranks: RunDir | Path | str | Iterable[RankMeta]) -> dict[int, Ra
     return out
 
 
-def read_steps(rank_dir: Path) -> tuple[list[dict[str, Any]], bool]:
-    """The rank's step rows (`steps.jsonl`) with their GPU rows merged in, in step order, and
-    whether the file was cut off. Rows without an int step number are skipped."""
+def folder_problems(metas: Sequence[RankMeta]) -> list[str]:
+    """What is wrong with a run's rank folders (`list_ranks`), worded once for every command:
+    rank ids that could not be read, a rank with several folders (which one is read, which are
+    left out) and ranks missing from the world the ranks report."""
+    problems = [m.problem for m in metas if m.problem is not None]
+    chosen = ranks_by_id(metas)
+    folders: dict[int, list[Path]] = {}
+    for m in metas:
+        if m.rank is not None:
+            folders.setdefault(m.rank, []).append(m.folder)
+    for rank, dirs in sorted(folders.items()):
+        if len(dirs) > 1:
+            left = [str(d) for d in dirs if d != chosen[rank].folder]
+            problems.append(f"rank {rank} appears {len(dirs)} times "
+                            f"({', '.join(map(str, dirs))}): restarted, or two jobs wrote into "
+                            f"one run directory; {chosen[rank].folder} (the first claimed) is "
+                            f"read, {', '.join(left)} left out")
+    world = max((m.world_size or 0 for m in metas), default=0)
+    missing = sorted(set(range(world)) - set(folders))
+    if missing:
+        problems.append(f"missing ranks: {rank_ranges(missing)} of a world of {world}")
+    return problems
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    """A rank's step rows (`steps.jsonl`, GPU rows merged into their step's), in step order;
+    whether the file was cut off; and why rows were left out (`skipped`: reason -> rows)."""
+
+    steps: list[dict[str, Any]]
+    truncated: bool = False
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def problem(self, path: Path) -> str | None:
+        """One line naming the file and the rows left out, or None when none were."""
+        if not self.skipped:
+            return None
+        n = sum(self.skipped.values())
+        why = "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
+        return f"{path}: {n} row(s) left out ({why}); the other steps are kept"
+
+
+def read_step_timeline(rank_dir: Path) -> StepTimeline:
+    """The rank's step timeline; never raises for what the file holds. A row is left out (and
+    counted) when it is not a JSON object, has no step number, or holds a number no step can
+    have (`step_row_problem`)."""
     path = rank_dir / STEPS_FILE
     if not path.exists():
-        return [], False
+        return StepTimeline([])
     rows, truncated = read_jsonl(path)
+    skipped: dict[str, int] = {}
     steps: dict[int, dict[str, Any]] = {}
     gpu: dict[int, dict[str, Any]] = {}
     for row in rows:
-        step = row.get("step") if isinstance(row, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool):
+        why = step_row_problem(row)
+        if why is not None:
+            skipped[why] = skipped.get(why, 0) + 1
             continue
         kind = row.get("kind")
         if kind == "step":
-            steps[step] = {k: v for k, v in row.items() if k != "kind"}
+            steps[row["step"]] = {k: v for k, v in row.items() if k != "kind"}
         elif kind == "gpu":
-            gpu[step] = row
+            gpu[row["step"]] = row
     for step, row in gpu.items():
         if step in steps:
             steps[step].update({k: v for k, v in row.items() if k not in ("kind", "step")})
-    return [steps[s] for s in sorted(steps)], truncated
+    return StepTimeline([steps[s] for s in sorted(steps)], truncated, skipped)
+
+
+def read_steps(rank_dir: Path) -> tuple[list[dict[str, Any]], bool]:
+    """`read_step_timeline`'s rows and whether the file was cut off."""
+    t = read_step_timeline(rank_dir)
+    return t.steps, t.truncated
+
+
+MAX_STEP = 1 << 53
+"""Step numbers are below this; larger ones are corrupt data."""
+
+
+def step_row_problem(row: Any) -> str | None:
+    """Why a `steps.jsonl` row cannot be used, or None: not an object, no int step number in
+    0..MAX_STEP-1, or a number field (times in ns, bytes) that is negative, not finite or
+    beyond int64."""
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    if as_int(row.get("step"), 0, MAX_STEP) is None:
+        return "no step number" if "step" not in row else "step is not a step number"
+    for k, v in row.items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{k} is not a finite number"
+        lo = 0 if k.endswith(("_ns", "_bytes")) else -(1 << 63)
+        if not lo <= v < 1 << 63:
+            return f"{k} out of range"
+    start, end = row.get("host_start_ns"), row.get("host_end_ns")
+    if isinstance(start, int) and isinstance(end, int) and end < start:
+        return "host_end_ns before host_start_ns"
+    return None
 
 
 def trace_windows(rank_dir: Path) -> list[dict[str, Any]]:
@@ -160,6 +244,19 @@ def trace_windows(rank_dir: Path) -> list[dict[str, Any]]:
             if steps is not None:
                 out.append({"steps": list(steps), "path": str(p), "bytes": p.stat().st_size})
     return out
+
+
+def rank_ranges(values: list[int]) -> str:
+    """`[1, 2, 3, 7]` as "1-3, 7"."""
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
 
 
 def _fallback(path: Path, why: str, from_name: int | None) -> str:

@@ -127,7 +127,7 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
     t0 = time.monotonic()
     ctx = load_context(path, out=derived, workers=workers, progress=progress)
     d = load_or_diagnose(ctx, threshold_ns=opts.gap_threshold_ns)
-    notes: list[str] = []
+    notes: list[str] = list(ctx.problems)  # what the analysis found wrong, as analyze says it
     offsets = d.alignment.offsets()
 
     ranks = [r for r in ctx.rank_ids if opts.ranks is None or r in opts.ranks]

@@ -20,6 +20,7 @@ import numpy as np
 from uberprof.ingest import classify as K
 from uberprof.ingest.events import TraceEvent, decode_events
 from uberprof.ingest.trace import RawTrace, as_float, read_raw_trace, us_to_ns
+from uberprof.ingest.validate import check_times
 
 __all__ = [
     "PH_ASYNC", "PH_C", "PH_FLOW", "PH_INSTANT", "PH_M", "PH_X",
@@ -196,7 +197,10 @@ def scan_file(path: str) -> FileScan:
                     tier[i] = TIER_KEEP  # profiler-wide marks: few, and they frame the window
         del evs
 
-    ts_ok = ~np.isnan(ts)
+    # out-of-range times: left out as ingest leaves them out (its problems name them)
+    checked = check_times(ts, dur, raw.base_time_ns or 0, timed=~np.isnan(ts) & (ph != PH_M))
+    ts, dur = checked.ts_us, checked.dur_us
+    ts_ok = ~np.isnan(ts) if checked.keep is None else ~np.isnan(ts) & checked.keep
     ts_ns = np.zeros(n, dtype=np.int64)
     ts_ns[ts_ok] = us_to_ns(ts[ts_ok]) + (raw.base_time_ns or 0)
     dur_ns = np.full(n, -1, dtype=np.int64)
