@@ -100,6 +100,18 @@ def test_two_ranks_last_at_14_of_14_is_confirmed_not_hidden_by_its_own_spread() 
     assert s.test["p_value"] < 0.01
 
 
+def test_more_often_than_chance_but_not_most_of_the_time_is_no_straggler() -> None:
+    # oversubscribed cores: one healthy rank last at 12 of 20 (chance < 1%), by 20 ms
+    rng = np.random.default_rng(7)
+    late = rng.exponential(1e6, size=(20, 4))
+    late[:12, 1] += 20e6
+    late[12:, 0] += 20e6
+    t = straggler_test(_lateness(late, np.arange(20)), STEP, 20 * STEP)
+    assert t is not None and t.rank == 1 and t.last == 12 and t.p_value < 0.01
+    assert t.decision == "none" and t.decided_by == "materiality"
+    assert "needs >= 62.5%" in t.as_test().sentence
+
+
 def test_persistent_but_immaterial_says_materiality_decided() -> None:
     late = np.zeros((20, 4))
     late[:, 1] = 50_000  # always last by 50 µs of a 100 ms step
