@@ -9,8 +9,10 @@
   the ranks tested; confirmed at 1% per run, suspected at 5%. *Materiality* (the effect is
   large enough to matter): it is alone last in most instances (at least 1/2 + 1/(2n) of them
   with n participants: 62.5% of 4 ranks, 75% of 2), its median lead over the others' median
-  lateness is at least 100 µs and 3% of the median step, and the delay it alone adds is at
-  least 2% of the analysed wall time. Frequency alone is not enough: on oversubscribed cores
+  lateness is at least 100 µs and 3% of the median step and, with 3 or more participants,
+  twice the others' own spread (robust sigma of their lateness around each instance's median;
+  with 2 ranks there are no others to take a spread from, and the suspect's own lead is not
+  one), and the delay it alone adds is at least 2% of the analysed wall time. Frequency alone is not enough: on oversubscribed cores
   one healthy rank can be last more often than chance (12 of 20 with 4 ranks) without being
   the one that holds the job back. Every traced
   collective instance counts, not one per step.
@@ -61,6 +63,7 @@ STRAGGLER_CAUSES = tuple(_CAUSES)
 ABS_MIN_LEAD_NS = 100_000
 REL_MIN_LEAD = 0.03  # of the median step time
 MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must add
+SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 
 LATENESS_SCHEMA = pa.schema([
     ("instance", pa.int64()),
@@ -129,7 +132,8 @@ class StragglerTest:
                 f"{chance_words(self.p_value)} (corrected for {self.ranks_tested} ranks)")
         lead = (f"last in {100 * self.last / max(self.instances, 1):.0f}% (needs >= "
                 f"{100 * self.need_fraction:.1f}%), median lead {self.median_lead_ns / 1e6:.3g} "
-                f"ms (needs >= {self.need_lead_ns / 1e6:.3g} ms)")
+                f"ms (needs >= {self.need_lead_ns / 1e6:.3g} ms; the others' spread "
+                f"{self.noise_ns / 1e6:.3g} ms)")
         if self.share is not None:
             lead += f", adds {100 * self.share:.1f}% of the analysed time (needs >= " \
                     f"{100 * MATERIAL_SHARE:.0f}%)"
@@ -218,7 +222,7 @@ def _lead_and_noise(iid: np.ndarray, rank: np.ndarray, late: np.ndarray, n_part:
                     r: int) -> tuple[np.ndarray, float]:
     """Rank `r`'s lead over the others' median lateness in each of its instances, and the
     others' own spread (robust sigma around each instance's median; with two ranks, where the
-    others are one rank, the spread of the lead itself)."""
+    others are one rank, the spread of the lead itself: reported, never a criterion)."""
     mine = rank == r
     ids = iid[mine]
     others = ~mine & np.isin(iid, ids)
@@ -266,6 +270,8 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     lead, noise = _lead_and_noise(iid, rank, late, n_part, r)
     med_lead = float(np.median(lead)) if lead.size else 0.0
     need_lead = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0))
+    if float(np.median(n_part[mine])) >= 3:
+        need_lead = max(need_lead, SIGMA_FACTOR * noise)
     # cost: per step, the largest delay it alone added to any of the step's collectives
     per_step: dict[int, tuple[int, int]] = {}
     for s, d, m in zip(step[mine].tolist(), delay[mine].tolist(), n_part[mine].tolist()):
