@@ -17,6 +17,13 @@ def _stragglers(d) -> list:  # type: ignore[no-untyped-def]
     return [f for f in d.findings if f.kind == "straggler"]
 
 
+def _assert_accounted(d) -> None:  # type: ignore[no-untyped-def]
+    """Each lost millisecond once: the findings never add up to more than the wall time."""
+    total = sum(f.time_at_stake_ms for f in d.findings)
+    assert total <= d.run["analysed_wall_ms"] + 1e-3, [f.as_dict() for f in d.findings]
+    assert d.run["accounting"]["at_stake_ms"] == pytest.approx(total, abs=1e-2)
+
+
 def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path,  # noqa: F811
                                                            tmp_path: Path) -> None:
     d = diagnose(slow_compute_run, out=tmp_path / "derived")
@@ -30,11 +37,20 @@ def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path
     assert e["excess_per_step_ms"]["compute"] > e["excess_per_step_ms"]["data"]
     assert d.findings[0].kind == "straggler"  # the largest time at stake
     assert f.severity in ("medium", "high")
+    # significant at the stated false-alarm rate, and said in words
+    assert f.confidence == "confirmed" and e["test"]["p_value"] <= 0.01, e["test"]
+    assert f"{e['last_in']} of {e['instances']} collectives" in e["test"]["sentence"]
+    assert d.run["straggler_test"]["decision"] == "confirmed"
+    _assert_accounted(d)
 
 
 def test_no_straggler_without_a_fault(healthy_run: Path, tmp_path: Path) -> None:  # noqa: F811
     d = diagnose(healthy_run, out=tmp_path / "derived")
     assert _stragglers(d) == [], [f.as_dict() for f in _stragglers(d)]
+    # the overview says which test decided, with its numbers
+    assert d.run["straggler_test"]["decision"] == "none"
+    assert d.run["straggler_test"]["test"]["sentence"].startswith("no straggler")
+    _assert_accounted(d)
     assert d.run["collectives"]["matched_instances"] == 20  # 10 steps x 2 buckets
     assert d.run["collectives"]["unmatched_calls"] == 0
     # every rank's lateness is there (on a loaded 2-core machine one rank may still arrive

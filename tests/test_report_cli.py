@@ -17,13 +17,13 @@ from tests.jobs import PY, job_env
 from uberprof.cli import main
 
 FINDING_KEYS = {"kind", "severity", "title", "ranks", "steps", "cause", "time_at_stake_ms",
-                "evidence", "remedy"}
+                "evidence", "remedy", "confidence", "observed_ms", "own_pct", "caused_by"}
 RANK_KEYS = {"rank", "host", "mode", "device_type", "steps", "step_time_ms", "breakdown_pct",
              "analysed", "idle_gaps", "lateness_ms"}
 RUN_KEYS = {"schema_version", "uberprof_version", "path", "run_id", "kind", "world_size", "ranks",
             "hosts", "backend", "device_type", "analysed_steps", "analysed_wall_ms",
             "step_time_ms", "gap_threshold_us", "clock_alignment", "collectives", "bandwidth",
-            "problems"}
+            "problems", "straggler_test", "step_time", "accounting"}
 
 
 def _two_rank_traces(tmp_path: Path) -> Path:

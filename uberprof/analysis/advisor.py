@@ -10,6 +10,18 @@ A finding's `time_at_stake_ms` is the wall-clock time of the analysed (traced) s
 for, an upper bound on what fixing it saves there: ranks run in parallel, so a per-rank amount
 counts once (the worst rank's), and a straggler's is the delay it alone adds to each step.
 Severity is its share of the analysed wall time: high >= 15%, medium >= 5%, else low.
+
+Root-cause accounting: each lost millisecond is counted by one finding. Time a rank spends in a
+collective before the last participant arrives is waiting for peers, the straggler's cost;
+only the time after the last arrival is transfer, which bandwidth verdicts and their findings
+use. A finding that is partly a consequence of another (exposed communication that is waiting
+for a straggler, or the transfer of a latency- or bandwidth-bound class) keeps only its own
+part as `time_at_stake_ms`, states the whole as `observed_ms`, its own share as `own_pct`, and
+links the rest with `caused_by` (index and kind of the other finding, and the ms it accounts
+for). `_account` holds the invariant: the findings' times at stake never add up to more than
+the analysed wall time.
+
+Every verdict states its evidence (`confidence`, `evidence["test"]`: `analysis/evidence.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from uberprof import __version__
 from uberprof.analysis import metrics as M
 from uberprof.analysis.align import Alignment, align_clocks
 from uberprof.analysis.bandwidth import (
+    SMALL_MESSAGE_BYTES,
     BandwidthClass,
     Peaks,
     bandwidth_classes,
@@ -40,9 +53,11 @@ from uberprof.analysis.causes import (
     LINK_VERDICTS,
     STRAGGLER_CAUSES,
     THROTTLE_REMEDY,
+    remedy_for,
 )
 from uberprof.analysis.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.context import RunContext, load_context
+from uberprof.analysis.evidence import MIN_INSTANCES, Test, count_test, trace_more_hint
 from uberprof.analysis.gaps import CAUSES, DEFAULT_THRESHOLD_NS, GAP_SCHEMA, gap_context, idle_gaps
 from uberprof.analysis.gpu_clocks import (
     SLOWDOWN_FRACTION,
@@ -50,7 +65,15 @@ from uberprof.analysis.gpu_clocks import (
     gpu_clocks,
     throttled_vs_others,
 )
-from uberprof.analysis.stragglers import Straggler, find_straggler, lateness, straggler_cause
+from uberprof.analysis.host_cpu import host_cpu_findings
+from uberprof.analysis.steptime import step_time_doc
+from uberprof.analysis.stragglers import (
+    Straggler,
+    find_straggler,
+    lateness,
+    straggler_cause,
+    straggler_test,
+)
 from uberprof.analysis.summaries import RankSummaries, sql_table, summarise
 from uberprof.analysis.summaries import ns_to_ms as _ms
 from uberprof.units import fmt_bytes
@@ -69,7 +92,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 FINDING_KINDS = ("straggler", "data_stall", "launch_bound", "idle", "exposed_comm", "bandwidth",
-                 "throttle")
+                 "throttle", "host_cpu")
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
 TOP_GAPS = 5
 
@@ -87,12 +110,20 @@ class Finding:
     time_at_stake_ms: float
     evidence: dict[str, Any]
     remedy: str
+    confidence: str = "confirmed"  # confirmed | suspected (evidence["test"] says why)
+    observed_ms: float | None = None  # the whole time it observed (own + caused_by)
+    caused_by: list[dict[str, Any]] = field(default_factory=list)  # {index, kind, ms}
 
     def as_dict(self) -> dict[str, Any]:
+        observed = self.observed_ms if self.observed_ms is not None else self.time_at_stake_ms
         return {"kind": self.kind, "severity": self.severity, "title": self.title,
                 "ranks": self.ranks, "steps": self.steps, "cause": self.cause,
                 "time_at_stake_ms": round(self.time_at_stake_ms, 3),
-                "evidence": self.evidence, "remedy": self.remedy}
+                "evidence": self.evidence, "remedy": self.remedy,
+                "confidence": self.confidence, "observed_ms": round(observed, 3),
+                "own_pct": round(100 * self.time_at_stake_ms / observed, 1) if observed else
+                100.0,
+                "caused_by": self.caused_by}
 
 
 @dataclass
@@ -156,7 +187,8 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
 
     window = _window(traced, alignment)
     clocks = gpu_clocks(ctx, window)
-    straggler = find_straggler(lat, median_step)
+    s_test = straggler_test(lat, median_step, wall_ns)
+    straggler = find_straggler(lat, median_step, wall_ns)
     factors = _factors(traced, gaps, lat)
     clock_ev: dict[str, Any] = {}
     if straggler is not None:
@@ -165,18 +197,23 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
         straggler.counters = clock_ev
 
     peaks = Peaks(ctx, window)
-    bw = instance_bandwidth(ctx, matched.instances, exposed, peaks)
+    bw = instance_bandwidth(ctx, aligned, exposed, peaks, alignment.error_bounds())
     classes = bandwidth_classes(bw)
 
     summaries = summarise(lat, gaps)
+    device_type = _device_type(ctx)
     findings: list[Finding] = []
+    s_finding = None
     if straggler is not None:
-        findings.append(_straggler_finding(straggler, wall_ns, ctx, summaries))
-    findings += _gap_findings(gaps, traced, wall_ns, straggler)
-    findings += _exposed_comm_findings(traced, lat, wall_ns, classes)
-    findings += _bandwidth_findings(classes, wall_ns)
+        s_finding = _straggler_finding(straggler, wall_ns, ctx, summaries, device_type)
+        findings.append(s_finding)
+    findings += _gap_findings(gaps, traced, wall_ns, s_finding, device_type)
+    bandwidth = _bandwidth_findings(classes, wall_ns)
+    findings += _exposed_comm_findings(traced, lat, wall_ns, classes, s_finding, bandwidth)
+    findings += bandwidth
     findings += _throttle_findings(clocks, traced, wall_ns, straggler)
-    findings.sort(key=lambda f: (-f.time_at_stake_ms, f.kind))
+    findings += host_cpu_findings(ctx, window)
+    findings = _account(findings, wall_ns)
 
     unmatched = matched.unmatched
     if unmatched.num_rows:
@@ -189,6 +226,13 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     top.sort(key=lambda g: -g["dur_ns"])
     run = _run_doc(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                    problems, classes)
+    run["straggler_test"] = s_test.as_dict() if s_test is not None else None
+    run["step_time"] = step_time_doc(ctx.steps(), median_step)
+    run["accounting"] = {
+        "analysed_wall_ms": _ms(wall_ns),
+        "at_stake_ms": round(sum(f.time_at_stake_ms for f in findings), 3),
+        "rule": "each lost millisecond is counted by one finding; waiting for peers inside a "
+                "collective is the late rank's, transfer after the last arrival is the link's"}
     ranks = _ranks_doc(ctx, traced, summaries)
     return Diagnosis(run=run, ranks=ranks, findings=findings, alignment=alignment,
                      matched=matched, lateness=lat, gaps=gaps, bandwidth=bw, classes=classes,
@@ -320,6 +364,33 @@ def _sql(query: str, **tables: pa.Table) -> list[tuple[Any, ...]]:
     return list(zip(*(c.to_pylist() for c in t.columns)))
 
 
+def _device_type(ctx: RunContext) -> str:
+    """The run's accelerator type, "cpu" when no rank has one."""
+    return next((i.device_type for i in ctx.ranks.values() if i.mode == "device" and
+                 i.device_type), "cpu")
+
+
+def _account(findings: list[Finding], wall_ns: int) -> list[Finding]:
+    """Rank the findings by their own time, resolve `caused_by` links to indices, and hold
+    the invariant: their times at stake add up to at most the analysed wall time (a finding
+    that would cross it keeps only what is left, and says so in `evidence["capped_ms"]`)."""
+    findings = sorted(findings, key=lambda f: (-f.time_at_stake_ms, f.kind))
+    index = {id(f): i for i, f in enumerate(findings)}
+    left = wall_ns / 1e6
+    for f in findings:
+        for c in f.caused_by:
+            ref = c.pop("_ref", None)
+            if ref is not None:
+                c["index"] = index.get(id(ref))
+        if f.time_at_stake_ms > left:
+            f.evidence["capped_ms"] = round(f.time_at_stake_ms - left, 3)
+            if f.observed_ms is None:
+                f.observed_ms = f.time_at_stake_ms
+            f.time_at_stake_ms = max(left, 0.0)
+        left -= f.time_at_stake_ms
+    return findings
+
+
 def severity_of(share: float) -> str:
     return "high" if share >= 0.15 else "medium" if share >= 0.05 else "low"
 
@@ -332,7 +403,7 @@ def _ranks_str(ranks: list[int]) -> str:
 # --- findings -----------------------------------------------------------------------------------
 
 def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
-                       summaries: RankSummaries) -> Finding:
+                       summaries: RankSummaries, device_type: str) -> Finding:
     share = s.delay_ns / wall_ns if wall_ns else 0.0
     late = summaries.lateness_of(s.rank)  # the rank row's numbers, the same by construction
     ev = {
@@ -346,19 +417,25 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
         "excess_per_step_ms": {k: _ms(v) for k, v in s.factors.items()},
         "host": ctx.host_of(s.rank),
         "share_pct": round(100 * share, 1),
+        "test": s.test,
     }
     if s.counters.get("available"):
         ev["gpu"] = {k: v for k, v in s.counters.items() if k != "available"}
     cause = s.cause or "compute"
-    title = (f"Rank {s.rank} is a straggler ({cause}): last at {ev['last_in']}/"
+    verb = "is a straggler" if s.confidence == "confirmed" else "may be a straggler (suspected)"
+    title = (f"Rank {s.rank} {verb} ({cause}): last at {ev['last_in']}/"
              f"{ev['instances']} collectives, {ev['median_lead_ms']} ms behind the others' "
              "median")
+    remedy = remedy_for(STRAGGLER_CAUSES[cause], device_type).format(r=s.rank)
     return Finding("straggler", severity_of(share), title, [s.rank], s.steps, cause,
-                   s.delay_ns / 1e6, ev, STRAGGLER_CAUSES[cause].remedy.format(r=s.rank))
+                   s.delay_ns / 1e6, ev, remedy, confidence=s.confidence)
 
 
 def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
-                  straggler: Straggler | None) -> list[Finding]:
+                  s_finding: Finding | None, device_type: str) -> list[Finding]:
+    """Idle gaps by cause: the worst rank's time (ranks run in parallel). Idle on the
+    straggler is inside the delay its finding counts: only the worst other rank's is this
+    finding's own, the rest links to the straggler."""
     if gaps.num_rows == 0 or not wall_ns:
         return []
     # per rank analysed wall time: the share is of each rank's own analysed time
@@ -368,6 +445,7 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
     by: dict[str, dict[int, int]] = {c: {} for c in CAUSES}
     steps_of: dict[str, dict[int, set[int]]] = {c: {} for c in CAUSES}
     counts: dict[str, int] = {c: 0 for c in CAUSES}
+    n_of: dict[tuple[str, int], int] = {}
     largest: dict[str, dict[str, Any]] = {}
     for c, r, total, n, steps in _sql(
             "SELECT cause, rank, sum(dur_ns), count(*), list(DISTINCT step) FROM g "
@@ -375,6 +453,8 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
         by[c][r] = int(total)
         steps_of[c][r] = set(steps)
         counts[c] += int(n)
+        n_of[(c, r)] = int(n)
+    s_rank = s_finding.ranks[0] if s_finding is not None else None
     fields = ["cause", "rank", "step", "dur_ns", "before", "after"]
     for row in _sql("SELECT cause, arg_max(rank, dur_ns), arg_max(step, dur_ns), max(dur_ns), "
                     "arg_max(before, dur_ns), arg_max(after, dur_ns) FROM g GROUP BY cause",
@@ -384,13 +464,19 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
     for cause in CAUSES:
         ranks = sorted(r for r, v in by[cause].items()
                        if rank_time.get(r) and v / rank_time[r] >= MIN_SHARE)
-        if straggler is not None and straggler.cause == "data" and cause == "data":
-            ranks = [r for r in ranks if r != straggler.rank]  # the straggler finding says it
+        if s_finding is not None and s_finding.cause == "data" and cause == "data":
+            ranks = [r for r in ranks if r != s_rank]  # the straggler finding says it
         if not ranks:
             continue
         worst = max(ranks, key=lambda r: by[cause][r])
         stake = by[cause][worst]
-        share = stake / wall_ns
+        own = max((by[cause][r] for r in ranks if r != s_rank), default=0)
+        caused: list[dict[str, Any]] = []
+        if s_finding is not None and stake > own:
+            caused.append({"_ref": s_finding, "kind": "straggler", "ms": _ms(stake - own),
+                           "part": f"idle on the straggler, rank {s_rank}: inside the delay "
+                                   "its finding counts"})
+        share = own / wall_ns
         g = largest[cause]
         per_rank = {str(r): _ms(by[cause][r]) for r in ranks}
         ev = {
@@ -401,49 +487,93 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
             "largest_gap": {"rank": g["rank"], "step": g["step"], "ms": _ms(g["dur_ns"]),
                             "before": g["before"], "after": g["after"]},
             "share_pct": round(100 * share, 1),
+            "observed_share_pct": round(100 * stake / wall_ns, 1),
         }
         c = GAP_CAUSES[cause]
         title = (f"Device idle {_ms(stake)} ms on {_ranks_str([worst])} ({c.phrase}); "
                  f"{len(ranks)} rank(s) affected")
         steps = sorted(set().union(*(steps_of[cause][r] for r in ranks)))
-        out.append(Finding(c.kind, severity_of(share), title, ranks, steps, cause, stake / 1e6,
-                           ev, c.remedy))
+        worst_steps = len(steps_of[cause][worst])
+        confidence, test = count_test(
+            f"idle gaps ({c.label}) on rank {worst}, {_ms(stake)} ms = "
+            f"{ev['share_of_rank_time_pct'][str(worst)]}% of its analysed time (threshold "
+            f"{100 * MIN_SHARE:.0f}%)", n_of[(cause, worst)], worst_steps)
+        if confidence == "suspected":
+            test.sentence += "; to confirm, " + trace_more_hint(steps)
+        ev["test"] = test.as_dict()
+        out.append(Finding(c.kind, severity_of(share), title, ranks, steps, cause, own / 1e6,
+                           ev, remedy_for(c, device_type), confidence=confidence,
+                           observed_ms=stake / 1e6, caused_by=caused))
     return out
 
 
 def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
-                           classes: list[BandwidthClass]) -> list[Finding]:
+                           classes: list[BandwidthClass], straggler_finding: Finding | None,
+                           bandwidth: list[Finding]) -> list[Finding]:
     """Communication not hidden under compute that every rank pays (per step, the least
-    exposed rank's), so that waiting for a straggler is not counted twice."""
+    exposed rank's), so that waiting for a straggler is not counted twice. Split into waiting
+    for peers and transfer in the proportion of that rank's collective time before and after
+    the last arrival; the wait is a straggler's when there is one, the transfer a
+    latency- or bandwidth-bound class's when there is one (`caused_by`)."""
     if traced.num_rows == 0 or not wall_ns:
         return []
     per_step: dict[int, list[tuple[int, int, int]]] = {}
     for r, s, x, c in zip(*(traced.column(k).to_pylist()
                             for k in ("rank", "step", "exposed_comm_ns", "comm_ns"))):
         per_step.setdefault(s, []).append((r, x or 0, c or 0))
-    stake = 0
+    split: dict[tuple[int, int], tuple[float, float]] = {}
+    if lat.num_rows:
+        for r, st, w, t in _sql("SELECT rank, step, sum(wait_ns), sum(transfer_ns) FROM l "
+                                "GROUP BY rank, step", l=lat):
+            split[(r, st)] = (float(w or 0), float(t or 0))
+    stake = wait = 0.0
     comm_total = 0
     steps = []
     for s, rows in per_step.items():
-        least = min(x for _, x, _ in rows)
+        r_least, least, _ = min(rows, key=lambda x: x[1])
         stake += least
+        w, t = split.get((r_least, s), (0.0, 0.0))
+        wait += least * w / (w + t) if w + t > 0 else 0.0
         comm_total += min(c for _, _, c in rows)
         if least > 0:
             steps.append(s)
     share = stake / wall_ns
     if share < MIN_SHARE * 2:
         return []
+    transfer = stake - wait
     ranks = sorted({r for rows in per_step.values() for r, _, _ in rows})
     bound = [c.as_dict() for c in classes if c.verdict in ("bandwidth-bound", "latency-bound")]
+    caused: list[dict[str, Any]] = []
+    if straggler_finding is not None and wait > 0:
+        caused.append({"_ref": straggler_finding, "kind": "straggler", "ms": _ms(wait),
+                       "part": "waiting for the straggler"})
+    left = transfer
+    for b in bandwidth:
+        take = min(left, b.time_at_stake_ms * 1e6)
+        if take > 0:
+            caused.append({"_ref": b, "kind": b.kind, "ms": _ms(take),
+                           "part": f"transfer of a {b.cause} class"})
+            left -= take
+    own = stake - sum(c["ms"] * 1e6 for c in caused)
+    n_steps = len(per_step)
     ev = {"exposed_ms_all_ranks_pay": _ms(stake),
+          "wait_ms": _ms(wait), "transfer_ms": _ms(transfer),
           "comm_ms_least_rank": _ms(comm_total),
           "exposed_of_comm_pct": round(100 * stake / comm_total, 1) if comm_total else None,
           "share_pct": round(100 * share, 1),
           "limited_collectives": bound[:3]}
+    confidence, test = count_test(
+        f"communication not hidden under compute on every rank: {_ms(stake)} ms "
+        f"({ev['share_pct']}% of the analysed time; threshold {200 * MIN_SHARE:.0f}%), of which "
+        f"{_ms(wait)} ms waiting for peers and {_ms(transfer)} ms transfer",
+        len(steps), n_steps)
+    ev["test"] = test.as_dict()
     title = (f"Communication not hidden under compute: {_ms(stake)} ms "
-             f"({ev['share_pct']}% of the analysed time) on every rank")
+             f"({ev['share_pct']}% of the analysed time) on every rank "
+             f"({_ms(wait)} ms waiting for peers, {_ms(transfer)} ms transfer)")
     return [Finding("exposed_comm", severity_of(share), title, ranks, sorted(steps), None,
-                    stake / 1e6, ev, EXPOSED_COMM_REMEDY)]
+                    max(own, 0.0) / 1e6, ev, EXPOSED_COMM_REMEDY, confidence=confidence,
+                    observed_ms=stake / 1e6, caused_by=caused)]
 
 
 def _bandwidth_findings(classes: list[BandwidthClass], wall_ns: int) -> list[Finding]:
@@ -466,8 +596,24 @@ def _bandwidth_findings(classes: list[BandwidthClass], wall_ns: int) -> list[Fin
             title = (f"{c.name} of {size} is latency-bound on the {c.link} link: busbw "
                      f"{d['busbw_gbit_s']} Gbit/s{peak} over {c.instances} small messages")
         v = LINK_VERDICTS[c.verdict]
+        sentence = (f"upper-quartile busbw of {c.instances} instance(s) over {len(c.steps)} "
+                    f"step(s), from their transfer time (first exit - last arrival; waiting for "
+                    f"peers excluded): {d['busbw_gbit_s']} Gbit/s"
+                    + (f" = {d['busbw_of_peak_pct']}% of the {d['peak_gbit_s']} Gbit/s peak "
+                       f"({c.peak_source})" if d["busbw_of_peak_pct"] is not None else
+                       f", no peak known; {size} messages are latency-bound on any link"))
+        if c.confidence == "suspected":
+            sentence += (f"; a verdict from {c.instances} instance(s), fewer than "
+                         f"{MIN_INSTANCES}: suspected; to confirm, " + trace_more_hint(c.steps))
+        test = Test(name="busbw against the link's peak", statistic=f"{d['busbw_gbit_s']} Gbit/s",
+                    instances=c.instances,
+                    threshold=(f">= 80% of peak bandwidth-bound; < 50% with messages below "
+                               f"{fmt_bytes(SMALL_MESSAGE_BYTES)} (or the calibrated half-peak size) "
+                               "latency-bound"), sentence=sentence)
         out.append(Finding(v.kind, severity_of(share), title, [], c.steps, c.verdict,
-                           stake / 1e6, {**d, "share_pct": round(100 * share, 1)}, v.remedy))
+                           stake / 1e6, {**d, "share_pct": round(100 * share, 1),
+                                         "test": test.as_dict()}, v.remedy,
+                           confidence=c.confidence))
     return out
 
 
@@ -522,8 +668,7 @@ def _run_doc(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: float
         "ranks": ctx.rank_ids,
         "hosts": hosts,
         "backend": next((i.backend for i in ctx.ranks.values() if i.backend), None),
-        "device_type": next((i.device_type for i in ctx.ranks.values() if i.mode == "device"),
-                            "cpu"),
+        "device_type": _device_type(ctx),
         "analysed_steps": steps,
         "analysed_wall_ms": _ms(wall_ns),
         "step_time_ms": _ms(median_step),

@@ -2,7 +2,16 @@
 
 For a matched instance: `S` bytes as nccl-tests defines them (the whole buffer: all-reduce,
 broadcast, reduce and all-to-all their input; all-gather its output, reduce-scatter its input),
-transfer time `t` = the shortest duration among participants (the others include waiting),
+transfer time `t` = the first exit minus the last arrival on aligned clocks (`t_basis`
+"after last arrival"): before the last participant arrives nothing can complete, so every
+participant's time before it is waiting for peers (the late rank's cost, not the link's), and the
+first participant to finish shows how long the transfer itself took. What comes after the first
+exit on the other ranks is their wake-up (Gloo threads on busy CPUs), not transfer either. When
+the clocks cannot support that split (the first exit before the last arrival: an alignment
+error), `t` falls back to the shortest duration among participants (`t_basis` "shortest
+participant", the definition of earlier versions; `t` is never longer than it). `t_bound_ns`
+bounds `t`'s error from the clock alignment (twice the participants' largest offset error
+bound; 0 on one host), and `busbw_lo_Bps`/`busbw_hi_Bps` are the busbw it allows.
 `algbw = S/t`, `busbw = algbw * f` with the nccl-tests factor f. The link is the slowest the
 group crosses: `inter-node` when its ranks are on several hosts (the NIC or InfiniBand port that
 carried the traffic), else `intra-node` (NVLink or PCIe between GPUs) or `loopback` (CPU ranks
@@ -17,7 +26,8 @@ allows while one lucky outlier does not decide. The class is `bandwidth-bound` w
 is within 20% of the peak (or above it), `latency-bound` when its messages are small
 (below 1 MiB, or below the size where the calibration sweep reaches half its peak) and their
 busbw stays under half the peak, or when they are tiny (64 KiB or less: latency dominates on
-any link) and no peak is known; `fine` otherwise, and `unknown` without a peak.
+any link) and no peak is known; `fine` otherwise, and `unknown` without a peak. A class of
+fewer than `evidence.MIN_INSTANCES` instances is only `suspected` of its verdict.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import pyarrow as pa
 
 from uberprof.analysis import intervals as iv
 from uberprof.analysis.context import RunContext
+from uberprof.analysis.evidence import MIN_INSTANCES
 from uberprof.rundir import CALIBRATION_FILE, read_json
 
 __all__ = [
@@ -274,7 +285,10 @@ BANDWIDTH_SCHEMA = pa.schema([
     ("step", pa.int64()),
     ("n", pa.int64()),  # group size used for the bus factor
     ("bytes", pa.int64()),  # S
-    ("t_ns", pa.int64()),  # the shortest duration among participants
+    ("t_ns", pa.int64()),  # transfer: first exit - last arrival (see t_basis)
+    ("t_basis", pa.string()),  # after last arrival | shortest participant
+    ("t_shortest_ns", pa.int64()),  # the shortest duration among participants
+    ("t_bound_ns", pa.int64()),  # bound on t's error from clock alignment (None: unbounded)
     ("algbw_Bps", pa.float64()),
     ("busbw_Bps", pa.float64()),
     ("link", pa.string()),
@@ -282,14 +296,18 @@ BANDWIDTH_SCHEMA = pa.schema([
     ("peak_Bps", pa.float64()),
     ("peak_source", pa.string()),
     ("half_peak_bytes", pa.int64()),  # calibration: size reaching half the peak
-    ("exposed_ns", pa.int64()),  # exposed part of the shortest participant's span
+    ("exposed_ns", pa.int64()),  # exposed transfer: the fastest participant's, at most t
+    ("busbw_lo_Bps", pa.float64()),  # busbw allowed by t + t_bound
+    ("busbw_hi_Bps", pa.float64()),  # ... by t - t_bound (None: unbounded)
 ])
 
 
 def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple[int, int], int],
-                       peaks: Peaks) -> pa.Table:
+                       peaks: Peaks, error_bounds: dict[int, int | None] | None = None
+                       ) -> pa.Table:
     """One row per matched instance: bytes, transfer time, algbw, busbw, link and its peak.
-    `exposed[(instance, rank)]` is the exposed part of that rank's span."""
+    `instances` are on aligned clocks; `exposed[(instance, rank)]` is the exposed part of that
+    rank's span; `error_bounds` per rank its clock offset's error bound (align.py)."""
     if instances.num_rows == 0:
         return BANDWIDTH_SCHEMA.empty_table()
     con = duckdb.connect()
@@ -297,21 +315,34 @@ def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple
     rows = con.sql("""
         SELECT instance, any_value(grp) AS grp, any_value(name) AS name, min(step) AS step,
                any_value(group_size) AS n, max(in_bytes) AS in_bytes, max(out_bytes) AS out_bytes,
-               min(end_ns - start_ns) AS t_ns, arg_min(rank, end_ns - start_ns) AS fastest,
-               list(DISTINCT rank) AS ranks
+               min(end_ns - start_ns) AS t_short, arg_min(rank, end_ns - start_ns) AS fastest,
+               list(DISTINCT rank) AS ranks, min(end_ns) - max(start_ns) AS t_after
         FROM i GROUP BY instance ORDER BY instance
     """).fetchall()
     con.close()
     mode = {r: info.mode for r, info in ctx.ranks.items()}
     out: dict[str, list[Any]] = {f.name: [] for f in BANDWIDTH_SCHEMA}
-    for iid, grp, name, step, n, inb, outb, t, fastest, ranks in rows:
+    bounds = error_bounds or {}
+    for iid, grp, name, step, n, inb, outb, t_short, fastest, ranks, t_after in rows:
         n = int(n or len(ranks))
+        # first exit - last arrival <= the shortest duration, always; <= 0: clocks disagree
+        t, basis = (int(t_after), "after last arrival") if t_after > 0 else \
+            (int(t_short), "shortest participant")
         size = message_bytes(name, inb, outb, n)
         hosts = {ctx.host_of(r) for r in ranks}
         link = link_of(hosts, "device" if any(mode.get(r) == "device" for r in ranks) else "cpu")
         lp = peaks.peak(link, frozenset(h for h in hosts if h)) if link != "unknown" else \
             LinkPeak("unknown", None, None, None)
         alg = size / (t / 1e9) if size and t and t > 0 else None
+        f = bus_factor(name, n)
+        tb = _t_bound(ranks, bounds, ctx)
+        out["t_basis"].append(basis)
+        out["t_shortest_ns"].append(t_short)
+        out["t_bound_ns"].append(tb)
+        out["busbw_lo_Bps"].append(size / ((t + (tb or 0)) / 1e9) * f
+                                   if size and tb is not None and t > 0 else None)
+        out["busbw_hi_Bps"].append(size / ((t - tb) / 1e9) * f
+                                   if size and tb is not None and t > tb else None)
         out["instance"].append(iid)
         out["grp"].append(grp)
         out["name"].append(name)
@@ -320,15 +351,25 @@ def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple
         out["bytes"].append(size)
         out["t_ns"].append(t)
         out["algbw_Bps"].append(alg)
-        out["busbw_Bps"].append(alg * bus_factor(name, n) if alg is not None else None)
+        out["busbw_Bps"].append(alg * f if alg is not None else None)
         out["link"].append(link)
         out["link_kind"].append(lp.kind)
         out["peak_Bps"].append(lp.peak_Bps)
         out["peak_source"].append(lp.source)
         hp = lp.detail.get("half_peak_bytes")
         out["half_peak_bytes"].append(int(hp) if isinstance(hp, (int, float)) else None)
-        out["exposed_ns"].append(exposed.get((iid, fastest)))
+        x = exposed.get((iid, fastest))
+        out["exposed_ns"].append(min(x, t) if x is not None else None)
     return pa.table(out, schema=BANDWIDTH_SCHEMA)
+
+
+def _t_bound(ranks: list[int], bounds: dict[int, int | None], ctx: RunContext) -> int | None:
+    """The error bound of a transfer time measured across `ranks`' clocks: 0 on one host,
+    else twice the largest offset error bound (None when one is unbounded)."""
+    if len({ctx.host_of(r) for r in ranks}) <= 1:
+        return 0
+    b = [bounds.get(r) for r in ranks]
+    return None if any(x is None for x in b) else 2 * max(b)  # type: ignore[type-var]
 
 
 @dataclass
@@ -350,6 +391,14 @@ class BandwidthClass:
     t_total_ns: int
     exposed_ns: int  # exposed transfer time over the instances
     verdict: str  # bandwidth-bound | latency-bound | fine | unknown
+    t_shortest_ns: int = 0  # the instances' shortest durations, summed (waiting included)
+    after_last_arrival: int = 0  # instances whose t is first exit - last arrival
+    busbw_lo_Bps: float | None = None  # upper quartile of the clock-bounded busbw interval
+    busbw_hi_Bps: float | None = None
+
+    @property
+    def confidence(self) -> str:
+        return "confirmed" if self.instances >= MIN_INSTANCES else "suspected"
 
     @property
     def ratio(self) -> float | None:
@@ -374,6 +423,13 @@ class BandwidthClass:
             "exposed_pct": round(100 * self.exposed_ns / self.t_total_ns, 1)
             if self.t_total_ns else None,
             "verdict": self.verdict,
+            "confidence": self.confidence,
+            "transfer_basis": "first exit - last arrival" if self.after_last_arrival ==
+            self.instances else f"first exit - last arrival in {self.after_last_arrival} of "
+            f"{self.instances} instances, else the shortest participant",
+            "in_collective_ms": round(self.t_shortest_ns / 1e6, 3),
+            "busbw_bound_gbit_s": [gbit(self.busbw_lo_Bps), gbit(self.busbw_hi_Bps)]
+            if self.busbw_lo_Bps else None,
         }
 
 
@@ -387,14 +443,17 @@ def bandwidth_classes(bw: pa.Table) -> list[BandwidthClass]:
         SELECT grp, name, bytes, link, any_value(link_kind), count(*), list(DISTINCT step),
                quantile_cont(busbw_Bps, 0.75), median(busbw_Bps), max(busbw_Bps),
                max(peak_Bps), any_value(peak_source),
-               max(half_peak_bytes), sum(t_ns), sum(coalesce(exposed_ns, 0))
+               max(half_peak_bytes), sum(t_ns), sum(coalesce(exposed_ns, 0)),
+               sum(t_shortest_ns), count(*) FILTER (WHERE t_basis = 'after last arrival'),
+               quantile_cont(busbw_lo_Bps, 0.75),
+               CASE WHEN count(busbw_hi_Bps) = count(*) THEN quantile_cont(busbw_hi_Bps, 0.75) END
         FROM b WHERE bytes IS NOT NULL
         GROUP BY grp, name, bytes, link ORDER BY sum(t_ns) DESC
     """).fetchall()
     con.close()
     out = []
-    for grp, name, size, link, kind, n, steps, q75, med, mx, peak, source, half_peak, t, exp \
-            in rows:
+    for (grp, name, size, link, kind, n, steps, q75, med, mx, peak, source, half_peak, t, exp,
+         t_short, after, lo, hi) in rows:
         small = size < (half_peak or SMALL_MESSAGE_BYTES)
         ratio = q75 / peak if q75 is not None and peak else None
         if ratio is not None and ratio >= BANDWIDTH_BOUND:
@@ -412,5 +471,7 @@ def bandwidth_classes(bw: pa.Table) -> list[BandwidthClass]:
                                   busbw_Bps=q75, busbw_median_Bps=med, busbw_max_Bps=mx,
                                   peak_Bps=peak,
                                   peak_source=source, t_total_ns=int(t), exposed_ns=int(exp),
-                                  verdict=verdict))
+                                  verdict=verdict, t_shortest_ns=int(t_short or 0),
+                                  after_last_arrival=int(after or 0), busbw_lo_Bps=lo,
+                                  busbw_hi_Bps=hi))
     return out

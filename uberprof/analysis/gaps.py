@@ -163,7 +163,8 @@ def classify_gaps(events: pa.Table, mode: str, g0: np.ndarray, g1: np.ndarray,
         until = np.where(late, launch, g0)
         wait = np.maximum(until - g0, 1).astype(np.float64)
         ops = iv.covered_in(spans((K.OPERATOR, K.COMM_OP), True), g0, until) >= 0.5 * wait
-        opt = iv.covered_in(spans((K.OPTIMIZER,), True), g0, until) >= 0.5 * wait
+        opt = iv.covered_in(M.optimizer_spans(events, host_threads), g0, until) >= \
+            0.5 * wait
         launch_bound = late & ops & ~opt
     cause = np.full(g0.size, "other", dtype=object)
     cause[late] = "host"
@@ -189,7 +190,10 @@ def gap_context(events: pa.Table, gaps: pa.Table, limit: int = 5) -> list[dict[s
     rows = np.flatnonzero(cand)
     names = events.column("name").take(pa.array(rows)).cast(pa.string()).to_pylist()
     kind_col = events.column("kind").take(pa.array(rows)).cast(pa.string()).to_pylist()
-    cs, ce = ts[rows], end[rows]
+    cs, ce = ts[rows].copy(), end[rows]
+    opt = np.asarray([k == K.OPTIMIZER for k in kind_col], dtype=bool)
+    if opt.any():  # a closure's forward and backward inside Optimizer.step are not optimizer
+        cs[opt] = M.optimizer_starts(events, rows[opt])
     out = []
     for g in top.to_pylist():
         ov = np.minimum(ce, g["end_ns"]) - np.maximum(cs, g["start_ns"])

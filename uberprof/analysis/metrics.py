@@ -8,10 +8,15 @@
 - `percentages`: the summary percentages (HTA's temporal breakdown and comm/comp overlap).
 - `window_shares`: the parts that tile a window, each as a share of it (for stacked bars).
 - `host_time_in`: host-side time (data-loader wait, optimizer) inside host windows.
+- `optimizer_spans`, `optimizer_time_in`: time in the optimizer proper. Lightning (and any
+  `optimizer.step(closure)`) runs forward and backward inside `Optimizer.step#…`; that is not
+  optimizer time. Each optimizer span counts from the end of the last backward or closure span
+  nested in it (forward precedes backward in a closure, so it is left out too).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,10 @@ __all__ = [
     "host_time_in",
     "kind_mask",
     "launch_times",
+    "name_mask",
+    "optimizer_spans",
+    "optimizer_starts",
+    "optimizer_time_in",
     "percentages",
     "step_device_windows",
     "trace_activity",
@@ -332,3 +341,54 @@ def host_time_in(events: pa.Table, kinds: tuple[str, ...], lo: np.ndarray, hi: n
     ts = events.column("ts").to_numpy()
     spans = iv.union(ts[m], ts[m] + events.column("dur").to_numpy()[m])
     return iv.covered_in(spans, lo, hi)
+
+
+# Spans that mean a training closure runs inside Optimizer.step (Lightning, LBFGS-style closures).
+_NESTED_STEP = re.compile(r"backward|training_step|closure", re.IGNORECASE)
+
+
+def name_mask(events: pa.Table, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean mask of the events whose name matches `pattern` (searched)."""
+    col = events.column("name").combine_chunks()
+    if not isinstance(col.type, pa.DictionaryType):
+        col = col.dictionary_encode()
+    dictionary = col.dictionary.to_pylist()
+    wanted = np.array([bool(d and pattern.search(d)) for d in dictionary] + [False], dtype=bool)
+    idx = col.indices.to_numpy(zero_copy_only=False)
+    idx = np.where(idx < 0, len(dictionary), idx) if idx.size else idx
+    return wanted[idx.astype(np.int64)]
+
+
+def optimizer_starts(events: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """Where the optimizer proper starts in each `Optimizer.step` event of `rows`: after the
+    last backward or closure span nested in it on its thread (module docstring)."""
+    tid = events.column("tid").to_numpy()
+    ts = events.column("ts").to_numpy()
+    end = ts + events.column("dur").to_numpy()
+    starts = ts[rows].copy()
+    nested = kind_mask(events, (K.OPERATOR, K.ANNOTATION, K.PYTHON)) & \
+        name_mask(events, _NESTED_STEP)
+    if nested.any() and rows.size:
+        n_ts, n_end, n_tid = ts[nested], end[nested], tid[nested]
+        for i, r in enumerate(rows.tolist()):
+            inside = (n_tid == tid[r]) & (n_ts >= ts[r]) & (n_end <= end[r])
+            if inside.any():
+                starts[i] = min(max(ts[r], int(n_end[inside].max())), end[r])
+    return starts
+
+
+def optimizer_spans(events: pa.Table, threads: np.ndarray | None = None) -> Intervals:
+    """The optimizer proper: `Optimizer.step` spans (on `threads`, when given), each from
+    `optimizer_starts` to its end."""
+    m = kind_mask(events, (K.OPTIMIZER,))
+    if threads is not None:
+        m &= np.isin(events.column("tid").to_numpy(), threads)
+    rows = np.flatnonzero(m)
+    ends = events.column("ts").to_numpy()[rows] + events.column("dur").to_numpy()[rows]
+    return iv.union(optimizer_starts(events, rows), ends)
+
+
+def optimizer_time_in(events: pa.Table, lo: np.ndarray, hi: np.ndarray,
+                      threads: np.ndarray | None = None) -> np.ndarray:
+    """Time in the optimizer proper (`optimizer_spans`) inside each host window."""
+    return iv.covered_in(optimizer_spans(events, threads), lo, hi)

@@ -80,7 +80,7 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
     b = M.breakdown(act, dev_lo, dev_hi)
     threads = M.training_threads(ev) if act.mode == "cpu" else None
     data_wait = M.host_time_in(ev, (K.DATALOADER,), host_lo, host_hi, threads)
-    optimizer = M.host_time_in(ev, (K.OPTIMIZER,), host_lo, host_hi, threads)
+    optimizer = M.optimizer_time_in(ev, host_lo, host_hi, threads)
 
     # Every event's step: host events by where they start, device events by their launch.
     event_step = _step_of(ts, host_lo, host_hi, step_no)

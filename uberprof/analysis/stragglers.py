@@ -1,17 +1,31 @@
 """Stragglers: who arrives last at the collectives, persistently, and why (DESIGN.md).
 
 - `lateness`: per matched instance and rank, its start minus the earliest start among the
-  participants, on aligned clocks.
-- `find_straggler`: the rank that is alone last in clearly more instances than chance (more
-  than 1/2 + 1/(2n) of them with n participants; a tie for last counts for nobody) and whose
-  lead over the others is large both absolutely (>= 100 µs and 3% of the median step) and
-  against the others' own spread (>= 2x the robust sigma, 1.4826 MAD, of their lateness around
-  each instance's median). Its cost is the delay it alone adds (its lateness beyond the
-  second-latest rank), per step the largest over the step's collectives: every other
-  participant waits that long.
+  participants, on aligned clocks; and the split of its time in the collective into waiting
+  for peers (before the last arrival) and transfer (after it).
+- `straggler_test`: two criteria, both stated with their numbers (`StragglerTest`).
+  *Frequency*: the rank most often alone last, against chance (`evidence.poisson_binomial_sf`:
+  a healthy rank is sole last in instance i with probability at most 1/n_i), Bonferroni over
+  the ranks tested; confirmed at 1% per run, suspected at 5%. *Materiality* (the effect is
+  large enough to matter): it is alone last in most instances (at least 1/2 + 1/(2n) of them
+  with n participants: 62.5% of 4 ranks, 75% of 2), its median lead over the others' median
+  lateness is at least 100 µs and 3% of the median step and, with 3 or more participants,
+  twice the others' own spread (robust sigma of their lateness around each instance's median;
+  with 2 ranks there are no others to take a spread from, and the suspect's own lead is not
+  one), and the delay it alone adds is at least 2% of the analysed wall time. Frequency alone is not enough: on oversubscribed cores
+  one healthy rank can be last more often than chance (12 of 20 with 4 ranks) without being
+  the one that holds the job back. Every traced
+  collective instance counts, not one per step.
+- `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
+  it alone adds (its lateness beyond the second-latest rank), per step the largest over the
+  step's collectives: every other participant waits that long.
 - `straggler_cause`: from its per-step breakdown against the other ranks' median on the same
   steps (compute, data wait, host/launch idle, transfer time), and from its GPU counters: more
   compute with lower SM clocks or throttle reasons set is `clock_throttle`.
+
+The step timeline (steps.jsonl, every step) does not show a compute straggler: in synchronous
+training every rank's step ends after the same gradient all-reduce, so step boundaries line up
+on all ranks whoever was late; only the traced collectives carry the lateness.
 """
 
 from __future__ import annotations
@@ -24,21 +38,32 @@ import numpy as np
 import pyarrow as pa
 
 from uberprof.analysis.causes import STRAGGLER_CAUSES as _CAUSES
+from uberprof.analysis.evidence import (
+    FALSE_ALARM_RATE,
+    SUSPECT_RATE,
+    Test,
+    chance_words,
+    poisson_binomial_sf,
+    trace_more_hint,
+)
 
 __all__ = [
     "LATENESS_SCHEMA",
     "STRAGGLER_CAUSES",
     "Straggler",
+    "StragglerTest",
     "find_straggler",
     "lateness",
     "robust_sigma",
     "straggler_cause",
+    "straggler_test",
 ]
 
 STRAGGLER_CAUSES = tuple(_CAUSES)
 ABS_MIN_LEAD_NS = 100_000
 REL_MIN_LEAD = 0.03  # of the median step time
-SIGMA_FACTOR = 2.0
+MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must add
+SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 
 LATENESS_SCHEMA = pa.schema([
     ("instance", pa.int64()),
@@ -51,6 +76,7 @@ LATENESS_SCHEMA = pa.schema([
     ("sole_last", pa.bool_()),  # the only latest to arrive: a tie for last is nobody's fault
     ("delay_ns", pa.int64()),  # if last: its lateness beyond the second-latest; else 0
     ("transfer_ns", pa.int64()),  # its end - the last arrival: time in the collective proper
+    ("wait_ns", pa.int64()),  # time inside the collective before the last arrival (peers)
 ])
 
 
@@ -69,10 +95,87 @@ class Straggler:
     cause: str | None = None
     factors: dict[str, int] = field(default_factory=dict)  # per-step excess over the others
     counters: dict[str, Any] = field(default_factory=dict)
+    confidence: str = "confirmed"  # confirmed | suspected (StragglerTest.decision)
+    test: dict[str, Any] = field(default_factory=dict)  # evidence.Test.as_dict()
 
     @property
     def last_fraction(self) -> float:
         return self.last / self.instances if self.instances else 0.0
+
+
+@dataclass
+class StragglerTest:
+    """The straggler test of a run: its candidate (the rank most often alone last), both
+    criteria with their numbers, and the decision (confirmed | suspected | none)."""
+
+    rank: int
+    last: int  # instances where it alone arrived last
+    instances: int
+    steps: int  # steps those instances span
+    ranks_tested: int
+    p_value: float  # chance of `last` or more for a healthy rank, x ranks tested (Bonferroni)
+    p_uncorrected: float
+    median_lead_ns: int  # over the others' median lateness, per instance
+    noise_ns: int  # the others' robust spread (reported, not a criterion)
+    need_lead_ns: int  # the materiality threshold on the lead
+    delay_ns: int  # the wall-clock delay it alone added over the analysed steps
+    share: float | None  # delay_ns / analysed wall time
+    decision: str  # confirmed | suspected | none
+    decided_by: str  # frequency | materiality | both
+    first_step: int | None = None
+    need_fraction: float = 0.5  # the share of instances it must be alone last in
+
+    def as_test(self) -> Test:
+        r = self.rank
+        freq = (f"rank {r} alone arrived last at {self.last} of {self.instances} collectives "
+                f"over {self.steps} step(s); the chance of this for a healthy rank is "
+                f"{chance_words(self.p_value)} (corrected for {self.ranks_tested} ranks)")
+        lead = (f"last in {100 * self.last / max(self.instances, 1):.0f}% (needs >= "
+                f"{100 * self.need_fraction:.1f}%), median lead {self.median_lead_ns / 1e6:.3g} "
+                f"ms (needs >= {self.need_lead_ns / 1e6:.3g} ms; the others' spread "
+                f"{self.noise_ns / 1e6:.3g} ms)")
+        if self.share is not None:
+            lead += f", adds {100 * self.share:.1f}% of the analysed time (needs >= " \
+                    f"{100 * MATERIAL_SHARE:.0f}%)"
+        rate = f"{100 * FALSE_ALARM_RATE:.0f}%"
+        if self.decision == "confirmed":
+            sentence = f"{freq}, below the {rate} false-alarm rate; {lead}: confirmed"
+        elif self.decision == "suspected":
+            sentence = (f"{freq}: not below the {rate} false-alarm rate, too few instances "
+                        f"to tell it from chance; {lead}: suspected — to confirm, "
+                        + trace_more_hint([self.first_step] if self.first_step is not None
+                                          else []))
+        elif self.decided_by == "frequency":
+            sentence = (f"no straggler: the rank most often last, {freq}, not below the "
+                        f"{100 * SUSPECT_RATE:.0f}% needed to suspect it")
+            if self.last >= 0.75 * self.instances and self.need_lead_ns <= self.median_lead_ns:
+                sentence += ("; too few instances to tell a persistent straggler from "
+                             "chance: " + trace_more_hint([self.first_step]
+                                                          if self.first_step is not None else []))
+        else:
+            sentence = (f"no straggler: {freq}, but it is not material: {lead}")
+        return Test(name="sole-last frequency (Poisson-binomial, Bonferroni over ranks) and "
+                         "materiality of the lead",
+                    statistic=f"last at {self.last}/{self.instances}; {lead}",
+                    instances=self.instances,
+                    threshold=(f"p <= {FALSE_ALARM_RATE:g} confirmed, p <= "
+                               f"{SUSPECT_RATE:g} suspected (corrected); last in >= "
+                               f"{100 * self.need_fraction:.1f}%, lead >= "
+                               f"{self.need_lead_ns / 1e6:.3g} ms and delay >= "
+                               f"{100 * MATERIAL_SHARE:.0f}% of the analysed time"),
+                    sentence=sentence, p_value=self.p_value, p_uncorrected=self.p_uncorrected,
+                    decided_by=self.decided_by)
+
+    def as_dict(self) -> dict[str, Any]:
+        """`run.straggler_test` of the report document: the decision, even when it is none."""
+        return {"rank": self.rank, "decision": self.decision, "last_in": self.last,
+                "instances": self.instances, "steps": self.steps,
+                "median_lead_ms": round(self.median_lead_ns / 1e6, 3),
+                "others_spread_ms": round(self.noise_ns / 1e6, 3),
+                "min_lead_ms": round(self.need_lead_ns / 1e6, 3),
+                "delay_ms": round(self.delay_ns / 1e6, 3),
+                "share_pct": round(100 * self.share, 1) if self.share is not None else None,
+                "test": self.as_test().as_dict()}
 
 
 def lateness(instances: pa.Table) -> pa.Table:
@@ -98,7 +201,8 @@ def lateness(instances: pa.Table) -> pa.Table:
                w.start_ns = w.last_start AND s.n_last = 1 AS sole_last,
                CASE WHEN w.pos = 1 THEN w.lateness_ns - coalesce(s.second_late, 0) ELSE 0 END
                    AS delay_ns,
-               w.end_ns - w.last_start AS transfer_ns
+               w.end_ns - w.last_start AS transfer_ns,
+               greatest(least(w.last_start, w.end_ns) - w.start_ns, 0) AS wait_ns
         FROM w JOIN second s USING (instance)
         ORDER BY w.instance, w.rank
     """).to_arrow_table()
@@ -114,32 +218,13 @@ def robust_sigma(x: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
-def find_straggler(lat: pa.Table, median_step_ns: float | None) -> Straggler | None:
-    """The persistent straggler, or None (see the module docstring)."""
-    if lat.num_rows == 0:
-        return None
-    iid = lat.column("instance").to_numpy()
-    rank = lat.column("rank").to_numpy()
-    late = lat.column("lateness_ns").to_numpy().astype(np.float64)
-    n_part = lat.column("participants").to_numpy()
-    step = lat.column("step").to_numpy()
-    delay = lat.column("delay_ns").to_numpy()
-    sole_last = lat.column("sole_last").to_numpy(zero_copy_only=False)
-    best = None
-    for r in np.unique(rank).tolist():
-        mine = rank == r
-        count = int(mine.sum())
-        frac = sole_last[mine].sum() / count if count else 0.0
-        key = (frac, float(np.median(late[mine])))
-        if best is None or key > best[0]:
-            best = (key, r)
-    assert best is not None
-    r = int(best[1])
+def _lead_and_noise(iid: np.ndarray, rank: np.ndarray, late: np.ndarray, n_part: np.ndarray,
+                    r: int) -> tuple[np.ndarray, float]:
+    """Rank `r`'s lead over the others' median lateness in each of its instances, and the
+    others' own spread (robust sigma around each instance's median; with two ranks, where the
+    others are one rank, the spread of the lead itself: reported, never a criterion)."""
     mine = rank == r
     ids = iid[mine]
-    n = float(np.median(n_part[mine]))
-    frac = float(sole_last[mine].sum()) / ids.size
-    # the others in the same instances: lead over their median, and their own spread
     others = ~mine & np.isin(iid, ids)
     o_iid, o_late = iid[others], late[others]
     order = np.argsort(o_iid, kind="stable")
@@ -149,32 +234,97 @@ def find_straggler(lat: pa.Table, median_step_ns: float | None) -> Straggler | N
         np.zeros(0)
     med_of = dict(zip(uniq.tolist(), med.tolist()))
     lead = np.array([lt - med_of.get(int(i), 0.0) for i, lt in zip(ids, late[mine])])
-    if n >= 3 and o_late.size:
+    if float(np.median(n_part[mine])) >= 3 and o_late.size:
         dev = o_late - np.repeat(med, np.diff(np.append(first, o_late.size)))
-        noise = robust_sigma(dev)
-    else:
-        noise = robust_sigma(lead)
-    med_lead = float(np.median(lead)) if lead.size else 0.0
-    need_abs = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0))
-    persistent = frac >= 0.5 + 0.5 / max(n, 2.0)
-    if not (persistent and med_lead >= need_abs and med_lead >= SIGMA_FACTOR * noise):
+        return lead, robust_sigma(dev)
+    return lead, robust_sigma(lead)
+
+
+def straggler_test(lat: pa.Table, median_step_ns: float | None,
+                   wall_ns: float | None = None) -> StragglerTest | None:
+    """The straggler test of a run (module docstring; `uberprof.analysis.evidence`): the
+    candidate rank, both criteria and the decision. None without matched collectives."""
+    if lat.num_rows == 0:
         return None
+    iid = lat.column("instance").to_numpy()
+    rank = lat.column("rank").to_numpy()
+    late = lat.column("lateness_ns").to_numpy().astype(np.float64)
+    n_part = lat.column("participants").to_numpy()
+    step = lat.column("step").to_numpy()
+    delay = lat.column("delay_ns").to_numpy()
+    sole_last = lat.column("sole_last").to_numpy(zero_copy_only=False).astype(bool)
+    ranks = np.unique(rank).tolist()
+    best: tuple[tuple[float, float, float], int, float] | None = None
+    for r in ranks:
+        mine = rank == r
+        k = int(sole_last[mine].sum())
+        p = poisson_binomial_sf(k, 1.0 / np.maximum(n_part[mine], 1))
+        key = (-p, k / max(int(mine.sum()), 1), float(np.median(late[mine])))
+        if best is None or key > best[0]:
+            best = (key, int(r), p)
+    assert best is not None
+    _, r, p_raw = best
+    mine = rank == r
+    k, n = int(sole_last[mine].sum()), int(mine.sum())
+    p_adj = min(1.0, p_raw * len(ranks))
+    lead, noise = _lead_and_noise(iid, rank, late, n_part, r)
+    med_lead = float(np.median(lead)) if lead.size else 0.0
+    need_lead = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0))
+    if float(np.median(n_part[mine])) >= 3:
+        need_lead = max(need_lead, SIGMA_FACTOR * noise)
     # cost: per step, the largest delay it alone added to any of the step's collectives
-    d_step, d_val, d_n = step[mine], delay[mine], n_part[mine]
     per_step: dict[int, tuple[int, int]] = {}
-    for s, d, k in zip(d_step.tolist(), d_val.tolist(), d_n.tolist()):
+    for s, d, m in zip(step[mine].tolist(), delay[mine].tolist(), n_part[mine].tolist()):
+        if d > per_step.get(s, (0, 0))[0]:
+            per_step[s] = (d, m)
+    delay_wall = sum(d for d, _ in per_step.values())
+    share = delay_wall / wall_ns if wall_ns else None
+    frequent = p_adj <= FALSE_ALARM_RATE
+    maybe = p_adj <= SUSPECT_RATE
+    big_lead = med_lead >= need_lead
+    big_share = share is None or share >= MATERIAL_SHARE
+    need_frac = 0.5 + 0.5 / max(float(np.median(n_part[mine])), 2.0)
+    material = big_lead and big_share and k >= need_frac * n
+    steps = sorted({int(s) for s in step[mine].tolist()})
+    if frequent and material:
+        decision, decided = "confirmed", "both"
+    elif maybe and material:
+        decision, decided = "suspected", "frequency"
+    else:
+        decision = "none"
+        decided = "frequency" if not maybe else "materiality"
+    return StragglerTest(
+        rank=r, last=k, instances=n, steps=len(steps), ranks_tested=len(ranks),
+        p_value=p_adj, p_uncorrected=p_raw, median_lead_ns=int(med_lead), noise_ns=int(noise),
+        need_lead_ns=int(need_lead), delay_ns=int(delay_wall), share=share,
+        decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
+        need_fraction=need_frac)
+
+
+def find_straggler(lat: pa.Table, median_step_ns: float | None,
+                   wall_ns: float | None = None) -> Straggler | None:
+    """The persistent straggler, confirmed or suspected, or None (see `straggler_test`)."""
+    t = straggler_test(lat, median_step_ns, wall_ns)
+    if t is None or t.decision == "none":
+        return None
+    rank = lat.column("rank").to_numpy()
+    mine = rank == t.rank
+    step = lat.column("step").to_numpy()[mine]
+    delay = lat.column("delay_ns").to_numpy()[mine]
+    n_part = lat.column("participants").to_numpy()[mine]
+    sole_last = lat.column("sole_last").to_numpy(zero_copy_only=False)[mine]
+    per_step: dict[int, tuple[int, int]] = {}
+    for s, d, k in zip(step.tolist(), delay.tolist(), n_part.tolist()):
         if d > per_step.get(s, (0, 0))[0]:
             per_step[s] = (d, k)
-    wall = sum(d for d, _ in per_step.values())
     others_wait = sum(d * (k - 1) for d, k in per_step.values())
-    last_steps = sorted({int(s) for s, sl in zip(d_step.tolist(), sole_last[mine].tolist())
-                         if sl})
+    last_steps = sorted({int(s) for s, sl in zip(step.tolist(), sole_last.tolist()) if sl})
     return Straggler(
-        rank=r, instances=int(ids.size), last=int(sole_last[mine].sum()), steps=last_steps,
-        median_lateness_ns=int(np.median(late[mine])), median_lead_ns=int(med_lead),
-        noise_ns=int(noise), delay_ns=int(wall), others_wait_ns=int(others_wait),
-        steps_analysed=len(set(d_step.tolist())),
-    )
+        rank=t.rank, instances=t.instances, last=t.last, steps=last_steps,
+        median_lateness_ns=int(np.median(lat.column("lateness_ns").to_numpy()[mine])),
+        median_lead_ns=t.median_lead_ns, noise_ns=t.noise_ns, delay_ns=t.delay_ns,
+        others_wait_ns=int(others_wait), steps_analysed=t.steps, confidence=t.decision,
+        test=t.as_test().as_dict())
 
 
 def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from uberprof.analysis.advisor import Diagnosis
+from uberprof.analysis.advisor import Diagnosis, Finding
 from uberprof.analysis.gaps import CAUSES
 from uberprof.units import fmt_num
 
@@ -63,9 +63,20 @@ def _summary_line(d: Diagnosis) -> str:
     c = r.get("collectives") or {}
     return (f"{r['world_size']} rank(s) on {len(r.get('hosts') or {})} host(s), "
             f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
-            f"({r.get('analysed_wall_ms')} ms wall); median step {r.get('step_time_ms')} ms; "
+            f"({r.get('analysed_wall_ms')} ms wall); median step {r.get('step_time_ms')} ms "
+            f"(traced steps; {_inflation(r)}); "
             f"{c.get('matched_instances', 0)} matched collectives, "
             f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r.get('uberprof_version')}")
+
+
+def _inflation(r: dict[str, Any]) -> str:
+    st = r.get("step_time") or {}
+    infl, iv = st.get("profiler_inflation"), st.get("profiler_inflation_interval")
+    text = (f"profiler inflation {infl}x" + (f", 95% interval {iv[0]}-{iv[1]}x" if iv else "")
+            if infl else "profiler inflation unknown (no untraced steps)")
+    if st.get("uberprof_cost_ms"):
+        text += f"; uberprof's own cost {st['uberprof_cost_ms']} ms after trace windows"
+    return text
 
 
 def _findings_html(d: Diagnosis) -> str:
@@ -81,12 +92,29 @@ def _findings_html(d: Diagnosis) -> str:
         out.append(
             f"<div class='finding {e(f.severity)}'><span class='sev'>{e(f.severity)}</span> "
             f"<b>{e(f.kind)}</b>{' (' + e(f.cause) + ')' if f.cause else ''} "
+            f"{' <i>' + e(f.confidence) + '</i>' if f.confidence != 'confirmed' else ''} "
             f"&middot; {f.time_at_stake_ms:.1f} ms at stake"
             f"{' &middot; ranks ' + e(ranks) if ranks else ''}<br>{e(f.title)}"
+            f"{_test_html(f)}"
             f"<div class='remedy'>&rarr; {e(f.remedy)}</div>"
             f"<details><summary class='dim'>evidence</summary><pre>{e(_pretty(f.evidence))}"
             f"</pre></details></div>")
     return "\n".join(out)
+
+
+def _test_html(f: Finding) -> str:
+    """The finding's test in words, and the time other findings account for."""
+    e = html.escape
+    out = ""
+    test = (f.evidence.get("test") or {}).get("sentence")
+    if test:
+        out += f"<div class='dim'>test: {e(test)}</div>"
+    if f.caused_by:
+        links = "; ".join(f"{c.get('ms')} ms is {c.get('part') or c.get('kind')} (finding "
+                          f"{(c['index'] + 1) if c.get('index') is not None else '?'})"
+                          for c in f.caused_by)
+        out += f"<div class='dim'>accounted elsewhere: {e(links)}</div>"
+    return out
 
 
 def _ranks_html(d: Diagnosis) -> str:

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from uberprof.analysis.advisor import Diagnosis, Finding
 from uberprof.analysis.causes import GAP_CAUSES, gap_cause
+from uberprof.analysis.evidence import MIN_INSTANCES
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
 __all__ = ["MAX_RANK_ROWS", "render_report"]
@@ -82,6 +83,13 @@ def _header(d: Diagnosis, console: Console) -> None:
         f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
         f"({_ms(r.get('analysed_wall_ms'))} ms wall), median step {_ms(r.get('step_time_ms'))} ms",
         highlight=False)
+    st = r.get("step_time") or {}
+    line = _step_time_line(st)
+    if line:
+        console.print(f"[dim]{line}[/dim]", highlight=False)
+    t = (r.get("straggler_test") or {}).get("test") or {}
+    if t.get("sentence") and (r.get("straggler_test") or {}).get("decision") == "none":
+        console.print(f"[dim]straggler test: {t['sentence']}[/dim]", highlight=False)
     c = r.get("collectives") or {}
     line = (f"collectives: {c.get('matched_instances', 0)} matched instance(s), "
             f"{c.get('unmatched_calls', 0)} unmatched call(s)")
@@ -93,9 +101,13 @@ def _header(d: Diagnosis, console: Console) -> None:
         if h["method"] == "reference":
             desc += "reference"
         else:
-            desc += f"offset {h['offset_ns'] / 1e3:+.1f} µs ({h['method']}"
+            desc += f"offset {h['offset_ns'] / 1e3:+.1f} µs"
+            if h.get("error_bound_ns") is not None:
+                desc += f" ± {h['error_bound_ns'] / 1e3:.0f} µs (error bound: {h['error_bound_basis']})"
+            desc += f" ({h['method']}"
             if h.get("residual_ns") is not None:
-                desc += f", exits within {h['residual_ns'] / 1e3:.0f} µs after alignment"
+                desc += (f", median exit spread {h['residual_ns'] / 1e3:.0f} µs after alignment "
+                         "(not an error bound)")
             if h.get("online_offset_ns") is not None:
                 unc = h.get("online_uncertainty_ns")
                 desc += (f"; start-up estimate {h['online_offset_ns'] / 1e3:+.1f}"
@@ -103,6 +115,31 @@ def _header(d: Diagnosis, console: Console) -> None:
             desc += ")"
         console.print(f"[dim]{desc}[/dim]", highlight=False)
     console.print()
+
+
+def _step_time_line(st: dict[str, Any]) -> str:
+    """Step time's basis, the profiler's inflation and uberprof's own cost, intervals named."""
+    if not st:
+        return ""
+
+    def group(g: dict[str, Any], what: str) -> str:
+        iv = g.get("interval_ms")
+        return (f"{what} {_ms(g.get('median_ms'))} ms over {g.get('steps')} step(s)"
+                + (f" (95% interval {_ms(iv[0])}-{_ms(iv[1])})" if iv else ""))
+
+    parts = [group(st.get("traced") or {}, "traced")]
+    un = st.get("untraced") or {}
+    if un.get("steps"):
+        parts.append(group(un, "untraced"))
+    if st.get("profiler_inflation"):
+        iv = st.get("profiler_inflation_interval")
+        parts.append(f"profiler inflation {st['profiler_inflation']}x"
+                     + (f" (95% interval {iv[0]}-{iv[1]}x)" if iv else ""))
+    if st.get("uberprof_cost_ms"):
+        after = (st.get("after_trace") or {}).get("steps_list") or []
+        parts.append(f"uberprof's own cost {_ms(st['uberprof_cost_ms'])} ms in step(s) "
+                     + ", ".join(map(str, after[:5])) + " (after each trace window)")
+    return "step time (longest rank per step): " + "; ".join(parts)
 
 
 def _ranks(d: Diagnosis, console: Console) -> None:
@@ -162,8 +199,8 @@ def _findings(d: Diagnosis, console: Console) -> None:
                       "the thresholds (no straggler, idle, exposed communication or link limit).")
         console.print()
         return
-    console.print(f"[bold]Findings[/bold] ({len(d.findings)}, ranked by time at stake over the "
-                  "analysed steps)")
+    console.print(f"[bold]Findings[/bold] ({len(d.findings)}, ranked by their own time at stake "
+                  "over the analysed steps; each millisecond is counted once)")
     for i, f in enumerate(d.findings, 1):
         _finding(i, f, console)
     console.print()
@@ -176,12 +213,22 @@ def _finding(i: int, f: Finding, console: Console) -> None:
     head.append(f" {f.kind}", style="bold")
     if f.cause:
         head.append(f" ({f.cause})")
+    if f.confidence != "confirmed":
+        head.append(f" {f.confidence.upper()}", style="italic")
     head.append(f"  {f.time_at_stake_ms:.1f} ms at stake" + (f", {share}%" if share else ""))
     console.print(head)
     console.print(f"    {f.title}", markup=False, highlight=False)
     ev = _evidence_line(f)
     if ev:
         console.print(f"    [dim]evidence:[/dim] {ev}", highlight=False)
+    test = (f.evidence.get("test") or {}).get("sentence")
+    if test:
+        console.print(f"    [dim]test:[/dim] {test}", highlight=False)
+    if f.caused_by:
+        links = "; ".join(f"{c.get('ms')} ms is {c.get('part') or c.get('kind')} (finding "
+                          f"{(c['index'] + 1) if c.get('index') is not None else '?'})"
+                          for c in f.caused_by)
+        console.print(f"    [dim]accounted elsewhere:[/dim] {links}", highlight=False)
     console.print(f"    [green]→[/green] {f.remedy}", highlight=False)
 
 
@@ -209,13 +256,23 @@ def _evidence_line(f: Finding) -> str:
                 + (f"; largest {g.get('ms')} ms on rank {g.get('rank')} step {g.get('step')} "
                    f"after {_short(g.get('before'))}" if g else ""))
     if f.kind == "exposed_comm":
-        return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank, "
-                f"{e.get('exposed_of_comm_pct')}% of its communication")
+        return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank "
+                f"({e.get('wait_ms')} ms waiting for peers, {e.get('transfer_ms')} ms "
+                f"transfer), {e.get('exposed_of_comm_pct')}% of its communication")
     if f.kind == "bandwidth":
+        bound = e.get("busbw_bound_gbit_s")
         peak = (f"peak {e['peak_gbit_s']} Gbit/s ({e.get('peak_source') or 'source unknown'})"
                 if e.get("peak_gbit_s") is not None else "no peak known")
-        return (f"{e.get('instances')} instances, median busbw {e.get('busbw_gbit_s')} Gbit/s, "
-                f"{peak}, {e.get('exposed_pct')}% of {e.get('transfer_ms')} ms exposed")
+        return (f"{e.get('instances')} instances, upper-quartile busbw {e.get('busbw_gbit_s')} "
+                f"Gbit/s" + (f" (clock error bound {bound[0]}-{bound[1] or '∞'})" if bound
+                             else "")
+                + f", {peak}, "
+                f"{e.get('exposed_pct')}% of {e.get('transfer_ms')} ms transfer exposed"
+                + (f" ({e['in_collective_ms']} ms in the collective, waiting included)"
+                   if e.get("in_collective_ms") is not None else ""))
+    if f.kind == "host_cpu":
+        return (f"median {e.get('median_pct')}%, p10 {e.get('p10_pct')}% over "
+                f"{e.get('samples')} samples ({e.get('basis')})")
     if f.kind == "throttle":
         return "; ".join(f"rank {r}: {g.get('sm_clock_mhz')} MHz, slowdown "
                          f"{g.get('slowdown_pct')}% {g.get('reasons')}"
@@ -237,8 +294,11 @@ def _bandwidth(d: Diagnosis, console: Console) -> None:
         table.add_row(c["collective"], fmt_bytes(c["bytes"] or None, missing="-"), c["link"],
                       str(c["instances"]), _ms(c["busbw_gbit_s"], 2),
                       _ms(c["peak_gbit_s"], 2), _ms(c["busbw_of_peak_pct"]),
-                      _ms(c["exposed_pct"]), c["verdict"])
+                      _ms(c["exposed_pct"]),
+                      c["verdict"] + ("?" if c.get("confidence") == "suspected" else ""))
     _print_table(console, table)
+    console.print("[dim]busbw from the transfer time: first exit - last arrival (waiting for "
+                  f"peers excluded); ?: suspected, fewer than {MIN_INSTANCES} instances[/dim]")
     if len(classes) > 8:
         console.print(f"[dim]{len(classes) - 8} more classes: see --json[/dim]")
     console.print()

@@ -109,13 +109,15 @@ def _straggler_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]],
                                f"waiting for rank {s.rank}",
                                {"collective": what, "instance": iid, "wait_ms":
                                 _ms(end - x["start_ns"]), "straggler": s.rank,
-                                "straggler_cause": cause}, step))
+                                "straggler_cause": cause, "confidence": s.confidence,
+                                "test": (s.test or {}).get("sentence")}, step))
         if s.rank in want and last["start_ns"] > first:
             out[s.rank].append(Mark(TRACK_WAITS, first, last["start_ns"] - first,
                                     f"late: the others wait (straggler, {cause})",
                                     {"collective": what, "instance": iid,
                                      "late_ms": _ms(last["start_ns"] - first),
-                                     "cause": cause}, step))
+                                     "cause": cause, "confidence": s.confidence,
+                                     "test": (s.test or {}).get("sentence")}, step))
 
 
 def _link_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want: set[int],
@@ -135,7 +137,9 @@ def _link_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want
                 "busbw_gbit_s": round(busbw, 3) if busbw is not None else None,
                 "class_busbw_gbit_s": cd["busbw_gbit_s"], "peak_gbit_s": cd["peak_gbit_s"],
                 "peak_source": cd["peak_source"], "class_of_peak_pct": cd["busbw_of_peak_pct"],
-                "instance": b["instance"], "step": b["step"]}
+                "instance": b["instance"], "step": b["step"],
+                "transfer_ms": _ms(b["t_ns"]) if b.get("t_ns") is not None else None,
+                "transfer_basis": b.get("t_basis"), "confidence": cd.get("confidence")}
         label = f"{c.verdict}: {b['name']} {fmt_bytes(b['bytes'], missing='? B')}"
         if busbw is not None:
             label += f" at {busbw:.2f} Gbit/s"
@@ -168,10 +172,14 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
         a, b = max(a, lo), min(b, hi)
         if b < a:
             continue
-        track = f"{n}. [{f.severity}] {f.kind}" + (f" ({f.cause})" if f.cause else "")
+        track = f"{n}. [{f.severity}] {f.kind}" + (f" ({f.cause})" if f.cause else "") + \
+            ("" if f.confidence == "confirmed" else f" {f.confidence}")
         out.append(Mark(track, a, b - a, f.title,
                         {"kind": f.kind, "severity": f.severity, "cause": f.cause,
+                         "confidence": f.confidence,
+                         "test": (f.evidence.get("test") or {}).get("sentence"),
                          "time_at_stake_ms": round(f.time_at_stake_ms, 3), "ranks": f.ranks,
+                         "caused_by": f.caused_by,
                          "steps": f.steps, "remedy": f.remedy, "evidence": f.evidence}))
     per_step: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
@@ -190,7 +198,9 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
                         s))
     for h in d.alignment.hosts:
         label = (f"{h.host}: reference clock" if h.method == "reference" else
-                 f"{h.host}: {h.offset_ns / 1e6:+.3f} ms ({h.method})")
+                 f"{h.host}: {h.offset_ns / 1e6:+.3f} ms"
+                 + (f" ± {h.error_bound_ns / 1e6:.3f} ms (error bound)"
+                    if h.error_bound_ns is not None else "") + f" ({h.method})")
         out.append(Mark("clock alignment", lo, None, label, h.as_dict()))
     return out
 
