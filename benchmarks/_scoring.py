@@ -13,6 +13,7 @@ kinds whose cause names a different diagnosis), recall per expectation key.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -87,6 +88,10 @@ class RunScore:
     suspected_false_straggler: bool = False
     stake_over_wall: bool = False  # findings' time at stake adds up to more than the wall time
     error: str | None = None  # the run or its report failed: not scored
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: dict(v) if isinstance(v, Counter) else v
+                for f in dataclasses.fields(self) for v in (getattr(self, f.name),)}
 
 
 def score_run(scenario: str, truth: Truth, report: Mapping[str, Any]) -> RunScore:

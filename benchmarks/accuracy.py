@@ -281,7 +281,7 @@ def print_tables(summ: dict[str, Any], header: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 150)  # whole tables in logs
     con.print(header)
     t = Table(title="Per scenario")
     for c in ("scenario", "ranks", "runs", "failed", "expected found", "suspected only",
@@ -369,8 +369,8 @@ def main() -> None:
     doc = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            "cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg(),
            "minutes": round((time.monotonic() - t0) / 60, 1), **summ,
-           "runs": [{**dataclasses.asdict(r), "score": dataclasses.asdict(r.score)}
-                    for r in results]}
+           "runs": [{**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)},
+                     "score": r.score.as_dict()} for r in results]}
     (out / "accuracy.json").write_text(json.dumps(doc, indent=1))
     if args.json:
         print(json.dumps(doc, indent=1))

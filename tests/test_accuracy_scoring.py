@@ -123,3 +123,11 @@ def test_tally_precision_recall_and_false_straggler_rate() -> None:
 def test_empty_rows_have_no_ratio() -> None:
     row = S.KindRow("exposed_comm")
     assert row.recall is None and row.precision is None
+
+
+def test_run_score_as_dict_is_json() -> None:
+    import json
+
+    s = S.score_run("c", _compute_truth(2), _report(_f("straggler", "compute", [2])))
+    doc = json.loads(json.dumps(s.as_dict()))
+    assert doc["tp"] == {"straggler:compute": 1} and doc["met"] == {"straggler:compute": True}
