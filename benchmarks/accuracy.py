@@ -173,7 +173,8 @@ def _uberprof_run(out: Path, run_id: str, extra: list[str], command: list[str]) 
 def _run_one_node(out: Path, run_id: str, n: int, sample: list[str], extra: list[str],
                   timeout: float) -> None:
     cmd = _uberprof_run(out, run_id, extra, torchrun(n, SAMPLE, *sample))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(),
+                          check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"uberprof run exited {proc.returncode}: {proc.stderr[-1500:]}")
 
@@ -203,7 +204,8 @@ def _run_two_nodes(out: Path, run_id: str, n: int, sample: list[str], extra: lis
 
 def _report(run: Path, timeout: float) -> dict[str, Any]:
     proc = subprocess.run([PY, "-m", "uberprof", "report", "--json", str(run)],
-                          capture_output=True, text=True, timeout=timeout, env=job_env())
+                          capture_output=True, text=True, timeout=timeout, env=job_env(),
+                          check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"uberprof report exited {proc.returncode}: {proc.stderr[-1500:]}")
     doc: dict[str, Any] = json.loads(proc.stdout)
