@@ -3,10 +3,16 @@
 CPU/Gloo or GPU/NCCL is chosen automatically. Fault knobs make one rank misbehave, for demos
 and tests of the diagnosis:
   --slow-rank R --slow-compute X   rank R does X times the compute (a straggler)
+  --slow-rank R --slow-factor F    rank R computes F times as long per step as it otherwise
+                                   would (extra matrix products; fractional, e.g. 1.3)
   --slow-data-rank R --data-delay-ms D   rank R's data loader waits D ms per batch
   --host-work-ms H                 every rank does H ms of extra host work per step
   --extra-matmul N                 every rank multiplies two 256x256 matrices N more times
                                    per step (a code change that costs compute: uberprof diff)
+  --bucket-cap-mb MB --no-overlap  DDP buckets of MB; each all-reduced inside backward,
+                                   blocking it (communication exposed)
+  --tiny-allreduces N              every rank all-reduces N separate 4-float tensors per step
+                                   (many small collectives: latency-bound)
 Run it alone (`python samples/train_ddp.py`) or under torchrun.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 
@@ -67,10 +74,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-compute", type=float, default=1.0)
+    p.add_argument("--slow-factor", type=float, default=1.0, metavar="F")
     p.add_argument("--slow-data-rank", type=int, default=-1)
     p.add_argument("--data-delay-ms", type=float, default=0.0)
     p.add_argument("--host-work-ms", type=float, default=0.0)
     p.add_argument("--extra-matmul", type=int, default=0, metavar="N")
+    p.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MB")
+    p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--tiny-allreduces", type=int, default=0, metavar="N")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-times", metavar="FILE",
@@ -92,8 +103,28 @@ def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(argv, "DDP", lambda model, device: DDP(
-        model, device_ids=[device.index] if device.type == "cuda" else None))
+    args = parse_args(argv)
+    run(argv, "DDP", lambda model, device: ddp(model, device, args))
+
+
+def ddp(model: nn.Module, device: torch.device, args: argparse.Namespace) -> DDP:
+    """DDP with the sample's bucket size; with --no-overlap every bucket is all-reduced
+    synchronously inside backward, so no communication hides under compute."""
+    extra = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+    wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **extra)
+    if args.no_overlap:
+        wrapped.register_comm_hook(None, _blocking_allreduce)
+    return wrapped
+
+
+def _blocking_allreduce(state, bucket):  # type: ignore[no-untyped-def]
+    # unannotated: DDP rejects the string annotations of `from __future__ import annotations`
+    t = bucket.buffer()
+    dist.all_reduce(t)  # backward waits here until the bucket is reduced
+    t.div_(dist.get_world_size())
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(t)
+    return fut
 
 
 def run(argv: list[str] | None, kind: str,
@@ -118,10 +149,13 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     data = SyntheticTokens(args.steps * args.batch, args.seq, args.vocab, delay)
     loader = DataLoader(data, batch_size=args.batch, num_workers=args.workers)
     extra = max(0, round(args.slow_compute) - 1) if rank == args.slow_rank else 0
+    slow_factor = args.slow_factor if rank == args.slow_rank else 1.0
+    own: list[float] = []  # this rank's steps so far, without the slow-factor work
     loss_fn = nn.CrossEntropyLoss()
     t_start = t_prev = time.perf_counter()
     durations = []
     for step, (x, y) in enumerate(loader):
+        t_step = time.perf_counter()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = model(x)
         loss = loss_fn(logits.reshape(-1, args.vocab), y.reshape(-1))
@@ -134,9 +168,16 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
             m = torch.ones(256, 256, device=device)
             for _ in range(args.extra_matmul):
                 m = torch.mm(m, m).clamp_(-1.0, 1.0)
+        t_slow = time.perf_counter()
+        if slow_factor > 1.0 and own:  # a straggler by a fraction of its own step
+            _compute_for((slow_factor - 1.0) * statistics.median(own[-9:]), device)
+        t_slow = time.perf_counter() - t_slow
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        for _ in range(args.tiny_allreduces if world > 1 else 0):  # metrics, one at a time
+            dist.all_reduce(torch.ones(4, device=device))
+        own.append(time.perf_counter() - t_step - t_slow)
         if args.step_times:
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -157,6 +198,16 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
               f"final loss {loss.item():.3f}", flush=True)
     if world > 1:
         dist.destroy_process_group()
+
+
+def _compute_for(seconds: float, device: torch.device) -> None:
+    """Matrix products (device compute, outside autograd) for about `seconds`."""
+    end = time.perf_counter() + seconds
+    m = torch.ones(128, 128, device=device)
+    while time.perf_counter() < end:
+        m = torch.mm(m, m).clamp_(-1.0, 1.0)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
 
 def _busy_wait(seconds: float) -> None:

@@ -1,0 +1,387 @@
+"""How often uberprof's diagnosis is right: real CPU/Gloo runs with injected faults, each under
+`uberprof run` and `uberprof report --json`, scored per finding kind (precision, recall) and for
+false stragglers.
+
+    python benchmarks/accuracy.py --quick                      # a smoke test, a few minutes
+    python benchmarks/accuracy.py --repeats 5 --budget-min 60  # the matrix, as far as time allows
+    python benchmarks/accuracy.py --scenarios healthy --ranks 4 --repeats 20 --json
+
+Scenarios (samples/train_ddp.py with its fault knobs; each repeat has its own seed, and the
+faulty rank or node is drawn from it):
+
+  healthy          no fault
+  compute-1.3x     one rank computes 1.3x as long per step (--slow-factor 1.3)
+  compute-2x       ... 2x as long
+  slow-data        one rank's data loader sleeps 5 ms per sample (40 ms per batch)
+  exposed-comm     DDP with 0.05 MB buckets all-reduced inside backward (--no-overlap)
+  tiny-allreduce   20 separate 4-float all-reduces per step (latency-bound)
+  capped-link      two nodes (network namespaces) joined by a link capped at 1 Gbit/s by tc
+  net-straggler    two nodes, one node's egress capped at 250 Mbit/s, the other's at 1 Gbit/s
+
+each with 2 and 4 ranks on this machine's cores (two-node scenarios split them over the nodes;
+they need root, iproute2 and tc, and are skipped without). Runs interleave scenarios, so a time
+budget cuts every scenario short alike.
+
+Ground truth: each scenario names the findings that must appear (kind, cause, rank) and those
+that must not (see benchmarks/_scoring.py for how findings are matched and counted). Findings
+marked "suspected" are counted apart: they are not verdicts. Targets stated by issue 14: no
+false straggler in at least 20 healthy runs; recall of at least 95% for the 1.3x compute
+straggler. Every run also checks that the findings' time at stake does not add up to more than
+the analysed wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import doc_parser
+from _scoring import (
+    Claim,
+    Expect,
+    RunScore,
+    Truth,
+    false_stragglers,
+    finding_key,
+    is_suspected,
+    score_run,
+    tally,
+)
+
+from tests.jobs import PY, SAMPLES, job_env, torchrun
+
+SAMPLE = SAMPLES / "train_ddp.py"
+CAP = "1gbit"
+SLOW_CAP = "250mbit"
+STRAGGLER = Claim("straggler")
+DATA_STALL = Claim("data_stall")
+FOREIGN = (STRAGGLER, DATA_STALL)  # no scenario without that fault may name these
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run of a scenario: the sample's fault options and the ground truth."""
+
+    args: list[str]
+    truth: Truth
+    fault: str  # in words, for the run list
+    slow_node: int | None = None  # two-node scenarios: the node whose link is capped lower
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    plan: Callable[[int, random.Random], Plan]  # (ranks, rng) -> the run
+    nodes: int = 1
+
+
+def _healthy(n: int, rng: random.Random) -> Plan:
+    return Plan([], Truth(forbid=(*FOREIGN, Claim("bandwidth", "bandwidth-bound"))), "none")
+
+
+def _compute(factor: float) -> Callable[[int, random.Random], Plan]:
+    def plan(n: int, rng: random.Random) -> Plan:
+        r = rng.randrange(n)
+        want = Expect("straggler:compute", (Claim("straggler", "compute", frozenset({r})),))
+        return Plan(["--slow-rank", str(r), "--slow-factor", str(factor)],
+                    Truth((want,), FOREIGN, frozenset({r})), f"rank {r} computes {factor}x")
+    return plan
+
+
+def _slow_data(n: int, rng: random.Random) -> Plan:
+    r = rng.randrange(n)
+    want = Expect("data_stall", (Claim("data_stall", ranks=frozenset({r})),
+                                 Claim("straggler", "data", frozenset({r}))))
+    return Plan(["--slow-data-rank", str(r), "--data-delay-ms", "5"],
+                Truth((want,), FOREIGN, frozenset({r})), f"rank {r} data loader +40 ms/batch")
+
+
+def _exposed(n: int, rng: random.Random) -> Plan:
+    return Plan(["--bucket-cap-mb", "0.05", "--no-overlap"],
+                Truth((Expect("exposed_comm", (Claim("exposed_comm"),)),), FOREIGN),
+                "0.05 MB buckets, no overlap")
+
+
+def _tiny(n: int, rng: random.Random) -> Plan:
+    want = Expect("bandwidth:latency-bound", (Claim("bandwidth", "latency-bound"),))
+    return Plan(["--tiny-allreduces", "20"],
+                Truth((want,), (*FOREIGN, Claim("bandwidth", "bandwidth-bound"))),
+                "20 tiny all-reduces/step")
+
+
+def _capped(n: int, rng: random.Random) -> Plan:
+    want = Expect("bandwidth:bandwidth-bound", (Claim("bandwidth", "bandwidth-bound"),))
+    return Plan([], Truth((want,), FOREIGN), f"inter-node link {CAP}")
+
+
+def _net_straggler(n: int, rng: random.Random) -> Plan:
+    node = rng.randrange(2)
+    per = n // 2
+    ranks = frozenset(range(node * per, node * per + per))  # torchrun's --node_rank order
+    want = Expect("straggler:network", (Claim("straggler", "network", ranks),))
+    return Plan([], Truth((want,), FOREIGN, ranks),
+                f"node {node} (ranks {sorted(ranks)}) egress {SLOW_CAP}", slow_node=node)
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("healthy", _healthy),
+    Scenario("compute-1.3x", _compute(1.3)),
+    Scenario("compute-2x", _compute(2.0)),
+    Scenario("slow-data", _slow_data),
+    Scenario("exposed-comm", _exposed),
+    Scenario("tiny-allreduce", _tiny),
+    Scenario("capped-link", _capped, nodes=2),
+    Scenario("net-straggler", _net_straggler, nodes=2),
+)}
+QUICK = ("healthy", "compute-2x", "slow-data")
+TARGET_HEALTHY_RUNS = 20
+TARGET_RECALL = 0.95
+
+
+@dataclass
+class Result:
+    scenario: str
+    ranks: int
+    seed: int
+    fault: str
+    seconds: float
+    score: RunScore
+    findings: list[dict[str, Any]]
+
+
+def _netns_ok() -> bool:
+    return os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc", "unshare"))
+
+
+def _uberprof_run(out: Path, run_id: str, extra: list[str], command: list[str]) -> list[str]:
+    return [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, *extra, "--",
+            *command]
+
+
+def _run_one_node(out: Path, run_id: str, n: int, sample: list[str], extra: list[str],
+                  timeout: float) -> None:
+    cmd = _uberprof_run(out, run_id, extra, torchrun(n, SAMPLE, *sample))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(),
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"uberprof run exited {proc.returncode}: {proc.stderr[-1500:]}")
+
+
+def _run_two_nodes(out: Path, run_id: str, n: int, sample: list[str], extra: list[str],
+                   timeout: float, slow_node: int | None, port: int) -> None:
+    from tests.netns import two_nodes, wait_ok
+
+    with two_nodes("acc", rate=CAP) as nodes:
+        if slow_node is not None:
+            node = nodes[slow_node]
+            subprocess.run(["ip", "netns", "exec", node.ns, "tc", "qdisc", "change", "dev",
+                            node.veth, "root", "tbf", "rate", SLOW_CAP, "burst", "256kb",
+                            "latency", "50ms"], check=True, capture_output=True)
+        a = nodes[0]
+
+        def argv(i: int) -> list[str]:
+            job = [PY, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc_per_node={n // 2}",
+                   f"--master_addr={a.addr}", f"--master_port={port}", f"--node_rank={i}",
+                   str(SAMPLE), *sample]
+            return _uberprof_run(out, run_id, extra, job)
+        try:
+            wait_ok([node.start(argv(i)) for i, node in enumerate(nodes)], timeout=timeout)
+        except AssertionError as e:
+            raise RuntimeError(f"uberprof run failed: {str(e)[-1500:]}") from None
+
+
+def _report(run: Path, timeout: float) -> dict[str, Any]:
+    proc = subprocess.run([PY, "-m", "uberprof", "report", "--json", str(run)],
+                          capture_output=True, text=True, timeout=timeout, env=job_env(),
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"uberprof report exited {proc.returncode}: {proc.stderr[-1500:]}")
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def run_case(sc: Scenario, n: int, seed: int, out: Path, args: Any, index: int) -> Result:
+    """One run of `sc` with `n` ranks, reported and scored; a failure is a scored error."""
+    plan = sc.plan(n, random.Random(f"{sc.name}/{n}/{seed}"))
+    run_id = f"{sc.name}-r{n}-s{seed}"
+    sample = ["--steps", str(args.steps), "--seed", str(seed), *plan.args]
+    extra = args.uberprof_args.split()
+    t0 = time.monotonic()
+    findings: list[dict[str, Any]] = []
+    try:
+        if sc.nodes == 2:
+            _run_two_nodes(out, run_id, n, sample, extra, args.run_timeout, plan.slow_node,
+                           29500 + index % 400)
+        else:
+            _run_one_node(out, run_id, n, sample, extra, args.run_timeout)
+        report = _report(out / run_id, args.run_timeout)
+        (out / f"{run_id}.report.json").write_text(json.dumps(report, indent=1))
+        score = score_run(sc.name, plan.truth, report)
+        findings = [{"key": finding_key(f), "ranks": f.get("ranks"),
+                     "suspected": is_suspected(f), "severity": f.get("severity"),
+                     "time_at_stake_ms": f.get("time_at_stake_ms")}
+                    for f in report.get("findings") or []]
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as e:
+        score = RunScore(sc.name, error=str(e)[-500:] or type(e).__name__)
+    if not args.keep:
+        shutil.rmtree(out / run_id, ignore_errors=True)
+    return Result(sc.name, n, seed, plan.fault, time.monotonic() - t0, score, findings)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def summary(results: list[Result]) -> dict[str, Any]:
+    """Per scenario and rank count, per finding key, false stragglers and the targets."""
+    scores = [r.score for r in results]
+    per: dict[tuple[str, int], list[Result]] = {}
+    for r in results:
+        per.setdefault((r.scenario, r.ranks), []).append(r)
+    scenarios = []
+    for (name, n), rs in per.items():
+        ok = [r.score for r in rs if not r.score.error]
+        met = [all(s.met.values()) for s in ok if s.met]
+        firm, soft, _ = false_stragglers(ok)
+        scenarios.append({
+            "scenario": name, "ranks": n, "runs": len(rs), "failed": len(rs) - len(ok),
+            "expected_met": sum(met) if met else None, "expected_of": len(met),
+            "suspected_only": sum(any(s.met_suspected.values()) for s in ok),
+            "false_stragglers": firm, "suspected_false_stragglers": soft,
+            "false_alarms": sum(bool(s.fp) for s in ok),
+            "stake_over_wall": sum(s.stake_over_wall for s in ok),
+            "median_s": round(statistics.median(r.seconds for r in rs), 1)})
+    firm_h, soft_h, n_h = false_stragglers(scores, {"healthy"})
+    rec = tally(s for s in scores if s.scenario == "compute-1.3x").get("straggler:compute")
+    targets = {
+        "healthy_false_stragglers": {"false": firm_h, "suspected": soft_h, "runs": n_h,
+                                     "met": firm_h == 0 and n_h >= TARGET_HEALTHY_RUNS},
+        "compute_1.3x_recall": {"found": rec.found if rec else 0,
+                                "runs": rec.expected if rec else 0,
+                                "recall": rec.recall if rec else None,
+                                "met": bool(rec and rec.recall is not None
+                                            and rec.recall >= TARGET_RECALL)}}
+    firm, soft, n = false_stragglers(scores)
+    return {"scenarios": scenarios, "kinds": [k.as_dict() for k in tally(scores).values()],
+            "false_stragglers": {"false": firm, "suspected": soft, "runs": n},
+            "targets": targets}
+
+
+def print_tables(summ: dict[str, Any], header: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 150)  # whole tables in logs
+    con.print(header)
+    t = Table(title="Per scenario")
+    for c in ("scenario", "ranks", "runs", "failed", "expected found", "suspected only",
+              "false stragglers", "other false alarms", "stake > wall", "median s"):
+        t.add_column(c, justify="left" if c == "scenario" else "right")
+    for s in summ["scenarios"]:
+        exp = f"{s['expected_met']}/{s['expected_of']}" if s["expected_of"] else "-"
+        fs = str(s["false_stragglers"]) + (f" (+{s['suspected_false_stragglers']} susp.)"
+                                           if s["suspected_false_stragglers"] else "")
+        t.add_row(s["scenario"], str(s["ranks"]), str(s["runs"]), str(s["failed"]), exp,
+                  str(s["suspected_only"]), fs, str(s["false_alarms"]),
+                  str(s["stake_over_wall"]), str(s["median_s"]))
+    con.print(t)
+    k = Table(title="Per finding kind (confirmed findings; suspected counted apart)")
+    for c in ("finding", "expected", "found", "recall", "true pos.", "false pos.", "precision",
+              "suspected false pos.", "unjudged"):
+        k.add_column(c, justify="left" if c == "finding" else "right")
+    for row in summ["kinds"]:
+        k.add_row(row["key"], str(row["expected"]), str(row["found"]), _pct(row["recall"]),
+                  str(row["true_positives"]), str(row["false_positives"]),
+                  _pct(row["precision"]), str(row["suspected_false_positives"]),
+                  str(row["unjudged"]))
+    con.print(k)
+    fs, tg = summ["false_stragglers"], summ["targets"]
+    h, r = tg["healthy_false_stragglers"], tg["compute_1.3x_recall"]
+    con.print(f"False-straggler rate: {fs['false']}/{fs['runs']} runs "
+              f"({_pct(fs['false'] / fs['runs'] if fs['runs'] else None)}), "
+              f"+{fs['suspected']} with a suspected straggler only")
+    con.print(f"Target: no false straggler in >= {TARGET_HEALTHY_RUNS} healthy runs: "
+              f"{h['false']} in {h['runs']} -> {'MET' if h['met'] else 'not met'}")
+    con.print(f"Target: recall >= {TARGET_RECALL:.0%} for the 1.3x compute straggler: "
+              f"{r['found']}/{r['runs']} ({_pct(r['recall'])}) -> "
+              f"{'MET' if r['met'] else 'not met'}")
+
+
+def main() -> None:
+    ap = doc_parser(__doc__)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+                    help="comma-separated, from the list above (default: all)")
+    ap.add_argument("--ranks", default="2,4", help="rank counts (default 2,4)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per scenario and rank count")
+    ap.add_argument("--seed", type=int, default=0, help="first seed (repeat i uses seed + i)")
+    ap.add_argument("--steps", type=int, default=30, help="training steps per run")
+    ap.add_argument("--uberprof-args", default="",
+                    help="extra `uberprof run` options, e.g. '--trace-steps 10-29'")
+    ap.add_argument("--budget-min", type=float, default=None,
+                    help="start no new run after this many minutes")
+    ap.add_argument("--run-timeout", type=float, default=600, help="seconds per run/report")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"smoke test: {', '.join(QUICK)} at 2 ranks, once each")
+    ap.add_argument("--out", type=Path, help="runs and reports go here (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args()
+    names = list(QUICK) if args.quick else [s for s in args.scenarios.split(",") if s]
+    unknown = [s for s in names if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+    ranks = [2] if args.quick else [int(x) for x in args.ranks.split(",")]
+    repeats = 1 if args.quick else args.repeats
+    if not _netns_ok() and any(SCENARIOS[s].nodes == 2 for s in names):
+        print("two-node scenarios skipped: they need root, iproute2 and tc", file=sys.stderr)
+        names = [s for s in names if SCENARIOS[s].nodes == 1]
+    out = args.out or Path(tempfile.mkdtemp(prefix="uberprof-accuracy-"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    cases = [(SCENARIOS[s], n, args.seed + i) for i in range(repeats) for n in ranks
+             for s in names]
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    results: list[Result] = []
+    for i, (sc, n, seed) in enumerate(cases):
+        if args.budget_min is not None and time.monotonic() - t0 > args.budget_min * 60:
+            print(f"time budget spent: {len(cases) - i} run(s) not started", file=sys.stderr)
+            break
+        r = run_case(sc, n, seed, out, args, i)
+        results.append(r)
+        status = r.score.error or ", ".join(
+            f["key"] + ("?" if f["suspected"] else "") + (f"@{f['ranks']}" if f["ranks"] else "")
+            for f in r.findings) or "no findings"
+        print(f"[{i + 1}/{len(cases)}] {sc.name} ranks={n} seed={seed} ({r.fault}) "
+              f"{r.seconds:.0f} s: {status}", file=sys.stderr, flush=True)
+
+    summ = summary(results)
+    doc = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+           "cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg(),
+           "minutes": round((time.monotonic() - t0) / 60, 1), **summ,
+           "runs": [{**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)},
+                     "score": r.score.as_dict()} for r in results]}
+    (out / "accuracy.json").write_text(json.dumps(doc, indent=1))
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return
+    header = (f"{len(results)} runs in {doc['minutes']} min on {doc['cpus']} CPUs, load "
+              f"{load0[0]:.1f} -> {doc['load_after'][0]:.1f}; uberprof run "
+              f"{args.uberprof_args or '(defaults)'}, {args.steps} steps; results in {out}")
+    print_tables(summ, header)
+
+
+if __name__ == "__main__":
+    main()
