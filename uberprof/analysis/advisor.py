@@ -68,8 +68,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-FINDING_KINDS = ("straggler", "data_stall", "launch_bound", "idle", "exposed_comm", "bandwidth",
-                 "throttle")
+FINDING_KINDS = ("hang", "crash", "straggler", "data_stall", "launch_bound", "idle",
+                 "exposed_comm", "bandwidth", "throttle")
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
 TOP_GAPS = 5
 
@@ -177,6 +177,7 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     findings += _bandwidth_findings(classes, wall_ns)
     findings += _throttle_findings(clocks, traced, wall_ns, straggler)
     findings.sort(key=lambda f: (-f.time_at_stake_ms, f.kind))
+    findings = _failure_findings(ctx) + findings
 
     unmatched = matched.unmatched
     if unmatched.num_rows:
@@ -195,6 +196,15 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
                      straggler=straggler, steps=traced, summaries=summaries,
                      top_gaps=top[:TOP_GAPS * 2], derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs))
+
+
+def _failure_findings(ctx: RunContext) -> list[Finding]:
+    """Hangs and crashes (analysis/failures.py), ranked first: a job that stops costs most."""
+    if not ctx.is_run_dir:
+        return []
+    from uberprof.analysis.failures import failure_findings
+
+    return failure_findings(ctx.root)
 
 
 def save_diagnosis(d: Diagnosis) -> Path | None:

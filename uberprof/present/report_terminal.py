@@ -155,7 +155,42 @@ def _finding(i: int, f: Finding, console: Console) -> None:
     ev = _evidence_line(f)
     if ev:
         console.print(f"    [dim]evidence:[/dim] {ev}", highlight=False)
+    for line in _failure_lines(f):
+        console.print(f"    {line}", markup=False, highlight=False)
     console.print(f"    [green]→[/green] {f.remedy}", highlight=False)
+
+
+def _frames_text(frames: list[dict[str, Any]], n: int = 6) -> list[str]:
+    """The innermost `n` frames, innermost last, as a traceback shows them."""
+    cut = ["  ..."] if len(frames) > n else []
+    return cut + [f"  {f.get('file')}:{f.get('line')} in {f.get('function')}"
+                  for f in frames[-n:]]
+
+
+def _failure_lines(f: Finding) -> list[str]:
+    """The stacks behind a hang or crash finding (its evidence, as `--json` gives it)."""
+    e = f.evidence
+    out: list[str] = []
+    if f.kind == "hang":
+        for r in e.get("ranks") or []:
+            if r.get("state") == "stuck":
+                out.append(f"rank {r['rank']} (stuck, last step {r.get('last_step')}), "
+                           "main thread:")
+                out += _frames_text(r.get("stack") or [])
+        for m in e.get("mismatches") or []:
+            calls = "; ".join(f"rank {k}: {c['op']} {c['sizes']} {c['dtypes']}"
+                              for k, c in (m.get("calls") or {}).items())
+            out.append(f"mismatch at #{m['seq']} of {m['process_group']}: {calls}")
+    elif f.kind == "crash":
+        first = e.get("first") or {}
+        frames = (first.get("exception") or {}).get("frames") or first.get("stack") or []
+        if frames:
+            out.append(f"rank {first.get('rank')}:")
+            out += _frames_text(frames)
+        for v in e.get("failed") or []:
+            if v.get("role") != "first":
+                out.append(f"rank {v['rank']} ({v['role']}): {v.get('what')}")
+    return out
 
 
 def _evidence_line(f: Finding) -> str:
@@ -188,6 +223,12 @@ def _evidence_line(f: Finding) -> str:
         return (f"{e.get('instances')} instances, median busbw {e.get('busbw_gbit_s')} Gbit/s, "
                 f"peak {e.get('peak_gbit_s')} Gbit/s ({e.get('peak_source')}), "
                 f"{e.get('exposed_pct')}% of {e.get('transfer_ms')} ms exposed")
+    if f.kind == "hang":
+        return (f"no step finished for {e.get('timeout_s')} s ({e.get('timeout_source')} "
+                f"timeout) on node(s) {', '.join(e.get('nodes') or [])}; action "
+                f"{e.get('action')}" + (" (steps resumed later)" if e.get("resumed_ns") else ""))
+    if f.kind == "crash":
+        return f"{len(e.get('failed') or [])} rank(s) failed; the first by kind and time first"
     if f.kind == "throttle":
         return "; ".join(f"rank {r}: {g.get('sm_clock_mhz')} MHz, slowdown "
                          f"{g.get('slowdown_pct')}% {g.get('reasons')}"
