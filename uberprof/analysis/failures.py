@@ -359,7 +359,6 @@ def _failure_of(ev: RankEvidence, stopped_at: int | None, running: bool
     ending = [e for e in ev.exceptions if e.get("where") != "threading"]
     exc = ending[-1] if ending else None
     exit_row = min(ev.exits, key=lambda e: e.get("time_ns") or 0) if ev.exits else None
-    meta_exit = ev.meta.raw.get("exit")
     out: dict[str, Any] = {"rank": ev.rank, "step": ev.last_step, "host": ev.meta.host,
                            "pid": ev.meta.pid}
     if exc is not None:
@@ -372,17 +371,21 @@ def _failure_of(ev: RankEvidence, stopped_at: int | None, running: bool
                               "traceback": exc.get("traceback"), "thread": exc.get("thread")})
         if exc.get("last_step") is not None:
             out["step"] = exc["last_step"]
-    elif ev.fatal is not None:
-        sig = FATAL_SIGNALS.get(ev.fatal.fatal or "", ev.fatal.fatal)
+    elif ev.fatal is not None and ev.fatal.fatal is not None:
+        sig = FATAL_SIGNALS.get(ev.fatal.fatal, ev.fatal.fatal)
         frames = _main_of(ev.fatal)
         out.update(kind="signal", signal=sig, time_ns=ev.fatal.time_ns, tier=CAUSE,
                    stack=frames, where=where(frames), fatal=ev.fatal.fatal)
-    elif exit_row is not None:
-        sig = exit_row.get("signal")
+    elif exit_row is not None or ev.fatal is not None:  # a SIGTERM dump has no fatal header
+        sig = exit_row.get("signal") if exit_row else "SIGTERM"
         out.update(kind="signal" if sig else "exit_code", signal=sig,
-                   exitcode=exit_row.get("exitcode"), time_ns=exit_row.get("time_ns"),
+                   exitcode=exit_row.get("exitcode") if exit_row else None,
+                   time_ns=(exit_row or {}).get("time_ns") or (ev.fatal and ev.fatal.time_ns),
                    tier=VICTIM if sig in ("SIGTERM", "SIGINT", "SIGHUP") else
-                   CAUSE if sig else SILENT, seen_by=exit_row.get("source"))
+                   CAUSE if sig else SILENT, seen_by=(exit_row or {}).get("source"))
+        if ev.fatal is not None:
+            frames = _main_of(ev.fatal)
+            out.update(stack=frames, where=where(frames))
     elif ev.meta.readable and not ev.meta.finished and not running:
         out.update(kind="stopped", time_ns=_last_sign_of_life(ev), tier=SILENT)
     else:
@@ -390,8 +393,6 @@ def _failure_of(ev: RankEvidence, stopped_at: int | None, running: bool
     if exit_row is not None and "exitcode" not in out:
         out.update(exitcode=exit_row.get("exitcode"), signal=out.get("signal") or
                    exit_row.get("signal"), seen_by=exit_row.get("source"))
-    if out["kind"] == "exception" and meta_exit not in (None, "exception", "exit"):
-        out["exit"] = meta_exit
     if stopped_at is not None and (out["kind"] == "stopped"
                                    or (out.get("time_ns") or stopped_at) >= stopped_at):
         return None  # ended by --on-hang stop, not a crash
@@ -425,18 +426,45 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
     if first.get("step") is not None:
         title += f" (after step {first['step']})"
     if victims:
-        title += f"; {_ranks_word([v['rank'] for v in victims])} failed after it (victims)"
+        title += f"; {_ranks_word(sorted(v['rank'] for v in victims))} failed after it (victims)"
     if others:
-        title += f"; {_ranks_word([o['rank'] for o in others])} also failed"
+        title += f"; {_ranks_word(sorted(o['rank'] for o in others))} also failed"
+    sites = _call_sites(failed)
+    mismatches = _frontier(ranks)["mismatches"]
+    if mismatches:
+        m = mismatches[0]
+        title += (f"; mismatch at #{m['seq']} of {m['process_group']}: "
+                  f"{_ranks_word(m['ranks'])} issued a different {'/'.join(m['differs_in'])}")
+    elif len(sites) > 1:
+        title += "; the ranks were in different collective calls (a collective mismatch?): " + \
+            "; ".join(f"{_ranks_word(c['ranks'])} in {c['collective']} at {c['where']}"
+                      for c in sites)
     steps = [first["step"] + 1] if first.get("step") is not None else []
     return Finding(
         kind="crash", severity="high", title=title, ranks=[first["rank"]], steps=steps,
         cause=first["kind"], time_at_stake_ms=0.0,
         evidence={"first": first, "victims": victims, "also_failed": others,
+                  "mismatches": mismatches, "call_sites": sites,
                   "failed": [{k: f.get(k) for k in ("rank", "kind", "role", "time_ns",
                                                      "signal", "exitcode")} | {
                       "what": _failure_text(f)} for f in failed]},
         remedy=CRASH_REMEDY)
+
+
+def _call_sites(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where the failed ranks were inside a collective when they ended: {collective, where,
+    ranks} per distinct call site, the most common first."""
+    sites: dict[tuple[str, str], list[int]] = {}
+    for f in failed:
+        frames = (f.get("exception") or {}).get("frames") or f.get("stack") or []
+        if not frames or not _in_distributed(frames):
+            continue
+        coll = next((x["function"] for x in reversed(frames)
+                     if "torch/distributed" in str(x.get("file", ""))
+                     and x.get("function") not in ("wrapper", "wait")), "?")
+        sites.setdefault((coll, where(frames) or "?"), []).append(f["rank"])
+    return [{"collective": c, "where": w, "ranks": sorted(r)}
+            for (c, w), r in sorted(sites.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
 
 def _failure_text(f: dict[str, Any]) -> str:

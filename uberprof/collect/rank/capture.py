@@ -2,7 +2,9 @@
 
 - A fatal signal (SIGSEGV, SIGABRT from a C++ abort, ...): faulthandler writes every thread's
   Python stack to `fatal.txt` from its C signal handler, unless the script enabled faulthandler
-  itself (its own file wins: faulthandler has one).
+  itself (its own file wins: faulthandler has one). So does SIGTERM while the script has no
+  handler of its own (then the default action follows, as before): where a rank was when its
+  launcher ended it after another rank failed.
 - An uncaught exception: `sys.excepthook` and `threading.excepthook` are chained (the previous
   hook still runs) and mp.spawn's worker wrapper calls `exception()`: the exception and its
   frames go to `exceptions.jsonl`, and the Flight Recorder's ring of collectives to
@@ -106,8 +108,13 @@ class Capture:
         if faulthandler.is_enabled():
             self.log.write("faulthandler already enabled by the script: no fatal.txt")
             return
-        faulthandler.enable(file=self._open(FATAL_FILE), all_threads=True)
+        fatal = self._open(FATAL_FILE)
+        faulthandler.enable(file=fatal, all_threads=True)
         self.status["fatal"] = True
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            # where a rank was when its launcher ended it; then the default action, unchanged
+            faulthandler.register(signal.SIGTERM, file=fatal, all_threads=True, chain=True)
+            self.status["sigterm"] = True
 
     def _arm_signal(self) -> None:
         if SIGNAL is None or signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None):
@@ -220,6 +227,8 @@ class Capture:
             if self.status["signal"] is not None:
                 faulthandler.unregister(self.status["signal"])
                 self.status["signal"] = None
+            if self.status.get("sigterm"):
+                faulthandler.unregister(signal.SIGTERM)
         except Exception:  # noqa: BLE001
             pass
         for name, f in self._files:
