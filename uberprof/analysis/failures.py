@@ -330,7 +330,8 @@ def _hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
         kind="hang", severity="high", title=title, ranks=stuck, steps=steps, cause=cause,
         time_at_stake_ms=max(stalled_ns, 0) / 1e6,
         evidence={
-            "detected_ns": detected, "last_progress_ns": rec.get("last_progress_ns"),
+            "moment_ns": since, "detected_ns": detected,
+            "last_progress_ns": rec.get("last_progress_ns"),
             "since_ns": since, "resumed_ns": resumed, "timeout_s": rec.get("timeout_s"),
             "timeout_source": rec.get("timeout_source"), "action": rec.get("action"),
             "nodes": sorted({h["node"] for h in hangs}),
@@ -443,7 +444,8 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
     return Finding(
         kind="crash", severity="high", title=title, ranks=[first["rank"]], steps=steps,
         cause=first["kind"], time_at_stake_ms=0.0,
-        evidence={"first": first, "victims": victims, "also_failed": others,
+        evidence={"moment_ns": first.get("time_ns"), "first": first, "victims": victims,
+                  "also_failed": others,
                   "mismatches": mismatches, "call_sites": sites,
                   "failed": [{k: f.get(k) for k in ("rank", "kind", "role", "time_ns",
                                                      "signal", "exitcode")} | {

@@ -57,7 +57,10 @@ def _signal_name(exitcode: int) -> str | None:
 
 
 def _wrap_spawn(log: AgentLog) -> None:
-    import torch.multiprocessing.spawn as spawn
+    import importlib
+
+    # the module: `torch.multiprocessing.spawn` as an attribute is the function spawn()
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
 
     original_wrap = spawn._wrap
 
