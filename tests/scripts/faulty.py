@@ -2,6 +2,7 @@
 crash tests. Under torchrun, or with --spawn N (torch.multiprocessing.spawn, no torchrun).
 
     --fault sleep     rank R sleeps forever in Python before its collective of step S
+    --fault pause     rank R sleeps --pause-s seconds there, then goes on
     --fault skip      rank R skips step S's all-reduce and waits in a collective of another group
     --fault mismatch  rank R skips a 1-element all-reduce that the others issue at step S
                       (its next one is 10,000 elements: Gloo aborts in C++)
@@ -47,6 +48,8 @@ def train(args: argparse.Namespace) -> None:
         if bad and step == args.at_step:
             if args.fault == "sleep":
                 stuck_forever()
+            if args.fault == "pause":
+                time.sleep(args.pause_s)
             if args.fault == "raise":
                 raise RuntimeError(f"boom at step {step}")
             if args.fault == "kill":
@@ -76,12 +79,14 @@ def spawned(i: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fault", choices=("none", "sleep", "skip", "mismatch", "raise", "kill"),
+    ap.add_argument("--fault", choices=("none", "sleep", "pause", "skip", "mismatch", "raise",
+                                               "kill"),
                     default="none")
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--at-step", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--step-s", type=float, default=0.05)
+    ap.add_argument("--pause-s", type=float, default=20)
     ap.add_argument("--spawn", type=int, default=0, metavar="N")
     ap.add_argument("--own-profiler", action="store_true")
     args = ap.parse_args()
