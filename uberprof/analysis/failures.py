@@ -431,7 +431,10 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
     if others:
         title += f"; {_ranks_word(sorted(o['rank'] for o in others))} also failed"
     sites = _call_sites(failed)
-    mismatches = _frontier(ranks)["mismatches"]
+    frontier = _frontier(ranks)
+    mismatches = frontier["mismatches"]
+    waits = [w for w in frontier["waits"] if first["rank"] not in w["ranks"]]
+    others_in = max(waits, key=lambda w: len(w["ranks"])) if waits else None
     if mismatches:
         m = mismatches[0]
         title += (f"; mismatch at #{m['seq']} of {m['process_group']}: "
@@ -446,7 +449,8 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
         cause=first["kind"], time_at_stake_ms=0.0,
         evidence={"moment_ns": first.get("time_ns"), "first": first, "victims": victims,
                   "also_failed": others,
-                  "mismatches": mismatches, "call_sites": sites,
+                  "others_waiting_in": others_in, "mismatches": mismatches,
+                  "call_sites": sites,
                   "failed": [{k: f.get(k) for k in ("rank", "kind", "role", "time_ns",
                                                      "signal", "exitcode")} | {
                       "what": _failure_text(f)} for f in failed]},
