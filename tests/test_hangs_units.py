@@ -127,7 +127,7 @@ def _fr(d: Path, entries: list[tuple[int, str, list, bool]]) -> None:
                          "input_dtypes": ["Float"], "retired": done, "state": "scheduled",
                          "time_created_ns": 10**18 + s} for s, op, size, done in entries],
             "pg_status": {"0": {"last_completed_collective": "-1"}}}
-    (d / "flight-recorder.json").write_text(json.dumps({"time_ns": 1, "reason": "hang",
+    (d / "flight-recorder-hang.json").write_text(json.dumps({"time_ns": 1, "reason": "hang",
                                                         "dump": dump}))
 
 
@@ -143,7 +143,7 @@ def test_the_rank_behind_is_stuck_and_a_mismatch_is_named(tmp_path: Path) -> Non
         "detected_ns": 2 * 10**18, "last_progress_ns": 10**18, "timeout_s": 5,
         "timeout_source": "option", "action": "report",
         "ranks": [{"rank": r, "alive": True} for r in range(3)]})
-    assert read_flight_recorder(dirs[2])[1][0].op == "all_reduce"
+    assert read_flight_recorder(dirs[2], "hang")[1][0].op == "all_reduce"
     (hang,) = [f for f in failure_findings(run.root) if f.kind == "hang"]
     assert hang.ranks == [2] and hang.cause == "mismatch"
     (m,) = hang.evidence["mismatches"]

@@ -71,6 +71,7 @@ MISMATCH_REMEDY = ("The ranks issued different collectives at the same sequence 
                    "flow), or tensors of different shape or dtype. Make every rank issue the "
                    "same collectives in the same order with the same shapes.")
 RECENT = 8  # collectives shown per rank
+FR_REASONS = ("exception", "hang")
 
 
 @dataclass
@@ -86,8 +87,7 @@ class RankEvidence:
     fatal: Stacks | None = None
     hang: dict[str, Any] | None = None
     stacks: Stacks | None = None
-    fr_meta: dict[str, Any] | None = None
-    collectives: list[Collective] = field(default_factory=list)
+    flight: dict[str, list[Collective]] = field(default_factory=dict)  # by dump reason
     exits: list[dict[str, Any]] = field(default_factory=list)
 
     def main_stack(self) -> list[dict[str, Any]]:
@@ -134,9 +134,10 @@ def load_evidence(roots: Iterable[Path]) -> tuple[dict[int, RankEvidence],
                               stacks=read_stacks(meta.folder))
             if steps:
                 ev.last_step, ev.last_step_end_ns = steps[-1]["step"], steps[-1].get("host_end_ns")
-            fr = read_flight_recorder(meta.folder)
-            if fr is not None:
-                ev.fr_meta, ev.collectives = fr
+            for reason in FR_REASONS:
+                fr = read_flight_recorder(meta.folder, reason)
+                if fr is not None:
+                    ev.flight[reason] = fr[1]
             ranks[rank] = ev
     for e in exits:  # an exit belongs to the rank whose pid it names, on that node
         for ev in ranks.values():
@@ -204,20 +205,20 @@ def _collective_text(c: dict[str, Any]) -> str:
     return f"{c['op']} #{c['seq']} of {c['process_group']} ([{sizes}] {dtype})"
 
 
-def _frontier(ranks: dict[int, RankEvidence]) -> dict[str, Any]:
-    """Per group: the collectives the ranks are pending in, who is behind, who skipped, and
-    the mismatches at equal sequence numbers."""
-    with_fr = {r: ev for r, ev in ranks.items() if ev.fr_meta is not None}
+def _frontier(ranks: dict[int, RankEvidence], reason: str) -> dict[str, Any]:
+    """Per group, from the Flight Recorder dumps made for `reason`: the collectives the ranks
+    are pending in, who is behind, who skipped, and the mismatches at equal sequence numbers."""
+    with_fr = {r: ev.flight[reason] for r, ev in ranks.items() if reason in ev.flight}
     groups: dict[str, dict[int, list[Collective]]] = {}
-    for r, ev in with_fr.items():
-        for c in ev.collectives:
+    for r, calls in with_fr.items():
+        for c in calls:
             if not c.is_p2p:
                 groups.setdefault(c.group, {}).setdefault(r, []).append(c)
     waits: list[dict[str, Any]] = []
     behind: dict[int, dict[str, Any]] = {}
     mismatches: list[dict[str, Any]] = []
-    pending_of = {r: next((c for c in ev.collectives if not c.completed), None)
-                  for r, ev in with_fr.items()}
+    pending_of = {r: next((c for c in calls if not c.completed), None)
+                  for r, calls in with_fr.items()}
     for g, per in groups.items():
         top = max(c.seq for cs in per.values() for c in cs)
         at_top = {r: next(c for c in cs if c.seq == top) for r, cs in per.items()
@@ -267,7 +268,7 @@ def _hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
     rec = min(hangs, key=lambda h: h.get("detected_ns") or 0)
     state = {int(x["rank"]): x for h in hangs for x in h.get("ranks") or []
              if isinstance(x, dict) and isinstance(x.get("rank"), int)}
-    fr = _frontier(ranks)
+    fr = _frontier(ranks, "hang")
     stuck = sorted(fr["behind"])
     in_hang = [r for r in ranks if r in state]
     if not stuck:
@@ -285,14 +286,15 @@ def _hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
     for r in sorted(in_hang or ranks):
         ev = ranks[r]
         stack = ev.main_stack()
-        pending = next((c for c in ev.collectives if not c.completed), None)
+        calls = ev.flight.get("hang", [])
+        pending = next((c for c in calls if not c.completed), None)
         rank_docs.append({
             "rank": r, "alive": state.get(r, {}).get("alive"), "last_step": ev.last_step,
             "last_step_end_ns": ev.last_step_end_ns,
             "state": "stuck" if r in stuck else "waiting" if pending else "unknown",
             "where": where(stack), "stack": stack,
             "collective": pending.as_dict() if pending is not None else None,
-            "recent_collectives": [c.as_dict() for c in ev.collectives[-RECENT:]],
+            "recent_collectives": [c.as_dict() for c in calls[-RECENT:]],
             "stacks_from": "helper" if ev.hang else "signal" if ev.stacks else None,
         })
     waits = fr["waits"]
@@ -397,7 +399,8 @@ def _failure_of(ev: RankEvidence, stopped_at: int | None, running: bool
     if stopped_at is not None and (out["kind"] == "stopped"
                                    or (out.get("time_ns") or stopped_at) >= stopped_at):
         return None  # ended by --on-hang stop, not a crash
-    out["flight_recorder"] = [c.as_dict() for c in ev.collectives[-RECENT:]] or None
+    calls = ev.flight.get("exception", [])
+    out["flight_recorder"] = [c.as_dict() for c in calls[-RECENT:]] or None
     return out
 
 
@@ -431,7 +434,7 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
     if others:
         title += f"; {_ranks_word(sorted(o['rank'] for o in others))} also failed"
     sites = _call_sites(failed)
-    frontier = _frontier(ranks)
+    frontier = _frontier(ranks, "exception")
     mismatches = frontier["mismatches"]
     waits = [w for w in frontier["waits"] if first["rank"] not in w["ranks"]]
     others_in = max(waits, key=lambda w: len(w["ranks"])) if waits else None

@@ -148,10 +148,11 @@ class Collective:
                 "completed": self.completed}
 
 
-def read_flight_recorder(rank_dir: Path) -> tuple[dict[str, Any], list[Collective]] | None:
-    """({time_ns, reason}, the collectives in issue order) of the rank's last Flight Recorder
-    dump, or None when it has none."""
-    doc = _json_object(rank_dir / FLIGHT_RECORDER_FILE)
+def read_flight_recorder(rank_dir: Path, reason: str
+                         ) -> tuple[dict[str, Any], list[Collective]] | None:
+    """({time_ns, reason}, the collectives in issue order) of the rank's Flight Recorder dump
+    made for `reason` (exception, hang), or None when it has none."""
+    doc = _json_object(rank_dir / FLIGHT_RECORDER_FILE.format(reason=reason))
     if doc is None or not isinstance(doc.get("dump"), dict):
         return None
     dump = doc["dump"]

@@ -41,8 +41,10 @@ hosts can share a run directory on a shared file system without ever writing the
                                     C++ holding the GIL); the signal is rank.json's capture.signal
       ranks/<rank>/hang.json        the rank's answer to a watchdog request, from a helper thread:
                                     request, time_ns, last_step, threads [{name, id, daemon, frames}]
-      ranks/<rank>/flight-recorder.json  torch's Flight Recorder dump (`_dump_fr_trace_json`) as
-                                    {time_ns, reason: exception|hang, dump: {entries, pg_status, ...}}
+      ranks/<rank>/flight-recorder-<reason>.json  torch's Flight Recorder dump
+                                    (`_dump_fr_trace_json`) when the rank raised (reason exception) or
+                                    the watchdog asked (hang): {time_ns, reason, dump: {entries,
+                                    pg_status, ...}}; one file per reason, the latest dump
       ranks/<rank>/.hang-request    written by the node agent's watchdog, read by the rank's helper
       derived/                      analysis tables; can be rebuilt from the rest at any time
       calibration.json              `uberprof calibrate`: the all-reduce sweep's busbw per link,
@@ -79,7 +81,7 @@ EXCEPTIONS_FILE = "exceptions.jsonl"
 FATAL_FILE = "fatal.txt"
 STACKS_FILE = "stacks.txt"
 RANK_HANG_FILE = "hang.json"
-FLIGHT_RECORDER_FILE = "flight-recorder.json"
+FLIGHT_RECORDER_FILE = "flight-recorder-{reason}.json"  # reason: exception | hang
 HANG_REQUEST_FILE = ".hang-request"
 NODE_HANG_FILE = "hang.json"
 EXITS_PREFIX = "exits-"  # nodes/<node>/exits-<pid>.jsonl

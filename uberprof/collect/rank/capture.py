@@ -8,12 +8,13 @@
 - An uncaught exception: `sys.excepthook` and `threading.excepthook` are chained (the previous
   hook still runs) and mp.spawn's worker wrapper calls `exception()`: the exception and its
   frames go to `exceptions.jsonl`, and the Flight Recorder's ring of collectives to
-  `flight-recorder.json`.
+  `flight-recorder-exception.json`.
 - A hang: the node agent's watchdog sends `SIGNAL` (a real-time signal nobody else uses; only
   ranks whose rank.json names it get it), on which faulthandler writes all threads' stacks to
   `stacks.txt` from C, also while a thread is stuck in C++ holding the GIL; and it writes
   `.hang-request`, which a daemon thread polls once a second: it answers with `hang.json` (the
-  stacks as Python sees them, the last step) and a Flight Recorder dump. A rank stuck in a
+  stacks as Python sees them, the last step) and a Flight Recorder dump
+  (`flight-recorder-hang.json`). A rank stuck in a
   collective has released the GIL (Gloo and NCCL waits do), so the thread runs.
 
 Never harm the job: every path here swallows and logs its own errors, and nothing runs on the
@@ -176,10 +177,11 @@ class Capture:
         if raw is None:
             return False
         body = b'{"time_ns": %d, "reason": "%s", "dump": ' % (time.time_ns(), reason.encode())
-        tmp = self.dir / f".{FLIGHT_RECORDER_FILE}.{os.getpid()}.tmp"
+        name = FLIGHT_RECORDER_FILE.format(reason=reason)
+        tmp = self.dir / f".{name}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             f.write(body + raw + b"}\n")
-        os.replace(tmp, self.dir / FLIGHT_RECORDER_FILE)
+        os.replace(tmp, self.dir / name)
         return True
 
     def _serve(self) -> None:
