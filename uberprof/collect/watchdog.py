@@ -44,6 +44,7 @@ from uberprof.rundir.layout import (
 MIN_TIMEOUT_S = 300.0
 STEP_FACTOR = 20.0
 STOP_GRACE_S = 10.0
+ANSWER_WAIT_S = 5.0  # the ranks' helpers poll once a second
 ACTIONS = ("report", "stop")
 HANG_EXIT_CODE = 124
 """`uberprof run` exits with this code after `--on-hang stop` ended the job (as `timeout` does)."""
@@ -208,7 +209,7 @@ class HangWatchdog:
             self.log.write(f"hang capture request to rank {r.rank} (pid {r.pid}): {exc!r}")
 
     def _await_answers(self, ranks: list[_Rank], request: dict[str, Any]) -> None:
-        deadline = time.monotonic() + max(5.0, 4 * 1.0)
+        deadline = time.monotonic() + ANSWER_WAIT_S
         waiting = [r for r in ranks if r.helper]
         while waiting and time.monotonic() < deadline and not self._stop.is_set():
             waiting = [r for r in waiting if not self._answered(r, request)]
