@@ -168,3 +168,32 @@ def test_the_first_failure_is_a_cause_even_when_a_victim_raised_earlier(tmp_path
     roles = {x["rank"]: x["role"] for x in crash.evidence["failed"]}
     assert roles == {1: "first", 0: "victim", 2: "victim"}  # rank 2: no end, no record
     assert crash.evidence["first"]["exception"]["where"] == "/job/train.py:7 in step"
+
+
+def test_report_names_a_crash_of_a_run_without_traces(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from uberprof.analysis.failures import failures_only_diagnosis
+    from uberprof.present.report_html import render_html
+    from uberprof.present.report_terminal import render_report
+
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    write_json_atomic(node / "node.json", {"exit_code": 1, "end_ns": 5})
+    d = _fake_rank(run, node.name, 0, 10**6, steps=1)
+    (d / "exceptions.jsonl").write_text(json.dumps(
+        {"time_ns": 1, "type": "KeyError", "message": "'x'", "where": "excepthook",
+         "frames": [{"file": "/job/train.py", "line": 3, "function": "load"}]}) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "uberprof", "report", "--json", str(run.root)],
+                          capture_output=True, text=True, timeout=120)
+    doc = json.loads(proc.stdout)
+    assert doc["findings"][0]["kind"] == "crash" and doc["findings"][0]["ranks"] == [0]
+    assert "KeyError" in doc["findings"][0]["title"]
+    # the same findings through every presenter, with no trace tables behind them
+    diag = failures_only_diagnosis(run.root, ["no traces"])
+    console = Console(record=True, width=120)
+    render_report(diag, console)
+    text = console.export_text()
+    assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 in load" in text
+    assert "Crash: rank 0 raised KeyError" in render_html(diag)

@@ -79,9 +79,8 @@ def spawned(i: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fault", choices=("none", "sleep", "pause", "skip", "mismatch", "raise",
-                                               "kill"),
-                    default="none")
+    faults = ("none", "sleep", "pause", "skip", "mismatch", "raise", "kill")
+    ap.add_argument("--fault", choices=faults, default="none")
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--at-step", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)

@@ -514,10 +514,16 @@ def failures_only_diagnosis(root: Path, problems: list[str]) -> Diagnosis:
     from uberprof.analysis.summaries import summarise
 
     lat, gaps = LATENESS_SCHEMA.empty_table(), GAP_SCHEMA.empty_table()
+    metas = ranks_by_id(RunDir(Path(root)))
+    hosts: dict[str, list[int]] = {}
+    for r, m in sorted(metas.items()):
+        hosts.setdefault(m.host or "unknown", []).append(r)
     unmatched = pa.table({"rank": pa.array([], pa.int64())})
     run = {"schema_version": SCHEMA_VERSION, "uberprof_version": __version__,
-           "path": str(root), "kind": "run", "traced": False, "world_size": None, "ranks": [],
-           "hosts": {}, "analysed_steps": [], "analysed_wall_ms": None, "step_time_ms": None,
+           "path": str(root), "kind": "run", "world_size": len(metas), "ranks": sorted(metas),
+           "hosts": hosts, "backend": next((m.backend for m in metas.values() if m.backend), None),
+           "device_type": "cuda" if any(m.device for m in metas.values()) else "cpu",
+           "analysed_steps": [], "analysed_wall_ms": None, "step_time_ms": None,
            "collectives": {"matched_instances": 0, "unmatched_calls": 0,
                            "unmatched_examples": [], "groups": {}},
            "bandwidth": [], "problems": problems}

@@ -19,6 +19,7 @@ bytes the step files grew by, so its cost does not grow with the run.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -146,8 +147,6 @@ class HangWatchdog:
                 helper=bool(capture.get("helper")))
 
     def _read_steps(self, r: _Rank) -> None:
-        import json
-
         try:
             with open(r.folder / STEPS_FILE, "rb") as f:
                 f.seek(r.offset)

@@ -163,7 +163,8 @@ def read_flight_recorder(rank_dir: Path, reason: str
             continue
         pg = e.get("process_group")
         pg_id = str(pg[0]) if isinstance(pg, list) and pg else str(e.get("pg_id"))
-        name = str(pg[1]) if isinstance(pg, list) and len(pg) > 1 else pg_id
+        name = str(pg[1]) if isinstance(pg, list) and len(pg) > 1 else ""
+        name = name if name not in ("", "undefined") else f"group {pg_id}"
         p2p = bool(e.get("is_p2p"))
         seq = as_int(e.get("p2p_seq_id" if p2p else "collective_seq_id"))
         if seq is None:

@@ -24,6 +24,7 @@ training thread per step.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -244,7 +245,5 @@ class Capture:
                 pass
 
 def _append_line(path: Path, row: dict[str, Any]) -> None:
-    import json
-
     with open(path, "a") as f:
         f.write(json.dumps(row, default=str) + "\n")
