@@ -31,6 +31,7 @@ def test_a_rank_sleeping_forever_is_named_with_its_stack(tmp_path: Path) -> None
     assert took < 60 + 30  # the hang starts a few seconds in; stopped within a minute of it
     line = next(x for x in proc.stderr.splitlines() if x.startswith("uberprof: hang:"))
     assert "rank 3 stopped in" in line and "stuck_forever" in line and "stopping" in line
+    assert "the job was stopped after a hang (--on-hang stop): exit code 124" in proc.stderr
     f = first_finding(tmp_path / "sleep", "hang")
     assert f["ranks"] == [3] and f["cause"] == "stuck_rank"
     stuck = rank_doc(f, 3)

@@ -110,11 +110,12 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     except CommandNotFound as exc:
         _say(str(exc))
         code = exc.exit_code
-    if agent is not None and agent.watchdog is not None and agent.watchdog.stopped_job:
+    stopped = agent is not None and agent.watchdog is not None and agent.watchdog.stopped_job
+    if stopped:
         code = HANG_EXIT_CODE
     if agent is not None:
         agent.finish(code)
-        _say(_closing_line(run_dir, code))
+        _say(_closing_line(run_dir, code, stopped))
     sys.exit(code)
 
 
@@ -149,7 +150,7 @@ def _schedule(steps: str | None, every: int | None, active: int, off: bool) -> T
     return TraceSchedule()
 
 
-def _closing_line(run_dir: RunDir, code: int) -> str:
+def _closing_line(run_dir: RunDir, code: int, stopped: bool = False) -> str:
     from uberprof.inventory import inventory, trace_not_reached
 
     try:
@@ -159,6 +160,8 @@ def _closing_line(run_dir: RunDir, code: int) -> str:
     ranks = inv["ranks"]
     windows = sum(len(r["trace_windows"]) for r in ranks)
     status = "" if code == 0 else f"; the command exited with code {code}"
+    if stopped:
+        status = f"; the job was stopped after a hang (--on-hang stop): exit code {code}"
     missed = trace_not_reached(ranks)
     why_no_trace = f"\nuberprof: {missed}" if missed else ""
     return (f"{len(ranks)} rank(s), {_steps_per_rank([r['steps'] for r in ranks])}, "
