@@ -379,7 +379,8 @@ def _failure_of(ev: RankEvidence, stopped_at: int | None, running: bool
         frames = _main_of(ev.fatal)
         out.update(kind="signal", signal=sig, time_ns=ev.fatal.time_ns, tier=CAUSE,
                    stack=frames, where=where(frames), fatal=ev.fatal.fatal)
-    elif exit_row is not None or ev.fatal is not None:  # a SIGTERM dump has no fatal header
+    elif exit_row is not None or (ev.fatal is not None and not ev.meta.finished):
+        # a SIGTERM dump has no fatal header
         sig = exit_row.get("signal") if exit_row else "SIGTERM"
         out.update(kind="signal" if sig else "exit_code", signal=sig,
                    exitcode=exit_row.get("exitcode") if exit_row else None,

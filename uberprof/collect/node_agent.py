@@ -81,7 +81,10 @@ class NodeAgent:
         env[ENV_HOME] = str(Path(uberprof.__file__).resolve().parent.parent)
         # Kineto keeps CUPTI attached after a window unless told otherwise, slowing later steps.
         env.setdefault("TEARDOWN_CUPTI", "1")
-        env.update(flight_recorder_env(env))
+        fr = flight_recorder_env(env)
+        env.update(fr)
+        size = next((env[n] for n in FR_ENV if n in env), None)
+        self.meta["flight_recorder"] = {"buffer_size": size, "set_by": "uberprof" if fr else "user"}
         return env
 
     def start_watchdog(self, job_pid: int, timeout_s: float | None, action: str,

@@ -200,6 +200,7 @@ def close_agent(reason: str = "exit") -> None:
 def _after_fork_in_child() -> None:
     if S.agent is not None:
         # A forked child of a rank (data-loader worker, ...) is not that rank: stay inert.
+        S.agent.capture.forked()
         S.agent = None
         S.failed = True
     else:

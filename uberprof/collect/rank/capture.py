@@ -221,6 +221,20 @@ class Capture:
         step = getattr(getattr(self.agent, "timeline", None), "step", None)
         return step - 1 if isinstance(step, int) and step > 0 else None
 
+    def forked(self) -> None:
+        """In a forked child of the rank (a data-loader worker): disarm, so that its signals
+        and crashes never write into the rank's files."""
+        self._stop.set()
+        try:
+            if self.status["fatal"]:
+                faulthandler.disable()
+            for sig in (self.status["signal"], signal.SIGTERM if self.status.get("sigterm")
+                        else None):
+                if sig is not None:
+                    faulthandler.unregister(sig)
+        except Exception:  # noqa: BLE001 - nothing to harm in the child either
+            pass
+
     def close(self) -> None:
         """At a normal exit: stop the helper, disarm, and drop the capture files left empty."""
         self._stop.set()
