@@ -1,9 +1,10 @@
 """uberprof's cost on a training job, as ratios measured in one run (these machines are noisy).
 
 1. Always-on collection: the DDP sample under `torchrun`, plain and under
-   `uberprof run --no-trace` (rank agents and node counters), interleaved; ratio of median step
-   times (target <= 1.02, goal 1.01). Also with `--counters none`, to separate the rank agent's
-   share from the counter sampler's.
+   `uberprof run --no-trace` (rank agents, node counters, the hang watchdog and the Flight
+   Recorder uberprof turns on), interleaved; ratio of median step times (target <= 1.02, goal
+   1.01). Also with `--counters none`, to separate the rank agent's share from the counter
+   sampler's, and with the Flight Recorder off (TORCH_FR_BUFFER_SIZE=0), for its share.
 2. After a trace window: under `uberprof run` with a window in the middle of the run, the median
    step time after the window against the one before it (target <= 1.02).
 3. Self-accounting: the agent's own time on the training thread per step, from steps.jsonl.
@@ -33,8 +34,8 @@ def torchrun(nproc: int, steps: int, times: Path, extra: list[str]) -> list[str]
             "--step-times", str(times), *extra]
 
 
-def run(cmd: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run(cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
@@ -50,7 +51,9 @@ def main() -> None:
     extra = args.sample_args.split()
     tmp = Path(tempfile.mkdtemp(prefix="uberprof-overhead-"))
     modes = {"plain": None, "uberprof": ["--no-trace"],
-             "agent-only": ["--no-trace", "--counters", "none"]}
+             "agent-only": ["--no-trace", "--counters", "none"],
+             "no-flight-recorder": ["--no-trace"]}
+    mode_env = {"no-flight-recorder": {"TORCH_FR_BUFFER_SIZE": "0"}}
     medians: dict[str, list[float]] = {m: [] for m in modes}
     self_time: list[float] = []
     for i in range(args.rounds):
@@ -61,7 +64,7 @@ def main() -> None:
             if modes[mode] is not None:
                 cmd = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id",
                        f"{mode}-{i}", *modes[mode], "--", *cmd]
-            run(cmd)
+            run(cmd, mode_env.get(mode))
             steps = json.loads(times.read_text())[WARMUP:]
             medians[mode].append(statistics.median(steps))
         rows = [json.loads(x) for x in (tmp / f"uberprof-{i}/ranks/0/steps.jsonl").open()]
@@ -83,9 +86,12 @@ def main() -> None:
     base = statistics.median(medians["plain"])
     ratio = statistics.median(medians["uberprof"]) / base
     agent_ratio = statistics.median(medians["agent-only"]) / base
+    fr_ratio = statistics.median(medians["uberprof"]) / statistics.median(
+        medians["no-flight-recorder"])
     print()
     print(f"always-on (--no-trace) / plain, median step time: {ratio:.4f}  (target <= 1.02)")
     print(f"  rank agents only (--counters none) / plain:     {agent_ratio:.4f}")
+    print(f"  Flight Recorder on / off (both under uberprof):  {fr_ratio:.4f}")
     print(f"after a trace window / before it:                 {after / before:.4f}  "
           f"(target <= 1.02)")
     print(f"agent's own time on the training thread:          "

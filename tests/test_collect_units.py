@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs import PY, job_env
 from uberprof.collect.config import CollectConfig, TraceSchedule
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.runid import resolve_run_id, torchrun_rdzv_id
 from uberprof.inventory import inventory
 from uberprof.rundir import RunDir, claim_dir, parse_trace_file_name, read_steps, trace_file_name
-from tests.jobs import PY, job_env
 
 
 def _detector() -> tuple[StepDetector, list[tuple[int, StepSource]]]:

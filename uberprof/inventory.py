@@ -97,6 +97,7 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
         elif n.get("end_ns") is None:
             problems.append(f"node {n['node']}: uberprof run did not finish (still running, "
                             "or killed)")
+    problems[:0] = failure_problems(runs)
     job_ids = sorted({r["job_id"] for r in ranks if r.get("job_id")})
     if len(job_ids) > 1:
         problems.append(f"ranks come from different jobs: {', '.join(job_ids)}")
@@ -113,6 +114,16 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
         "counters": counters,
         "problems": problems,
     }
+
+
+def failure_problems(runs: Sequence[RunDir]) -> list[str]:
+    """Hangs and crashes first (analysis/failures.py): the titles `uberprof report` gives."""
+    from uberprof.analysis.failures import failure_findings
+
+    try:
+        return [f.title for f in failure_findings([r.root for r in runs])]
+    except Exception as exc:  # noqa: BLE001 - the rest of the inventory stands without it
+        return [f"could not judge hangs and crashes: {type(exc).__name__}: {exc}"]
 
 
 def node_counters(node_dir: Path) -> list[dict[str, Any]]:
@@ -180,11 +191,17 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         "first_step": steps[0]["step"] if steps else None,
         "last_step": steps[-1]["step"] if steps else None,
         "finished": meta.finished,
+        "exit": _as_exit(meta.raw.get("exit")),
         "trace_windows": windows,
         "trace_disabled_reason": meta.trace.get("disabled_reason"),
         "trace_not_reached": _step_ranges(meta.trace.get("not_reached")),
         "clock": meta.clock or None,
     }
+
+
+def _as_exit(value: Any) -> str | None:
+    """How the rank agent saw the process end: "exit", or "exception" (an uncaught one)."""
+    return value if isinstance(value, str) else None
 
 
 def _step_ranges(value: Any) -> list[list[int]]:

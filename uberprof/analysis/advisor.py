@@ -91,8 +91,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-FINDING_KINDS = ("straggler", "data_stall", "launch_bound", "idle", "exposed_comm", "bandwidth",
-                 "throttle", "host_cpu")
+FINDING_KINDS = ("hang", "crash", "straggler", "data_stall", "launch_bound", "idle",
+                 "exposed_comm", "bandwidth", "throttle", "host_cpu")
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
 TOP_GAPS = 5
 
@@ -213,7 +213,7 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     findings += bandwidth
     findings += _throttle_findings(clocks, traced, wall_ns, straggler)
     findings += host_cpu_findings(ctx, window)
-    findings = _account(findings, wall_ns)
+    findings = _account(_failure_findings(ctx) + findings, wall_ns)
 
     unmatched = matched.unmatched
     if unmatched.num_rows:
@@ -239,6 +239,15 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
                      straggler=straggler, steps=traced, summaries=summaries,
                      top_gaps=top[:TOP_GAPS * 2], derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs))
+
+
+def _failure_findings(ctx: RunContext) -> list[Finding]:
+    """Hangs and crashes (analysis/failures.py), ranked first: a job that stops costs most."""
+    if not ctx.is_run_dir:
+        return []
+    from uberprof.analysis.failures import failure_findings
+
+    return failure_findings(ctx.root)
 
 
 def save_diagnosis(d: Diagnosis) -> Path | None:
@@ -371,10 +380,12 @@ def _device_type(ctx: RunContext) -> str:
 
 
 def _account(findings: list[Finding], wall_ns: int) -> list[Finding]:
-    """Rank the findings by their own time, resolve `caused_by` links to indices, and hold
+    """Rank the findings (a hang or crash first: a job that stops costs most; then by their own
+    time), resolve `caused_by` links to indices, and hold
     the invariant: their times at stake add up to at most the analysed wall time (a finding
     that would cross it keeps only what is left, and says so in `evidence["capped_ms"]`)."""
-    findings = sorted(findings, key=lambda f: (-f.time_at_stake_ms, f.kind))
+    findings = sorted(findings, key=lambda f: (f.kind not in ("hang", "crash"),
+                                               -f.time_at_stake_ms, f.kind))
     index = {id(f): i for i, f in enumerate(findings)}
     left = wall_ns / 1e6
     for f in findings:

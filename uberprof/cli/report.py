@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
 from uberprof.cli.output import cannot_write, unwritable
+
+if TYPE_CHECKING:
+    from uberprof.analysis.advisor import Diagnosis
 
 EPILOG = """\
 \b
@@ -63,12 +67,14 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         d = load_or_diagnose(ctx, threshold_ns=int(gap_threshold_us * 1000),
                              on_save_error=unsaved)
     except NoTraces as exc:
-        if as_json:
-            sys.stdout.buffer.write(orjson.dumps({"run": {"path": str(path)}, "ranks": [],
-                                                  "findings": [], "problems": [str(exc)]},
-                                                 option=orjson.OPT_INDENT_2) + b"\n")
-        err.print(f"uberprof report: {exc}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(1)
+        d = _failures_only(path, str(exc))
+        if d is None:
+            if as_json:
+                sys.stdout.buffer.write(orjson.dumps({"run": {"path": str(path)}, "ranks": [],
+                                                      "findings": [], "problems": [str(exc)]},
+                                                     option=orjson.OPT_INDENT_2) + b"\n")
+            err.print(f"uberprof report: {exc}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(1)
     failed = False
     if html_file is not None:
         from uberprof.present.report_html import write_html
@@ -89,3 +95,14 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         render_report(d, Console())
     if failed or not d.ranks:
         sys.exit(1)
+
+
+def _failures_only(path: Path, why: str) -> Diagnosis | None:
+    """A run directory without traces still gets its hang and crash findings (None if none)."""
+    from uberprof.analysis.failures import failures_only_diagnosis
+    from uberprof.rundir import RunDir
+
+    if not RunDir(path).is_run():
+        return None
+    d = failures_only_diagnosis(path, [why])
+    return d if d.findings else None

@@ -13,6 +13,7 @@ from uberprof.collect.counters.sampler import DEFAULT_HZ, MODES, CounterSettings
 from uberprof.collect.launcher import CommandNotFound, run_wrapped
 from uberprof.collect.node_agent import NodeAgent
 from uberprof.collect.runid import resolve_run_id
+from uberprof.collect.watchdog import ACTIONS, HANG_EXIT_CODE, MIN_TIMEOUT_S, STEP_FACTOR
 from uberprof.rundir import RunDir
 
 EPILOG = """\
@@ -27,6 +28,11 @@ Multi-node: run the same `uberprof run -- torchrun --nnodes=N ...` on every node
 one run directory when --out is shared and the job has an id: torchrun's --rdzv-id, or the
 scheduler's (SLURM_JOB_ID, PBS_JOBID, LSB_JOBID), or --run-id. With local --out folders, read
 them together later: uberprof info node0/RUN node1/RUN.
+\b
+Hangs: when no rank of a node finishes a step for --hang-timeout seconds (default: the larger of
+5 minutes and 20x the median step; a job that has not finished its first step is starting up, not
+hung), every rank's Python stacks and Flight Recorder dump are saved in the run directory and
+one line names the stuck rank(s). --on-hang stop then ends the job: uberprof run exits 124.
 \b
 Steps are found without code changes (the optimizer step; ProfilerStep#N when your script
 runs torch.profiler itself). For loops without an optimizer, call uberprof.step() each step.
@@ -58,10 +64,17 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.option("--sample-hz", type=click.FloatRange(min=0.1, max=100), default=DEFAULT_HZ,
               show_default=True, metavar="HZ",
               help="Rate of the cheap counters (host, NVML); PCIe/ECC/GPM/DCGM run at <= 1 Hz.")
+@click.option("--hang-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help=f"A node whose ranks finish no step for this long is hung [default: the "
+              f"larger of {MIN_TIMEOUT_S:g} s and {STEP_FACTOR:g}x the median step].")
+@click.option("--on-hang", type=click.Choice(ACTIONS), default="report", show_default=True,
+              help="On a hang, after saving every rank's stacks and collectives: report (one "
+              f"line; the job goes on) or stop the job (uberprof run exits {HANG_EXIT_CODE}).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
         trace_active: int, no_trace: bool, with_stack: bool, counters_mode: str,
-        sample_hz: float, command: tuple[str, ...]) -> None:
+        sample_hz: float, hang_timeout: float | None, on_hang: str,
+        command: tuple[str, ...]) -> None:
     """Run COMMAND under uberprof: every rank's steps, trace windows and clocks are recorded.
 
     COMMAND is what you would run anyway (torchrun, python, srun, a launcher script); put `--`
@@ -75,7 +88,8 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
         raise click.BadParameter(str(exc), param_hint="--run-id") from None
     run_dir = RunDir((out / rid).absolute())
     options = {"out": str(out), "run_id": run_id, "trace": schedule.describe(),
-               "with_stack": with_stack, "counters": counters_mode, "sample_hz": sample_hz}
+               "with_stack": with_stack, "counters": counters_mode, "sample_hz": sample_hz,
+               "hang_timeout": hang_timeout, "on_hang": on_hang}
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)
     try:
         agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options, counters)
@@ -86,15 +100,37 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     if agent is not None:
         _say(f"run directory {run_dir.root} (traces: {schedule.describe()})")
     env = agent.child_env(os.environ) if agent else dict(os.environ)
+
+    def started(pid: int) -> None:
+        if agent is not None:
+            agent.start_watchdog(pid, hang_timeout, on_hang, lambda rec: _hang_line(run_dir, rec))
+
     try:
-        code = run_wrapped(command, env)
+        code = run_wrapped(command, env, started)
     except CommandNotFound as exc:
         _say(str(exc))
         code = exc.exit_code
+    stopped = agent is not None and agent.watchdog is not None and agent.watchdog.stopped_job
+    if stopped:
+        code = HANG_EXIT_CODE
     if agent is not None:
         agent.finish(code)
-        _say(_closing_line(run_dir, code))
+        _say(_closing_line(run_dir, code, stopped))
     sys.exit(code)
+
+
+def _hang_line(run_dir: RunDir, record: dict[str, object]) -> None:
+    """The one line a hang costs the user's terminal: who is stuck, where the evidence is."""
+    try:
+        from uberprof.analysis.failures import hang_summary
+
+        what = hang_summary(run_dir.root)
+    except Exception as exc:  # noqa: BLE001 - the evidence is saved; the summary is a courtesy
+        what = f"(could not summarise it: {exc})"
+    then = ("stopping the job (--on-hang stop)" if record.get("action") == "stop"
+            else "the job goes on (--on-hang stop would end it)")
+    _say(f"hang: no rank on this node finished a step for {float(record['timeout_s']):g} s; "
+         f"{what}; evidence in {run_dir.root}; {then}; next: uberprof report {run_dir.root}")
 
 
 def _schedule(steps: str | None, every: int | None, active: int, off: bool) -> TraceSchedule:
@@ -114,7 +150,7 @@ def _schedule(steps: str | None, every: int | None, active: int, off: bool) -> T
     return TraceSchedule()
 
 
-def _closing_line(run_dir: RunDir, code: int) -> str:
+def _closing_line(run_dir: RunDir, code: int, stopped: bool = False) -> str:
     from uberprof.inventory import inventory, trace_not_reached
 
     try:
@@ -124,6 +160,8 @@ def _closing_line(run_dir: RunDir, code: int) -> str:
     ranks = inv["ranks"]
     windows = sum(len(r["trace_windows"]) for r in ranks)
     status = "" if code == 0 else f"; the command exited with code {code}"
+    if stopped:
+        status = f"; the job was stopped after a hang (--on-hang stop): exit code {code}"
     missed = trace_not_reached(ranks)
     why_no_trace = f"\nuberprof: {missed}" if missed else ""
     return (f"{len(ranks)} rank(s), {_steps_per_rank([r['steps'] for r in ranks])}, "

@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -66,8 +66,10 @@ class Terminal:
         os.close(self.fd)
 
 
-def run_wrapped(command: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run `command` to completion and return its exit code (shell convention for signals)."""
+def run_wrapped(command: Sequence[str], env: Mapping[str, str],
+                started: Callable[[int], None] | None = None) -> int:
+    """Run `command` to completion and return its exit code (shell convention for signals).
+    `started` is told the job's pid (also its process group) once it runs."""
     try:
         own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         child = subprocess.Popen(list(command), env=dict(env), **own_group)  # type: ignore[call-overload]
@@ -75,6 +77,8 @@ def run_wrapped(command: Sequence[str], env: Mapping[str, str]) -> int:
         raise CommandNotFound(command[0]) from None
     except PermissionError:
         raise CommandNotFound(command[0], "is not executable") from None
+    if started is not None:
+        started(child.pid)
     terminal = Terminal.controlling()
     if terminal is not None and terminal.foreground() == terminal.own_group:
         terminal.give(child.pid)

@@ -13,7 +13,7 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from uberprof.collect.bootstrap import BOOTSTRAP_DIR
 from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR, CollectConfig
 from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
 from uberprof.collect.safety import AgentLog
+from uberprof.collect.watchdog import HangWatchdog
 from uberprof.rundir import LOG_FILE, NODE_FILE, RunDir, write_json_atomic
 
 
@@ -55,6 +56,7 @@ class NodeAgent:
         }
         write_json_atomic(self.dir / NODE_FILE, self.meta)
         self.sampler: NodeSampler | None = None
+        self.watchdog: HangWatchdog | None = None
         self._start_counters(counters or CounterSettings())
 
     def _start_counters(self, settings: CounterSettings) -> None:
@@ -79,9 +81,27 @@ class NodeAgent:
         env[ENV_HOME] = str(Path(uberprof.__file__).resolve().parent.parent)
         # Kineto keeps CUPTI attached after a window unless told otherwise, slowing later steps.
         env.setdefault("TEARDOWN_CUPTI", "1")
+        fr = flight_recorder_env(env)
+        env.update(fr)
+        size = next((env[n] for n in FR_ENV if n in env), None)
+        self.meta["flight_recorder"] = {"buffer_size": size, "set_by": "uberprof" if fr else "user"}
         return env
 
+    def start_watchdog(self, job_pid: int, timeout_s: float | None, action: str,
+                       on_hang: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Watch the local ranks for a hang (collect/watchdog.py); a failure costs the watchdog."""
+        try:
+            self.watchdog = HangWatchdog(self.run, self.dir, self.log, timeout_s, action, on_hang)
+            self.watchdog.start(job_pid)
+        except Exception as exc:  # noqa: BLE001 - never harm the job
+            self.watchdog = None
+            self.log.error("starting the hang watchdog", exc)
+
     def finish(self, exit_code: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.meta["hangs"] = self.watchdog.hangs
+            self.meta["stopped_after_hang"] = self.watchdog.stopped_job
         self.meta["end_ns"] = time.time_ns()
         self.meta["exit_code"] = exit_code
         if self.sampler is not None:
@@ -94,6 +114,19 @@ class NodeAgent:
             diskfull.write_json_final(self.dir / NODE_FILE, self.meta)
         except OSError as exc:
             self.log.error("writing node.json at the end of the run", exc)
+
+
+FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_BUFFER_SIZE = 2000
+"""Flight Recorder entries per rank when the user set none (cost: benchmarks/overhead.py)."""
+
+
+def flight_recorder_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Turn torch's Flight Recorder on (the last collectives of each rank, for hangs and
+    crashes) unless the user set its size, under either name, to anything (0 included)."""
+    if any(name in env for name in FR_ENV):
+        return {}
+    return {FR_ENV[0]: str(FR_BUFFER_SIZE)}
 
 
 def versions() -> dict[str, str | None]:

@@ -80,7 +80,7 @@ def _inflation(r: dict[str, Any]) -> str:
 
 
 def _findings_html(d: Diagnosis) -> str:
-    if not d.ranks:
+    if not d.ranks and not d.findings:  # a hang or crash is reported without traces
         return ("<p><b>Nothing could be analysed</b>: no rank has a usable trace or step "
                 "timeline (see the problems).</p>")
     if not d.findings:

@@ -189,7 +189,7 @@ def _ranks(d: Diagnosis, console: Console) -> None:
 
 
 def _findings(d: Diagnosis, console: Console) -> None:
-    if not d.ranks:
+    if not d.ranks and not d.findings:  # a hang or crash is reported without traces
         console.print("[bold red]Nothing could be analysed[/bold red]: no rank has a usable "
                       "trace or step timeline (see the problems below).")
         console.print()
@@ -221,6 +221,8 @@ def _finding(i: int, f: Finding, console: Console) -> None:
     ev = _evidence_line(f)
     if ev:
         console.print(f"    [dim]evidence:[/dim] {ev}", highlight=False)
+    for line in _failure_lines(f):
+        console.print(f"    {line}", markup=False, highlight=False)
     test = (f.evidence.get("test") or {}).get("sentence")
     if test:
         console.print(f"    [dim]test:[/dim] {test}", highlight=False)
@@ -230,6 +232,39 @@ def _finding(i: int, f: Finding, console: Console) -> None:
                           for c in f.caused_by)
         console.print(f"    [dim]accounted elsewhere:[/dim] {links}", highlight=False)
     console.print(f"    [green]→[/green] {f.remedy}", highlight=False)
+
+
+def _frames_text(frames: list[dict[str, Any]], n: int = 6) -> list[str]:
+    """The innermost `n` frames, innermost last, as a traceback shows them."""
+    cut = ["  ..."] if len(frames) > n else []
+    return cut + [f"  {f.get('file')}:{f.get('line')} in {f.get('function')}"
+                  for f in frames[-n:]]
+
+
+def _failure_lines(f: Finding) -> list[str]:
+    """The stacks behind a hang or crash finding (its evidence, as `--json` gives it)."""
+    e = f.evidence
+    out: list[str] = []
+    if f.kind == "hang":
+        for r in e.get("ranks") or []:
+            if r.get("state") == "stuck":
+                out.append(f"rank {r['rank']} (stuck, last step {r.get('last_step')}), "
+                           "main thread:")
+                out += _frames_text(r.get("stack") or [])
+        for m in e.get("mismatches") or []:
+            calls = "; ".join(f"rank {k}: {c['op']} {c['sizes']} {c['dtypes']}"
+                              for k, c in (m.get("calls") or {}).items())
+            out.append(f"mismatch at #{m['seq']} of {m['process_group']}: {calls}")
+    elif f.kind == "crash":
+        first = e.get("first") or {}
+        frames = (first.get("exception") or {}).get("frames") or first.get("stack") or []
+        if frames:
+            out.append(f"rank {first.get('rank')}:")
+            out += _frames_text(frames)
+        for v in e.get("failed") or []:
+            if v.get("role") != "first":
+                out.append(f"rank {v['rank']} ({v['role']}): {v.get('what')}")
+    return out
 
 
 def _evidence_line(f: Finding) -> str:
@@ -273,6 +308,12 @@ def _evidence_line(f: Finding) -> str:
     if f.kind == "host_cpu":
         return (f"median {e.get('median_pct')}%, p10 {e.get('p10_pct')}% over "
                 f"{e.get('samples')} samples ({e.get('basis')})")
+    if f.kind == "hang":
+        return (f"no step finished for {e.get('timeout_s')} s ({e.get('timeout_source')} "
+                f"timeout) on node(s) {', '.join(e.get('nodes') or [])}; action "
+                f"{e.get('action')}" + (" (steps resumed later)" if e.get("resumed_ns") else ""))
+    if f.kind == "crash":
+        return f"{len(e.get('failed') or [])} rank(s) failed; the first by kind and time first"
     if f.kind == "throttle":
         return "; ".join(f"rank {r}: {g.get('sm_clock_mhz')} MHz, slowdown "
                          f"{g.get('slowdown_pct')}% {g.get('reasons')}"

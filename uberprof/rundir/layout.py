@@ -8,6 +8,14 @@ hosts can share a run directory on a shared file system without ever writing the
       run.json                      run identity (format version, run id); same content from every node
       nodes/<node>/node.json        the `uberprof run` invocation on that node: command, times, exit code
       nodes/<node>/uberprof.log     the node agent's own log
+      nodes/<node>/hang.json        the watchdog's record of a hang on that node: detected_ns,
+                                    timeout_s, timeout_source, last_progress_ns, action (report|stop),
+                                    ranks [{rank, pid, alive, last_step, last_step_end_ns, stacks,
+                                    flight_recorder}]
+      nodes/<node>/exits-<pid>.jsonl  exits of rank processes seen by the launcher inside the job
+                                    (torchrun's agent, mp.spawn's parent; process <pid>): time_ns,
+                                    pid, local_rank, exitcode (negative: killed by that signal),
+                                    signal, source
       nodes/<node>/counters/        counters of that node's host (one sampler per host: the first agent
                                     on a host samples, the others note which node did)
         <source>.arrows             Arrow IPC stream, appended every ~2 s, one file per source
@@ -21,6 +29,23 @@ hosts can share a run directory on a shared file system without ever writing the
       ranks/<rank>/steps.jsonl      one row per finished step, appended as it ends
       ranks/<rank>/traces/          torch.profiler windows, steps-<first>-<last>.pt.trace.json.gz
       ranks/<rank>/uberprof.log     the rank agent's own log
+      ranks/<rank>/exceptions.jsonl uncaught exceptions of the rank (sys.excepthook, threading.excepthook,
+                                    mp.spawn's worker wrapper; chained, never replaced), one per line:
+                                    time_ns, thread, where, type, message, frames [{file, line,
+                                    function}] (innermost last), traceback (text), last_step
+      ranks/<rank>/fatal.txt        faulthandler's Python stacks of all threads when the rank died of a
+                                    fatal signal (SIGSEGV, SIGABRT from a C++ abort, SIGFPE, SIGBUS,
+                                    SIGILL); absent when the script enabled faulthandler itself
+      ranks/<rank>/stacks.txt       faulthandler's Python stacks of all threads, written from a C signal
+                                    handler on the watchdog's request (also while the rank is stuck in
+                                    C++ holding the GIL); the signal is rank.json's capture.signal
+      ranks/<rank>/hang.json        the rank's answer to a watchdog request, from a helper thread:
+                                    request, time_ns, last_step, threads [{name, id, daemon, frames}]
+      ranks/<rank>/flight-recorder-<reason>.json  torch's Flight Recorder dump
+                                    (`_dump_fr_trace_json`) when the rank raised (reason exception) or
+                                    the watchdog asked (hang): {time_ns, reason, dump: {entries,
+                                    pg_status, ...}}; one file per reason, the latest dump
+      ranks/<rank>/.hang-request    written by the node agent's watchdog, read by the rank's helper
       derived/                      analysis tables; can be rebuilt from the rest at any time
       calibration.json              `uberprof calibrate`: the all-reduce sweep's busbw per link,
                                     written by rank 0 of the sweep (one writer)
@@ -52,6 +77,14 @@ COUNTERS_META = "meta.json"
 DERIVED_DIR = "derived"
 CALIBRATION_FILE = "calibration.json"
 DISK_FULL_FILE = "disk-full"  # empty; written by the first agent that met a full disk
+EXCEPTIONS_FILE = "exceptions.jsonl"
+FATAL_FILE = "fatal.txt"
+STACKS_FILE = "stacks.txt"
+RANK_HANG_FILE = "hang.json"
+FLIGHT_RECORDER_FILE = "flight-recorder-{reason}.json"  # reason: exception | hang
+HANG_REQUEST_FILE = ".hang-request"
+NODE_HANG_FILE = "hang.json"
+EXITS_PREFIX = "exits-"  # nodes/<node>/exits-<pid>.jsonl
 
 _TRACE_NAME = re.compile(r"^steps-(\d+)-(\d+)\.pt\.trace\.json(\.gz)?$")
 _RANK_DIR_NAME = re.compile(r"^([0-9]+)(?:-(.*))?$")

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from uberprof.collect.config import ENV_NODE, ENV_RUN_DIR, CollectConfig
+from uberprof.collect.rank import exits
 from uberprof.collect.safety import AgentLog, swallowing
 from uberprof.rundir import RunDir
 
@@ -124,6 +125,7 @@ def install_hooks() -> None:
     _wrap_profiler(torch)
     _wrap_dataloader(_BaseDataLoaderIter)
     _watch_first_forward(torch)
+    exits.install(log)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     atexit.register(_at_exit)
 
@@ -198,6 +200,7 @@ def close_agent(reason: str = "exit") -> None:
 def _after_fork_in_child() -> None:
     if S.agent is not None:
         # A forked child of a rank (data-loader worker, ...) is not that rank: stay inert.
+        S.agent.capture.forked()
         S.agent = None
         S.failed = True
     else:

@@ -19,6 +19,7 @@ from uberprof import __version__
 from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank import clock
+from uberprof.collect.rank.capture import Capture
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
@@ -70,6 +71,11 @@ class RankAgent:
         self.detector = StepDetector(self._boundary)
         self.closed = False
         self.windows.step_started(0)
+        self.capture = Capture(self, log)
+        captured = self.capture.arm()
+        with self._meta_lock:
+            self.meta["capture"] = captured
+        self._write_meta()
 
     # ---- called from hooks on the training thread -------------------------------------------
 
@@ -178,6 +184,9 @@ class RankAgent:
         if self.closed or os.getpid() != self.pid:
             return
         self.closed = True
+        self.capture.close()
+        if self.capture.exception_seen:
+            exit_reason = "exception"
         self.detector.flush()
         last_step = self.timeline.step - 1
         self.windows.close(last_step)

@@ -9,7 +9,7 @@ Per rank, on tracks of its own process (on the aligned clock, like everything el
   bandwidth-bound or latency-bound, with their busbw against the link's peak.
 
 In a process of their own, first in the file: one track per finding (ranked as in the report)
-spanning the steps it concerns, with its evidence and remedy as arguments; the analysed steps;
+spanning the steps it concerns (a hang or a crash: an instant at its moment), with its evidence and remedy as arguments; the analysed steps;
 and the clock alignment of each host.
 """
 
@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from uberprof.analysis.advisor import Diagnosis
 from uberprof.analysis.causes import GAP_CAUSES, gap_cause
+from uberprof.analysis.failures import FAILURE_KINDS
 from uberprof.analysis.summaries import ns_to_ms as _ms
 from uberprof.units import fmt_bytes
 
@@ -151,6 +152,18 @@ def _link_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want
                                            x["end_ns"] - x["start_ns"], label, args, b["step"]))
 
 
+def _moment_mark(track: str, f: Any, moment: int, window: tuple[int, int]) -> Mark:
+    """A hang or crash as an instant at its moment (when the others began to wait, when the
+    first rank failed); one outside the exported window sits at its nearer edge, saying so."""
+    lo, hi = window
+    at = min(max(moment, lo), hi)
+    note = None if at == moment else ("after" if moment > hi else "before") + \
+        " the exported window"
+    return Mark(track, at, None, f.title,
+                {"kind": f.kind, "cause": f.cause, "ranks": f.ranks, "moment_ns": moment,
+                 "where": note or "at this moment", "remedy": f.remedy})
+
+
 def global_marks(d: Diagnosis, window: tuple[int, int],
                  steps: tuple[int, int] | None = None,
                  ranks: Iterable[int] | None = None) -> list[Mark]:
@@ -174,6 +187,10 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
             continue
         track = f"{n}. [{f.severity}] {f.kind}" + (f" ({f.cause})" if f.cause else "") + \
             ("" if f.confidence == "confirmed" else f" {f.confidence}")
+        moment = f.evidence.get("moment_ns") if f.kind in FAILURE_KINDS else None
+        if isinstance(moment, int):
+            out.append(_moment_mark(track, f, moment, window))
+            continue
         out.append(Mark(track, a, b - a, f.title,
                         {"kind": f.kind, "severity": f.severity, "cause": f.cause,
                          "confidence": f.confidence,

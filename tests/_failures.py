@@ -1,0 +1,54 @@
+"""Jobs that hang or crash (tests/scripts/faulty.py) under `uberprof run`, and their report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.jobs import PY, SCRIPTS, job_env, torchrun
+
+FAULTY = SCRIPTS / "faulty.py"
+HANG_TIMEOUT = "10"
+
+
+def faulty_run(out: Path, run_id: str, fault: str, *args: str, nproc: int = 4,
+               spawn: bool = False, on_hang: str = "stop", limit: float = 150
+               ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The faulty job under `uberprof run --hang-timeout 10 --on-hang ...`; (result, seconds)."""
+    job = ([PY, str(FAULTY), "--spawn", str(nproc)] if spawn else torchrun(nproc, FAULTY))
+    cmd = [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, "--no-trace",
+           "--hang-timeout", HANG_TIMEOUT, "--on-hang", on_hang, "--",
+           *job, "--fault", fault, *args]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=job_env())
+    return proc, time.monotonic() - t0
+
+
+def report_json(run: Path) -> dict[str, Any]:
+    proc = subprocess.run([PY, "-m", "uberprof", "report", "--json", str(run)],
+                          capture_output=True, text=True, timeout=120, env=job_env())
+    assert proc.stdout, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def first_finding(run: Path, kind: str) -> dict[str, Any]:
+    """The report's first finding, which must be of `kind` (hangs and crashes come first)."""
+    findings = report_json(run)["findings"]
+    assert findings, "no finding"
+    assert findings[0]["kind"] == kind, [f["title"] for f in findings]
+    return findings[0]
+
+
+def rank_doc(finding: dict[str, Any], rank: int) -> dict[str, Any]:
+    return next(r for r in finding["evidence"]["ranks"] if r["rank"] == rank)
+
+
+def line_of(text: str) -> int:
+    """The line of faulty.py that holds `text` (the place a report must name)."""
+    lines = FAULTY.read_text().splitlines()
+    hits = [i for i, line in enumerate(lines, 1) if text in line]
+    assert len(hits) == 1, (text, hits)
+    return hits[0]

@@ -1,0 +1,105 @@
+"""A tiny distributed loop (CPU/Gloo) where one rank misbehaves at one step, for the hang and
+crash tests. Under torchrun, or with --spawn N (torch.multiprocessing.spawn, no torchrun).
+
+    --fault sleep     rank R sleeps forever in Python before its collective of step S
+    --fault pause     rank R sleeps --pause-s seconds there, then goes on
+    --fault skip      rank R skips step S's all-reduce and waits in a collective of another group
+    --fault mismatch  rank R skips a 1-element all-reduce that the others issue at step S
+                      (its next one is 10,000 elements: Gloo aborts in C++)
+    --fault raise     rank R raises RuntimeError at step S
+    --fault kill      rank R kills itself with SIGKILL at step S
+    --own-profiler    the script steps its own torch.profiler every step
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def stuck_forever() -> None:
+    while True:
+        time.sleep(1)
+
+
+def train(args: argparse.Namespace) -> None:
+    rank = dist.get_rank()
+    pair = dist.new_group([0, args.rank])  # every rank creates it, in the same order
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    prof = None
+    if args.own_profiler:
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=1000, warmup=1, active=1))
+        prof.start()
+    bad = rank == args.rank
+    for step in range(args.steps):
+        loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+        grad = torch.ones(4)
+        if bad and step == args.at_step:
+            if args.fault == "sleep":
+                stuck_forever()
+            if args.fault == "pause":
+                time.sleep(args.pause_s)
+            if args.fault == "raise":
+                raise RuntimeError(f"boom at step {step}")
+            if args.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if args.fault == "skip":
+                dist.all_reduce(grad, group=pair)  # rank 0 is in the default group: deadlock
+        if args.fault == "mismatch" and step == args.at_step:
+            if not bad:
+                dist.all_reduce(torch.ones(1))
+            dist.all_reduce(torch.ones(10_000))
+        dist.all_reduce(grad)
+        opt.step()
+        opt.zero_grad()
+        if prof is not None:
+            prof.step()
+        time.sleep(args.step_s)
+    if prof is not None:
+        prof.stop()
+    dist.destroy_process_group()
+
+
+def spawned(i: int, world: int, port: int, args: argparse.Namespace) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=world)
+    train(args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    faults = ("none", "sleep", "pause", "skip", "mismatch", "raise", "kill")
+    ap.add_argument("--fault", choices=faults, default="none")
+    ap.add_argument("--rank", type=int, default=1)
+    ap.add_argument("--at-step", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--step-s", type=float, default=0.05)
+    ap.add_argument("--pause-s", type=float, default=20)
+    ap.add_argument("--spawn", type=int, default=0, metavar="N")
+    ap.add_argument("--own-profiler", action="store_true")
+    args = ap.parse_args()
+    if args.spawn:
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(spawned, args=(args.spawn, port, args), nprocs=args.spawn)
+        return
+    dist.init_process_group("gloo")
+    train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""How ranks ended, as the launchers inside the job see it (they are the ranks' parents, and only
+a parent learns a child's exit status: the signal of a SIGKILL leaves nothing in the rank).
+
+- `torch.multiprocessing.spawn`: the worker wrapper catches the rank's exception to pass it to
+  the parent, so no excepthook runs in the rank: the wrapper is wrapped to record it first;
+  the parent's `ProcessContext.join` records the exit codes of the ranks that failed.
+- torchrun: its agent builds a `ProcessFailure` per failed worker (pid, local rank, exit code).
+
+Both append to `nodes/<node>/exits-<pid>.jsonl` (one file per launcher process). Patched at
+`import torch` in every process; inert where nothing fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from uberprof.collect.config import ENV_NODE, ENV_RUN_DIR
+from uberprof.collect.safety import AgentLog, swallowing
+from uberprof.rundir.layout import EXITS_PREFIX
+
+
+def install(log: AgentLog) -> None:
+    for name, patch in (("mp.spawn", _wrap_spawn), ("torchrun", _wrap_torchrun)):
+        try:
+            patch(log)
+        except Exception as exc:  # noqa: BLE001 - a torch without that part: nothing to record
+            log.write(f"not recording {name} exits: {exc!r}")
+
+
+def record_exit(pid: int | None, exitcode: int | None, source: str,
+                local_rank: int | None = None) -> None:
+    """One exit, appended to this launcher's file in the node folder."""
+    run_dir, node = os.environ.get(ENV_RUN_DIR), os.environ.get(ENV_NODE)
+    if not run_dir or not node or exitcode in (None, 0):
+        return
+    assert exitcode is not None
+    row = {"time_ns": time.time_ns(), "pid": pid, "local_rank": local_rank,
+           "exitcode": exitcode, "signal": _signal_name(exitcode), "source": source}
+    path = Path(run_dir) / "nodes" / node / f"{EXITS_PREFIX}{os.getpid()}.jsonl"
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _signal_name(exitcode: int) -> str | None:
+    if exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def _wrap_spawn(log: AgentLog) -> None:
+    import importlib
+
+    # the module: `torch.multiprocessing.spawn` as an attribute is the function spawn()
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+
+    original_wrap = spawn._wrap
+
+    @functools.wraps(original_wrap)  # same module and name: pickled by reference as before
+    def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        return original_wrap(_recording(fn), i, args, *rest, **kwargs)
+
+    spawn._wrap = _wrap
+    original_join = spawn.ProcessContext.join
+
+    @functools.wraps(original_join)
+    def join(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original_join(self, *args, **kwargs)
+        except BaseException:
+            _record_processes(self.processes)
+            raise
+
+    spawn.ProcessContext.join = join
+
+    @swallowing(log, "recording mp.spawn exits")
+    def _record_processes(processes: list[Any]) -> None:
+        for i, p in enumerate(processes):
+            record_exit(p.pid, p.exitcode, "mp.spawn", i)
+
+
+def _recording(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def worker(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            _rank_exception(exc)
+            raise
+
+    return worker
+
+
+def _rank_exception(exc: BaseException) -> None:
+    from uberprof.collect.rank import activation
+
+    try:
+        agent = activation.current_agent(activate=False)
+        if agent is not None:
+            agent.capture.exception(exc, "mp.spawn")
+    except Exception as e:  # noqa: BLE001
+        activation.log.error("recording a spawned rank's exception", e)
+
+
+def _wrap_torchrun(log: AgentLog) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    original = ProcessFailure.__post_init__
+
+    @functools.wraps(original)
+    def __post_init__(self: Any) -> None:
+        original(self)
+        _record_failure(self)
+
+    @swallowing(log, "recording torchrun exits")
+    def _record_failure(failure: Any) -> None:
+        record_exit(failure.pid, failure.exitcode, "torchrun", failure.local_rank)
+
+    ProcessFailure.__post_init__ = __post_init__  # type: ignore[method-assign]

@@ -1,0 +1,293 @@
+"""The hang watchdog: a thread of the node agent (never of a rank) that watches every local
+rank's step timeline grow, and captures the evidence when none of them finishes a step for
+the hang timeout.
+
+- Timeout: `--hang-timeout SECONDS`, else derived from the run as it goes: the larger of
+  `MIN_TIMEOUT_S` (5 minutes) and `STEP_FACTOR` (20) times the median step time so far.
+- A job still starting up is not a hang: the clock runs only once a local rank has finished a
+  step (start-up, data loading and compilation can take long), and only while one is alive.
+- On a hang: every live local rank gets the capture signal (stacks of all threads, written by
+  faulthandler from C) and a request file its helper thread answers (hang.json, Flight
+  Recorder dump); then `nodes/<node>/hang.json` records the ranks, their last steps and whether
+  they are alive. `on_hang` is told (one line on stderr); with action `stop` the job is then
+  ended (SIGTERM to its process group and the local ranks, SIGKILL after `STOP_GRACE_S`).
+- If steps resume, the record gets `resumed_ns` and the watchdog arms again.
+
+It reads the run directory only (the same files `uberprof info` reads); each poll reads the
+bytes the step files grew by, so its cost does not grow with the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uberprof.collect.rank.capture import SIGNAL
+from uberprof.collect.safety import AgentLog
+from uberprof.rundir import STEPS_FILE, RunDir, list_ranks, write_json_atomic
+from uberprof.rundir.layout import (
+    HANG_REQUEST_FILE,
+    NODE_HANG_FILE,
+    RANK_HANG_FILE,
+    STACKS_FILE,
+    read_json,
+)
+
+MIN_TIMEOUT_S = 300.0
+STEP_FACTOR = 20.0
+STOP_GRACE_S = 10.0
+ANSWER_WAIT_S = 5.0  # the ranks' helpers poll once a second
+ACTIONS = ("report", "stop")
+HANG_EXIT_CODE = 124
+"""`uberprof run` exits with this code after `--on-hang stop` ended the job (as `timeout` does)."""
+
+
+def derived_timeout(median_step_s: float | None) -> float:
+    """The default hang timeout: max(5 min, 20 x the median step)."""
+    return max(MIN_TIMEOUT_S, STEP_FACTOR * (median_step_s or 0.0))
+
+
+@dataclass
+class _Rank:
+    rank: int
+    folder: Path
+    pid: int | None
+    signal: int | None
+    helper: bool
+    offset: int = 0
+    last_step: int | None = None
+    last_end_ns: int | None = None
+    durations: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class HangWatchdog:
+    def __init__(self, run: RunDir, node_dir: Path, log: AgentLog, timeout_s: float | None = None,
+                 action: str = "report", on_hang: Callable[[dict[str, Any]], None] | None = None,
+                 poll_s: float | None = None) -> None:
+        self.run = run
+        self.node_dir = node_dir
+        self.log = log
+        self.timeout_s = timeout_s
+        self.action = action
+        self.on_hang = on_hang
+        self.poll_s = poll_s or (min(5.0, max(0.5, timeout_s / 10)) if timeout_s else 5.0)
+        self.job_pid: int | None = None
+        self.stopped_job = False
+        self.hangs = 0
+        self._ranks: dict[Path, _Rank] = {}
+        self._record: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="uberprof-watchdog", daemon=True)
+
+    def start(self, job_pid: int) -> None:
+        self.job_pid = job_pid
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self._poll()
+            except Exception as exc:  # noqa: BLE001 - never harm the job
+                self.log.error("hang watchdog", exc)
+
+    def _poll(self) -> None:
+        self._discover()
+        for r in self._ranks.values():
+            self._read_steps(r)
+        ends = [r.last_end_ns for r in self._ranks.values() if r.last_end_ns is not None]
+        if not ends:
+            return  # still starting up
+        progress = max(ends)
+        if self._record is not None:
+            if progress > self._record["last_progress_ns"]:
+                self._record["resumed_ns"] = time.time_ns()
+                self._write_record()
+                self._record = None
+            return
+        alive = [r for r in self._ranks.values() if _alive(r.pid)
+                 and _is_rank_process(r.pid, self.run.root)]
+        if not alive:
+            return
+        timeout = self.current_timeout()
+        if time.time_ns() - progress < timeout * 1e9:
+            return
+        self._capture(progress, timeout, alive)
+
+    def current_timeout(self) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        durations = [d for r in self._ranks.values() for d in r.durations]
+        return derived_timeout(statistics.median(durations) if durations else None)
+
+    def _discover(self) -> None:
+        for meta in list_ranks(self.run):
+            if meta.folder in self._ranks or meta.rank is None or meta.node != self.node_dir.name:
+                continue
+            capture = meta.raw.get("capture") if isinstance(meta.raw.get("capture"), dict) else {}
+            sig = capture.get("signal")
+            self._ranks[meta.folder] = _Rank(
+                rank=meta.rank, folder=meta.folder, pid=meta.pid,
+                signal=sig if isinstance(sig, int) and sig == SIGNAL else None,
+                helper=bool(capture.get("helper")))
+
+    def _read_steps(self, r: _Rank) -> None:
+        try:
+            with open(r.folder / STEPS_FILE, "rb") as f:
+                f.seek(r.offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        r.offset += end
+        for line in data[:end].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(row, dict) or row.get("kind") != "step":
+                continue
+            a, b = row.get("host_start_ns"), row.get("host_end_ns")
+            if isinstance(b, int):
+                r.last_step, r.last_end_ns = row.get("step"), b
+                if isinstance(a, int) and b >= a:
+                    r.durations.append((b - a) / 1e9)
+
+    # ---- on a hang --------------------------------------------------------------------------
+
+    def _capture(self, progress_ns: int, timeout: float, alive: list[_Rank]) -> None:
+        self.hangs += 1
+        detected = time.time_ns()
+        request = {"id": self.hangs, "time_ns": detected, "node": self.node_dir.name}
+        for r in alive:
+            self._request(r, request)
+        self._await_answers(alive, request)
+        self._record = {
+            "detected_ns": detected,
+            "timeout_s": timeout,
+            "timeout_source": "option" if self.timeout_s is not None else "derived",
+            "last_progress_ns": progress_ns,
+            "action": self.action,
+            "resumed_ns": None,
+            "ranks": [self._rank_doc(r, request) for r in
+                      sorted(self._ranks.values(), key=lambda x: x.rank)],
+        }
+        self._write_record()
+        if self.on_hang is not None:
+            try:
+                self.on_hang(self._record)
+            except Exception as exc:  # noqa: BLE001
+                self.log.error("reporting a hang", exc)
+        if self.action == "stop":
+            self._stop_job(alive)
+
+    def _request(self, r: _Rank, request: dict[str, Any]) -> None:
+        try:
+            if r.signal is not None and r.pid is not None:
+                with open(r.folder / STACKS_FILE, "w"):
+                    pass  # this capture's dump only (the rank appends)
+                os.kill(r.pid, r.signal)
+            if r.helper:
+                write_json_atomic(r.folder / HANG_REQUEST_FILE, request)
+        except OSError as exc:
+            self.log.write(f"hang capture request to rank {r.rank} (pid {r.pid}): {exc!r}")
+
+    def _await_answers(self, ranks: list[_Rank], request: dict[str, Any]) -> None:
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        waiting = [r for r in ranks if r.helper]
+        while waiting and time.monotonic() < deadline and not self._stop.is_set():
+            waiting = [r for r in waiting if not self._answered(r, request)]
+            time.sleep(0.2)
+
+    @staticmethod
+    def _answered(r: _Rank, request: dict[str, Any]) -> bool:
+        try:
+            return read_json(r.folder / RANK_HANG_FILE).get("request") == request
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _rank_doc(self, r: _Rank, request: dict[str, Any]) -> dict[str, Any]:
+        stacks = r.folder / STACKS_FILE
+        return {"rank": r.rank, "pid": r.pid, "alive": _alive(r.pid), "last_step": r.last_step,
+                "last_step_end_ns": r.last_end_ns,
+                "stacks": stacks.exists() and stacks.stat().st_size > 0,
+                "answered": self._answered(r, request), "folder": r.folder.name}
+
+    def _write_record(self) -> None:
+        try:
+            write_json_atomic(self.node_dir / NODE_HANG_FILE, self._record)
+        except OSError as exc:
+            self.log.error("writing hang.json", exc)
+
+    def _stop_job(self, ranks: list[_Rank]) -> None:
+        """End the job: SIGTERM to its group (torchrun then stops its workers) and to the local
+        ranks (torchrun puts them in sessions of their own), SIGKILL after a grace period."""
+        self.stopped_job = True
+        self.log.write("stopping the job after a hang (--on-hang stop)")
+        pids = [r.pid for r in ranks if r.pid is not None]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.job_pid is not None:
+                _signal_group(self.job_pid, sig)
+            for pid in pids:
+                _signal_pid(pid, sig)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while time.monotonic() < deadline and any(_alive(p) for p in pids + [self.job_pid]):
+                time.sleep(0.2)
+
+
+def _alive(pid: int | None) -> bool:
+    """A process that exists and is not a zombie."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def _is_rank_process(pid: int | None, run_root: Path) -> bool:
+    """The pid still runs a process of this job (pids are reused): its environment names the
+    run directory. A signal meant for a rank must never reach another process."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"UBERPROF_RUN_DIR={run_root}".encode() in env
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        pass
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
