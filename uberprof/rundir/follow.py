@@ -335,15 +335,19 @@ def read_saved_findings(run: RunDir | Path | str) -> SavedFindings | None:
         return None
     findings = doc.get("findings") if isinstance(doc, dict) else None
     findings = [f for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
-    lateness: dict[int, float] = {}
-    try:
-        import pyarrow.parquet as pq
+    return SavedFindings(findings, _saved_lateness(derived), saved_ns)
 
+
+def _saved_lateness(derived: Path) -> dict[int, float]:
+    """rank -> median lateness (ns) from the saved diagnosis; {} when it holds none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
         t = pq.read_table(derived / "diagnosis" / "rank_lateness.parquet",
                           columns=["rank", "median_ns"])
-        lateness = {int(r): float(m) for r, m in zip(t.column("rank").to_pylist(),
-                                                     t.column("median_ns").to_pylist())
-                    if r is not None and m is not None}
-    except Exception:  # noqa: BLE001 - lateness is a bonus: a missing table shows none
-        pass
-    return SavedFindings(findings, lateness, saved_ns)
+    except (OSError, pa.ArrowInvalid, KeyError):  # a lateness table is a bonus
+        return {}
+    return {int(r): float(m) for r, m in zip(t.column("rank").to_pylist(),
+                                             t.column("median_ns").to_pylist())
+            if r is not None and m is not None}

@@ -58,7 +58,7 @@ def render(state: LiveState, saved: SavedFindings | None, title: str,
            following: bool = True) -> Group:
     """The whole screen for one look at the run."""
     style = "bold green" if state.running else "bold yellow" if state.ended else "bold"
-    head = Text.assemble((f"{title}  ", "bold"), (state.status_line(), style))
+    head = Text.assemble((state.status_line(), style), (f"  {title}", "bold"))
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("rank", "steps", "last ms", "median ms", "data wait ms", "GPU ms",
                 "late ms", "GPU %", "SM MHz"):
@@ -87,7 +87,7 @@ def render(state: LiveState, saved: SavedFindings | None, title: str,
                        "" if fresh else "dim") for f in saved.findings[:5]]
     elif state.ended:
         parts.append(Text("job ended: `uberprof report` diagnoses it", "dim"))
-    if following:
+    if following and not state.ended:
         parts.append(Text("q or Ctrl-C: quit", "dim"))
     return Group(*parts)
 
@@ -125,12 +125,13 @@ def _keys() -> Iterator[Callable[[float], str | None]]:
 def watch(run: Path, console: Console, interval: float = 2.0, once: bool = False) -> LiveState:
     """Follow `run` until its job ends (or q / Ctrl-C); the last state seen."""
     follower = RunFollower(run)
+    title = run.resolve().name
     state = follower.poll()
     saved = read_saved_findings(run)
     if once:
-        console.print(render(state, saved, str(run), following=False))
+        console.print(render(state, saved, title, following=False))
         return state
-    with _keys() as wait, Live(render(state, saved, str(run)), console=console,
+    with _keys() as wait, Live(render(state, saved, title), console=console,
                                auto_refresh=False) as live:
         try:
             while not state.ended:
@@ -139,7 +140,7 @@ def watch(run: Path, console: Console, interval: float = 2.0, once: bool = False
                     break
                 state = follower.poll()
                 saved = read_saved_findings(run)
-                live.update(render(state, saved, str(run)), refresh=True)
+                live.update(render(state, saved, title), refresh=True)
         except KeyboardInterrupt:
             pass
     return state
