@@ -244,6 +244,10 @@ class RunFollower:
         self._counters: dict[tuple[str, str], CounterFollower] = {}
         self._gpus: dict[int, tuple[str, str]] = {}
 
+    def step_followers(self) -> dict[int, StepFollower]:
+        """The ranks followed so far, by rank."""
+        return dict(self._steps)
+
     def _discover(self) -> None:
         """Pick up rank folders and counter files that appeared since the last poll."""
         for rank, meta in ranks_by_id(self.run).items():
@@ -351,3 +355,21 @@ def _saved_lateness(derived: Path) -> dict[int, float]:
     return {int(r): float(m) for r, m in zip(t.column("rank").to_pylist(),
                                              t.column("median_ns").to_pylist())
             if r is not None and m is not None}
+
+
+def steps_table(follower: RunFollower) -> Any:
+    """Every step row read so far as a pyarrow Table (rank, step, step_time_ns, data_wait_ns):
+    what the dashboard's step-time heat map is drawn from while the job runs."""
+    import pyarrow as pa
+
+    parts = [(r, f) for r, f in sorted(follower.step_followers().items()) if f.step.n]
+    if not parts:
+        return pa.table({"rank": pa.array([], pa.int64()), "step": pa.array([], pa.int64()),
+                         "step_time_ns": pa.array([], pa.int64()),
+                         "data_wait_ns": pa.array([], pa.int64())})
+    return pa.table({
+        "rank": np.concatenate([np.full(f.step.n, r, np.int64) for r, f in parts]),
+        "step": np.concatenate([f.step.values for _, f in parts]),
+        "step_time_ns": np.concatenate([f.duration_ns.values for _, f in parts]),
+        "data_wait_ns": np.concatenate([f.data_wait_ns.values for _, f in parts]),
+    })
