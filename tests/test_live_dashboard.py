@@ -83,3 +83,45 @@ def test_an_ended_run_is_not_followed(tmp_path: Path) -> None:
     node.write_text(re.sub(r'"end_ns": \d+', '"end_ns": null', node.read_text()))
     live = live_for(RunData(root=run).load())
     assert live is not None and live.state.running
+
+
+def test_run_dashboard_serves_beside_the_job(tmp_path: Path) -> None:
+    """`uberprof run --dashboard`: the URL is printed when the job starts; the dashboard
+    answers (following the job: its layout has the live status) from a process of lower
+    priority; it leaves by itself after the job ends."""
+    import urllib.request
+
+    import psutil
+
+    job = subprocess.Popen(
+        [PY, "-m", "uberprof", "run", "--out", str(tmp_path), "--run-id", "side", "--no-trace",
+         "--dashboard", "--", *torchrun(2, SAMPLES / "train_ddp.py", "--steps", "120",
+                                        "--data-delay-ms", "60")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=job_env())
+    try:
+        assert job.stderr is not None
+        url = None
+        for line in job.stderr:
+            m = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url is not None
+        layout = None
+        deadline = time.monotonic() + 180
+        while layout is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "_dash-layout", timeout=5) as resp:
+                    layout = resp.read().decode()
+            except OSError:
+                time.sleep(1)
+        assert layout is not None and "live-status" in layout and "running" in layout
+        side = [p for p in psutil.process_iter(["cmdline"])
+                if "uberprof.cli.live" in " ".join(p.info["cmdline"] or [])]
+        assert len(side) == 1 and side[0].nice() >= 10
+        job.stderr.read()
+        assert job.wait(timeout=300) == 0
+        side[0].wait(timeout=60)  # gone after the job (and a grace for open pages)
+    finally:
+        if job.poll() is None:
+            job.kill()

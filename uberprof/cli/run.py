@@ -58,10 +58,15 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.option("--sample-hz", type=click.FloatRange(min=0.1, max=100), default=DEFAULT_HZ,
               show_default=True, metavar="HZ",
               help="Rate of the cheap counters (host, NVML); PCIe/ECC/GPM/DCGM run at <= 1 Hz.")
+@click.option("--dashboard", is_flag=True,
+              help="Serve the dashboard beside the job (127.0.0.1, low priority); its URL is "
+                   "printed when the job starts, and the page follows the job while it runs.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="The --dashboard's port (0: any free port).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
         trace_active: int, no_trace: bool, with_stack: bool, counters_mode: str,
-        sample_hz: float, command: tuple[str, ...]) -> None:
+        sample_hz: float, dashboard: bool, port: int, command: tuple[str, ...]) -> None:
     """Run COMMAND under uberprof: every rank's steps, trace windows and clocks are recorded.
 
     COMMAND is what you would run anyway (torchrun, python, srun, a launcher script); put `--`
@@ -85,6 +90,10 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
         agent = None
     if agent is not None:
         _say(f"run directory {run_dir.root} (traces: {schedule.describe()})")
+    if agent is not None and dashboard:
+        from uberprof.cli.live import start_dashboard
+
+        _say(f"dashboard: {start_dashboard(run_dir.root, port)} (from the first steps on)")
     env = agent.child_env(os.environ) if agent else dict(os.environ)
     try:
         code = run_wrapped(command, env)
