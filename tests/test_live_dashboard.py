@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.jobs import PY, SAMPLES, job_env, torchrun
+from tests.jobs import PY, start_slow_job
 from tests.test_dashboard_browser import ARGS, CHROMIUM, Served
 from uberprof.rundir.follow import RunFollower
 
@@ -30,11 +30,7 @@ def test_dashboard_follows_a_running_job(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     run = tmp_path / "live"
-    job = subprocess.Popen(
-        [PY, "-m", "uberprof", "run", "--out", str(tmp_path), "--run-id", "live", "--no-trace",
-         "--", *torchrun(2, SAMPLES / "train_ddp.py", "--steps", "150", "--data-delay-ms",
-                         "60")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=job_env())
+    job = start_slow_job(tmp_path, "live", 150)
     served = None
     try:
         deadline = time.monotonic() + 180
@@ -93,11 +89,7 @@ def test_run_dashboard_serves_beside_the_job(tmp_path: Path) -> None:
 
     import psutil
 
-    job = subprocess.Popen(
-        [PY, "-m", "uberprof", "run", "--out", str(tmp_path), "--run-id", "side", "--no-trace",
-         "--dashboard", "--", *torchrun(2, SAMPLES / "train_ddp.py", "--steps", "120",
-                                        "--data-delay-ms", "60")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=job_env())
+    job = start_slow_job(tmp_path, "side", 120, "--dashboard", stderr=subprocess.PIPE)
     try:
         assert job.stderr is not None
         url = None

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.jobs import PY, ROOT, SAMPLES, job_env, torchrun
+from tests.jobs import PY, ROOT, job_env, start_slow_job
 from uberprof.rundir.follow import CounterFollower, RunFollower, StepFollower
 
 
@@ -140,11 +140,7 @@ def test_watch_follows_a_real_job_under_tmux(tmp_path: Path) -> None:
     """A 2-rank job under `uberprof run` while `uberprof watch` runs in tmux: the running
     state with steps growing, then the ended state, then watch exits by itself."""
     run = tmp_path / "live"
-    job = subprocess.Popen(
-        [PY, "-m", "uberprof", "run", "--out", str(tmp_path), "--run-id", "live", "--no-trace",
-         "--", *torchrun(2, SAMPLES / "train_ddp.py", "--steps", "150", "--data-delay-ms",
-                         "60")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=job_env())
+    job = start_slow_job(tmp_path, "live", 150)
     session = f"uberprof-watch-{os.getpid()}"
     try:
         deadline = time.monotonic() + 120
