@@ -30,6 +30,7 @@ class Live:
         self.follower = follower
         self.state = first
         self._lock = threading.Lock()
+        self._drawn = -1  # step rows behind the heat map last sent
 
     def poll(self) -> LiveState:
         with self._lock:
@@ -63,9 +64,11 @@ class Live:
             from uberprof.dashboards.queries.tables import binned_heatmap
 
             with self._lock:
+                rows = sum(f.step.n for f in self.follower.step_followers().values())
+                if rows in (0, self._drawn):  # nothing new: the figure stays as it is
+                    raise PreventUpdate
+                self._drawn = rows
                 t = steps_table(self.follower)
-            if t.num_rows == 0:
-                raise PreventUpdate
             hm = binned_heatmap(t, "step_time_ns", 250, 256)
             return heatmap_figure(self.data, self.data.straggler_rank(), hm)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -181,3 +182,28 @@ def test_watch_quits_on_q_under_tmux(tmp_path: Path) -> None:
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False,
                        capture_output=True)
+
+
+def test_watch_shows_saved_findings_and_lateness_and_says_when_they_are_old() -> None:
+    from rich.console import Console
+
+    from uberprof.present.terminal.watch import render
+    from uberprof.rundir.follow import LiveState, RankLive, SavedFindings
+
+    rank = RankLive(rank=3, steps=10, last_step=9, last_ns=10**8, median_ns=10**8,
+                    data_wait_ns=3 * 10**7, data_wait_median_ns=3 * 10**7, last_end_ns=5)
+    saved = SavedFindings([{"severity": "high", "title": "rank 3 arrives last"}], {3: 4.5e6},
+                          saved_ns=100)
+
+    def shown(state: LiveState) -> str:
+        out = io.StringIO()
+        Console(file=out, width=150).print(render(state, saved, "run"))
+        return out.getvalue()
+
+    ended = shown(LiveState(running=False, exit_code=0, end_ns=50, now_ns=200, ranks=[rank]))
+    assert "findings (saved diagnosis):" in ended and "[high] rank 3 arrives last" in ended
+    assert re.search(r"^\s+3\s+10\s+100\.0\s+100\.0\s+30\.0\s+–\s+4\.5\s", ended, re.MULTILINE)
+    assert "data wait: up to 30% of the step (rank 3)" in ended  # live hint from the timeline
+    running = shown(LiveState(running=True, exit_code=None, end_ns=None, now_ns=200,
+                              ranks=[rank]))
+    assert "findings of an older diagnosis" in running and "q or Ctrl-C: quit" in running
