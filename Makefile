@@ -9,7 +9,7 @@ DEMO_OUT := uberprof-runs
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_PORT ?= 8050
 
-.PHONY: setup demo test bench lint clean netns-tools browser
+.PHONY: setup demo test bench lint clean netns-tools browser terminal-tools
 
 setup: $(STAMP)
 
@@ -31,7 +31,7 @@ demo: $(STAMP)
 	@echo "== its dashboard (Ctrl-C to stop)"
 	$(BIN)/uberprof dashboard $(DEMO_OUT)/$(DEMO_RUN) --port $(DEMO_PORT)
 
-test: $(STAMP) netns-tools browser
+test: $(STAMP) netns-tools browser terminal-tools
 	$(BIN)/python -m pytest -q -ra
 
 # Multi-node tests run "nodes" in network namespaces; they need root, iproute2 and unshare.
@@ -43,6 +43,11 @@ netns-tools:
 browser:
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+# `uberprof watch` and `uberprof run`'s terminal handling are tested in a real terminal (tmux).
+terminal-tools:
+	@command -v tmux >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && apt-get install -y -qq tmux >/dev/null)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -102,9 +102,13 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
         f'\n        <link rel="preload" as="script" href="{p}">'
         for p in (PLOTLY_JS_PATH, GRAPH_JS_PATH)), 1)
     pages = _pages()
+    from uberprof.dashboards.live import live_for
+
+    live = live_for(data)
     app.layout = html.Div([
         dcc.Location(id="url", refresh="callback-nav"),
         html.Div(id="nav"),
+        *(live.layout() if live is not None else []),
         dcc.Loading(html.Main(id="page"), type="dot", delay_show=400),
     ], className="app")
 
@@ -141,6 +145,8 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
     for m in pages.values():
         if hasattr(m, "register"):
             m.register(app, data_of)
+    if live is not None:
+        live.register(app)
     if warm:  # the first visitor should not pay for caches and plotly's templates
         try:
             pages["/"].layout(data, Selection())

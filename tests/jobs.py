@@ -58,3 +58,14 @@ def load_script(path: Path, name: str) -> ModuleType:
     sys.modules.setdefault(name, mod)
     spec.loader.exec_module(mod)
     return mod
+
+
+def start_slow_job(out: Path, run_id: str, steps: int, *options: str,
+                   stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[str]:
+    """A 2-rank samples/train_ddp.py job of `steps` slow steps (60 ms of data wait each) under
+    `uberprof run --no-trace [options]`, started in the background: something to follow."""
+    return subprocess.Popen(
+        [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, "--no-trace",
+         *options, "--", *torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(steps),
+                                   "--data-delay-ms", "60")],
+        stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=job_env())

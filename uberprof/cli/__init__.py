@@ -14,6 +14,7 @@ from uberprof.cli.export import export
 from uberprof.cli.info import info
 from uberprof.cli.report import report
 from uberprof.cli.run import run
+from uberprof.cli.watch import watch
 
 HELP = """\
 Profile and troubleshoot distributed PyTorch training.
@@ -25,6 +26,7 @@ Wrap the command you already use; no change to your script:
 \b
 Then look at what was collected:
   uberprof info uberprof-runs/<run-id>
+  uberprof watch uberprof-runs/<run-id>    (while it runs)
 \b
 Check what this machine lets uberprof collect:
   uberprof doctor
@@ -46,3 +48,4 @@ main.add_command(calibrate)
 main.add_command(report)
 main.add_command(export)
 main.add_command(diff)
+main.add_command(watch)

@@ -70,10 +70,15 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.option("--on-hang", type=click.Choice(ACTIONS), default="report", show_default=True,
               help="On a hang, after saving every rank's stacks and collectives: report (one "
               f"line; the job goes on) or stop the job (uberprof run exits {HANG_EXIT_CODE}).")
+@click.option("--dashboard", is_flag=True,
+              help="Serve the dashboard beside the job (127.0.0.1, low priority); its URL is "
+                   "printed when the job starts, and the page follows the job while it runs.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="The --dashboard's port (0: any free port).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
         trace_active: int, no_trace: bool, with_stack: bool, counters_mode: str,
-        sample_hz: float, hang_timeout: float | None, on_hang: str,
+        sample_hz: float, hang_timeout: float | None, on_hang: str, dashboard: bool, port: int,
         command: tuple[str, ...]) -> None:
     """Run COMMAND under uberprof: every rank's steps, trace windows and clocks are recorded.
 
@@ -99,6 +104,10 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
         agent = None
     if agent is not None:
         _say(f"run directory {run_dir.root} (traces: {schedule.describe()})")
+    if agent is not None and dashboard:
+        from uberprof.cli.live import start_dashboard
+
+        _say(f"dashboard: {start_dashboard(run_dir.root, port)} (from the first steps on)")
     env = agent.child_env(os.environ) if agent else dict(os.environ)
 
     def started(pid: int) -> None:

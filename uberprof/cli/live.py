@@ -1,0 +1,91 @@
+"""`uberprof run --dashboard`: the dashboard beside the job, in a separate low-priority process.
+
+The parent (`uberprof run`) only picks the port, prints the URL and starts the child; it never
+waits for it, so the job is not slowed. The child (`python -m uberprof.cli.live RUN PORT`)
+lowers its priority (os.nice), waits for the first steps, serves the dashboard on 127.0.0.1
+(the same app and safety rules as `uberprof dashboard`), follows the job while it runs
+(`dashboards/live.py`), and leaves a short while after the job ends (open pages see it end), or
+when `uberprof run` is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+NICE = 10  # below the job's processes: the dashboard yields the CPU to training
+GRACE_S = 10.0  # served this long after the job ends, so that open pages show the end
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def start_dashboard(run_dir: Path, port: int) -> str:
+    """Start the dashboard of `run_dir` beside the job; its URL (port 0: any free port). The
+    child runs in its own session, so the job's Ctrl-C is not its to handle."""
+    port = port or free_port()
+    subprocess.Popen(
+        [sys.executable, "-m", "uberprof.cli.live", str(run_dir), str(port), str(os.getpid())],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env=os.environ.copy())
+    return f"http://{HOST}:{port}/"
+
+
+def serve_beside(run_dir: Path, port: int, parent: int, poll_s: float = 1.0) -> int:
+    """The child: wait for steps, serve, stop after the job ends (or its `uberprof run`)."""
+    from uberprof.rundir.follow import RunFollower
+
+    os.nice(NICE)
+    follower = RunFollower(run_dir)
+
+    def gone() -> bool:
+        return os.getppid() != parent and not _alive(parent)
+
+    state = follower.poll()
+    while state.steps == 0 and not state.ended:  # nothing to show yet
+        if gone():
+            return 0
+        time.sleep(poll_s)
+        state = follower.poll()
+    if state.ended:
+        return 0
+    from rich.console import Console
+
+    from uberprof.cli.dashboard import _make_server
+    from uberprof.dashboards.app import create_app, loopback_hosts
+    from uberprof.dashboards.data import RunData
+
+    data = RunData(root=run_dir).load()
+    app = create_app(data, allowed_hosts=loopback_hosts(HOST))
+    server = _make_server(HOST, port, app.server, Console(stderr=True))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    while not follower.poll().ended and not gone():
+        time.sleep(poll_s)
+    time.sleep(GRACE_S)
+    server.shutdown()
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(serve_beside(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))
