@@ -1,5 +1,5 @@
 """The Dash app: one URL per page, the selection (rank, step) in the query string, and the
-safety rules of DESIGN.md (basic authentication when asked for, no file served from disk but
+safety rules of docs/DESIGN.md (basic authentication when asked for, no file served from disk but
 the app's own assets, no cross-site framing, no DNS rebinding on a loopback address).
 
 Routing is one callback from the URL to the page's layout, so every view is a plain link that

@@ -1,7 +1,7 @@
 """Agreement with Holistic Trace Analysis on the real traces in ../shared/traces.
 
 The reference numbers are the table in ../shared/traces/README.md (HTA 0.6.1, whole-trace
-temporal breakdown and comm/comp overlap). DESIGN.md asks for agreement within 0.5 points.
+temporal breakdown and comm/comp overlap). docs/DESIGN.md asks for agreement within 0.5 points.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The advisor: from a run's tables to ranked findings. `diagnose(path) -> Diagnosis` is the one
 entry point that the terminal report, the HTML report, the dashboard and the trace export share.
 
-Order of work (DESIGN.md): match collectives, align clocks (then drop pairings that never overlap
-in time and align again), then per rank (one event table in memory at a time) idle gaps and the
-exposed part of each collective, then across ranks lateness and the straggler, bandwidth per
-instance and class, and finally the findings.
+Order of work (docs/DESIGN.md, §5): match collectives, align clocks (then drop pairings that
+never overlap in time and align again), then per rank (one event table in memory at a time) idle
+gaps and the exposed part of each collective, then across ranks lateness and the straggler,
+bandwidth per instance and class, and finally the findings.
 
 A finding's `time_at_stake_ms` is the wall-clock time of the analysed (traced) steps it accounts
 for, an upper bound on what fixing it saves there: ranks run in parallel, so a per-rank amount

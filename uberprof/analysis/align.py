@@ -1,4 +1,4 @@
-"""Clock alignment: one offset per host, applied before any cross-rank comparison (DESIGN.md).
+"""Clock alignment: one offset per host, applied before any cross-rank comparison (docs/DESIGN.md).
 
 Ranks on one host share a clock, hosts do not. Each host starts from the online estimate that
 the rank agent measured at start-up (rank.json "clock": NTP-style pings of rank 0, good to half

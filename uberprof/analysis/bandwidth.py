@@ -1,4 +1,5 @@
-"""Bandwidth of collectives, the link they cross, and whether that link limits them (DESIGN.md).
+"""Bandwidth of collectives, the link they cross, and whether that link limits them
+(docs/DESIGN.md, §4).
 
 For a matched instance: `S` bytes as nccl-tests defines them (the whole buffer: all-reduce,
 broadcast, reduce and all-to-all their input; all-gather its output, reduce-scatter its input),

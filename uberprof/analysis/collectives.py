@@ -1,6 +1,6 @@
 """Collective matching: which rows of different ranks are the same collective instance.
 
-Per DESIGN.md, instances are matched by process group and order within the group, or by the
+Per docs/DESIGN.md, instances are matched by process group and order within the group, or by the
 trace's sequence number (`Seq`) where every row of the group has one. Order is counted within
 (step, collective, dtype, size) so that two buckets whose Gloo spans start in a different order
 on two ranks (Gloo runs them on two threads) still pair up, and a trace window that starts one

@@ -94,7 +94,7 @@ STEP_SCHEMA = pa.schema([
     ("step", pa.int64()),
     ("host_start_ns", pa.int64()),  # the ProfilerStep#N span on the host
     ("host_end_ns", pa.int64()),
-    ("device_start_ns", pa.int64()),  # the step's device window (DESIGN.md)
+    ("device_start_ns", pa.int64()),  # the step's device window (docs/DESIGN.md)
     ("device_end_ns", pa.int64()),
     *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
     ("data_wait_ns", pa.int64()),  # host inside data-loader fetches during the host window

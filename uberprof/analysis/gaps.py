@@ -1,6 +1,6 @@
 """Idle gaps: maximal device-idle intervals over a threshold, and why the device was idle.
 
-Per DESIGN.md the cause is the first that applies:
+Per docs/DESIGN.md the cause is the first that applies:
 
 - `data`:   the host spent at least half the gap inside a data-loader fetch;
 - `sync`:   the host was blocked in a synchronisation (cudaStreamSynchronize, ...) during it;

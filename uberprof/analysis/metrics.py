@@ -1,4 +1,4 @@
-"""The metric definitions of DESIGN.md, one function each. Every view imports these.
+"""The metric definitions of docs/DESIGN.md, one function each. Every view imports these.
 
 - `device_activity`: which events are the rank's compute, communication and memory activity
   (the accelerator's streams, or on CPU-only ranks the training threads and Gloo's threads).
@@ -128,7 +128,7 @@ def training_threads(events: pa.Table) -> np.ndarray:
 
 
 def device_activity(events: pa.Table) -> Activity:
-    """Compute, communication and memory activity of one rank, per DESIGN.md.
+    """Compute, communication and memory activity of one rank, per docs/DESIGN.md.
 
     On a rank with accelerator activity these are kernels, NCCL-family kernels and
     memcpy/memset over all its streams. On a CPU-only rank (Gloo) the training threads'
@@ -191,7 +191,7 @@ def launch_times(events: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def step_device_windows(step_start: np.ndarray, step_end: np.ndarray,
                         act: Activity) -> tuple[np.ndarray, np.ndarray]:
-    """Device window `[lo, hi)` of each step (host windows given), per DESIGN.md.
+    """Device window `[lo, hi)` of each step (host windows given), per docs/DESIGN.md.
 
     lo = start of the first activity launched during the step; hi = lo of the next step that
     launched anything, or for the last such step the end of its last activity. Steps that

@@ -1,4 +1,4 @@
-"""Stragglers: who arrives last at the collectives, persistently, and why (DESIGN.md).
+"""Stragglers: who arrives last at the collectives, persistently, and why (docs/DESIGN.md).
 
 - `lateness`: per matched instance and rank, its start minus the earliest start among the
   participants, on aligned clocks; and the split of its time in the collective into waiting

@@ -33,7 +33,7 @@ class CollStat:
     busbw_Bps: float | None  # median over matched instances
     wait_ns: float | None  # per rank and step
     transfer_ns: float | None  # per rank and step
-    exposed_ns: float | None  # per step (the fastest participant's, DESIGN.md)
+    exposed_ns: float | None  # per step (the fastest participant's, docs/DESIGN.md)
 
 
 def _in(col: str, values: list[int] | None) -> str:
