@@ -82,8 +82,11 @@ def test_alignment_recovers_a_shifted_node(logging_run: Path, tmp_path: Path,  #
     b = hosts["node-b"]
     assert b.ranks == [2, 3] and b.method == "collectives"
     assert b.instances >= 20
-    # the node's clock runs `shift` ahead: its offset must bring it back within 100 µs
-    assert abs(b.offset_ns + shift) <= 100_000, b.as_dict()
+    # the node's clock runs `shift` ahead: its offset brings it back within the error bound
+    # uberprof states (about 100 µs on a quiet machine; Gloo's late wake-ups on busy cores widen
+    # the causality bounds, and the stated bound must widen with them), a bound under 2 ms
+    assert b.error_bound_ns is not None and b.error_bound_ns <= 2_000_000, b.as_dict()
+    assert abs(b.offset_ns + shift) <= max(100_000, b.error_bound_ns), b.as_dict()
     assert b.correction_ns == b.offset_ns  # the start-up estimate said 0
     # reported in the run document, and lateness is on aligned clocks: no phantom straggler
     assert d.run["clock_alignment"]["hosts"][1]["host"] == "node-b"

@@ -63,8 +63,10 @@ def test_shifted_node_comes_out_aligned(logging_run: Path, tmp_path: Path) -> No
     doc = load(res.path)
     assert validate_tef(doc) == []
     hosts = {h["host"]: h for h in doc["uberprof_export"]["clock_alignment"]["hosts"]}
-    offset = hosts["node-b"]["offset_ns"]
-    assert abs(offset + shift) <= 100_000
+    offset, bound = hosts["node-b"]["offset_ns"], hosts["node-b"]["error_bound_ns"]
+    # within the error bound uberprof states for it (see test_diagnosis_runs), under 2 ms
+    assert bound is not None and bound <= 2_000_000, hosts["node-b"]
+    assert abs(offset + shift) <= max(100_000, bound), hosts["node-b"]
     # every event of the shifted ranks moved by exactly the estimated offset, nothing else
     compare_with_sources(res.path, run_sources(run), offsets={0: 0, 1: 0, 2: offset, 3: offset})
     # Collectives, found in the export by their exported times: no rank leaves one before every

@@ -303,6 +303,10 @@ def _scan(path: str, notes: list[str]) -> FileScan | None:
     except TraceError as exc:
         notes.append(str(exc) + "; left out")
         return None
+    except Exception as exc:  # noqa: BLE001 - one odd file never costs the other ranks
+        notes.append(f"{path}: could not be read ({type(exc).__name__}: {exc}); left out "
+                     "(please report this)")
+        return None
 
 
 def _select(scan: FileScan, window: tuple[int, int] | None,

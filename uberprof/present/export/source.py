@@ -144,7 +144,7 @@ def scan_file(path: str) -> FileScan:
                             keep_place=True)
         for j, e in enumerate(evs):
             i = start + j
-            p = _PH.get(e.ph, PH_OTHER)
+            p = _PH.get(e.ph, PH_OTHER) if isinstance(e.ph, str) else PH_OTHER
             if e.ph is None and e.dur is not None:
                 p = PH_X
             ph[i] = p
