@@ -108,6 +108,20 @@ def run(argv: list[str] | None, kind: str,
     if world > 1:
         model = wrap(model, device)  # type: ignore[arg-type]
     train(model, args, rank, world, device, kind)
+    if world > 1:
+        leave()
+
+
+def leave() -> None:
+    """Leave the process group only once every rank is done with it (a barrier), so no rank
+    tears its Gloo connections down while a peer's collective is still in flight on them.
+
+    This does not end Gloo's `pt_gloo_runloop`/`gloo_tcp_loop` threads: after DDP (torch
+    2.13) something keeps the group alive past `destroy_process_group()`, even with the model
+    deleted and collected, so they still end during interpreter shutdown.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
@@ -155,8 +169,6 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
         what = "steps" if kind == "DDP" else f"{kind} steps"
         print(f"trained {args.steps} {what} on {world} rank(s) in {elapsed:.2f} s, "
               f"final loss {loss.item():.3f}", flush=True)
-    if world > 1:
-        dist.destroy_process_group()
 
 
 def _busy_wait(seconds: float) -> None:
