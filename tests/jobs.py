@@ -123,6 +123,22 @@ def info_json(*runs: Path) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
+def assert_ranks(info: dict[str, Any], world: int, steps: int, window: list[int] | None) -> None:
+    """`uberprof info --json` of a finished healthy job: ranks 0..world-1, each with `steps`
+    steps from 0 and the trace `window` (None: no window), no problem, exit code 0."""
+    assert [r["rank"] for r in info["ranks"]] == list(range(world)), info["problems"]
+    for r in info["ranks"]:
+        assert r["steps"] == steps, (r["rank"], r["steps"])
+        assert r["first_step"] == 0 and r["last_step"] == steps - 1
+        assert r["finished"]
+        if window is None:
+            assert r["trace_windows"] == []
+        else:
+            assert [w["steps"] for w in r["trace_windows"]] == [window]
+    assert info["problems"] == []
+    assert info["exit_code"] == 0
+
+
 def load_script(path: Path, name: str) -> ModuleType:
     """A script of benchmarks/ or samples/ imported as module `name` (registered in sys.modules
     first: its dataclasses look their module up there)."""
