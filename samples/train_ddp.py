@@ -19,6 +19,7 @@ Run it alone (`python samples/train_ddp.py`) or under torchrun.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import statistics
@@ -139,6 +140,20 @@ def run(argv: list[str] | None, kind: str,
     if world > 1:
         model = wrap(model, device)  # type: ignore[arg-type]
     train(model, args, rank, world, device, kind)
+    if world > 1:
+        leave()
+
+
+def leave() -> None:
+    """Leave the process group only once every rank is done with it (a barrier), so no rank
+    tears its Gloo connections down while a peer's collective is still in flight on them.
+
+    This does not end Gloo's `pt_gloo_runloop`/`gloo_tcp_loop` threads: after DDP (torch
+    2.13) something keeps the group alive past `destroy_process_group()`, even with the model
+    deleted and collected, so they still end during interpreter shutdown.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
@@ -196,8 +211,6 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
         what = "steps" if kind == "DDP" else f"{kind} steps"
         print(f"trained {args.steps} {what} on {world} rank(s) in {elapsed:.2f} s, "
               f"final loss {loss.item():.3f}", flush=True)
-    if world > 1:
-        dist.destroy_process_group()
 
 
 def _compute_for(seconds: float, device: torch.device) -> None:
@@ -216,5 +229,20 @@ def _busy_wait(seconds: float) -> None:
         pass
 
 
+def exit_after_python() -> None:
+    """End the script once Python's exit work is done (atexit handlers, a profiler's included),
+    skipping only the interpreter's final C++ teardown. After DDP, torch 2.13 leaves Gloo's
+    threads running past `destroy_process_group()`; tearing them down at interpreter exit now
+    and then aborts a finished rank ("terminate called without an active exception", SIGABRT)
+    on busy machines. A sample that trained fine should exit 0."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    exit_after_python()

@@ -14,7 +14,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_ddp import TinyTransformer, run
+from train_ddp import TinyTransformer, exit_after_python, run
 
 # The root module's logits are a view; nothing in this loop modifies them in place.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -34,3 +34,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_python()

@@ -18,7 +18,7 @@ TRACE = "3-12"  # ten analysed steps: two gradient buckets each
 def _ddp_run(factory: pytest.TempPathFactory, name: str, *fault: str) -> Path:
     out = factory.mktemp(f"diag-{name}")
     uberprof_run(out, name, torchrun(4, SAMPLES / "train_ddp.py", "--steps", str(STEPS), *fault),
-                 "--trace-steps", TRACE, "--counters", "none", timeout=400)
+                 "--trace-steps", TRACE, "--counters", "none")
     return out / name
 
 
@@ -47,7 +47,7 @@ def logging_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("diag-logging")
     uberprof_run(out, "logging",
                  torchrun(4, SCRIPTS / "ddp_loss_logging.py", "--steps", "25"),
-                 "--trace-steps", "3-22", "--counters", "none", timeout=400)
+                 "--trace-steps", "3-22", "--counters", "none")
     return out / "logging"
 
 

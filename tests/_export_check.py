@@ -140,7 +140,7 @@ def validate_tef(doc: dict[str, Any]) -> list[str]:
 
 
 def rank_pids(doc: dict[str, Any]) -> dict[int, int]:
-    """rank -> pid, from the process names ("rank 3 · host · device")."""
+    """rank -> pid, from the process names ("rank 3 (host, device)")."""
     out = {}
     for e in doc["traceEvents"]:
         if e.get("ph") == "M" and e.get("name") == "process_name":

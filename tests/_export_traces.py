@@ -95,7 +95,7 @@ def counters_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     and NIC here), made once per test session."""
     out = tmp_path_factory.mktemp("export-runs")
     uberprof_run(out, "ddp4", torchrun(4, SAMPLES / "train_ddp.py", "--steps", "10"),
-                 "--trace-steps", "4-6", "--sample-hz", "10", timeout=400)
+                 "--trace-steps", "4-6", "--sample-hz", "10")
     return out / "ddp4"
 
 

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.jobs import browser_timeout_ms
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -78,9 +80,9 @@ _QUERY = """async (sql) => {
 class PerfettoUI:
     """`with PerfettoUI(trace) as ui: ui.query(sql); ui.screenshot(png)`."""
 
-    def __init__(self, trace: Path, timeout_s: float = 120) -> None:
+    def __init__(self, trace: Path, timeout_s: float | None = None) -> None:
         self.trace = Path(trace)
-        self.timeout_ms = timeout_s * 1000
+        self.timeout_ms = browser_timeout_ms(40) if timeout_s is None else timeout_s * 1000
         self.load_s = 0.0
 
     def __enter__(self) -> PerfettoUI:  # noqa: PYI034 - a final class
@@ -93,6 +95,7 @@ class PerfettoUI:
         self._pw = sync_playwright().start()
         self._browser = self._pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         self.page = self._browser.new_page(viewport={"width": 1800, "height": 1100})
+        self.page.set_default_timeout(browser_timeout_ms())
         t0 = time.monotonic()
         self.page.goto(f"http://127.0.0.1:{self._httpd.server_address[1]}/index.html")
         self.page.wait_for_function("window.app && window.app.trace && window.app.trace.engine",

@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 
-from tests.jobs import job_env
+from tests.jobs import job_env, job_limit, stop
 
 
 def netns_available() -> bool:
@@ -44,10 +45,18 @@ class Node:
                                 env=job_env(GLOO_SOCKET_IFNAME=self.veth))
 
 
-def wait_ok(procs: list[subprocess.Popen[str]], timeout: float = 300) -> None:
-    """Wait for every process; each must exit with 0 (a failure shows its output)."""
+def wait_ok(procs: list[subprocess.Popen[str]], timeout: float | None = None) -> None:
+    """Wait for every process; each must exit with 0 (a failure shows its output). They run
+    together, so one deadline for all: `timeout`, else the longest of their jobs' limits."""
+    limit = timeout if timeout is not None else max(job_limit(p.args) for p in procs)
+    deadline = time.monotonic() + limit
     for p in procs:
-        out, err = p.communicate(timeout=timeout)
+        try:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stop(procs)  # all of them, not only this one: nothing outlives the test
+            out, err = p.communicate()
+            raise AssertionError(f"still running after {limit:.0f} s:\n{out}\n{err[-3000:]}")
         assert p.returncode == 0, f"{out}\n{err[-3000:]}"
 
 
@@ -78,4 +87,4 @@ def two_nodes(tag: str, rate: str | None = None) -> Iterator[tuple[Node, Node]]:
         yield a, b
     finally:
         for n in (a, b):
-            subprocess.run(["ip", "netns", "del", n.ns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", n.ns], capture_output=True, check=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import PY
+from tests.jobs import PY, START_S, time_limit
 from tests.netns import Node, requires_netns, two_nodes, wait_ok
 from uberprof.collect.counters import link_caps, read_counters
 
@@ -66,7 +66,7 @@ def test_veth_counters_show_the_tc_cap_under_allreduce(tmp_path: Path) -> None:
     port = 29700 + os.getpid() % 200
     with two_nodes("ct", rate="1gbit") as (a, b):
         wait_ok([_launch(a, 0, a, port, out, script, loop_file),
-                 _launch(b, 1, a, port, out, script, loop_file)], timeout=240)
+                 _launch(b, 1, a, port, out, script, loop_file)], timeout=time_limit(START_S + 6))
     loop = json.loads(loop_file.read_text())
     run = out / "capped"
     for node in (a, b):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests._diag_runs import slow_compute_run  # noqa: F401
-from tests.jobs import ROOT, SAMPLES, torchrun, uberprof_run
+from tests.jobs import ROOT, SAMPLES, browser_timeout_ms, torchrun, uberprof_run
 from tests.test_dashboard import SYNTH_STRAGGLER, baseline_run, synth_run  # noqa: F401
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -52,7 +52,7 @@ def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A healthy 2-rank CPU run with host counters, traced on steps 4-6."""
     out = tmp_path_factory.mktemp("dash-sample")
     uberprof_run(out, "ddp2", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "10"),
-                 "--trace-steps", "4-6", timeout=400)
+                 "--trace-steps", "4-6")
     return out / "ddp2"
 
 
@@ -140,6 +140,7 @@ class Visit:
 
     def __init__(self, browser: Any, served: Served, path: str, name: str) -> None:
         self.page = browser.new_page(viewport={"width": 1400, "height": 900})
+        self.page.set_default_timeout(browser_timeout_ms())
         self.errors: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"
                      else None)
@@ -153,7 +154,8 @@ class Visit:
         self.settle(PAGES[path.split("?")[0]])
 
     def settle(self, page_id: str) -> None:
-        self.page.wait_for_function(SETTLED, arg=page_id, timeout=120_000, polling=100)
+        self.page.wait_for_function(SETTLED, arg=page_id, timeout=browser_timeout_ms(40),
+                                    polling=100)
         self.page.wait_for_timeout(300)
 
     def text(self, selector: str) -> str:
@@ -335,10 +337,11 @@ def test_compare_page(browser: Any, compared: Served) -> None:
 
 def test_a_rank_the_run_does_not_have(browser: Any, synthetic: Served) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(browser_timeout_ms())
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(synthetic.url + "/steps?rank=99999999999999999999999")
-    page.wait_for_selector("#page-bad-selection", timeout=120_000)
+    page.wait_for_selector("#page-bad-selection", timeout=browser_timeout_ms(40))
     text = page.locator("#page-bad-selection").inner_text()
     assert "No such rank" in text and "Traceback" not in text
     assert str(synthetic.data.root) not in page.content()

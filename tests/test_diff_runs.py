@@ -35,7 +35,7 @@ def diff_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     def one(name: str) -> None:
         uberprof_run(out, name, torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(STEPS),
                                          *jobs[name]),
-                     "--trace-steps", TRACE, timeout=400)
+                     "--trace-steps", TRACE)
 
     for pair in (("same1", "same2"), ("base", "mm")):
         with ThreadPoolExecutor(2) as pool:

@@ -19,7 +19,8 @@ from uberprof.cli import main
 from uberprof.cli.params import parse_ranks, parse_steps
 from uberprof.present.export import ExportError, ExportOptions, export_trace
 from uberprof.present.export.chrome import ns_to_us
-from uberprof.present.export.layout import IdSpace, nest_lanes
+from uberprof.present.export.layout import IdSpace, nest_lanes, qualify
+from uberprof.present.export.perfetto import default_format
 
 
 def _export(src: Path, out: Path, **kw) -> tuple:  # type: ignore[no-untyped-def]
@@ -72,7 +73,7 @@ def test_synthetic_export_is_valid_and_passes_every_event_through(tmp_path: Path
     # names and places
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names[0] == "rank 0 · host-a · GPU 0" and names[1] == "rank 1 · host-b · GPU 0"
+    assert names[0] == "rank 0 (host-a, GPU 0)" and names[1] == "rank 1 (host-b, GPU 0)"
     threads = {e["args"]["name"] for e in doc["traceEvents"]
                if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 0}
     assert {"stream 7", "PyTorch Profiler"} <= threads
@@ -180,6 +181,40 @@ def test_cli_writes_and_reports(tmp_path: Path) -> None:
                         capture_output=True, text=True, timeout=300, env=job_env(), check=False)
     assert pf.returncode == 0, pf.stderr
     assert (tmp_path / "cli.pftrace").read_bytes()[:1] == b"\x0a"  # Trace.packet, field 1
+    # no --format and a name that does not say: the format that orders ranks in the UI
+    dflt = subprocess.run([PY, "-m", "uberprof", "export", str(tmp_path / "traces"), "-o",
+                           str(tmp_path / "plain"), "--no-gzip", "--steps", "2-3"],
+                          capture_output=True, text=True, timeout=300, env=job_env(), check=False)
+    assert dflt.returncode == 0, dflt.stderr
+    assert (tmp_path / "plain").read_bytes()[:1] == b"\x0a"
+
+
+def test_default_format_follows_the_name_then_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """.json stays JSON and .pftrace protobuf whatever is installed; any other name gets
+    perfetto when its package imports (ranks in order in the UI), else chrome."""
+    from uberprof.present.export import perfetto
+
+    assert default_format(Path("run.json.gz")) == "chrome"
+    assert default_format(Path("RUN.JSON")) == "chrome"
+    assert default_format(Path("run.pftrace")) == "perfetto"
+
+    def missing() -> None:
+        raise ImportError("no perfetto")
+
+    monkeypatch.setattr(perfetto, "_import_protos", missing)
+    assert default_format(Path("run.trace")) == "chrome"
+    assert default_format(Path("run.pftrace")) == "perfetto"  # asked for by name: says why not
+    monkeypatch.setattr(perfetto, "_import_protos", lambda: None)
+    assert default_format(Path("run.trace")) == "perfetto"
+
+
+def test_names_end_apart_from_the_ids_viewers_append() -> None:
+    """Perfetto shows "NAME PID" and "NAME TID": every name ends in a parenthesis, so "rank 2
+    (vm, CPU) 2" is not read as CPU number 2 nor "idle gaps (uberprof) 3000" as a count."""
+    assert qualify("rank 2", "vm, CPU") == "rank 2 (vm, CPU)"
+    assert qualify("idle gaps (uberprof)", "lane 2") == "idle gaps (uberprof, lane 2)"
+    assert qualify("thread 7 (training loop)", "overlapping 1") == \
+        "thread 7 (training loop, overlapping 1)"
 
 
 def test_gpu_counters_sit_in_their_rank(tmp_path: Path) -> None:
@@ -189,8 +224,9 @@ def test_gpu_counters_sit_in_their_rank(tmp_path: Path) -> None:
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}
     pids = rank_pids(doc)
-    assert names[pids[0]] == "rank 0 · host-a · GPU 3"  # the NVML index, found by UUID
-    assert names[pids[1]] == "rank 1 · host-b · GPU 3"
+    assert names[pids[0]] == "rank 0 (host-a, GPU 3)"  # the NVML index, found by UUID
+    assert names[pids[1]] == "rank 1 (host-b, GPU 3)"
+    assert all(n.endswith(")") for n in names.values()), names  # apart from the pid viewers add
     series: dict[int, set[str]] = {}
     for e in doc["traceEvents"]:
         if e["ph"] == "C":
@@ -206,8 +242,8 @@ def test_gpu_counters_sit_in_their_rank(tmp_path: Path) -> None:
     # sorted: findings, rank 0, node host-a, rank 1, node host-b
     sort = {e["pid"]: e["args"]["sort_index"] for e in doc["traceEvents"]
             if e["ph"] == "M" and e["name"] == "process_sort_index"}
-    order = [names[p].split(" · ")[0] for p in sorted(sort, key=sort.get)]
-    assert order == ["uberprof findings", "rank 0", "node host-a", "rank 1", "node host-b"]
+    order = [names[p].split(" (")[0] for p in sorted(sort, key=sort.get)]
+    assert order == ["findings", "rank 0", "node host-a", "rank 1", "node host-b"]
     _, doc2 = _export(run, tmp_path / "nc.json", counters=False)
     assert not [e for e in doc2["traceEvents"] if e["ph"] == "C"]
 

@@ -49,10 +49,10 @@ def test_json_export_in_the_perfetto_ui(counters_run: Path, tmp_path: Path) -> N
         assert ui.query("select count(*) as n from flow")[0]["n"] == flows
         threads = {r["name"] for r in ui.query("select name from thread where name is not null")}
         assert any("training loop" in t for t in threads)
-        assert "uberprof · idle gaps" in threads
+        assert "idle gaps (uberprof)" in threads
         counters = {r["name"] for r in ui.query("select name from counter_track")}
         assert "CPU utilisation %" in counters
-        ui.expand(("rank ", "uberprof findings"))
+        ui.expand(("rank ", "findings (uberprof)"))
         ui.screenshot(ARTIFACTS / "export-json-perfetto-ui.png")
     assert (ARTIFACTS / "export-json-perfetto-ui.png").stat().st_size > 20_000
 
@@ -82,11 +82,11 @@ def test_perfetto_export_in_the_perfetto_ui(counters_run: Path, tmp_path: Path) 
         assert got == want
         assert ui.query("select count(*) as n from flow")[0]["n"] == flows
         # the UI lists the findings, then the ranks in order, then the node's counters
-        top = [n for n in ui.track_names() if n.startswith(("rank ", "uberprof findings",
+        top = [n for n in ui.track_names() if n.startswith(("rank ", "findings (uberprof)",
                                                              "node "))]
-        heads = [n.split(" · ")[0] for n in top]
-        assert heads[:5] == ["uberprof findings", "rank 0", "rank 1", "rank 2", "rank 3"]
+        heads = [n.split(" (")[0] for n in top]
+        assert heads[:5] == ["findings", "rank 0", "rank 1", "rank 2", "rank 3"]
         assert all(h.startswith("node ") for h in heads[5:])
-        ui.expand(("rank ", "uberprof findings"))
+        ui.expand(("rank ", "findings (uberprof)"))
         ui.screenshot(ARTIFACTS / "export-perfetto-ui.png")
     assert (ARTIFACTS / "export-perfetto-ui.png").stat().st_size > 20_000

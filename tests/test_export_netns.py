@@ -43,7 +43,8 @@ def test_two_node_export(tmp_path: Path) -> None:
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}
     pids = rank_pids(doc)
-    assert {names[pids[0]].split(" · ")[1], names[pids[1]].split(" · ")[1]} == \
+    assert {names[pids[0]].split(" (")[1].split(", ")[0],
+            names[pids[1]].split(" (")[1].split(", ")[0]} == \
         {a.hostname, b.hostname}
     # each node's counters: its own process, its veth's throughput
     node_procs = {p: n for p, n in names.items() if n.startswith("node ")}

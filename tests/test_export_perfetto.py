@@ -94,7 +94,7 @@ def test_perfetto_export_matches_the_json_one(tmp_path: Path) -> None:
     assert root.child_ordering == P.TrackDescriptor.EXPLICIT
     top = sorted((d for d in tracks.values() if d.parent_uuid == root.uuid),
                  key=lambda d: d.sibling_order_rank)
-    assert [d.name.split(" · ")[0] for d in top] == ["uberprof findings", "rank 0", "rank 1",
+    assert [d.name.split(" (")[0] for d in top] == ["findings", "rank 0", "rank 1",
                                                      "rank 2"]
     # launch flows: one per kernel, both ends bound
     assert got["flows"] == sum(1 for e in doc["traceEvents"]

@@ -39,10 +39,10 @@ def test_four_rank_run_round_trips_through_ingest(counters_run: Path,  # noqa: F
     sort = {e["pid"]: e["args"]["sort_index"] for e in doc["traceEvents"]
             if e["ph"] == "M" and e["name"] == "process_sort_index"}
     ranks = rank_pids(doc)
-    assert [procs[ranks[r]].split(" · ")[0] for r in range(4)] == [f"rank {r}" for r in range(4)]
-    assert all(procs[ranks[r]].endswith(" · CPU") for r in range(4))
+    assert [procs[ranks[r]].split(" (")[0] for r in range(4)] == [f"rank {r}" for r in range(4)]
+    assert all(procs[ranks[r]].endswith(", CPU)") for r in range(4))
     assert sorted(sort, key=sort.get)[:5] == [4, 0, 1, 2, 3]  # findings, then ranks in order
-    assert "uberprof findings" in procs.values()
+    assert "findings (uberprof)" in procs.values()
     # each rank: its training loop, its Gloo threads, uberprof's idle gaps
     names = _tracks(doc, ranks[1])
     assert any("training loop" in n for n in names.values())
@@ -111,7 +111,7 @@ def test_straggler_waits_are_marked(slow_compute_run: Path, tmp_path: Path) -> N
     assert late
     # the findings process names the straggler first, spanning the selected steps
     fpid = next(e["pid"] for e in doc["traceEvents"] if e["ph"] == "M"
-                and e["name"] == "process_name" and e["args"]["name"] == "uberprof findings")
+                and e["name"] == "process_name" and e["args"]["name"] == "findings (uberprof)")
     tracks = _tracks(doc, fpid)
     first = min(tracks)
     assert "straggler" in tracks[first], tracks

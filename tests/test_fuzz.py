@@ -44,7 +44,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 2-rank DDP job on CPU under `uberprof run`, with host counters."""
     out = tmp_path_factory.mktemp("fuzz")
     uberprof_run(out, "real", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
-                 "--trace-steps", "2-3", timeout=600)
+                 "--trace-steps", "2-3")
     return out / "real"
 
 

@@ -8,23 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import PY, SAMPLES, SCRIPTS, info_json, torchrun, uberprof_run
+from tests.jobs import PY, SAMPLES, SCRIPTS, assert_ranks, info_json, torchrun, uberprof_run
 
 pytestmark = pytest.mark.slow
-
-
-def _assert_ranks(info: dict, world: int, steps: int, window: list[int] | None) -> None:
-    assert [r["rank"] for r in info["ranks"]] == list(range(world)), info["problems"]
-    for r in info["ranks"]:
-        assert r["steps"] == steps, (r["rank"], r["steps"])
-        assert r["first_step"] == 0 and r["last_step"] == steps - 1
-        assert r["finished"]
-        if window is None:
-            assert r["trace_windows"] == []
-        else:
-            assert [w["steps"] for w in r["trace_windows"]] == [window]
-    assert info["problems"] == []
-    assert info["exit_code"] == 0
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -35,7 +21,7 @@ def test_torchrun_ddp(tmp_path: Path, nproc: int) -> None:
     assert f"uberprof info {run}" in proc.stderr  # ...and at the end
     assert "trained 30 steps" in proc.stdout  # the job's own output passes through
     info = info_json(run)
-    _assert_ranks(info, nproc, 30, [10, 19])
+    assert_ranks(info, nproc, 30, [10, 19])
     rank1 = json.loads((run / "ranks" / "1" / "rank.json").read_text())
     assert rank1["world_size"] == nproc and rank1["backend"] == "gloo"
     assert rank1["local_rank"] == 1 and rank1["launcher"] == "torchrun"
@@ -65,7 +51,7 @@ def test_torchrun_ddp(tmp_path: Path, nproc: int) -> None:
 def test_fsdp(tmp_path: Path) -> None:
     uberprof_run(tmp_path, "fsdp", torchrun(2, SAMPLES / "train_fsdp.py", "--steps", "20"))
     info = info_json(tmp_path / "fsdp")
-    _assert_ranks(info, 2, 20, [10, 19])
+    assert_ranks(info, 2, 20, [10, 19])
     trace = json.load(gzip.open(tmp_path / "fsdp/ranks/0/traces/"
                                 "steps-000010-000019.pt.trace.json.gz"))
     assert any(e.get("name", "").startswith("gloo:all_gather") for e in trace["traceEvents"])
@@ -75,14 +61,14 @@ def test_multiprocessing_spawn(tmp_path: Path) -> None:
     uberprof_run(tmp_path, "spawn", [PY, str(SAMPLES / "train_spawn.py"), "--nprocs", "2",
                                      "--steps", "20"], "--trace-steps", "4-5")
     info = info_json(tmp_path / "spawn")
-    _assert_ranks(info, 2, 20, [4, 5])
+    assert_ranks(info, 2, 20, [4, 5])
     assert {r["pid"] for r in info["ranks"]} != {None}
 
 
 def test_relaunch_of_sys_argv(tmp_path: Path) -> None:
     uberprof_run(tmp_path, "relaunch", [PY, str(SCRIPTS / "train_relaunch.py"), "--steps", "12"],
                  "--trace-steps", "3-4")
-    _assert_ranks(info_json(tmp_path / "relaunch"), 2, 12, [3, 4])
+    assert_ranks(info_json(tmp_path / "relaunch"), 2, 12, [3, 4])
 
 
 def test_plain_python_with_dataloader_workers(tmp_path: Path) -> None:
@@ -91,7 +77,7 @@ def test_plain_python_with_dataloader_workers(tmp_path: Path) -> None:
                                             "--workers", "2"], "--no-trace")
     assert "trained 8 steps on 1 rank(s)" in proc.stdout
     info = info_json(tmp_path / "plain")
-    _assert_ranks(info, 1, 8, None)
+    assert_ranks(info, 1, 8, None)
     assert len(list((tmp_path / "plain" / "ranks").iterdir())) == 1
 
 

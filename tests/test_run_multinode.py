@@ -26,8 +26,7 @@ def test_two_nodes_land_in_one_run_and_can_be_read_together(tmp_path: Path) -> N
         shared = tmp_path / "shared"
         rdzv = [f"--rdzv-endpoint={a.addr}:29611", "--rdzv-backend=c10d", "--rdzv-id=twonode"]
         wait_ok([_launch(a, shared, [*rdzv, "--rdzv_conf=is_host=1", f"--local_addr={a.addr}"], 12),
-                 _launch(b, shared, [*rdzv, "--rdzv_conf=is_host=0", f"--local_addr={b.addr}"], 12)],
-                timeout=240)
+                 _launch(b, shared, [*rdzv, "--rdzv_conf=is_host=0", f"--local_addr={b.addr}"], 12)])
         info = info_json(shared / "twonode")
         assert info["problems"] == []
         assert sorted(n["host"] for n in info["nodes"]) == [a.hostname, b.hostname]
@@ -47,7 +46,7 @@ def test_two_nodes_land_in_one_run_and_can_be_read_together(tmp_path: Path) -> N
         static = [f"--master_addr={a.addr}", "--master_port=29612"]
         out_a, out_b = tmp_path / "local-a", tmp_path / "local-b"
         wait_ok([_launch(a, out_a, [*static, "--node_rank=0"], 8),
-                 _launch(b, out_b, [*static, "--node_rank=1"], 8)], timeout=240)
+                 _launch(b, out_b, [*static, "--node_rank=1"], 8)])
         [run_a], [run_b] = list(out_a.iterdir()), list(out_b.iterdir())
         together = info_json(run_a, run_b)
         assert together["problems"] == []

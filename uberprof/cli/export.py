@@ -38,15 +38,18 @@ chrome://tracing ("Load"); see the README's "uberprof export" section for offlin
 @click.option("--max-mb", type=click.FloatRange(min=0), default=None,
               help="Size budget in MB of uncompressed output: the least useful events are "
                    "dropped first to fit (default 500; 0: no limit).")
-@click.option("--format", "fmt", type=click.Choice(["chrome", "perfetto"]), default="chrome",
-              show_default=True,
-              help="chrome: Trace Event Format JSON; perfetto: Perfetto's protobuf trace.")
+@click.option("--format", "fmt", type=click.Choice(["chrome", "perfetto"]), default=None,
+              help="chrome: Trace Event Format JSON; perfetto: Perfetto's protobuf trace, "
+                   "which lists the ranks in order in the Perfetto UI. Default: the one the "
+                   "output's name says (.json, .json.gz: chrome; .pftrace: perfetto), else "
+                   "perfetto when the `perfetto` package is installed, else chrome.")
 @click.option("--no-gzip", is_flag=True, help="Write the file uncompressed.")
 @gap_threshold_option("marked")
 @workers_option("Processes for reading traces not analysed yet (default: one per CPU).")
 @derived_option("--derived", "Where the analysis tables are (default: PATH/derived).")
 def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[int] | None,
-           no_counters: bool, with_python: bool, max_mb: float | None, fmt: str, no_gzip: bool,
+           no_counters: bool, with_python: bool, max_mb: float | None, fmt: str | None,
+           no_gzip: bool,
            gap_threshold_us: float, workers: int | None, derived: Path | None) -> None:
     """Merge the traces of PATH (a run directory, a folder of Kineto traces, or one trace) into
     one timeline: a process per rank, sorted and named by rank, host and device, every thread
@@ -57,6 +60,7 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     from uberprof.analysis.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.export import DEFAULT_MAX_MB, ExportError, ExportOptions, export_trace
+    from uberprof.present.export.perfetto import default_format
     from uberprof.present.terminal.progress import ReadProgress
 
     keep_pandas_out()
@@ -64,7 +68,8 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     budget = DEFAULT_MAX_MB if max_mb is None else max_mb
     opts = ExportOptions(steps=steps, ranks=ranks,
                          counters=not no_counters, python=with_python,
-                         max_bytes=int(budget * 1e6) if budget else None, fmt=fmt,
+                         max_bytes=int(budget * 1e6) if budget else None,
+                         fmt=fmt or default_format(output),
                          gzip=not no_gzip, gap_threshold_ns=int(gap_threshold_us * 1000))
 
     def say(msg: str) -> None:

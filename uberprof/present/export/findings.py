@@ -2,10 +2,10 @@
 
 Per rank, on tracks of its own process (on the aligned clock, like everything else):
 
-- `uberprof · idle gaps`: every idle gap over the threshold, named by its cause;
-- `uberprof · straggler waits`: when the diagnosis names a straggler, each other rank's wait
+- `idle gaps (uberprof)`: every idle gap over the threshold, named by its cause;
+- `straggler waits (uberprof)`: when the diagnosis names a straggler, each other rank's wait
   for it in every collective it arrived last to, and on the straggler how late it came;
-- `uberprof · link-limited collectives`: the collectives of a class the diagnosis calls
+- `link-limited collectives (uberprof)`: the collectives of a class the diagnosis calls
   bandwidth-bound or latency-bound, with their busbw against the link's peak.
 
 In a process of their own, first in the file: one track per finding (ranked as in the report)
@@ -27,13 +27,14 @@ from uberprof.analysis.failures import FAILURE_KINDS
 from uberprof.analysis.summaries import ns_to_ms as _ms
 from uberprof.units import fmt_bytes
 
-__all__ = ["GAP_LABEL", "Mark", "global_marks", "rank_marks"]
+__all__ = ["FINDINGS_PROCESS", "GAP_LABEL", "Mark", "global_marks", "rank_marks"]
 
 CAT = "uberprof"
-TRACK_GAPS = "uberprof · idle gaps"
-TRACK_WAITS = "uberprof · straggler waits"
-TRACK_LINK = "uberprof · link-limited collectives"
+TRACK_GAPS = "idle gaps (uberprof)"
+TRACK_WAITS = "straggler waits (uberprof)"
+TRACK_LINK = "link-limited collectives (uberprof)"
 RANK_TRACKS = (TRACK_GAPS, TRACK_WAITS, TRACK_LINK)
+FINDINGS_PROCESS = "findings (uberprof)"  # the run-wide marks' process
 
 GAP_LABEL = {k: f"idle: {c.label}" for k, c in GAP_CAUSES.items()}
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["IdSpace", "ProcessInfo", "TrackInfo", "nest_lanes"]
+__all__ = ["IdSpace", "ProcessInfo", "TrackInfo", "nest_lanes", "qualify"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,17 @@ class IdSpace:
 
     def new_flow_id(self) -> int:
         return next(self._flow)
+
+
+def qualify(name: str, note: str) -> str:
+    """`name` with `note` in its closing parentheses: "rank 2" -> "rank 2 (vm, CPU)", and
+    "idle gaps (uberprof)" -> "idle gaps (uberprof, lane 2)". Viewers append a pid or tid to
+    process and track names (Perfetto: "rank 2 (vm, CPU) 2"); a name that ends in a
+    parenthesis keeps that number apart from the name's own words ("CPU 2" read as a CPU
+    number, "idle gaps 3000" as a count)."""
+    if name.endswith(")") and " (" in name:
+        return f"{name[:-1]}, {note})"
+    return f"{name} ({note})"
 
 
 def nest_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

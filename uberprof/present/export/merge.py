@@ -30,12 +30,19 @@ from uberprof.analysis.saved import load_or_diagnose
 from uberprof.ingest.trace import TraceError
 from uberprof.present.export import counters as C
 from uberprof.present.export.budget import Budget, Cut, describe_drops
-from uberprof.present.export.findings import RANK_TRACKS, Mark, global_marks, rank_marks
+from uberprof.present.export.findings import (
+    FINDINGS_PROCESS,
+    RANK_TRACKS,
+    Mark,
+    global_marks,
+    rank_marks,
+)
 from uberprof.present.export.layout import (
     IdSpace,
     ProcessInfo,
     TrackInfo,
     nest_lanes,
+    qualify,
     sort_processes,
 )
 from uberprof.present.export.source import (
@@ -256,9 +263,9 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             writer.end_unit()
             per_rank[r] = st.x_events
         if gmarks:
-            writer.process(ProcessInfo(findings_pid, "uberprof findings", order[("findings", None)],
+            writer.process(ProcessInfo(findings_pid, FINDINGS_PROCESS, order[("findings", None)],
                                        "uberprof"))
-            fst = _RankState(-1, findings_pid, "uberprof findings")
+            fst = _RankState(-1, findings_pid, FINDINGS_PROCESS)
             _marks_tracks(writer, ids, fst, gmarks)
             _write_marks(writer, fst, gmarks, base)
             writer.end_unit()
@@ -268,8 +275,9 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
             if not series:
                 continue
             pid = node_pid[n]
-            writer.process(ProcessInfo(pid, f"node {n}" + (f" ({h})" if h and h != n else "")
-                                       + " · counters", order[("node", n)], "counters"))
+            writer.process(ProcessInfo(pid, qualify(f"node {n}", f"{h}, counters" if h and h != n
+                                                   else "counters"),
+                                       order[("node", n)], "counters"))
             tid = ids.new_tid(pid)
             writer.track(TrackInfo(pid, tid, "counters", 0))
             for s in series:
@@ -460,7 +468,7 @@ def _track_name(scan: FileScan, t: int, lane: int, device_pids: set[Any]) -> str
         base = name or f"stream {tid}"
         if len(device_pids) > 1:
             label = scan.process_labels.get(pid) or f"device {pid}"
-            base = f"{label} · {base}"
+            base = qualify(base, label)
     elif name:
         base = name
     elif isinstance(tid, str):
@@ -468,8 +476,8 @@ def _track_name(scan: FileScan, t: int, lane: int, device_pids: set[Any]) -> str
     else:
         base = f"thread {tid}"
     if t == scan.main_track() and "main" not in base:
-        base += " · training loop"
-    return base if lane == 0 else f"{base} · overlapping {lane}"
+        base = qualify(base, "training loop")
+    return base if lane == 0 else qualify(base, f"overlapping {lane}")
 
 
 def _rank_name(r: int, ctx: RunContext, scan: FileScan, gpu_of: dict[int, tuple[str, str]],
@@ -491,7 +499,7 @@ def _rank_name(r: int, ctx: RunContext, scan: FileScan, gpu_of: dict[int, tuple[
                 dev = ", ".join(gpus)
             elif scan.device_tracks:
                 dev = "GPU"
-    return f"rank {r} · {host} · {dev}"
+    return qualify(f"rank {r}", f"{host}, {dev}")
 
 
 def _rank_meta(root: Path, rank: int) -> dict[str, Any]:
@@ -524,7 +532,7 @@ def _marks_tracks(writer: TraceWriter, ids: IdSpace, st: _RankState, marks: list
         for ln in sorted({int(m.args["_lane"]) for m in mine}):
             tid = ids.new_tid(st.pid)
             st.tids[("uberprof", name, ln)] = tid
-            writer.track(TrackInfo(st.pid, tid, name if ln == 0 else f"{name} · {ln + 1}",
+            writer.track(TrackInfo(st.pid, tid, name if ln == 0 else qualify(name, f"lane {ln + 1}"),
                                    len(st.tids)))
 
 

@@ -25,7 +25,7 @@ import orjson
 from uberprof.present.export.layout import ProcessInfo, TrackInfo
 from uberprof.present.export.writer import TraceWriter
 
-__all__ = ["PerfettoWriter"]
+__all__ = ["PerfettoWriter", "default_format"]
 
 ROOT_UUID = 1
 _PROC_BASE = 1 << 40  # track uuids: processes, then threads (by their unique tid), counters
@@ -43,6 +43,26 @@ def _import_protos() -> Any:
             f"with the trace protos): pip install 'uberprof[perfetto]' or pip install perfetto "
             f"({exc})") from None
     return perfetto_trace_pb2, StreamingTraceProtoBuilder
+
+
+_JSON_NAMES = (".json", ".json.gz")
+_PROTO_NAMES = (".pftrace", ".pftrace.gz", ".perfetto-trace", ".perfetto-trace.gz", ".pb", ".pb.gz")
+
+
+def default_format(output: Path) -> str:
+    """The format `uberprof export` writes when not told: the one `output`'s name says
+    (.json: chrome, .pftrace: perfetto), else perfetto when its package is importable, since
+    only it lists the ranks in order in the Perfetto UI, else chrome (no extra package)."""
+    name = output.name.lower()
+    if name.endswith(_JSON_NAMES):
+        return "chrome"
+    if name.endswith(_PROTO_NAMES):
+        return "perfetto"
+    try:
+        _import_protos()
+    except ImportError:
+        return "chrome"
+    return "perfetto"
 
 
 class PerfettoWriter(TraceWriter):
