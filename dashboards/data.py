@@ -298,6 +298,25 @@ class RunData:
         d = self.diagnose()
         return list(d.findings) if d is not None else []
 
+    def failures(self) -> list[Any]:
+        """The hang and crash findings: the diagnosis' when the run has traces, else read from
+        the run directory alone (a job that hung or crashed before its trace window)."""
+        def find() -> list[Any]:
+            if self.has_traces:
+                return [f for f in self.findings() if f.kind in ("hang", "crash")]
+            from uberprof.rundir import RunDir
+
+            if not RunDir(self.root).is_run():
+                return []
+            from uberprof.analysis.failures import failure_findings
+
+            try:
+                return failure_findings(self.root)
+            except Exception as exc:  # noqa: BLE001 - the other pages still work
+                self.problems.append(f"reading the hang/crash records failed: {exc}")
+                return []
+        return self.once("failures", find)
+
     def missing(self) -> list[str]:
         """What the run lacks, in the user's words (shown on every page that would use it)."""
         def find() -> list[str]:

@@ -137,12 +137,15 @@ def nav(active: str, sel: Selection, run_label: str, compare: bool = False) -> h
 
 
 def card(title: str, value: Any, sub: Any = None, status: str = "neutral",
-         id: str | None = None) -> html.Div:
-    """A headline number with a line of context; status colours its edge (ok/warn/bad)."""
+         id: str | None = None, hint: str | None = None) -> html.Div:
+    """A headline number with a line of context; status colours its edge (ok/warn/bad); `hint`
+    shows on hover (the test behind a verdict)."""
     kids = [html.Div(title, className="card-title"), html.Div(value, className="card-value")]
     if sub:
         kids.append(html.Div(sub, className="card-sub"))
-    kw = {"id": id} if id else {}
+    kw: dict[str, Any] = {"id": id} if id else {}
+    if hint:
+        kw["title"] = hint
     return html.Div(kids, className=f"card {status}", **kw)
 
 

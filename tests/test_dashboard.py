@@ -618,3 +618,21 @@ def test_compare_with_a_run_without_traces(tmp_path: Path, synth_run: Path) -> N
     data = RunData(root=synth_run, workers=1, baseline=empty).load()
     layout = _pages()["/compare"].layout(data, Selection())
     assert "no-comparison" in _ids(layout) and "nothing to compare" in _text(layout)
+
+
+def test_the_straggler_card_says_what_the_test_decided() -> None:
+    """No straggler: the card states the test's sentence (the numbers that decided), never a
+    bare "none"; a suspected one is named as such, in amber, with the test on hover."""
+    from uberprof.dashboards.pages.overview import health_cards
+
+    base = {"ranks": 2, "hosts": 1, "steps": 30, "traced_steps": [10, 11],
+            "step_ms_median": 1.0, "step_ms_p90": 2.0, "findings": {"high": 0, "medium": 0, "low": 0}}
+    why = "rank 1 alone arrived last at 5 of 6 collectives; the chance of this is 22%"
+    none = health_cards({**base, "straggler": None,
+                         "straggler_test": {"decision": "none", "test": {"sentence": why}}})
+    assert why in str(none)
+    sus = health_cards({**base, "straggler": {
+        "rank": 1, "cause": "compute", "last": 5, "instances": 6, "lead_ms": 3.0,
+        "confidence": "suspected"}, "straggler_test": {"test": {"sentence": why}}})
+    card = next(c for c in sus.children if c.id == "card-straggler")
+    assert "rank 1 (suspected)" in str(card) and "warn" in card.className and card.title == why

@@ -197,3 +197,27 @@ def test_report_names_a_crash_of_a_run_without_traces(tmp_path: Path) -> None:
     text = console.export_text()
     assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 in load" in text
     assert "Crash: rank 0 raised KeyError" in render_html(diag)
+
+
+def test_the_dashboard_overview_shows_a_crash_first_with_its_stack(tmp_path: Path) -> None:
+    """A run that crashed before its trace window: the overview opens on the crash (first, in
+    red), its exception and the failing rank's stack, from the run directory alone."""
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.pages import overview
+    from uberprof.dashboards.ui import Selection
+
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    write_json_atomic(node / "node.json", {"exit_code": 1, "end_ns": 5})
+    d = _fake_rank(run, node.name, 0, 10**6, steps=1)
+    (d / "exceptions.jsonl").write_text(json.dumps(
+        {"time_ns": 1, "type": "KeyError", "message": "'x'", "where": "excepthook",
+         "frames": [{"file": "/job/train.py", "line": 3, "function": "load"}]}) + "\n")
+    data = RunData(run.root).load()
+    assert not data.has_traces
+    page = overview.layout(data, Selection())
+    text = str(page)
+    first = page.children[0]
+    assert first is not None and first.id == "failures"  # before everything else
+    assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 load" in text

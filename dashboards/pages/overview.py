@@ -31,6 +31,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     straggler = data.straggler_rank()
     return ui.page(
         "page-overview",
+        failures_box(data),
         ui.missing_notices(data.missing()),
         health_cards(h),
         ui.section("What holds this run back", findings_list(data, sel), id="findings",
@@ -46,6 +47,55 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                    sub="Share of each rank's traced time. Click a bar for its idle gaps."),
         problems(data),
     )
+
+
+def failures_box(data: RunData) -> Any:
+    """A hang or a crash, first and in red: the job stopped, nothing else matters as much.
+    The stuck or first failing rank's stack (innermost last), the collective the others wait
+    in, mismatches and victims: all from the finding's evidence (analysis/failures.py)."""
+    found = data.failures()
+    if not found:
+        return None
+    boxes = []
+    for f in found:
+        e = f.evidence
+        rows: list[Any] = [html.Div(f.title, className="finding-title")]
+        stacks = []
+        if f.kind == "hang":
+            stacks = [(f"rank {r['rank']} ({r.get('state')})", r.get("stack") or [])
+                      for r in e.get("ranks") or [] if r.get("state") == "stuck"]
+            w = e.get("waiting_in")
+            if w:
+                rows.append(html.Div([html.B("Others wait in: "),
+                                      f"{w.get('op')} #{w.get('seq')} of {w.get('process_group')}"
+                                      f" sizes {w.get('sizes')} {w.get('dtypes')}"]))
+            for m in e.get("mismatches") or []:
+                rows.append(html.Div([html.B("Mismatch: "),
+                                      f"#{m.get('seq')} of {m.get('process_group')}: ranks "
+                                      f"{m.get('ranks')} differ in {m.get('differs_in')}"]))
+        else:
+            first = e.get("first") or {}
+            exc = first.get("exception") or {}
+            if exc:
+                rows.append(html.Div([html.B("Exception: "),
+                                      f"{exc.get('type')}: {exc.get('message')} "
+                                      f"at {exc.get('where')}"]))
+            stacks = [(f"rank {first.get('rank')} (first to fail)",
+                       exc.get("frames") or first.get("stack") or [])]
+            victims = [v.get("rank") if isinstance(v, dict) else v
+                       for v in e.get("victims") or []]
+            if victims:
+                rows.append(html.Div([html.B("Victims (lost their peer): "),
+                                      ", ".join(map(str, victims))]))
+        for label, frames in stacks:
+            text = "\n".join(f"{x.get('file')}:{x.get('line')} {x.get('function')}"
+                             for x in frames[-12:] if isinstance(x, dict))
+            rows.append(html.Details([html.Summary(f"stack of {label}"),
+                                      html.Pre(text or "no stack was captured")], open=True))
+        rows.append(html.Div([html.B("Remedy: "), f.remedy], className="finding-remedy"))
+        boxes.append(html.Div(rows, className=f"finding failure {f.kind}",
+                              id=f"failure-{f.kind}"))
+    return html.Div(boxes, className="failures", id="failures")
 
 
 def health_cards(h: dict[str, Any]) -> html.Div:
@@ -69,12 +119,18 @@ def health_cards(h: dict[str, Any]) -> html.Div:
         cards.append(ui.card("Compute", ui.fmt_pct(b.get("compute_pct")),
                              f"exposed comm {ui.fmt_pct(exposed)} · idle {ui.fmt_pct(idle)}",
                              status=status, id="card-compute"))
+    test = h.get("straggler_test") or {}
+    sentence = (test.get("test") or {}).get("sentence")
     if s is not None:
-        cards.append(ui.card("Straggler", f"rank {s['rank']}",
-                             f"{s['cause']} · {s['lead_ms']:.1f} ms late · last in "
-                             f"{s['last']}/{s['instances']}", status="bad", id="card-straggler"))
+        suspected = s.get("confidence") == "suspected"
+        cards.append(ui.card("Straggler", f"rank {s['rank']}" + (" (suspected)" if suspected
+                                                                 else ""),
+                             f"{s['cause']} · {s['lead_ms']:.1f} ms late · alone last in "
+                             f"{s['last']}/{s['instances']}",
+                             status="warn" if suspected else "bad", id="card-straggler",
+                             hint=sentence))
     elif traced:
-        cards.append(ui.card("Straggler", "none", "no rank arrives last persistently",
+        cards.append(ui.card("Straggler", "none", sentence or "no test could be made",
                              status="ok", id="card-straggler"))
     if traced:
         n = f["high"] + f["medium"] + f["low"]
@@ -99,13 +155,23 @@ def findings_list(data: RunData, sel: Selection) -> Any:
         page = _FINDING_PAGE.get(f.kind, "/")
         ev = [html.Li([html.Span(k.replace("_", " "), className="ev-key"), ": ",
                        html.Code(shorten(str(v), 160))]) for k, v in f.evidence.items()]
+        test = (f.evidence.get("test") or {}).get("sentence")
+        links = "; ".join(f"{c.get('ms')} ms is {c.get('part') or c.get('kind')} (finding "
+                          f"{(c['index'] + 1) if c.get('index') is not None else '?'})"
+                          for c in f.caused_by)
         items.append(html.Div([
             html.Div([html.Span(f.severity, className=f"badge {f.severity}"),
                       html.Span(f.kind.replace("_", " "), className="kind"),
+                      *([html.Span("suspected", className="badge suspected",
+                                   title="the evidence is too thin for a firm verdict")]
+                        if f.confidence == "suspected" else []),
                       html.Span(ui.fmt_ms(f.time_at_stake_ms), className="stake",
-                                title="time at stake in the analysed steps")],
+                                title="time at stake in the analysed steps, counted once")],
                      className="finding-head"),
             html.Div(f.title, className="finding-title"),
+            *([html.Div([html.B("Test: "), test], className="finding-test")] if test else []),
+            *([html.Div([html.B("Accounted elsewhere: "), links], className="finding-links")]
+              if links else []),
             html.Div([html.B("Remedy: "), f.remedy], className="finding-remedy"),
             html.Details([html.Summary("evidence"), html.Ul(ev, className="evidence")]),
             dcc.Link("look closer →", href=sel.href(page, rank=rank, step=step),

@@ -57,9 +57,13 @@ def _health(run: RunData) -> dict[str, Any]:
             out["findings"][f.severity] = out["findings"].get(f.severity, 0) + 1
         s = d.straggler
         if s is not None:
+            named = next((f for f in d.findings if f.kind == "straggler"), None)
             out["straggler"] = {"rank": s.rank, "cause": s.cause, "last": s.last,
                                 "instances": s.instances, "lead_ms": s.median_lead_ns / 1e6,
-                                "delay_ms": s.delay_ns / 1e6, "host": run.host_of(s.rank)}
+                                "delay_ms": s.delay_ns / 1e6, "host": run.host_of(s.rank),
+                                "confidence": named.confidence if named else "confirmed"}
+        # what the straggler test decided and why, also when it named nobody
+        out["straggler_test"] = d.run.get("straggler_test")
         out["analysed_wall_ms"] = d.run.get("analysed_wall_ms")
         out["residual_us"] = max((h.residual_ns or 0 for h in d.alignment.hosts),
                                  default=0) / 1e3
