@@ -18,6 +18,7 @@ import random
 import shutil
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,15 @@ def _pick(rng: random.Random, root: Path, suffix: tuple[str, ...] = ()) -> Path 
 
 
 def _read(p: Path) -> bytes:
+    """A file's content, inflated when it is whole gzip; a gzip an earlier mutation of the same
+    case cut or flipped is taken as it is (mutating it again is still a valid case)."""
     data = p.read_bytes()
-    return gzip.decompress(data) if p.name.endswith(".gz") and data[:2] == b"\x1f\x8b" else data
+    if p.name.endswith(".gz") and data[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(data)
+        except (EOFError, OSError, zlib.error):
+            return data
+    return data
 
 
 def _write(p: Path, data: bytes) -> None:

@@ -129,9 +129,10 @@ def health_cards(h: dict[str, Any]) -> html.Div:
                              f"{s['last']}/{s['instances']}",
                              status="warn" if suspected else "bad", id="card-straggler",
                              hint=sentence))
-    elif traced:
-        cards.append(ui.card("Straggler", "none", sentence or "no test could be made",
-                             status="ok", id="card-straggler"))
+    elif traced:  # a card holds a short line: the test's sentence shows on hover
+        cards.append(ui.card("Straggler", "none",
+                             "no rank late beyond chance" if sentence else "no test could be made",
+                             status="ok", id="card-straggler", hint=sentence))
     if traced:
         n = f["high"] + f["medium"] + f["low"]
         status = "bad" if f["high"] else "warn" if f["medium"] else "ok"
@@ -161,10 +162,9 @@ def findings_list(data: RunData, sel: Selection) -> Any:
                           for c in f.caused_by)
         items.append(html.Div([
             html.Div([html.Span(f.severity, className=f"badge {f.severity}"),
-                      html.Span(f.kind.replace("_", " "), className="kind"),
-                      *([html.Span("suspected", className="badge suspected",
-                                   title="the evidence is too thin for a firm verdict")]
-                        if f.confidence == "suspected" else []),
+                      html.Span(f.kind.replace("_", " ")
+                                + (" · suspected" if f.confidence == "suspected" else ""),
+                                className="kind"),
                       html.Span(ui.fmt_ms(f.time_at_stake_ms), className="stake",
                                 title="time at stake in the analysed steps, counted once")],
                      className="finding-head"),
