@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.utils import logging
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "samples"))
+from train_ddp import exit_after_python  # the samples' clean exit (Gloo's teardown race)
 
 SEQ, VOCAB, BATCH = 32, 256, 4
 
@@ -51,3 +56,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_python()

@@ -5,12 +5,17 @@ rank itself) or under `torchrun --nproc_per_node=2` (Lightning joins torchrun's 
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
+from pathlib import Path
 
 import lightning as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "samples"))
+from train_ddp import exit_after_python  # the samples' clean exit (Gloo's teardown race)
 
 BATCH = 8
 
@@ -47,3 +52,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_python()

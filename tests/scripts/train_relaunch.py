@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "samples"))
-import train_ddp  # noqa: E402
+import train_ddp
 
 WORLD = int(os.environ.get("RELAUNCH_WORLD", "2"))
 
