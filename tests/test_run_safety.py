@@ -81,12 +81,17 @@ def test_bootstrap_makes_only_uberprof_importable(tmp_path: Path, neighbour: str
 # ---- a terminal: the job reads it, Ctrl-C and Ctrl-Z reach it -----------------------------------
 
 
+# A job that says when it is ready, then waits for a Ctrl-C and exits 9 on it.
+INTERRUPTIBLE = ("import time\ntry:\n    print('ready', flush=True); time.sleep(60)\n"
+                 "except KeyboardInterrupt:\n    print('got INT', flush=True); raise SystemExit(9)")
+
+
 class _Pty:
     """`uberprof run -- ...` as the foreground job of a fresh terminal (its own session)."""
 
-    def __init__(self, tmp_path: Path, code: str) -> None:
-        argv = [PY, "-m", "uberprof", "run", "--out", str(tmp_path / "runs"), "--counters",
-                "none", "--", PY, "-c", code]
+    def __init__(self, tmp_path: Path, code: str, argv: list[str] | None = None) -> None:
+        argv = argv or [PY, "-m", "uberprof", "run", "--out", str(tmp_path / "runs"),
+                        "--counters", "none", "--", PY, "-c", code]
         env = job_env(PYTHONPATH=str(ROOT))
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: exec at once
@@ -140,8 +145,8 @@ class _Pty:
 def terminal(tmp_path: Path):
     started: list[_Pty] = []
 
-    def start(code: str) -> _Pty:
-        started.append(_Pty(tmp_path, code))
+    def start(code: str, argv: list[str] | None = None) -> _Pty:
+        started.append(_Pty(tmp_path, code, argv))
         return started[-1]
 
     yield start
@@ -164,11 +169,22 @@ def test_job_reads_the_terminal(terminal) -> None:
 
 
 def test_ctrl_c_in_the_terminal_reaches_the_job(terminal) -> None:
-    t = terminal("import time\ntry:\n    print('ready', flush=True); time.sleep(60)\n"
-                 "except KeyboardInterrupt:\n    print('got INT', flush=True); raise SystemExit(9)")
+    t = terminal(INTERRUPTIBLE)
     t.read_until(b"ready")
     t.write(b"\x03")
     t.read_until(b"got INT")
+    assert os.waitstatus_to_exitcode(t.wait()) == 9, t.output
+
+
+def test_ctrl_c_before_uberprof_is_ready_reaches_the_job(terminal) -> None:
+    # On a busy machine the job can be up and reading the keyboard while uberprof still starts
+    # its own parts (here: 3 s); a Ctrl-C typed then must reach the job all the same.
+    launcher = ("import os, sys, time\nfrom uberprof.collect.launcher import run_wrapped\n"
+                "sys.exit(run_wrapped(sys.argv[1:], os.environ, lambda pid: time.sleep(3)))")
+    t = terminal("", [PY, "-c", launcher, PY, "-c", INTERRUPTIBLE])
+    t.read_until(b"ready")
+    t.write(b"\x03")
+    t.read_until(b"got INT", timeout=30)
     assert os.waitstatus_to_exitcode(t.wait()) == 9, t.output
 
 

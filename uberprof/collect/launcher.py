@@ -70,18 +70,11 @@ def run_wrapped(command: Sequence[str], env: Mapping[str, str],
                 started: Callable[[int], None] | None = None) -> int:
     """Run `command` to completion and return its exit code (shell convention for signals).
     `started` is told the job's pid (also its process group) once it runs."""
-    try:
-        own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-        child = subprocess.Popen(list(command), env=dict(env), **own_group)  # type: ignore[call-overload]
-    except FileNotFoundError:
-        raise CommandNotFound(command[0]) from None
-    except PermissionError:
-        raise CommandNotFound(command[0], "is not executable") from None
-    if started is not None:
-        started(child.pid)
-    terminal = Terminal.controlling()
-    if terminal is not None and terminal.foreground() == terminal.own_group:
-        terminal.give(child.pid)
+    # Signals are forwarded from before the job starts, and the terminal is handed over before
+    # anything else: a Ctrl-C typed while uberprof still holds the foreground (a busy machine
+    # can keep it there for a while) reaches the job all the same.
+    job: list[int] = []  # the job's pid, once it runs (also its process group)
+    pending: list[int] = []
     interrupts = 0
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -89,13 +82,39 @@ def run_wrapped(command: Sequence[str], env: Mapping[str, str],
         if signum == signal.SIGINT:
             interrupts += 1
         sig = signal.SIGKILL if interrupts >= KILL_AFTER_INTERRUPTS else signum
+        if not job:
+            pending.append(sig)
+            return
+        try:
+            os.killpg(job[0], sig)
+        except ProcessLookupError:
+            pass
+
+    terminal = Terminal.controlling()
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        child = subprocess.Popen(list(command), env=dict(env), **own_group)  # type: ignore[call-overload]
+    except FileNotFoundError:
+        _restore(previous, terminal)
+        raise CommandNotFound(command[0]) from None
+    except PermissionError:
+        _restore(previous, terminal)
+        raise CommandNotFound(command[0], "is not executable") from None
+    except BaseException:
+        _restore(previous, terminal)
+        raise
+    if terminal is not None and terminal.foreground() == terminal.own_group:
+        terminal.give(child.pid)
+    job.append(child.pid)
+    for sig in pending:
         try:
             os.killpg(child.pid, sig)
         except ProcessLookupError:
             pass
-
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
+        if started is not None:
+            started(child.pid)
         while True:
             _, status = os.waitpid(child.pid, os.WUNTRACED)
             if os.WIFSTOPPED(status):
@@ -104,12 +123,18 @@ def run_wrapped(command: Sequence[str], env: Mapping[str, str],
             child.returncode = os.waitstatus_to_exitcode(status)
             return exit_code_of(child.returncode)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if terminal is not None:
-            if terminal.foreground() == child.pid:
-                terminal.give(terminal.own_group)
-            terminal.close()
+        _restore(previous, terminal, child.pid)
+
+
+def _restore(previous: dict[int, object], terminal: Terminal | None, job: int | None = None
+             ) -> None:
+    """Put back the signal handlers and, where the job held it, the terminal's foreground."""
+    for s, handler in previous.items():
+        signal.signal(s, handler)  # type: ignore[arg-type]
+    if terminal is not None:
+        if job is not None and terminal.foreground() == job:
+            terminal.give(terminal.own_group)
+        terminal.close()
 
 
 def _job_stopped(group: int, sig: int, terminal: Terminal | None) -> None:
