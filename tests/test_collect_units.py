@@ -250,3 +250,19 @@ def test_info_names_ranks_that_recorded_no_step(tmp_path: Path) -> None:
         (d / "rank.json").write_text(json.dumps({"rank": rank, "world_size": 2, "end_ns": 1}))
     problems = inventory([run.root])["problems"]
     assert any(p.startswith("ranks 0-1 recorded 0 steps") for p in problems), problems
+
+
+def test_calibration_peak_ignores_a_shapers_burst() -> None:
+    from uberprof.collect.calibrate import _summary
+
+    def point(nbytes: int, busbw: float) -> dict[str, float]:
+        return {"bytes": nbytes, "time_us": nbytes / busbw * 1e6, "busbw_Bps": busbw}
+
+    # tc's token bucket let the small sizes through at line rate: 200 MB/s over a 125 MB/s cap
+    capped = [point(64 << 10, 2.0e8), point(128 << 10, 1.96e8), point(1 << 20, 1.3e8),
+              point(8 << 20, 1.25e8), point(32 << 20, 1.24e8)]
+    peak, half = _summary(capped)
+    assert peak == 1.25e8 and half == 64 << 10  # 1 MiB took 8 ms: too short to count
+    # a fast link where no iteration is long: the peak over every point
+    fast = [point(64 << 10, 1e9), point(1 << 20, 4e10), point(64 << 20, 3.5e11)]
+    assert _summary(fast) == (3.5e11, 64 << 20)

@@ -60,10 +60,18 @@ def _sweep(dist: Any, torch: Any, group: Any, n: int, device: Any, args: argpars
     return points
 
 
+# A point counts toward the peak only if one iteration lasted this long: a shaper's burst (tc's
+# token bucket lets its first few hundred KB through at line rate) or a cache then weighs little.
+SUSTAINED_S = 0.02
+
+
 def _summary(points: list[dict[str, float]]) -> tuple[float | None, int | None]:
+    """The sustained peak busbw (over the points long enough to show it, else all of them) and
+    the smallest size reaching half of it."""
     if not points:
         return None, None
-    peak = max(p["busbw_Bps"] for p in points)
+    sustained = [p for p in points if p["time_us"] >= SUSTAINED_S * 1e6] or points
+    peak = max(p["busbw_Bps"] for p in sustained)
     half = next((p["bytes"] for p in points if p["busbw_Bps"] >= 0.5 * peak), None)
     return peak, int(half) if half is not None else None
 
