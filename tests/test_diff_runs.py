@@ -6,7 +6,9 @@ shared test machine, runs made one after the other differ by tens of percent wit
 whatever else runs (measured: 78 vs 53 ms median for the same job), which no within-run test
 can see; side by side they share it. Even so, identical jobs side by side on this 2-core
 machine differ by up to ~10 % (measured 130 vs 141 ms), so the unchanged pair is judged with
-`--min-change-pct 15`; the changed job (about +100 % step time) with the default 5 %.
+`--min-change-pct 15`; the changed job (about +200 % step time: a margin that holds when a
+loaded machine flattens the difference, as +100 % once read +2.5 % at load 8) with the
+default 5 %.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tests.jobs import PY, SAMPLES, job_env, torchrun, uberprof_run
 
 STEPS = 20
 TRACE = "3-18"
-EXTRA_MATMUL = "100"  # ~0.15 s more compute per step and rank, against ~0.1 s steps
+EXTRA_MATMUL = "200"  # ~0.3 s more compute per step and rank, against ~0.1 s steps
 MACHINE_NOISE_PCT = "15"
 
 
