@@ -20,11 +20,13 @@ from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank import clock
 from uberprof.collect.rank.capture import Capture
+from uberprof.collect.rank.flight_log import FlightLog, ring_size
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir
+from uberprof.rundir.layout import FLIGHT_LOG_FILE
 
 
 class RankAgent:
@@ -69,6 +71,7 @@ class RankAgent:
                                      on_error=lambda e: log.error("writing the step timeline", e))
         self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank)
         self.detector = StepDetector(self._boundary)
+        self.flight_log = FlightLog(lambda: self.dir / FLIGHT_LOG_FILE, log, ring_size())
         self.closed = False
         self.windows.step_started(0)
         self.capture = Capture(self, log)
@@ -118,7 +121,11 @@ class RankAgent:
     def _boundary(self, t_ns: int, source: StepSource) -> None:
         cuda = self.cuda_in_use()
         ended = self.timeline.boundary(t_ns, source.name.lower(), cuda)
+        tracing = self.windows.active
         self.windows.step_ended(ended)
+        # the Flight Recorder's ring, read where a window just cost its teardown or when due
+        self.timeline.uberprof_ns += self.flight_log.step_ended(
+            ended, tracing and not self.windows.active)
         self.windows.step_started(ended + 1)
 
     # ---- process group, clock, exit -----------------------------------------------------------
@@ -190,11 +197,13 @@ class RankAgent:
         self.detector.flush()
         last_step = self.timeline.step - 1
         self.windows.close(last_step)
+        self.flight_log.dump(last_step, "exit")
         self.timeline.close(self._cuda)
         with self._meta_lock:
             self.meta["end_ns"] = time.time_ns()
             self.meta["exit"] = exit_reason
             self.meta["steps"] = self.timeline.steps_written
+            self.meta["flight_log"] = self.flight_log.status()
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
             self.meta["trace"]["not_reached"] = [list(w)
                                                  for w in self.windows.not_reached(last_step)]
