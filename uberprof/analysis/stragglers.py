@@ -107,6 +107,7 @@ class Straggler:
     counters: dict[str, Any] = field(default_factory=dict)
     confidence: str = "confirmed"  # confirmed | suspected (StragglerTest.decision)
     test: dict[str, Any] = field(default_factory=dict)  # evidence.Test.as_dict()
+    basis: str = BASIS_TRACES  # where `instances` and `last` come from (module docstring)
 
     @property
     def last_fraction(self) -> float:
@@ -350,7 +351,8 @@ def find_straggler(lat: pa.Table, median_step_ns: float | None,
         median_lead_ns=t.median_lead_ns, noise_ns=t.noise_ns,
         delay_ns=int(sum(d for d, _ in per_step.values())),
         others_wait_ns=int(sum(d * (k - 1) for d, k in per_step.values())),
-        steps_analysed=t.steps, confidence=t.decision, test=t.as_test().as_dict())
+        steps_analysed=t.steps, confidence=t.decision, test=t.as_test().as_dict(),
+        basis=t.basis)
 
 
 def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],

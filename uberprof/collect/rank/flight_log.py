@@ -102,7 +102,7 @@ class FlightLog:
         self.enabled = size > 0
         self.next_due = FIRST_DUE
         self._last_record = -1
-        self._last_step = 0
+        self._last_step = -1  # the dump before step 0: none
         self.dumps = 0
         self.cost_ns = 0
         self.max_cost_ns = 0
