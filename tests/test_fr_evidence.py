@@ -5,6 +5,7 @@ agent keeps of each dump, how the run directory reads it back, how arrivals beco
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,30 @@ def test_dumps_come_often_enough_that_the_ring_never_wraps(
     assert back is not None and back.lost == 0 and back.dumps == len(dumped_at) + 1
     assert [a.seq for a in back.arrivals] == list(range(1, 601))  # every call, once
     assert log.status()["dumps"] == back.dumps
+
+
+def test_once_a_dump_is_over_budget_only_the_trace_windows_dump(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full ring costs tens of ms to dump: then only the windows' teardown pays for it."""
+    made: list[dict[str, Any]] = []
+
+    def ring() -> list[dict[str, Any]]:
+        if len(made) > 30:
+            time.sleep(0.02)  # a fuller ring takes longer to serialise
+        return made[-100:]
+
+    monkeypatch.setattr(FL, "dump_entries", ring)
+    monkeypatch.setattr(FL, "BUDGET_NS", 10_000_000)
+    log = FL.FlightLog(lambda: tmp_path / FLIGHT_LOG_FILE, AgentLog("test"), 100)
+    dumped_at = []
+    for step in range(40):
+        made += [_entry(len(made) + i, len(made) + i + 1, T0 + step * MS + i) for i in range(10)]
+        if log.step_ended(step, window_closed=step in (19, 29)):
+            dumped_at.append(step)
+    assert dumped_at == [1, 6, 19, 29]  # step 6's dump was over budget: no 11, 16, ...
+    assert log.dump(39, "exit") == 0 and not log.status()["within_budget"]
+    back = read_flight_log(tmp_path)
+    assert back is not None and back.dumps == 4 and back.lost > 0  # the ring wrapped between
 
 
 def test_no_flight_log_when_the_recorder_is_off(tmp_path: Path) -> None:

@@ -5,14 +5,17 @@ collective a rank calls, with `time_created_ns` (epoch ns): when the rank arrive
 ranks, per (process group, sequence number), the last to arrive is the one the others waited
 for, on every step and not only in the traced window (analysis/flight_log.py reads it).
 
-The ring holds the last N entries, so it is read before it wraps: at points where the job
-already pays for uberprof (the end of a trace window, and once at exit) and every K steps,
-K chosen from the rate of collectives seen so far so that half the ring is new between two
-dumps. A dump costs the serialisation of the whole ring on the training thread (about 0.4 ms
-for 60 entries, 1.3 ms for 200, 20-25 ms for a full ring of 2000 on a loaded 2-core machine:
-the C++ call holds the GIL, so a helper thread would not hide it); it is counted as
-uberprof's own time in the step timeline, and `cost_ns` of each dump is in the file.
-Only entries newer than the last dump are written (one line per dump, layout.py).
+The ring holds the last N entries, so it is read before it wraps: at the end of each trace
+window (where the job already pays for the profiler's teardown, hundreds of ms), every K
+steps, K chosen from the rate of collectives seen so far so that half the ring is new
+between two dumps, and once at exit. A dump serialises the whole ring on the training thread
+(the C++ call holds the GIL: a helper thread would not hide it), so its cost grows with the
+ring's fill: 0.3-0.9 ms for 60-100 entries, 1.3 ms for 200, 20-25 ms for a full ring of 2000
+on a busy 2-core machine (over 100 ms at a load of 4 per core). Hence a budget: once a dump
+outside a trace window took more than `BUDGET_NS`, only the windows' dumps go on (the steps
+in between are then not covered). Each dump's `cost_ns` is in the file and counted as
+uberprof's own time in the step timeline. Only entries newer than the last dump are written
+(one line per dump, layout.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from uberprof.collect.safety import AgentLog
 
 RING_SHARE = 0.5  # of the ring that may fill with new entries between two dumps
 FIRST_DUE = 1  # the first dump, after step 1: learns the rate of collectives (a small ring)
+BUDGET_NS = 5_000_000  # the most a dump outside a trace window may cost
 FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 try:
@@ -100,6 +104,7 @@ class FlightLog:
         self._log = log
         self.size = size
         self.enabled = size > 0
+        self.cheap = True  # dumps outside trace windows are within BUDGET_NS so far
         self.next_due = FIRST_DUE
         self._last_record = -1
         self._last_step = -1  # the dump before step 0: none
@@ -109,13 +114,14 @@ class FlightLog:
 
     def step_ended(self, step: int, window_closed: bool) -> int:
         """Dump when a window just closed or the ring is due; returns the ns it took."""
-        if not self.enabled or not (window_closed or step >= self.next_due):
+        if not self.enabled or not (window_closed or (self.cheap and step >= self.next_due)):
             return 0
         return self.dump(step, "window" if window_closed else "periodic")
 
     def dump(self, step: int | None, reason: str) -> int:
-        """Append the new entries (one line); never raises. Returns the ns it took."""
-        if not self.enabled or diskfull.is_full():
+        """Append the new entries (one line); never raises. Returns the ns it took. Outside a
+        trace window (`reason` other than "window") only while dumps are within budget."""
+        if not self.enabled or diskfull.is_full() or not (self.cheap or reason == "window"):
             return 0
         t0 = time.perf_counter_ns()
         try:
@@ -140,6 +146,10 @@ class FlightLog:
             self.next_due = step + max(1, ahead)
             self._last_step = step
         cost = time.perf_counter_ns() - t0
+        if reason != "window" and cost > BUDGET_NS:
+            self.cheap = False
+            self._log.write(f"Flight Recorder dump took {cost / 1e6:.1f} ms (ring of "
+                            f"{len(entries)}): from now on only after trace windows")
         self.dumps += 1
         self.cost_ns += cost
         self.max_cost_ns = max(self.max_cost_ns, cost)
@@ -147,6 +157,6 @@ class FlightLog:
 
     def status(self) -> dict[str, Any]:
         """rank.json's `flight_log`: how often it dumped and what that cost."""
-        return {"ring": self.size, "dumps": self.dumps,
+        return {"ring": self.size, "dumps": self.dumps, "within_budget": self.cheap,
                 "cost_ms": round(self.cost_ns / 1e6, 3),
                 "max_cost_ms": round(self.max_cost_ns / 1e6, 3)}
