@@ -184,7 +184,7 @@ def test_left_out_instances_start_up_after_a_window_incomplete_and_outside_the_s
     inst, left = arrival_instances(arr, {r: _windows(10) for r in range(2)},
                                    exclude={0, 5})
     assert left == {"not on every rank of its group": 1, "outside every step": 1,
-                    "start-up or after a trace window": 4}
+                    "start-up, traced or after a trace window": 4}
     steps = set(inst.column("step").to_pylist())
     assert 0 not in steps and 5 not in steps and inst.num_rows == 2 * (20 - 1 - 4)
 

@@ -1,6 +1,6 @@
 """A real 2-rank DDP job whose trace window alone is too short to name its straggler: the Flight
-Recorder's arrivals over every step name it; without them (an older run) the traced window
-decides, as before."""
+Recorder's arrivals over every untraced step name it; without them (an older run) the traced
+window decides, as before."""
 
 from __future__ import annotations
 
@@ -42,12 +42,14 @@ def test_the_rank_agent_keeps_every_steps_arrivals_cheaply(short_window_run: Pat
         assert n >= 2 * STEPS  # two gradient buckets per step, every step
 
 
-def test_the_straggler_is_named_from_every_step(short_window_run: Path, tmp_path: Path) -> None:
+def test_the_straggler_is_named_from_every_untraced_step(short_window_run: Path, tmp_path: Path) -> None:
     d = diagnose(short_window_run, out=tmp_path / "derived")
     t = d.run["straggler_test"]
     # two traced steps: 4 all-reduces, too few to tell a straggler from chance
     assert t["traced"]["instances"] <= 4 and t["traced"]["decision"] != "confirmed", t
+    # steps 1-9 and 13-29: not the first, the traced ones, nor the one after the window
     assert t["basis"] == "flight_recorder" and t["instances"] >= 2 * (STEPS - 4), t
+    assert t["flight_recorder"]["first_step"] == 1 and t["flight_recorder"]["steps"] == 26
     assert t["flight_recorder"]["lost_entries"] == 0
     assert t["decision"] == "confirmed" and t["rank"] == 1, t["test"]["sentence"]
     [f] = [f for f in d.findings if f.kind == "straggler"]

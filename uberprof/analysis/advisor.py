@@ -256,8 +256,8 @@ def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Tabl
                              ) -> tuple[StragglerTest | None, Straggler | None,
                                         dict[str, Any] | None]:
     """The straggler test on one basis (stragglers.py): the Flight Recorder's arrivals over
-    every step when they are at least as many instances as the traced window's, else the
-    traced collectives. Returns the test, the straggler (its cost from the traced steps) and
+    every untraced step when they are at least as many instances as the traced window's,
+    else the traced collectives. Returns the test, the straggler (its cost from the traced steps) and
     the Flight Recorder basis described (None when it was not used)."""
     fr = flight_basis(ctx, alignment.offsets())
     if fr is None or fr.instances < (traced_test.instances if traced_test else 0):
@@ -481,7 +481,7 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
         ev["gpu"] = {k: v for k, v in s.counters.items() if k != "available"}
     cause = s.cause or "compute"
     verb = "is a straggler" if s.confidence == "confirmed" else "may be a straggler (suspected)"
-    where = " (Flight Recorder, every step)" if s.basis == BASIS_FLIGHT_RECORDER else ""
+    where = " (Flight Recorder, untraced steps)" if s.basis == BASIS_FLIGHT_RECORDER else ""
     title = (f"Rank {s.rank} {verb} ({cause}): last at {s.last}/{s.instances} "
              f"collectives{where}, {ev['median_lead_ms']} ms behind the others' median")
     remedy = remedy_for(STRAGGLER_CAUSES[cause], device_type).format(r=s.rank)

@@ -17,8 +17,9 @@
   the one that holds the job back. Every traced
   collective instance counts, not one per step.
 - The test's *basis* is one source per run, no instance counted twice: the Flight
-  Recorder's arrivals over every step (analysis/arrivals.py) when the run has them and they
-  are at least as many as the traced window's, else the traced collectives. The cost (the
+  Recorder's arrivals over every untraced step (analysis/arrivals.py: the profiler slows
+  ranks unevenly) when the run has them and they are at least as many as the traced
+  window's, else the traced collectives. The cost (the
   delay over the analysed steps, `find_straggler`) always comes from the traced ones, as do
   the cause and the split of collective time into wait and transfer.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
@@ -72,8 +73,9 @@ REL_MIN_LEAD = 0.03  # of the median step time
 MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must add
 SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 BASIS_TRACES = "traces"  # the traced window's matched collectives
-BASIS_FLIGHT_RECORDER = "flight_recorder"  # every step's arrivals (analysis/arrivals.py)
-_BASIS_WORDS = {BASIS_TRACES: "traced window", BASIS_FLIGHT_RECORDER: "Flight Recorder"}
+BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (analysis/arrivals.py)
+_BASIS_WORDS = {BASIS_TRACES: "traced window",
+                BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)"}
 
 LATENESS_SCHEMA = pa.schema([
     ("instance", pa.int64()),
@@ -139,7 +141,7 @@ class StragglerTest:
 
     def _confirm_hint(self) -> str:
         if self.basis == BASIS_FLIGHT_RECORDER:
-            return "run more steps (the Flight Recorder already covers every step)"
+            return "run more steps (the Flight Recorder covers every untraced step)"
         return trace_more_hint([self.first_step] if self.first_step is not None else [])
 
     def as_test(self) -> Test:
