@@ -69,9 +69,10 @@ class RankAgent:
         self._write_meta()
         self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns,
                                      on_error=lambda e: log.error("writing the step timeline", e))
-        self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank)
-        self.detector = StepDetector(self._boundary)
         self.flight_log = FlightLog(lambda: self.dir / FLIGHT_LOG_FILE, log, ring_size())
+        self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank,
+                                    on_stop=self._window_stopped)
+        self.detector = StepDetector(self._boundary)
         self.closed = False
         self.windows.step_started(0)
         self.capture = Capture(self, log)
@@ -121,12 +122,14 @@ class RankAgent:
     def _boundary(self, t_ns: int, source: StepSource) -> None:
         cuda = self.cuda_in_use()
         ended = self.timeline.boundary(t_ns, source.name.lower(), cuda)
-        tracing = self.windows.active
         self.windows.step_ended(ended)
-        # the Flight Recorder's ring, read where a window just cost its teardown or when due
-        self.timeline.uberprof_ns += self.flight_log.step_ended(
-            ended, tracing and not self.windows.active)
+        self.timeline.uberprof_ns += self.flight_log.step_ended(ended)
         self.windows.step_started(ended + 1)
+
+    def _window_stopped(self) -> None:
+        """A trace window's profiler stopped: read the Flight Recorder's ring where the job
+        already pays for uberprof's teardown (before the trace is written)."""
+        self.timeline.uberprof_ns += self.flight_log.dump(self.timeline.step - 1, "window")
 
     # ---- process group, clock, exit -----------------------------------------------------------
 

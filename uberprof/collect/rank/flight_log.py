@@ -5,17 +5,18 @@ collective a rank calls, with `time_created_ns` (epoch ns): when the rank arrive
 ranks, per (process group, sequence number), the last to arrive is the one the others waited
 for, on every step and not only in the traced window (analysis/flight_log.py reads it).
 
-The ring holds the last N entries, so it is read before it wraps: at the end of each trace
-window (where the job already pays for the profiler's teardown, hundreds of ms), every K
-steps, K chosen from the rate of collectives seen so far so that half the ring is new
-between two dumps, and once at exit. A dump serialises the whole ring on the training thread
-(the C++ call holds the GIL: a helper thread would not hide it), so its cost grows with the
-ring's fill: 0.3-0.9 ms for 60-100 entries, 1.3 ms for 200, 20-25 ms for a full ring of 2000
-on a busy 2-core machine (over 100 ms at a load of 4 per core). Hence a budget: once a dump
-outside a trace window took more than `BUDGET_NS`, only the windows' dumps go on (the steps
-in between are then not covered). Each dump's `cost_ns` is in the file and counted as
-uberprof's own time in the step timeline. Only entries newer than the last dump are written
-(one line per dump, layout.py).
+The ring holds the last N entries, so it is read before it wraps: right after each trace
+window's profiler stops (where the job already pays for its teardown, hundreds of ms), every
+K steps, K chosen from the rate of collectives seen so far so that at most half the ring is
+new between two dumps, and once at exit. A dump serialises the whole ring on the training
+thread (the C++ call holds the GIL: a helper thread would not hide it), so its cost grows with
+the ring's fill, about 10 us per entry on a busy 2-core machine: 0.2-1 ms for the 10-70
+entries of a 30-step job, 20-25 ms for a full ring of 2000 (over 100 ms at a load of 4 per
+core). Hence a budget: outside trace windows a dump is made only while the ring holds at
+most `CHEAP_ENTRIES` (the ring never empties, so past that only the windows' dumps go on,
+and the steps between windows are not covered). Each dump's `cost_ns` is in the file and
+counted as uberprof's own time in the step timeline. Only entries newer than the last dump
+are written (one line per dump, layout.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from uberprof.collect.safety import AgentLog
 
 RING_SHARE = 0.5  # of the ring that may fill with new entries between two dumps
 FIRST_DUE = 1  # the first dump, after step 1: learns the rate of collectives (a small ring)
-BUDGET_NS = 5_000_000  # the most a dump outside a trace window may cost
+CHEAP_ENTRIES = 400  # the most a dump outside a trace window may serialise (about 4 ms)
 FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 try:
@@ -104,24 +105,34 @@ class FlightLog:
         self._log = log
         self.size = size
         self.enabled = size > 0
-        self.cheap = True  # dumps outside trace windows are within BUDGET_NS so far
         self.next_due = FIRST_DUE
         self._last_record = -1
-        self._last_step = -1  # the dump before step 0: none
+        self._last_step = -1  # the step of the last dump (-1: before step 0)
+        self._held = 0  # entries the ring held at the last dump
+        self._rate = 0.0  # new entries per step between the last two dumps
         self.dumps = 0
         self.cost_ns = 0
         self.max_cost_ns = 0
 
-    def step_ended(self, step: int, window_closed: bool) -> int:
-        """Dump when a window just closed or the ring is due; returns the ns it took."""
-        if not self.enabled or not (window_closed or (self.cheap and step >= self.next_due)):
-            return 0
-        return self.dump(step, "window" if window_closed else "periodic")
+    def held_at(self, step: int) -> float:
+        """The entries the ring will hold at the end of `step` (it never empties)."""
+        return min(self.size, self._held + self._rate * max(0, step - self._last_step))
 
-    def dump(self, step: int | None, reason: str) -> int:
+    def within_budget(self, step: int) -> bool:
+        """Whether a dump at `step` serialises at most CHEAP_ENTRIES entries."""
+        return self.held_at(step) <= CHEAP_ENTRIES
+
+    def step_ended(self, step: int) -> int:
+        """Dump when the ring is due, within budget; returns the ns it took."""
+        if not self.enabled or step < self.next_due or not self.within_budget(step):
+            return 0
+        return self.dump(step, "periodic")
+
+    def dump(self, step: int, reason: str) -> int:
         """Append the new entries (one line); never raises. Returns the ns it took. Outside a
-        trace window (`reason` other than "window") only while dumps are within budget."""
-        if not self.enabled or diskfull.is_full() or not (self.cheap or reason == "window"):
+        trace window (`reason` other than "window") only within budget."""
+        if not self.enabled or diskfull.is_full() or \
+                (reason != "window" and not self.within_budget(step)):
             return 0
         t0 = time.perf_counter_ns()
         try:
@@ -139,24 +150,26 @@ class FlightLog:
             self.enabled = False
             self._log.error("dumping the Flight Recorder", exc)
             return time.perf_counter_ns() - t0
-        if step is not None:
-            steps = max(1, step - self._last_step)
-            rate = len(rows) / steps
-            ahead = int(RING_SHARE * self.size / rate) if rate > 0 else 2 * steps
-            self.next_due = step + max(1, ahead)
-            self._last_step = step
+        self._schedule(step, len(rows), len(entries))
         cost = time.perf_counter_ns() - t0
-        if reason != "window" and cost > BUDGET_NS:
-            self.cheap = False
-            self._log.write(f"Flight Recorder dump took {cost / 1e6:.1f} ms (ring of "
-                            f"{len(entries)}): from now on only after trace windows")
         self.dumps += 1
         self.cost_ns += cost
         self.max_cost_ns = max(self.max_cost_ns, cost)
         return cost
 
+    def _schedule(self, step: int, new: int, held: int) -> None:
+        """The next periodic dump: when half the ring is new, or when it holds CHEAP_ENTRIES
+        (the last one within budget), whichever comes first."""
+        steps = max(1, step - self._last_step)
+        self._rate = new / steps
+        self._held, self._last_step = held, step
+        room = min(RING_SHARE * self.size, CHEAP_ENTRIES - held)
+        ahead = int(room / self._rate) if self._rate > 0 else 2 * steps
+        self.next_due = step + max(1, ahead)
+
     def status(self) -> dict[str, Any]:
         """rank.json's `flight_log`: how often it dumped and what that cost."""
-        return {"ring": self.size, "dumps": self.dumps, "within_budget": self.cheap,
+        return {"ring": self.size, "dumps": self.dumps,
+                "within_budget": self.within_budget(self._last_step),
                 "cost_ms": round(self.cost_ns / 1e6, 3),
                 "max_cost_ms": round(self.max_cost_ns / 1e6, 3)}
