@@ -54,7 +54,7 @@ __all__ = [
     "save",
 ]
 
-SAVED_VERSION = 3  # bump when what is saved changes: older saves are diagnosed again
+SAVED_VERSION = 4  # bump when what is saved changes: older saves are diagnosed again
 DIAGNOSIS_FILE = "diagnosis.json"
 DIAGNOSIS_DIR = "diagnosis"
 STATE_FILE = "state.json"
