@@ -54,9 +54,9 @@ from uberprof.analysis.evidence import (
 )
 
 __all__ = [
-    "LATENESS_SCHEMA",
     "BASIS_FLIGHT_RECORDER",
     "BASIS_TRACES",
+    "LATENESS_SCHEMA",
     "STRAGGLER_CAUSES",
     "Straggler",
     "StragglerTest",
