@@ -5,6 +5,8 @@ false stragglers.
     python benchmarks/accuracy.py --quick                      # a smoke test, a few minutes
     python benchmarks/accuracy.py --repeats 5 --budget-min 60  # the matrix, as far as time allows
     python benchmarks/accuracy.py --scenarios healthy --ranks 4 --repeats 20 --json
+    python benchmarks/accuracy.py --scenarios healthy --ranks 4 --rescore DIR   # kept runs,
+                                                               # this checkout's analysis
 
 Scenarios (samples/train_ddp.py with its fault knobs; each repeat has its own seed, and the
 faulty rank or node is drawn from it):
@@ -212,16 +214,24 @@ def _report(run: Path, timeout: float) -> dict[str, Any]:
     return doc
 
 
-def run_case(sc: Scenario, n: int, seed: int, out: Path, args: Any, index: int) -> Result:
-    """One run of `sc` with `n` ranks, reported and scored; a failure is a scored error."""
+def _run_id(sc: Scenario, n: int, seed: int) -> str:
+    return f"{sc.name}-r{n}-s{seed}"
+
+
+def run_case(sc: Scenario, n: int, seed: int, out: Path, args: Any, index: int,
+             rerun: bool = True) -> Result:
+    """One run of `sc` with `n` ranks, reported and scored; a failure is a scored error.
+    `rerun=False` reports a kept run again instead (`--rescore`)."""
     plan = sc.plan(n, random.Random(f"{sc.name}/{n}/{seed}"))
-    run_id = f"{sc.name}-r{n}-s{seed}"
+    run_id = _run_id(sc, n, seed)
     sample = ["--steps", str(args.steps), "--seed", str(seed), *plan.args]
     extra = args.uberprof_args.split()
     t0 = time.monotonic()
     findings: list[dict[str, Any]] = []
     try:
-        if sc.nodes == 2:
+        if not rerun:
+            _drop_saved_diagnosis(out / run_id)
+        elif sc.nodes == 2:
             _run_two_nodes(out, run_id, n, sample, extra, args.run_timeout, plan.slow_node,
                            29500 + index % 400)
         else:
@@ -235,9 +245,28 @@ def run_case(sc: Scenario, n: int, seed: int, out: Path, args: Any, index: int) 
                     for f in report.get("findings") or []]
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as e:
         score = RunScore(sc.name, error=str(e)[-500:] or type(e).__name__)
-    if not args.keep:
+    if not args.keep and rerun:
         shutil.rmtree(out / run_id, ignore_errors=True)
     return Result(sc.name, n, seed, plan.fault, time.monotonic() - t0, score, findings)
+
+
+def _drop_saved_diagnosis(run: Path) -> None:
+    """So that `report` diagnoses a kept run with this checkout's code (the saved diagnosis
+    is keyed by uberprof's version, not by its code); the ingested tables stay."""
+    shutil.rmtree(run / "derived" / "diagnosis", ignore_errors=True)
+    (run / "derived" / "diagnosis.json").unlink(missing_ok=True)
+
+
+def kept_cases(out: Path, names: list[str], ranks: list[int]) -> list[tuple[Scenario, int, int]]:
+    """The runs kept in `out` (`--keep`) of the scenarios and rank counts asked for."""
+    cases = []
+    for sc in (SCENARIOS[s] for s in names):
+        for n in ranks:
+            prefix = _run_id(sc, n, 0)[:-1]
+            for p in sorted(out.glob(prefix + "*")):
+                if p.is_dir() and p.name[len(prefix):].isdigit():
+                    cases.append((sc, n, int(p.name[len(prefix):])))
+    return sorted(cases, key=lambda c: (c[2], c[1], names.index(c[0].name)))
 
 
 def _pct(x: float | None) -> str:
@@ -337,6 +366,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="runs and reports go here (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--rescore", type=Path, metavar="DIR",
+                    help="run nothing: report the runs kept in DIR (--keep) again with this "
+                         "checkout's uberprof and score them (an analysis change, same runs)")
     args = ap.parse_args()
     names = list(QUICK) if args.quick else [s for s in args.scenarios.split(",") if s]
     unknown = [s for s in names if s not in SCENARIOS]
@@ -347,11 +379,11 @@ def main() -> None:
     if not _netns_ok() and any(SCENARIOS[s].nodes == 2 for s in names):
         print("two-node scenarios skipped: they need root, iproute2 and tc", file=sys.stderr)
         names = [s for s in names if SCENARIOS[s].nodes == 1]
-    out = args.out or Path(tempfile.mkdtemp(prefix="uberprof-accuracy-"))
+    out = args.rescore or args.out or Path(tempfile.mkdtemp(prefix="uberprof-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)
 
-    cases = [(SCENARIOS[s], n, args.seed + i) for i in range(repeats) for n in ranks
-             for s in names]
+    cases = kept_cases(out, names, ranks) if args.rescore else \
+        [(SCENARIOS[s], n, args.seed + i) for i in range(repeats) for n in ranks for s in names]
     load0 = os.getloadavg()
     t0 = time.monotonic()
     results: list[Result] = []
@@ -359,7 +391,7 @@ def main() -> None:
         if args.budget_min is not None and time.monotonic() - t0 > args.budget_min * 60:
             print(f"time budget spent: {len(cases) - i} run(s) not started", file=sys.stderr)
             break
-        r = run_case(sc, n, seed, out, args, i)
+        r = run_case(sc, n, seed, out, args, i, rerun=args.rescore is None)
         results.append(r)
         status = r.score.error or ", ".join(
             f["key"] + ("?" if f["suspected"] else "") + (f"@{f['ranks']}" if f["ranks"] else "")
@@ -373,7 +405,8 @@ def main() -> None:
            "minutes": round((time.monotonic() - t0) / 60, 1), **summ,
            "runs": [{**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)},
                      "score": r.score.as_dict()} for r in results]}
-    (out / "accuracy.json").write_text(json.dumps(doc, indent=1))
+    (out / ("rescore.json" if args.rescore else "accuracy.json")).write_text(
+        json.dumps(doc, indent=1))
     if args.json:
         print(json.dumps(doc, indent=1))
         return

@@ -39,7 +39,9 @@ def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path
     assert f.severity in ("medium", "high")
     # significant at the stated false-alarm rate, and said in words
     assert f.confidence == "confirmed" and e["test"]["p_value"] <= 0.01, e["test"]
-    assert f"{e['last_in']} of {e['instances']} collectives" in e["test"]["sentence"]
+    b = e["basis"]  # the test's instances: the Flight Recorder's over every step, if any
+    assert f"{b['last_in']} of {b['instances']} collectives" in e["test"]["sentence"]
+    assert b["source"] == d.run["straggler_test"]["basis"]
     assert d.run["straggler_test"]["decision"] == "confirmed"
     _assert_accounted(d)
 

@@ -135,7 +135,8 @@ def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,  # noqa:
     s = f["ranks"][0]
     assert f["evidence"]["last_in"] == rows[s]["lateness_ms"]["last_in"]
     assert f["evidence"]["instances"] == rows[s]["lateness_ms"]["instances"]
-    assert f"last at {f['evidence']['last_in']}/{f['evidence']['instances']}" in f["title"]
+    b = f["evidence"]["basis"]  # the title states the test's basis (every step, if it can)
+    assert f"last at {b['last_in']}/{b['instances']}" in f["title"]
 
     # the dashboard: read from the saved diagnosis, the same numbers
     _no_diagnosis(monkeypatch)
@@ -145,7 +146,8 @@ def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,  # noqa:
         lt = rows[x["rank"]]["lateness_ms"]
         assert (x["last_in"], x["instances"]) == (lt["last_in"], lt["instances"])
         assert round(x["median_ms"], 3) == lt["median"] and round(x["p90_ms"], 3) == lt["p90"]
-    assert health(data)["straggler"]["last"] == f["evidence"]["last_in"]
+    assert (health(data)["straggler"]["last"], health(data)["straggler"]["instances"]) == \
+        (b["last_in"], b["instances"])  # the straggler's test, as in the title
     for b in data.breakdown_by_rank().to_pylist():
         pct = rows[b["rank"]]["breakdown_pct"]
         assert b["compute_only_pct"] + b["comm_under_compute_pct"] == \

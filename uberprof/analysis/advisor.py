@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from uberprof import __version__
 from uberprof.analysis import metrics as M
 from uberprof.analysis.align import Alignment, align_clocks
+from uberprof.analysis.arrivals import flight_basis
 from uberprof.analysis.bandwidth import (
     SMALL_MESSAGE_BYTES,
     BandwidthClass,
@@ -68,7 +69,9 @@ from uberprof.analysis.gpu_clocks import (
 from uberprof.analysis.host_cpu import host_cpu_findings
 from uberprof.analysis.steptime import step_time_doc
 from uberprof.analysis.stragglers import (
+    BASIS_FLIGHT_RECORDER,
     Straggler,
+    StragglerTest,
     find_straggler,
     lateness,
     straggler_cause,
@@ -187,14 +190,17 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
 
     window = _window(traced, alignment)
     clocks = gpu_clocks(ctx, window)
-    s_test = straggler_test(lat, median_step, wall_ns)
-    straggler = find_straggler(lat, median_step, wall_ns)
+    traced_test = straggler_test(lat, median_step, wall_ns)
+    s_test, straggler, basis_doc = _straggler_on_best_basis(ctx, alignment, lat, traced_test,
+                                                           median_step, wall_ns)
     factors = _factors(traced, gaps, lat)
     clock_ev: dict[str, Any] = {}
     if straggler is not None:
         clock_ev = throttled_vs_others(straggler.rank, clocks)
         straggler.cause, straggler.factors = straggler_cause(straggler.rank, factors, clock_ev)
         straggler.counters = clock_ev
+        if basis_doc is not None:
+            _note_traced_view(straggler, traced_test)
 
     peaks = Peaks(ctx, window)
     bw = instance_bandwidth(ctx, aligned, exposed, peaks, alignment.error_bounds())
@@ -227,6 +233,9 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     run = _run_doc(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                    problems, classes)
     run["straggler_test"] = s_test.as_dict() if s_test is not None else None
+    if run["straggler_test"] is not None and basis_doc is not None:
+        run["straggler_test"]["flight_recorder"] = basis_doc
+        run["straggler_test"]["traced"] = traced_test.as_dict() if traced_test else None
     run["step_time"] = step_time_doc(ctx.steps(), median_step)
     run["accounting"] = {
         "analysed_wall_ms": _ms(wall_ns),
@@ -239,6 +248,42 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
                      straggler=straggler, steps=traced, summaries=summaries,
                      top_gaps=top[:TOP_GAPS * 2], derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs))
+
+
+def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Table,
+                             traced_test: StragglerTest | None, median_step: float | None,
+                             wall_ns: int
+                             ) -> tuple[StragglerTest | None, Straggler | None,
+                                        dict[str, Any] | None]:
+    """The straggler test on one basis (stragglers.py): the Flight Recorder's arrivals over
+    every untraced step when they are at least as many instances as the traced window's,
+    else the traced collectives. Returns the test, the straggler (its cost from the traced steps) and
+    the Flight Recorder basis described (None when it was not used)."""
+    fr = flight_basis(ctx, alignment.offsets())
+    if fr is None or fr.instances < (traced_test.instances if traced_test else 0):
+        return traced_test, find_straggler(lat, median_step, wall_ns, test=traced_test), None
+    test = straggler_test(fr.lateness, fr.median_step_ns, fr.wall_ns, BASIS_FLIGHT_RECORDER)
+    return test, find_straggler(lat, median_step, wall_ns, test=test,
+                                basis=fr.lateness), fr.as_dict()
+
+
+def _note_traced_view(s: Straggler, traced: StragglerTest | None) -> None:
+    """Say where the traced steps, which the cause is read from, disagree with the Flight
+    Recorder's verdict: another rank last there, or the rank not slower by its cause."""
+    notes = []
+    if traced is None or traced.rank != s.rank:
+        notes.append(f"the traced steps alone do not show rank {s.rank} most often last")
+    excess = s.factors.get(s.cause or "compute", 0) if s.factors else 0
+    if excess <= 0:
+        notes.append(f"its per-step breakdown in the traced steps shows no excess "
+                     f"{s.cause or 'compute'} over the others: the cause is uncertain")
+    sentence = "; cause read from the traced steps' breakdown"
+    if notes:
+        sentence += " (" + "; ".join(notes) + ")"
+    s.test["sentence"] += sentence
+    s.test["cause_basis"] = "traced steps"
+    if notes:
+        s.test["cause_note"] = "; ".join(notes)
 
 
 def _failure_findings(ctx: RunContext) -> list[Finding]:
@@ -416,7 +461,7 @@ def _ranks_str(ranks: list[int]) -> str:
 def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
                        summaries: RankSummaries, device_type: str) -> Finding:
     share = s.delay_ns / wall_ns if wall_ns else 0.0
-    late = summaries.lateness_of(s.rank)  # the rank row's numbers, the same by construction
+    late = summaries.lateness_of(s.rank)  # the rank row's (traced window); `basis`: the test's
     ev = {
         "last_in": late["last_in"], "instances": late["instances"],
         "last_pct": round(100 * s.last_fraction, 1),
@@ -429,14 +474,16 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
         "host": ctx.host_of(s.rank),
         "share_pct": round(100 * share, 1),
         "test": s.test,
+        "basis": {"source": s.basis, "last_in": s.last, "instances": s.instances,
+                  "steps": s.steps_analysed},
     }
     if s.counters.get("available"):
         ev["gpu"] = {k: v for k, v in s.counters.items() if k != "available"}
     cause = s.cause or "compute"
     verb = "is a straggler" if s.confidence == "confirmed" else "may be a straggler (suspected)"
-    title = (f"Rank {s.rank} {verb} ({cause}): last at {ev['last_in']}/"
-             f"{ev['instances']} collectives, {ev['median_lead_ms']} ms behind the others' "
-             "median")
+    where = " (Flight Recorder, untraced steps)" if s.basis == BASIS_FLIGHT_RECORDER else ""
+    title = (f"Rank {s.rank} {verb} ({cause}): last at {s.last}/{s.instances} "
+             f"collectives{where}, {ev['median_lead_ms']} ms behind the others' median")
     remedy = remedy_for(STRAGGLER_CAUSES[cause], device_type).format(r=s.rank)
     return Finding("straggler", severity_of(share), title, [s.rank], s.steps, cause,
                    s.delay_ns / 1e6, ev, remedy, confidence=s.confidence)

@@ -54,7 +54,7 @@ __all__ = [
     "save",
 ]
 
-SAVED_VERSION = 3  # bump when what is saved changes: older saves are diagnosed again
+SAVED_VERSION = 4  # bump when what is saved changes: older saves are diagnosed again
 DIAGNOSIS_FILE = "diagnosis.json"
 DIAGNOSIS_DIR = "diagnosis"
 STATE_FILE = "state.json"
@@ -87,14 +87,16 @@ def freshness_key(root: Path, derived: Path, threshold_ns: int,
 
 def _run_files(root: Path) -> list[Path]:
     """The files of a run directory besides the traces that the diagnosis reads: host names
-    and clock estimates (rank.json), the run id, the calibration, the counters."""
+    and clock estimates (rank.json), the Flight Recorder's arrivals, the run id, the
+    calibration, the counters."""
     from uberprof.rundir import CALIBRATION_FILE, RANK_FILE, RunDir
+    from uberprof.rundir.layout import FLIGHT_LOG_FILE
 
     run = RunDir(root)
     if not run.is_run():
         return []
     out = [run.run_file, root / CALIBRATION_FILE]
-    out += [rd / RANK_FILE for rd in run.rank_dirs()]
+    out += [rd / name for rd in run.rank_dirs() for name in (RANK_FILE, FLIGHT_LOG_FILE)]
     for top, dirs, files in os.walk(run.nodes_dir):
         dirs.sort()
         out += [Path(top) / f for f in sorted(files)]

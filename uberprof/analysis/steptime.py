@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["median_interval", "step_time_doc", "step_walls"]
+__all__ = ["median_interval", "own_cost_steps", "step_time_doc", "step_walls"]
 
 CONFIDENCE = 0.95
 
@@ -52,6 +52,14 @@ def step_walls(steps: pa.Table) -> dict[int, tuple[int, bool]]:
     return out
 
 
+def own_cost_steps(walls: dict[int, tuple[int, bool]]) -> tuple[int | None, list[int]]:
+    """The first step (it pays start-up) and the steps right after each trace window
+    (uberprof's own cost), of `step_walls`: left out of every baseline."""
+    traced = {s for s, (_, t) in walls.items() if t}
+    after = sorted(s for s in walls if s not in traced and (s - 1) in traced)
+    return (min(walls) if walls else None), after
+
+
 def _group(x: list[int]) -> dict[str, Any]:
     if not x:
         return {"steps": 0, "median_ms": None, "interval_ms": None}
@@ -64,8 +72,7 @@ def step_time_doc(steps: pa.Table, median_step_ns: float | None) -> dict[str, An
     """`run.step_time` of the report document (see the module docstring)."""
     walls = step_walls(steps)
     traced = {s for s, (_, t) in walls.items() if t}
-    after = sorted(s for s in walls if s not in traced and (s - 1) in traced)
-    first = min(walls) if walls else None
+    first, after = own_cost_steps(walls)
     untraced = [w for s, (w, t) in sorted(walls.items())
                 if not t and s not in after and s != first]
     tr = _group([walls[s][0] for s in sorted(traced)])

@@ -16,6 +16,12 @@
   one healthy rank can be last more often than chance (12 of 20 with 4 ranks) without being
   the one that holds the job back. Every traced
   collective instance counts, not one per step.
+- The test's *basis* is one source per run, no instance counted twice: the Flight
+  Recorder's arrivals over every untraced step (analysis/arrivals.py: the profiler slows
+  ranks unevenly) when the run has them and they are at least as many as the traced
+  window's, else the traced collectives. The cost (the
+  delay over the analysed steps, `find_straggler`) always comes from the traced ones, as do
+  the cause and the split of collective time into wait and transfer.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -48,6 +54,8 @@ from uberprof.analysis.evidence import (
 )
 
 __all__ = [
+    "BASIS_FLIGHT_RECORDER",
+    "BASIS_TRACES",
     "LATENESS_SCHEMA",
     "STRAGGLER_CAUSES",
     "Straggler",
@@ -64,6 +72,10 @@ ABS_MIN_LEAD_NS = 100_000
 REL_MIN_LEAD = 0.03  # of the median step time
 MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must add
 SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
+BASIS_TRACES = "traces"  # the traced window's matched collectives
+BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (analysis/arrivals.py)
+_BASIS_WORDS = {BASIS_TRACES: "traced window",
+                BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)"}
 
 LATENESS_SCHEMA = pa.schema([
     ("instance", pa.int64()),
@@ -97,6 +109,7 @@ class Straggler:
     counters: dict[str, Any] = field(default_factory=dict)
     confidence: str = "confirmed"  # confirmed | suspected (StragglerTest.decision)
     test: dict[str, Any] = field(default_factory=dict)  # evidence.Test.as_dict()
+    basis: str = BASIS_TRACES  # where `instances` and `last` come from (module docstring)
 
     @property
     def last_fraction(self) -> float:
@@ -124,11 +137,18 @@ class StragglerTest:
     decided_by: str  # frequency | materiality | both
     first_step: int | None = None
     need_fraction: float = 0.5  # the share of instances it must be alone last in
+    basis: str = BASIS_TRACES  # where the instances come from (module docstring)
+
+    def _confirm_hint(self) -> str:
+        if self.basis == BASIS_FLIGHT_RECORDER:
+            return "run more steps (the Flight Recorder covers every untraced step)"
+        return trace_more_hint([self.first_step] if self.first_step is not None else [])
 
     def as_test(self) -> Test:
         r = self.rank
         freq = (f"rank {r} alone arrived last at {self.last} of {self.instances} collectives "
-                f"over {self.steps} step(s); the chance of this for a healthy rank is "
+                f"over {self.steps} step(s), {_BASIS_WORDS.get(self.basis, self.basis)}; "
+                "the chance of this for a healthy rank is "
                 f"{chance_words(self.p_value)} (corrected for {self.ranks_tested} ranks)")
         lead = (f"last in {100 * self.last / max(self.instances, 1):.0f}% (needs >= "
                 f"{100 * self.need_fraction:.1f}%), median lead {self.median_lead_ns / 1e6:.3g} "
@@ -143,15 +163,13 @@ class StragglerTest:
         elif self.decision == "suspected":
             sentence = (f"{freq}: not below the {rate} false-alarm rate, too few instances "
                         f"to tell it from chance; {lead}: suspected — to confirm, "
-                        + trace_more_hint([self.first_step] if self.first_step is not None
-                                          else []))
+                        + self._confirm_hint())
         elif self.decided_by == "frequency":
             sentence = (f"no straggler: the rank most often last, {freq}, not below the "
                         f"{100 * SUSPECT_RATE:.0f}% needed to suspect it")
             if self.last >= 0.75 * self.instances and self.need_lead_ns <= self.median_lead_ns:
                 sentence += ("; too few instances to tell a persistent straggler from "
-                             "chance: " + trace_more_hint([self.first_step]
-                                                          if self.first_step is not None else []))
+                             "chance: " + self._confirm_hint())
         else:
             sentence = (f"no straggler: {freq}, but it is not material: {lead}")
         return Test(name="sole-last frequency (Poisson-binomial, Bonferroni over ranks) and "
@@ -169,7 +187,7 @@ class StragglerTest:
     def as_dict(self) -> dict[str, Any]:
         """`run.straggler_test` of the report document: the decision, even when it is none."""
         return {"rank": self.rank, "decision": self.decision, "last_in": self.last,
-                "instances": self.instances, "steps": self.steps,
+                "instances": self.instances, "steps": self.steps, "basis": self.basis,
                 "median_lead_ms": round(self.median_lead_ns / 1e6, 3),
                 "others_spread_ms": round(self.noise_ns / 1e6, 3),
                 "min_lead_ms": round(self.need_lead_ns / 1e6, 3),
@@ -240,10 +258,23 @@ def _lead_and_noise(iid: np.ndarray, rank: np.ndarray, late: np.ndarray, n_part:
     return lead, robust_sigma(lead)
 
 
+def _delay_per_step(step: np.ndarray, delay: np.ndarray, n_part: np.ndarray
+                    ) -> dict[int, tuple[int, int]]:
+    """Per step, the largest delay one rank alone added to any of the step's collectives
+    (every other participant waits that long), with that collective's participants."""
+    per_step: dict[int, tuple[int, int]] = {}
+    for s, d, m in zip(step.tolist(), delay.tolist(), n_part.tolist()):
+        if d > per_step.get(s, (0, 0))[0]:
+            per_step[s] = (d, m)
+    return per_step
+
+
 def straggler_test(lat: pa.Table, median_step_ns: float | None,
-                   wall_ns: float | None = None) -> StragglerTest | None:
+                   wall_ns: float | None = None, basis: str = BASIS_TRACES
+                   ) -> StragglerTest | None:
     """The straggler test of a run (module docstring; `uberprof.analysis.evidence`): the
-    candidate rank, both criteria and the decision. None without matched collectives."""
+    candidate rank, both criteria and the decision. None without matched collectives.
+    `median_step_ns` and `wall_ns` are those of the steps `lat` covers."""
     if lat.num_rows == 0:
         return None
     iid = lat.column("instance").to_numpy()
@@ -272,11 +303,7 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     need_lead = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0))
     if float(np.median(n_part[mine])) >= 3:
         need_lead = max(need_lead, SIGMA_FACTOR * noise)
-    # cost: per step, the largest delay it alone added to any of the step's collectives
-    per_step: dict[int, tuple[int, int]] = {}
-    for s, d, m in zip(step[mine].tolist(), delay[mine].tolist(), n_part[mine].tolist()):
-        if d > per_step.get(s, (0, 0))[0]:
-            per_step[s] = (d, m)
+    per_step = _delay_per_step(step[mine], delay[mine], n_part[mine])
     delay_wall = sum(d for d, _ in per_step.values())
     share = delay_wall / wall_ns if wall_ns else None
     frequent = p_adj <= FALSE_ALARM_RATE
@@ -298,33 +325,36 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
         p_value=p_adj, p_uncorrected=p_raw, median_lead_ns=int(med_lead), noise_ns=int(noise),
         need_lead_ns=int(need_lead), delay_ns=int(delay_wall), share=share,
         decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
-        need_fraction=need_frac)
+        need_fraction=need_frac, basis=basis)
 
 
 def find_straggler(lat: pa.Table, median_step_ns: float | None,
-                   wall_ns: float | None = None) -> Straggler | None:
-    """The persistent straggler, confirmed or suspected, or None (see `straggler_test`)."""
-    t = straggler_test(lat, median_step_ns, wall_ns)
+                   wall_ns: float | None = None, test: StragglerTest | None = None,
+                   basis: pa.Table | None = None) -> Straggler | None:
+    """The persistent straggler, confirmed or suspected, or None (see `straggler_test`).
+    `test` made on `basis` (the Flight Recorder's lateness) decides when given; the delay it
+    added is always `lat`'s, over the analysed (traced) steps."""
+    t = test if test is not None else straggler_test(lat, median_step_ns, wall_ns)
     if t is None or t.decision == "none":
         return None
-    rank = lat.column("rank").to_numpy()
-    mine = rank == t.rank
-    step = lat.column("step").to_numpy()[mine]
-    delay = lat.column("delay_ns").to_numpy()[mine]
-    n_part = lat.column("participants").to_numpy()[mine]
-    sole_last = lat.column("sole_last").to_numpy(zero_copy_only=False)[mine]
-    per_step: dict[int, tuple[int, int]] = {}
-    for s, d, k in zip(step.tolist(), delay.tolist(), n_part.tolist()):
-        if d > per_step.get(s, (0, 0))[0]:
-            per_step[s] = (d, k)
-    others_wait = sum(d * (k - 1) for d, k in per_step.values())
+    src = lat if basis is None else basis
+    mine = src.column("rank").to_numpy() == t.rank
+    step = src.column("step").to_numpy()[mine]
+    sole_last = src.column("sole_last").to_numpy(zero_copy_only=False)[mine]
     last_steps = sorted({int(s) for s, sl in zip(step.tolist(), sole_last.tolist()) if sl})
+    cost = lat.column("rank").to_numpy() == t.rank
+    per_step = _delay_per_step(lat.column("step").to_numpy()[cost],
+                               lat.column("delay_ns").to_numpy()[cost],
+                               lat.column("participants").to_numpy()[cost])
+    late = src.column("lateness_ns").to_numpy()[mine]
     return Straggler(
         rank=t.rank, instances=t.instances, last=t.last, steps=last_steps,
-        median_lateness_ns=int(np.median(lat.column("lateness_ns").to_numpy()[mine])),
-        median_lead_ns=t.median_lead_ns, noise_ns=t.noise_ns, delay_ns=t.delay_ns,
-        others_wait_ns=int(others_wait), steps_analysed=t.steps, confidence=t.decision,
-        test=t.as_test().as_dict())
+        median_lateness_ns=int(np.median(late)) if late.size else 0,
+        median_lead_ns=t.median_lead_ns, noise_ns=t.noise_ns,
+        delay_ns=int(sum(d for d, _ in per_step.values())),
+        others_wait_ns=int(sum(d * (k - 1) for d, k in per_step.values())),
+        steps_analysed=t.steps, confidence=t.decision, test=t.as_test().as_dict(),
+        basis=t.basis)
 
 
 def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],

@@ -23,6 +23,7 @@ from uberprof.collect import diskfull
 from uberprof.collect.bootstrap import BOOTSTRAP_DIR
 from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR, CollectConfig
 from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
+from uberprof.collect.rank.flight_log import FR_ENV
 from uberprof.collect.safety import AgentLog
 from uberprof.collect.watchdog import HangWatchdog
 from uberprof.rundir import LOG_FILE, NODE_FILE, RunDir, write_json_atomic
@@ -116,7 +117,6 @@ class NodeAgent:
             self.log.error("writing node.json at the end of the run", exc)
 
 
-FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_BUFFER_SIZE = 2000
 """Flight Recorder entries per rank when the user set none (cost: benchmarks/overhead.py)."""
 

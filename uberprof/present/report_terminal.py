@@ -271,7 +271,9 @@ def _evidence_line(f: Finding) -> str:
     e = f.evidence
     if f.kind == "straggler":
         x = e.get("excess_per_step_ms") or {}
-        parts = [f"last in {e['last_in']}/{e['instances']} collectives",
+        parts = [f"last in {e['last_in']}/{e['instances']} collectives"
+                 + (" of the traced window" if e.get("basis", {}).get("source") ==
+                    "flight_recorder" else ""),
                  (f"median lateness {e['median_lateness_ms']} ms (others' spread "
                   f"{e['others_spread_ms']} ms)"),
                  f"adds {e['delay_ms']} ms wall, {e['others_wait_ms']} ms of others' waiting",

@@ -45,6 +45,11 @@ hosts can share a run directory on a shared file system without ever writing the
                                     (`_dump_fr_trace_json`) when the rank raised (reason exception) or
                                     the watchdog asked (hang): {time_ns, reason, dump: {entries,
                                     pg_status, ...}}; one file per reason, the latest dump
+      ranks/<rank>/flight-recorder.jsonl  always-on arrivals at collectives: the Flight Recorder's
+                                    new entries, one line per dump (after a trace window, every
+                                    few hundred steps so its ring never wraps, at exit): time_ns,
+                                    reason, step, cost_ns, lost (entries the ring dropped before
+                                    this dump), entries [[pg, seq, op, time_created_ns]]
       ranks/<rank>/.hang-request    written by the node agent's watchdog, read by the rank's helper
       derived/                      analysis tables; can be rebuilt from the rest at any time
       calibration.json              `uberprof calibrate`: the all-reduce sweep's busbw per link,
@@ -82,6 +87,7 @@ FATAL_FILE = "fatal.txt"
 STACKS_FILE = "stacks.txt"
 RANK_HANG_FILE = "hang.json"
 FLIGHT_RECORDER_FILE = "flight-recorder-{reason}.json"  # reason: exception | hang
+FLIGHT_LOG_FILE = "flight-recorder.jsonl"  # the always-on arrivals (collect/rank/flight_log.py)
 HANG_REQUEST_FILE = ".hang-request"
 NODE_HANG_FILE = "hang.json"
 EXITS_PREFIX = "exits-"  # nodes/<node>/exits-<pid>.jsonl

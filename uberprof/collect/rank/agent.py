@@ -20,11 +20,13 @@ from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank import clock
 from uberprof.collect.rank.capture import Capture
+from uberprof.collect.rank.flight_log import FlightLog, ring_size
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir
+from uberprof.rundir.layout import FLIGHT_LOG_FILE
 
 
 class RankAgent:
@@ -67,7 +69,9 @@ class RankAgent:
         self._write_meta()
         self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns,
                                      on_error=lambda e: log.error("writing the step timeline", e))
-        self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank)
+        self.flight_log = FlightLog(lambda: self.dir / FLIGHT_LOG_FILE, log, ring_size())
+        self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank,
+                                    on_stop=self._window_stopped)
         self.detector = StepDetector(self._boundary)
         self.closed = False
         self.windows.step_started(0)
@@ -119,7 +123,13 @@ class RankAgent:
         cuda = self.cuda_in_use()
         ended = self.timeline.boundary(t_ns, source.name.lower(), cuda)
         self.windows.step_ended(ended)
+        self.timeline.uberprof_ns += self.flight_log.step_ended(ended)
         self.windows.step_started(ended + 1)
+
+    def _window_stopped(self) -> None:
+        """A trace window's profiler stopped: read the Flight Recorder's ring where the job
+        already pays for uberprof's teardown (before the trace is written)."""
+        self.timeline.uberprof_ns += self.flight_log.dump(self.timeline.step - 1, "window")
 
     # ---- process group, clock, exit -----------------------------------------------------------
 
@@ -190,11 +200,13 @@ class RankAgent:
         self.detector.flush()
         last_step = self.timeline.step - 1
         self.windows.close(last_step)
+        self.flight_log.dump(last_step, "exit")
         self.timeline.close(self._cuda)
         with self._meta_lock:
             self.meta["end_ns"] = time.time_ns()
             self.meta["exit"] = exit_reason
             self.meta["steps"] = self.timeline.steps_written
+            self.meta["flight_log"] = self.flight_log.status()
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
             self.meta["trace"]["not_reached"] = [list(w)
                                                  for w in self.windows.not_reached(last_step)]

@@ -13,6 +13,7 @@ import gzip
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,13 @@ from uberprof.rundir import trace_file_name
 
 
 class TraceWindows:
-    def __init__(self, config: CollectConfig, traces_dir: Path, log: AgentLog, rank: int) -> None:
+    def __init__(self, config: CollectConfig, traces_dir: Path, log: AgentLog, rank: int,
+                 on_stop: Callable[[], None] | None = None) -> None:
         self._schedule = config.trace
+        # called once a window's profiler stopped, before its trace is written and compressed
+        # (the compressing thread, at the lowest priority, can hold the GIL for a long time on
+        # a busy machine: what runs after it may wait)
+        self._on_stop = on_stop
         self._config = config
         self._dir = traces_dir
         self._log = log
@@ -132,6 +138,8 @@ class TraceWindows:
         except Exception as exc:  # noqa: BLE001
             self._log.error("stopping the profiler", exc)
             return
+        if self._on_stop is not None:
+            self._on_stop()
         if last is None or diskfull.is_full():
             return  # the user's own profiler interrupted it, it holds no step, or no disk left
         self._dir.mkdir(parents=True, exist_ok=True)
