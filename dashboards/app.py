@@ -151,7 +151,10 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
         if hasattr(m, "register"):
             m.register(app, data_of)
     if live is not None:
+        from uberprof.dashboards.live import EXTENSION
+
         live.register(app)
+        server.extensions[EXTENSION] = live
     if warm:  # the first visitor should not pay for caches and plotly's templates
         try:
             pages["/"].layout(data_of(), Selection())

@@ -16,6 +16,7 @@ Runs whose job has ended get none of this.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import dash
@@ -27,7 +28,9 @@ from uberprof.dashboards.data import RunData
 from uberprof.dashboards.ui import Selection
 from uberprof.rundir.follow import LiveState, RunFollower, trace_files
 
-__all__ = ["INTERVAL_MS", "Live", "live_for"]
+__all__ = ["EXTENSION", "INTERVAL_MS", "Live", "live_for"]
+
+EXTENSION = "uberprof_live"  # where the app's `Live` is kept: flask_app.extensions[EXTENSION]
 
 INTERVAL_MS = 3000  # how often an open page asks for what is new
 
@@ -100,10 +103,16 @@ class Live:
             self.generation += 1
 
     def wait_final(self, timeout: float) -> bool:
-        """Whether the final diagnosis is on the pages, waiting up to `timeout` s for it."""
-        worker = self._worker
-        if worker is not None:
-            worker.join(timeout)
+        """After the job ended: whether the final diagnosis is on the pages, waiting up to
+        `timeout` s for it (polling, so that it starts even with no page open)."""
+        deadline = time.monotonic() + timeout
+        while not self.final and time.monotonic() < deadline:
+            self.poll()
+            worker = self._worker
+            if worker is not None and worker.is_alive():
+                worker.join(max(0.0, min(1.0, deadline - time.monotonic())))
+            elif not self.final:
+                time.sleep(0.2)
         return self.final
 
     def status(self, state: LiveState) -> str:

@@ -48,11 +48,8 @@ def _matrix(series: Sequence[Series], window: int) -> tuple[list[int], np.ndarra
     lo = last - window + 1
     m = np.full((len(series), window), np.nan)
     for i, (_, s, v) in enumerate(series):
-        tail = s[-window:] if s.size > window else s
-        vals = v[-tail.size:]
-        pos = tail - lo
-        ok = (pos >= 0) & (pos < window)
-        m[i, pos[ok]] = vals[ok]
+        a, b = np.searchsorted(s, lo), np.searchsorted(s, last, side="right")  # s is in order
+        m[i, s[a:b] - lo] = v[a:b]
     done = ~np.isnan(m).any(axis=0)
     return [r for r, _, _ in series], np.arange(lo, last + 1)[done], m[:, done]
 
