@@ -152,8 +152,9 @@ class RunData:
         every refresh that found new steps, so it is cheap: caches start empty but for what
         does not depend on the steps, and the step table is merged only when a page asks."""
         self.diagnose()  # once, shared by every refresh
+        self.traced_steps()  # the steps read since were not analysed: none of them is traced
         keep = ("has_traces", "hosts", "rank_gpus", "breakdown_by_rank", "aligned_instances",
-                "failures")
+                "failures", "traced_steps")
         new = replace(self, follower=follower, _steps=None, _lock=threading.RLock(),
                       _memo={k: v for k, v in self._memo.items() if k in keep},
                       _recent=OrderedDict(), problems=list(self.problems),

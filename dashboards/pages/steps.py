@@ -112,12 +112,15 @@ def recent_figure(data: RunData) -> go.Figure:
     fig = ui.new_figure()
     for i, (r, s, v) in enumerate(sorted(tail, key=lambda x: x[0])):
         color = ui.STRAGGLER if r == straggler else ui.PALETTE[i % len(ui.PALETTE)]
-        fig.add_scatter(x=s, y=v / 1e6, mode="lines", name=f"rank {r}", legendgroup=str(r),
+        # steps as a list: plotly.js has no int64 arrays
+        fig.add_scatter(x=s.tolist(), y=v / 1e6, mode="lines", name=f"rank {r}",
+                        legendgroup=str(r),
                         line={"color": color, "width": 1.5},
                         hovertemplate=f"rank {r}<br>step %{{x}}: %{{y:.1f}} ms<extra></extra>")
         ws, wv = waits.get(r, (s[:0], v[:0]))
         keep = ws > hi - RECENT
-        fig.add_scatter(x=ws[keep], y=wv[keep] / 1e6, mode="lines", name=f"rank {r} data wait",
+        fig.add_scatter(x=ws[keep].tolist(), y=wv[keep] / 1e6, mode="lines",
+                        name=f"rank {r} data wait",
                         legendgroup=str(r), showlegend=False,
                         line={"color": color, "width": 1, "dash": "dot"},
                         hovertemplate=f"rank {r} data wait<br>step %{{x}}: %{{y:.1f}} ms"

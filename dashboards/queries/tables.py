@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-
 __all__ = ["Heatmap", "RankSeries", "dense_heatmap", "evenly", "heatmap_of_series"]
 
 

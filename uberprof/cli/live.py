@@ -64,8 +64,8 @@ def serve_beside(run_dir: Path, port: int, parent: int, poll_s: float = 1.0) -> 
 
     from uberprof.cli.dashboard import _make_server
     from uberprof.dashboards.app import create_app, loopback_hosts
-    from uberprof.dashboards.live import EXTENSION
     from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.live import EXTENSION
 
     data = RunData(root=run_dir).load()
     app = create_app(data, allowed_hosts=loopback_hosts(HOST))
