@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="steps each rank writes between two refreshes (3 s of 200 ms steps)")
     p.add_argument("--no-counters", action="store_true",
                    help="a synthetic run without node counters (faster to write)")
+    p.add_argument("--diagnose", action="store_true",
+                   help="diagnose the run when it is loaded, as `uberprof dashboard` does (once, "
+                        "not per refresh; on 64 x 100,000 steps it takes long)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     a = p.parse_args(argv)
     run = a.run
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t = time.perf_counter()
         data = RunData(root=run).load()
+        if not a.diagnose:
+            data._diagnosed = True  # no diagnosis: the refresh does not make one either
         live = create_app(data, warm=False).server.extensions.get(EXTENSION)
         if live is None:
             sys.exit(f"{run}: not followed (is it a uberprof run directory?)")
