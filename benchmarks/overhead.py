@@ -8,8 +8,12 @@
 2. After a trace window: under `uberprof run` with a window in the middle of the run, the median
    step time after the window against the one before it (target <= 1.02).
 3. Self-accounting: the agent's own time on the training thread per step, from steps.jsonl.
+4. `uberprof run --dashboard`: the dashboard served beside the job (a niced process that loads
+   the run and follows it), against the same run without it, interleaved; the ratio of median
+   step times with a 95% bootstrap interval over the rounds (target <= 1.01: not measurable).
 
     python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
+    python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -41,18 +46,53 @@ def run(cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
 
 
+def wait_dashboard_gone(run_dir: Path, limit_s: float = 900) -> None:
+    """Wait until the dashboard `run --dashboard` started for `run_dir` has left (after the
+    job, it diagnoses the whole run and serves it a few seconds more)."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if not any("uberprof.cli.live" in " ".join(p.info["cmdline"] or [])
+                   and str(run_dir) in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"])):
+            return
+        time.sleep(0.5)
+
+
+def ratio_interval(a: list[float], b: list[float], draws: int = 2000
+                   ) -> tuple[float, float, float]:
+    """median(a) / median(b), and its 95% bootstrap interval (rounds resampled in pairs: they
+    ran interleaved, under the same load)."""
+    rng = random.Random(0)
+    pairs = list(zip(a, b))
+    boot = sorted(statistics.median(x for x, _ in s) / statistics.median(y for _, y in s)
+                  for s in ([rng.choice(pairs) for _ in pairs] for _ in range(draws)))
+    return (statistics.median(a) / statistics.median(b), boot[int(0.025 * draws)],
+            boot[int(0.975 * draws) - 1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--sample-args", default="", help="extra arguments for the sample")
+    ap.add_argument("--modes", default="plain,uberprof,agent-only,no-flight-recorder,dashboard",
+                    help="the modes to interleave (plain and uberprof always run)")
+    ap.add_argument("--no-window", action="store_true",
+                    help="skip the after-a-trace-window measurement")
     args = ap.parse_args()
     extra = args.sample_args.split()
     tmp = Path(tempfile.mkdtemp(prefix="uberprof-overhead-"))
     modes = {"plain": None, "uberprof": ["--no-trace"],
              "agent-only": ["--no-trace", "--counters", "none"],
-             "no-flight-recorder": ["--no-trace"]}
+             "no-flight-recorder": ["--no-trace"],
+             "dashboard": ["--no-trace", "--dashboard"]}
+    wanted = {"plain", "uberprof", *args.modes.split(",")}
+    modes = {m: o for m, o in modes.items() if m in wanted}
     mode_env = {"no-flight-recorder": {"TORCH_FR_BUFFER_SIZE": "0"}}
     medians: dict[str, list[float]] = {m: [] for m in modes}
     self_time: list[float] = []
@@ -65,6 +105,8 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id",
                        f"{mode}-{i}", *modes[mode], "--", *cmd]
             run(cmd, mode_env.get(mode))
+            if mode == "dashboard":  # it outlives the job a little: not into the next one
+                wait_dashboard_gone(tmp / f"{mode}-{i}")
             steps = json.loads(times.read_text())[WARMUP:]
             medians[mode].append(statistics.median(steps))
         rows = [json.loads(x) for x in (tmp / f"uberprof-{i}/ranks/0/steps.jsonl").open()]
@@ -72,6 +114,27 @@ def main() -> None:
         self_time += [r["uberprof_ns"] / (r["host_end_ns"] - r["host_start_ns"]) for r in rows]
         print(f"round {i + 1}/{args.rounds}: " + ", ".join(
             f"{m} {medians[m][-1] * 1e3:.2f} ms" for m in modes), flush=True)
+
+    base = statistics.median(medians["plain"])
+    ratio = statistics.median(medians["uberprof"]) / base
+    print()
+    print(f"always-on (--no-trace) / plain, median step time: {ratio:.4f}  (target <= 1.02)")
+    if "agent-only" in modes:
+        print(f"  rank agents only (--counters none) / plain:     "
+              f"{statistics.median(medians['agent-only']) / base:.4f}")
+    if "no-flight-recorder" in modes:
+        fr = statistics.median(medians["uberprof"]) / statistics.median(
+            medians["no-flight-recorder"])
+        print(f"  Flight Recorder on / off (both under uberprof):  {fr:.4f}")
+    if "dashboard" in modes:
+        r, lo, hi = ratio_interval(medians["dashboard"], medians["uberprof"])
+        print(f"run --dashboard / run, median step time:          {r:.4f}  "
+              f"(95% interval {lo:.4f}-{hi:.4f} over {args.rounds} rounds; target <= 1.01)")
+    print(f"agent's own time on the training thread:          "
+          f"{statistics.median(self_time) * 100:.3f}% of a step (median), "
+          f"{max(self_time) * 100:.3f}% at most")
+    if args.no_window:
+        return
 
     # After a trace window: one long run, window in the middle.
     n = args.steps * 2
@@ -83,20 +146,8 @@ def main() -> None:
     before = statistics.median(steps[WARMUP:first])
     after = statistics.median(steps[first + 4:])
 
-    base = statistics.median(medians["plain"])
-    ratio = statistics.median(medians["uberprof"]) / base
-    agent_ratio = statistics.median(medians["agent-only"]) / base
-    fr_ratio = statistics.median(medians["uberprof"]) / statistics.median(
-        medians["no-flight-recorder"])
-    print()
-    print(f"always-on (--no-trace) / plain, median step time: {ratio:.4f}  (target <= 1.02)")
-    print(f"  rank agents only (--counters none) / plain:     {agent_ratio:.4f}")
-    print(f"  Flight Recorder on / off (both under uberprof):  {fr_ratio:.4f}")
     print(f"after a trace window / before it:                 {after / before:.4f}  "
           f"(target <= 1.02)")
-    print(f"agent's own time on the training thread:          "
-          f"{statistics.median(self_time) * 100:.3f}% of a step (median), "
-          f"{max(self_time) * 100:.3f}% at most")
 
 
 if __name__ == "__main__":

@@ -113,11 +113,16 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
     ], className="app")
 
     def data_of() -> RunData:
-        return data
+        """The run as shown now (grows while its job runs: `dashboards/live.py`)."""
+        return live.current() if live is not None else data
+
+    # A run followed while its job runs is rebuilt in place when it was analysed again.
+    again = [Input("live-generation", "data")] if live is not None else []
 
     @app.callback(Output("nav", "children"), Output("page", "children"),
-                  Input("url", "pathname"), Input("url", "search"))
-    def _route(pathname: str | None, search: str | None) -> tuple[Any, Any]:
+                  Input("url", "pathname"), Input("url", "search"), *again)
+    def _route(pathname: str | None, search: str | None, *_generation: int) -> tuple[Any, Any]:
+        data = data_of()
         path = pathname or "/"
         if path != "/" and path.endswith("/"):
             path = path.rstrip("/")
@@ -146,10 +151,13 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
         if hasattr(m, "register"):
             m.register(app, data_of)
     if live is not None:
+        from uberprof.dashboards.live import EXTENSION
+
         live.register(app)
+        server.extensions[EXTENSION] = live
     if warm:  # the first visitor should not pay for caches and plotly's templates
         try:
-            pages["/"].layout(data, Selection())
+            pages["/"].layout(data_of(), Selection())
         except Exception as exc:  # noqa: BLE001 - the page shows the error when visited
             server.logger.warning("warming the overview failed: %s", exc)
     return app

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -80,7 +80,9 @@ class RunData:
     problems: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     load_seconds: float = 0.0
+    follower: Any = None  # a RunFollower while the run's job runs (`followed`)
     _steps: pa.Table | None = None
+    _steps_of: Callable[[], pa.Table] | None = None  # builds `_steps` on first use
     _diagnosis: Any = None
     _diagnosis_error: str | None = None
     _diagnosed: bool = False
@@ -144,6 +146,42 @@ class RunData:
                 self._diagnosis, self._diagnosed = d, True
             return d is not None
 
+    def followed(self, follower: Any) -> RunData:
+        """This run as its job has grown since it was loaded: the same analysis and diagnosis,
+        with the steps `follower` (a `uberprof.rundir.follow.RunFollower`) read since. Made at
+        every refresh that found new steps, so it is cheap: caches start empty but for what
+        does not depend on the steps, and the step table is merged only when a page asks."""
+        self.diagnose()  # once, shared by every refresh
+        self.traced_steps()  # the steps read since were not analysed: none of them is traced
+        keep = ("has_traces", "hosts", "rank_gpus", "breakdown_by_rank", "aligned_instances",
+                "failures", "traced_steps")
+        new = replace(self, follower=follower, _steps=None, _lock=threading.RLock(),
+                      _memo={k: v for k, v in self._memo.items() if k in keep},
+                      _recent=OrderedDict(), problems=list(self.problems),
+                      notices=list(self.notices))
+        base = self.steps
+
+        def merged() -> pa.Table:
+            from uberprof.rundir.follow import steps_table
+
+            return _append_new_steps(base, steps_table(follower))
+        new._steps_of = merged
+        return new
+
+    def step_series(self, column: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per rank (rank, steps, `column`: step_time_ns or data_wait_ns), in step order: from
+        the follower's arrays while the job runs (no table to build), else from `steps`."""
+        if self.follower is not None:
+            return self.follower.series({"step_time_ns": "duration_ns"}.get(column, column))
+        t = self.steps.select(["rank", "step", column]).sort_by([("rank", "ascending"),
+                                                                  ("step", "ascending")])
+        rank = t.column("rank").to_numpy(zero_copy_only=False)
+        ranks, first = np.unique(rank, return_index=True)
+        cut = first[1:]
+        return list(zip(ranks.tolist(),
+                        np.split(t.column("step").to_numpy(zero_copy_only=False), cut),
+                        np.split(t.column(column).to_numpy(zero_copy_only=False), cut)))
+
     def warm(self) -> None:
         """The diagnosis and the counters' catalog, before the first request arrives (the app
         builds the overview itself when it starts)."""
@@ -179,11 +217,7 @@ class RunData:
                              "step_time_ns": e - s if isinstance(s, int) and isinstance(e, int)
                              else None})
         if rows:
-            extra = pa.Table.from_pylist(rows)
-            cols = {n: (extra.column(n).cast(schema.field(n).type) if n in extra.schema.names
-                        else pa.nulls(extra.num_rows, schema.field(n).type))
-                    for n in schema.names}
-            parts.append(pa.table(cols, schema=schema))
+            parts.append(_conform(pa.Table.from_pylist(rows), schema))
         if not parts:
             return _STEP_SCHEMA.empty_table()
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -229,6 +263,9 @@ class RunData:
 
     @property
     def steps(self) -> pa.Table:
+        with self._lock:
+            if self._steps is None and self._steps_of is not None:
+                self._steps = self._steps_of()
         assert self._steps is not None, "RunData.load() first"
         return self._steps
 
@@ -500,6 +537,32 @@ class RunData:
             out[d] = ((ts[m] - origin) / 1e9, v[m])
         unit = t.column("unit")[0].as_py()
         return CounterSeries(metric=metric, unit=unit, devices=out, bucket_s=width / 1e9)
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`t` with `schema`'s columns: cast where it has them, nulls where it has not."""
+    return pa.table({n: (t.column(n).cast(schema.field(n).type) if n in t.schema.names
+                         else pa.nulls(t.num_rows, schema.field(n).type))
+                     for n in schema.names}, schema=schema)
+
+
+def _append_new_steps(base: pa.Table, live: pa.Table) -> pa.Table:
+    """`base` (the steps as loaded) and the rows of `live` (the step timelines read since)
+    past each rank's last step in `base`: the steps of a run whose job still runs."""
+    if live.num_rows == 0:
+        return base
+    seen = sql_table("SELECT rank, max(step) AS last FROM b GROUP BY rank", b=base)
+    last = dict(zip(seen.column("rank").to_pylist(), seen.column("last").to_pylist()))
+    rank = live.column("rank").to_numpy()
+    ranks = np.unique(rank)
+    floor = np.array([last.get(int(r), -(2 ** 62)) if last.get(int(r)) is not None
+                      else -(2 ** 62) for r in ranks], dtype=np.int64)
+    new = live.column("step").to_numpy() > floor[np.searchsorted(ranks, rank)]
+    if not new.any():
+        return base
+    extra = live.filter(pa.array(new)).append_column(
+        "traced", pa.array(np.zeros(int(new.sum()), bool)))
+    return pa.concat_tables([base, _conform(extra, base.schema)])
 
 
 _RUNS: dict[Path, RunData] = {}

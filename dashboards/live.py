@@ -1,76 +1,192 @@
-"""The dashboard following a running job: a status line ("running · N steps · last step 2 s
-ago") above every page, and the overview's step-time heat map redrawn every few seconds from
-what the job appended since (`uberprof.rundir.follow`), without reloading the page. When the job
-ends the status says so, and the timer stops. Runs whose job has ended get none of this.
+"""The dashboard following a running job. Above every page: a status line ("running · N steps ·
+last step 2 s ago") and the straggler and data-stall indications of the step timelines
+(`uberprof.analysis.step_signals`). Every few seconds the open page asks what is new; what the
+job appended is read incrementally (`uberprof.rundir.follow`), and the page's growing parts are
+redrawn in place, without a reload: the overview's step-time heat map, the steps page's recent
+step times and step picker, the counters page's figure.
+
+Heavier news is handled in a background thread, then shown by rebuilding the open page in place:
+- a new trace window: the run is analysed again (only the new inputs: `uberprof.analysis`'s
+  derived tables are reused when fresh), so its steps become selectable;
+- the end of the job: the whole run is analysed and diagnosed as `uberprof report` would (the
+  saved diagnosis is reused when fresh); the status says so, then the timer stops.
+Runs whose job has ended get none of this.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
-from dash import Input, Output, dcc
+import dash
+from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
-from uberprof.rundir.follow import LiveState, RunFollower, steps_table
+from uberprof.dashboards.ui import Selection
+from uberprof.rundir.follow import LiveState, RunFollower, trace_files
 
-__all__ = ["INTERVAL_MS", "Live", "live_for"]
+__all__ = ["EXTENSION", "INTERVAL_MS", "Live", "live_for"]
+
+EXTENSION = "uberprof_live"  # where the app's `Live` is kept: flask_app.extensions[EXTENSION]
 
 INTERVAL_MS = 3000  # how often an open page asks for what is new
 
 
 class Live:
     """A run being followed: one follower shared by every browser tab (polls are serialised:
-    they advance the same byte offsets)."""
+    they advance the same byte offsets). `current()` is the run as the pages show it now."""
 
     def __init__(self, data: RunData, follower: RunFollower, first: LiveState) -> None:
-        self.data = data
         self.follower = follower
         self.state = first
+        self.generation = 0  # bumped when the open page must be rebuilt (new analysis)
+        self.final = False  # the whole run was diagnosed after the job ended
+        self.news = ""  # what the background work is doing, or what it found
+        self._base = data  # the run as last analysed
+        self._data = data.followed(follower)
+        self._rows = follower.rows()
+        self._traces = trace_files(data.root)
         self._lock = threading.Lock()
-        self._drawn = -1  # step rows behind the heat map last sent
+        self._worker: threading.Thread | None = None
+        self._signals: tuple[int, list[Any]] = (-1, [])
+
+    def current(self) -> RunData:
+        """The run as the pages show it: the last analysis, with the steps read since."""
+        with self._lock:
+            return self._data
 
     def poll(self) -> LiveState:
+        """Read what is new; start the background work the news calls for."""
         with self._lock:
-            self.state = self.follower.poll()
-            return self.state
+            state = self.state = self.follower.poll()
+            rows = self.follower.rows()
+            if rows != self._rows and not self.final:
+                self._rows = rows
+                self._data = self._base.followed(self.follower)
+            busy = self._worker is not None and self._worker.is_alive()
+            if busy or self.final:
+                return state
+            if state.ended:
+                self._start(final=True, traces=trace_files(self._base.root))
+            else:
+                traces = trace_files(self._base.root)
+                if traces != self._traces:
+                    self._start(final=False, traces=traces)
+            return state
+
+    def _start(self, final: bool, traces: frozenset[str]) -> None:
+        self.news = ("the job has ended: diagnosing the whole run…" if final
+                     else "a new trace window: analysing it…")
+        self._worker = threading.Thread(target=self._analyse, args=(final, traces),
+                                        name="uberprof-live-analysis", daemon=True)
+        self._worker.start()
+
+    def _analyse(self, final: bool, traces: frozenset[str]) -> None:
+        """Analyse the run again (new inputs only) and diagnose it, then swap it in."""
+        old = self._base
+        try:
+            new = RunData(root=old.root, out=old.out, workers=old.workers).load()
+            new.warm()  # the diagnosis: read back when fresh, else made (and saved)
+            news = "" if new.diagnosis_error is None else \
+                f"the diagnosis failed: {new.diagnosis_error}"
+        except Exception as exc:  # noqa: BLE001 - the page keeps what it shows, and says so
+            new, news = old, f"analysing the run again failed: {type(exc).__name__}: {exc}"
+        with self._lock:
+            self._base = new
+            self._traces = traces
+            self._data = new if final else new.followed(self.follower)
+            self.final = final
+            self.news = news
+            self.generation += 1
+
+    def wait_final(self, timeout: float) -> bool:
+        """After the job ended: whether the final diagnosis is on the pages, waiting up to
+        `timeout` s for it (polling, so that it starts even with no page open)."""
+        deadline = time.monotonic() + timeout
+        while not self.final and time.monotonic() < deadline:
+            self.poll()
+            worker = self._worker
+            if worker is not None and worker.is_alive():
+                worker.join(max(0.0, min(1.0, deadline - time.monotonic())))
+            elif not self.final:
+                time.sleep(0.2)
+        return self.final
 
     def status(self, state: LiveState) -> str:
-        if state.ended:
-            return (state.status_line() + " · the job has ended: re-open the dashboard to see "
-                    "the final diagnosis")
-        return state.status_line()
+        line = state.status_line()
+        if self.final:
+            line += " · final diagnosis below"
+        if self.news:
+            line += " · " + self.news
+        return line
+
+    def signals(self) -> Any:
+        """The indications of the step timelines, recomputed when steps arrived."""
+        from uberprof.analysis.step_signals import step_signals
+
+        with self._lock:
+            if self._signals[0] != self._rows:
+                found = step_signals(self.follower.series("duration_ns"),
+                                     self.follower.series("data_wait_ns"))
+                self._signals = (self._rows, found)
+            found = self._signals[1]
+        return [html.Div([html.Span(s.kind.replace("_", " ")
+                                    + (" · suspected" if s.confidence == "suspected" else ""),
+                                    className="kind"),
+                          " ", s.title],
+                         className=f"live-signal {s.kind} {s.confidence}",
+                         title=s.test.get("sentence", ""), **{"data-rank": str(s.rank)})
+                for s in found]
 
     def layout(self) -> list[Any]:
-        """The timer and the status line, above the pages."""
-        return [dcc.Interval(id="live-tick", interval=INTERVAL_MS, disabled=self.state.ended),
-                ui.notice(self.status(self.state), "info", id="live-status")]
+        """The timer, what the page has seen, the status line and the indications."""
+        return [dcc.Interval(id="live-tick", interval=INTERVAL_MS, disabled=False),
+                dcc.Store(id="live-generation", data=self.generation),
+                dcc.Store(id="live-rows", data=self._rows),
+                ui.notice(self.status(self.state), "info", id="live-status"),
+                html.Div(self.signals(), id="live-signals", className="live-signals")]
 
     def register(self, app: Any) -> None:
-        """The callbacks: the status on every tick, the overview's heat map when it is open."""
+        """The status on every tick; the growing figures of the open page when steps arrived
+        (`live-rows`); the page itself when the run was analysed again (`live-generation`,
+        an input of the app's router)."""
 
         @app.callback(Output("live-status", "children"), Output("live-tick", "disabled"),
-                      Input("live-tick", "n_intervals"))
-        def _status(_n: int | None) -> tuple[str, bool]:
+                      Output("live-generation", "data"), Output("live-rows", "data"),
+                      Output("live-signals", "children"),
+                      Input("live-tick", "n_intervals"),
+                      State("live-generation", "data"), State("live-rows", "data"))
+        def _tick(_n: int | None, seen_gen: int | None, seen_rows: int | None
+                  ) -> tuple[Any, ...]:
             state = self.poll()
-            return self.status(state), state.ended
+            with self._lock:  # one consistent look: never "final" with the page not rebuilt
+                gen, rows, status, final = (self.generation, self._rows, self.status(state),
+                                            self.final)
+            return (status, final,
+                    dash.no_update if gen == seen_gen else gen,
+                    dash.no_update if rows == seen_rows else rows,
+                    self.signals() if rows != seen_rows else dash.no_update)
 
-        @app.callback(Output("step-heatmap", "figure"), Input("live-tick", "n_intervals"),
-                      prevent_initial_call=True)
-        def _heatmap(_n: int | None) -> Any:
-            from uberprof.dashboards.pages.overview import heatmap_figure
-            from uberprof.dashboards.queries.tables import binned_heatmap
-
-            with self._lock:
-                rows = sum(f.step.n for f in self.follower.step_followers().values())
-                if rows in (0, self._drawn):  # nothing new: the figure stays as it is
+        def grows(output: Output, build: Any) -> None:
+            @app.callback(output, Input("live-rows", "data"), State("url", "search"),
+                          prevent_initial_call=True)
+            def _redraw(_rows: int | None, search: str | None) -> Any:
+                out = build(self.current(), Selection.parse(search))
+                if out is None:
                     raise PreventUpdate
-                self._drawn = rows
-                t = steps_table(self.follower)
-            hm = binned_heatmap(t, "step_time_ns", 250, 256)
-            return heatmap_figure(self.data, self.data.straggler_rank(), hm)
+                return out
+
+        from uberprof.dashboards.pages import counters, overview, steps
+
+        grows(Output("step-heatmap", "figure"),
+              lambda d, _sel: overview.heatmap_figure(d, d.straggler_rank()))
+        grows(Output("live-recent", "figure"), lambda d, _sel: steps.recent_figure(d))
+        grows(Output("step-picker", "options"),
+              lambda d, sel: steps.step_options(d, steps.default_step(d, sel)))
+        grows(Output("counters-graph", "figure"), counters.figure_of)
 
 
 def live_for(data: RunData) -> Live | None:

@@ -34,6 +34,8 @@ CAUSE_COLORS = {
     "other": "#8C8C8C",
 }
 STRAGGLER = "#D62728"
+PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B",
+           "#9D755D", "#FF9DA6", "#BAB0AC")  # one colour per line (GPU, process, rank)
 SEVERITY_COLORS = {"high": "#D62728", "medium": "#F58518", "low": "#4C78A8"}
 GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False,
                                 "modeBarButtonsToRemove": ["lasso2d", "select2d"]}

@@ -24,7 +24,7 @@ from uberprof.dashboards.queries import counters as counters_q
 from uberprof.dashboards.queries import overview as overview_q
 from uberprof.dashboards.queries import steps as steps_q
 from uberprof.dashboards.queries import stragglers as stragglers_q
-from uberprof.dashboards.queries.tables import binned_heatmap
+from uberprof.dashboards.queries.tables import heatmap_of_series
 
 SYNTH_STRAGGLER = 5
 
@@ -141,7 +141,7 @@ def test_synth_run_is_diagnosed_as_written(synth_data: Any) -> None:
 def test_heatmap_bins_steps_and_keeps_the_slowest(synth_data: Any) -> None:
     hm = overview_q.step_heatmap(synth_data)
     assert hm.ranks == list(range(8)) and hm.bin_steps == 1 and hm.z.shape == (8, 60)
-    binned = binned_heatmap(synth_data.steps, "step_time_ns", max_cols=7, max_rows=3)
+    binned = heatmap_of_series(synth_data.step_series("step_time_ns"), max_cols=7, max_rows=3)
     assert binned.bin_steps == 9 and binned.z.shape[1] == 7
     assert binned.bin_ranks == 3 and binned.ranks == [0, 3, 6]
     # each cell is the maximum of its bin, and names the step it came from

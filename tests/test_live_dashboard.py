@@ -1,6 +1,6 @@
 """The dashboard following a running job, in headless Chromium: a real 2-rank job under
-`uberprof run` while the overview is open; the page shows it running, its step-time heat map
-grows by itself (no reload), then it shows the job ended and stops asking."""
+`uberprof run` while the dashboard is open; the page shows it running, its figures grow by
+themselves (no reload), then it shows the job ended and its final diagnosis, and stops asking."""
 
 from __future__ import annotations
 
@@ -10,31 +10,66 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.jobs import PY, start_slow_job
+from tests.jobs import (
+    PY,
+    SAMPLES,
+    browser_timeout_ms,
+    job_env,
+    job_limit,
+    start_slow_job,
+    torchrun,
+)
 from tests.test_dashboard_browser import ARGS, CHROMIUM, Served
 from uberprof.rundir.follow import RunFollower
 
-# The last step column drawn in the overview's heat map (one column per step below 250).
-LAST_DRAWN = """() => {
-  const g = document.querySelector('#step-heatmap .js-plotly-plot');
-  if (!g || !g.data || !g.data.length || !g.data[0].x) return -1;
-  return Math.max(...Array.from(g.data[0].x));
+# The last step column drawn in a figure (the overview's heat map: one column per step below
+# 250; the steps page's recent step times: a line per rank).
+LAST_DRAWN = """(id) => {
+  const g = document.querySelector('#' + id + ' .js-plotly-plot');
+  if (!g || !g.data || !g.data.length) return -1;
+  return Math.max(...g.data.flatMap(t => Array.from(t.x || [])));
 }"""
+STEPS = 120
+WINDOW = "10-12"
 
 
 def _status(page: Any) -> str:
     return page.inner_text("#live-status")
 
 
+def _drawn(page: Any, graph: str) -> int:
+    return int(page.evaluate(LAST_DRAWN, graph))
+
+
+def _grows(page: Any, graph: str, timeout: float) -> None:
+    """The figure draws a later step than it does now, by itself."""
+    page.wait_for_function(f"() => ({LAST_DRAWN})('{graph}') >= 0", timeout=timeout)
+    first = _drawn(page, graph)
+    page.wait_for_function(f"() => ({LAST_DRAWN})('{graph}') > {first}", timeout=timeout)
+
+
 def test_dashboard_follows_a_running_job(tmp_path: Path) -> None:
+    """A real 2-rank job under `uberprof run` (rank 1 waits 60 ms for data every step, a
+    trace window at steps 10-12) while the dashboard is open in headless Chromium: the page
+    says the job runs, the heat map and the steps page's step times grow by themselves, the
+    data-loader straggler is indicated, the trace window becomes selectable once analysed;
+    after the end the page says so and shows the final diagnosis. Never reloaded."""
     from playwright.sync_api import sync_playwright
 
+    command = torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(STEPS),
+                       "--slow-data-rank", "1", "--data-delay-ms", "60")
+    job = subprocess.Popen([PY, "-m", "uberprof", "run", "--out", str(tmp_path), "--run-id",
+                            "live", "--trace-steps", WINDOW, "--", *command],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                           env=job_env())
     run = tmp_path / "live"
-    job = start_slow_job(tmp_path, "live", 150)
     served = None
+    limit = job_limit(command)
+    wait_ms = browser_timeout_ms(30)
     try:
-        deadline = time.monotonic() + 180
-        while RunFollower(run).poll().steps < 5 and time.monotonic() < deadline:
+        deadline = time.monotonic() + limit
+        while RunFollower(run).poll().steps < 3 and time.monotonic() < deadline:
+            assert job.poll() is None, "the job ended before its third step"
             time.sleep(0.5)
         served = Served(run)
         with sync_playwright() as p:
@@ -43,19 +78,37 @@ def test_dashboard_follows_a_running_job(tmp_path: Path) -> None:
             errors: list[str] = []
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.goto(served.url + "/")
-            page.wait_for_selector("#live-status", timeout=60_000)
+            page.wait_for_selector("#live-status", timeout=wait_ms)
             assert re.search(r"running · \d+ steps", _status(page)), _status(page)
-            page.wait_for_function(f"() => ({LAST_DRAWN})() >= 0", timeout=60_000)
-            first = page.evaluate(LAST_DRAWN)
-            page.wait_for_function(f"() => ({LAST_DRAWN})() > {first}", timeout=60_000)
-            assert job.wait(timeout=300) == 0
+            page.evaluate("() => { window.__notReloaded = true; }")
+            _grows(page, "step-heatmap", wait_ms)
+
+            page.click("#nav-steps")  # a link: the app routes it, no reload
+            page.wait_for_selector("#live-recent .js-plotly-plot", timeout=wait_ms)
+            _grows(page, "live-recent", wait_ms)
+            # rank 1's data wait, under the diagnosis's straggler test
+            page.wait_for_selector('#live-signals .live-signal.straggler[data-rank="1"]',
+                                   timeout=wait_ms)
+            # the trace window, analysed in the background: its steps are links on the page
+            page.wait_for_selector(".step-links .step-link", timeout=browser_timeout_ms(90))
+            links = page.eval_on_selector_all(".step-links .step-link",
+                                              "es => es.map(e => e.innerText)")
+            assert links == ["10", "11", "12"], links
+
+            assert job.wait(timeout=limit) == 0
             page.wait_for_function(
-                "() => document.querySelector('#live-status').innerText.startsWith('ended')",
-                timeout=30_000)
-            assert "ended (exit 0) · 150 steps" in _status(page)
-            assert "re-open the dashboard to see the final diagnosis" in _status(page)
-            page.wait_for_function(f"() => ({LAST_DRAWN})() == 149", timeout=30_000)
-            assert page.url == served.url + "/"  # never reloaded nor navigated
+                "() => document.querySelector('#live-status').innerText"
+                ".includes('final diagnosis below')", timeout=browser_timeout_ms(90))
+            assert _status(page).startswith(f"ended (exit 0) · {STEPS} steps"), _status(page)
+            # the page was rebuilt from the final analysis: no longer following
+            page.wait_for_selector("#live-recent", state="detached", timeout=wait_ms)
+            page.click("#nav-overview")
+            page.wait_for_selector("#findings .finding", timeout=wait_ms)
+            assert page.inner_text("#card-steps").split()[1] == str(STEPS)
+            kinds = page.eval_on_selector_all("#findings .finding",
+                                              "es => es.map(e => e.dataset.kind)")
+            assert {"straggler", "data_stall"} & set(kinds), kinds
+            assert page.evaluate("() => window.__notReloaded === true")  # never reloaded
             browser.close()
         assert not errors, errors
     finally:

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -187,6 +188,7 @@ def test_watch_quits_on_q_under_tmux(tmp_path: Path) -> None:
 def test_watch_shows_saved_findings_and_lateness_and_says_when_they_are_old() -> None:
     from rich.console import Console
 
+    from uberprof.analysis.step_signals import step_signals
     from uberprof.present.terminal.watch import render
     from uberprof.rundir.follow import LiveState, RankLive, SavedFindings
 
@@ -195,15 +197,20 @@ def test_watch_shows_saved_findings_and_lateness_and_says_when_they_are_old() ->
     saved = SavedFindings([{"severity": "high", "title": "rank 3 arrives last"}], {3: 4.5e6},
                           saved_ns=100)
 
+    # rank 3's 10 steps: 100 ms each, 30 ms of it waiting for data
+    notes = [s.title for s in step_signals([(3, np.arange(10), np.full(10, 10**8))],
+                                           [(3, np.arange(10), np.full(10, 3 * 10**7))])]
+
     def shown(state: LiveState) -> str:
         out = io.StringIO()
-        Console(file=out, width=150).print(render(state, saved, "run"))
+        Console(file=out, width=150).print(render(state, saved, "run", notes=notes))
         return out.getvalue()
 
     ended = shown(LiveState(running=False, exit_code=0, end_ns=50, now_ns=200, ranks=[rank]))
     assert "findings (saved diagnosis):" in ended and "[high] rank 3 arrives last" in ended
     assert re.search(r"^\s+3\s+10\s+100\.0\s+100\.0\s+30\.0\s+–\s+4\.5\s", ended, re.MULTILINE)
-    assert "data wait: up to 30% of the step (rank 3)" in ended  # live hint from the timeline
+    assert "rank 3 waits for data 30% of its step time  (live, from the step timelines)" \
+        in ended  # the live hint from the timeline
     running = shown(LiveState(running=True, exit_code=None, end_ns=None, now_ns=200,
                               ranks=[rank]))
     assert "findings of an older diagnosis" in running and "q or Ctrl-C: quit" in running

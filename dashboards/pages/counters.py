@@ -33,8 +33,21 @@ PANELS = (
     ("ib", "tx_rate", "InfiniBand transmit (B/s)"),
 )
 MAX_DEVICES = 16
-PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B",
-           "#9D755D", "#FF9DA6", "#BAB0AC")  # lines per panel (a node has at most 8 GPUs; processes can be many)
+
+
+def _node(data: RunData, sel: Selection) -> str | None:
+    """The node shown: the one in the URL, else the selected rank's, else the first."""
+    nodes = data.counter_catalog()["nodes"]
+    return sel.node if sel.node in nodes else data.node_of_rank(sel.rank)
+
+
+def _panels(data: RunData, node: str) -> list[tuple[str, str, str]]:
+    series = data.counter_catalog()["nodes"][node]["series"]
+    return [(s, m, t) for s, m, t in PANELS if m in series.get(s, {})]
+
+
+def _rank_on_node(data: RunData, node: str, sel: Selection) -> int | None:
+    return q.rank_on_node(data, data.counter_catalog()["nodes"][node]["host"], sel.rank)
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
@@ -44,10 +57,10 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     if not cat["nodes"]:
         body.append(ui.notice("This run has no counters to show.", "info", id="no-counters"))
         return ui.page("page-counters", *body)
-    node = sel.node if sel.node in cat["nodes"] else data.node_of_rank(sel.rank)
+    node = _node(data, sel)
     assert node is not None
     info = cat["nodes"][node]
-    rank_on_node = q.rank_on_node(data, info["host"], sel.rank)
+    rank_on_node = _rank_on_node(data, node, sel)
     opts = [{"label": f"{n} ({i['host']})" if i["host"] != n else n, "value": n}
             for n, i in cat["nodes"].items()]
     body.append(html.Div([
@@ -57,7 +70,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                   html.Div(f"rank {rank_on_node}" if rank_on_node is not None else "–",
                            id="counters-rank")], className="control"),
     ], className="controls"))
-    panels = [(s, m, t) for s, m, t in PANELS if m in info["series"].get(s, {})]
+    panels = _panels(data, node)
     if not panels:
         body.append(ui.notice(f"Node {node} has counters, but none of the usual ones.", "info"))
         return ui.page("page-counters", *body)
@@ -77,6 +90,17 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                                "steps; dotted: step boundaries; red: throttling.",
                            id="counters-section"))
     return ui.page("page-counters", *body)
+
+
+def figure_of(data: RunData, sel: Selection) -> go.Figure | None:
+    """The counters figure the page shows for `sel` (None without one): what a page
+    following a running job redraws as samples arrive."""
+    node = _node(data, sel) if data.counter_catalog()["nodes"] else None
+    panels = _panels(data, node) if node is not None else []
+    if node is None or not panels:
+        return None
+    return figure(data, node, panels, _rank_on_node(data, node, sel),
+                  q.throttle_spans(data, node), sel.rank)
 
 
 def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: int | None,
@@ -100,7 +124,7 @@ def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: i
                 lo, hi = extent.get(i, (float(v.min()), float(v.max())))
                 extent[i] = (min(lo, float(v.min())), max(hi, float(v.max())))
             hot = gpu_of_focus is not None and gpu_of_focus == (node, dev)
-            color = colors.setdefault(dev, PALETTE[len(colors) % len(PALETTE)])
+            color = colors.setdefault(dev, ui.PALETTE[len(colors) % len(ui.PALETTE)])
             fig.add_scatter(
                 x=t, y=v, mode="lines", name=dev + (f" (rank {focus})" if hot else ""),
                 legendgroup=dev, showlegend=dev not in in_legend,

@@ -185,10 +185,10 @@ def findings_list(data: RunData, sel: Selection) -> Any:
     return html.Div(items, className="findings")
 
 
-def heatmap_figure(data: RunData, straggler: int | None, hm: Any = None) -> go.Figure:
-    """The rank x step heat map of step time; `hm` (a `tables.Heatmap`) instead of the loaded
-    run's, for a run followed while its job runs (`dashboards/live.py`)."""
-    hm = q.step_heatmap(data) if hm is None else hm
+def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
+    """The rank x step heat map of step time (redrawn as steps arrive while the job runs:
+    `dashboards/live.py`)."""
+    hm = q.step_heatmap(data)
     if hm is None:
         return ui.empty_figure("No step timelines in this run.")
     z = hm.z

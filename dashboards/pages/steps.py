@@ -18,6 +18,9 @@ from uberprof.dashboards.ui import Selection
 
 PATH = "/steps"
 TITLE = "Steps"
+RECENT = 200  # steps in the recent-steps figure of a run whose job runs
+RECENT_RANKS = 16  # ranks drawn there: the slowest over those steps
+MAX_OPTIONS = 5000  # beyond, the step picker offers the traced steps (and the selected one)
 
 
 def default_step(data: RunData, sel: Selection) -> int | None:
@@ -34,12 +37,10 @@ def default_step(data: RunData, sel: Selection) -> int | None:
 def layout(data: RunData, sel: Selection) -> html.Div:
     step = default_step(data, sel)
     traced = data.traced_steps()
-    all_steps = data.all_steps()
     if step is None:
         return ui.page("page-steps", ui.missing_notices(data.missing()),
                        ui.notice("This run has no steps.", "warn"))
-    options = [{"label": f"step {s}" + (" · traced" if s in traced else ""), "value": s}
-               for s in (all_steps if len(all_steps) <= 5000 else sorted(set(traced) | {step}))]
+    options = step_options(data, step)
     controls = html.Div([
         html.Div([html.Label("Step"),
                   dcc.Dropdown(id="step-picker", options=options, value=step, clearable=False,
@@ -68,10 +69,65 @@ def layout(data: RunData, sel: Selection) -> html.Div:
         why = ("this step was not traced: pick a traced step for its timeline"
                if traced else "the run has no traces, so only host step times are known")
         body.append(ui.notice(f"Step {step}: {why}.", "info", id="untraced-note"))
+    if data.follower is not None:
+        body.append(ui.section(
+            "Recent steps: host step time and data wait per rank",
+            ui.graph("live-recent", recent_figure(data)), id="live-recent-section",
+            sub=f"The last {RECENT} steps, growing while the job runs (the {RECENT_RANKS} "
+                "slowest ranks when there are more). Dotted: data wait."))
     body.append(ui.section(f"Step {step}: host step time and data wait per rank",
                            ui.graph("step-ranks", ranks_figure(data, step, sel.rank)),
                            id="step-ranks-section"))
     return ui.page("page-steps", *body)
+
+
+def step_options(data: RunData, step: int | None) -> list[dict[str, Any]]:
+    """The step picker's choices: every step, or the traced ones (and `step`) when there are
+    more than `MAX_OPTIONS`."""
+    traced = set(data.traced_steps())
+    series = data.step_series("step_time_ns")
+    span = (max(int(s[-1]) for _, s, _ in series) - min(int(s[0]) for _, s, _ in series) + 1
+            if series else 0)
+    steps = data.all_steps() if span <= MAX_OPTIONS else \
+        sorted(traced | ({step} if step is not None else set()))
+    return [{"label": f"step {s}" + (" · traced" if s in traced else ""), "value": s}
+            for s in steps]
+
+
+def recent_figure(data: RunData) -> go.Figure:
+    """Host step time (solid) and data wait (dotted) of the last `RECENT` steps per rank."""
+    times = data.step_series("step_time_ns")
+    if not times:
+        return ui.empty_figure("No steps yet.")
+    waits = {r: (s, v) for r, s, v in data.step_series("data_wait_ns")}
+    hi = max(int(s[-1]) for _, s, _ in times)
+    tail = []
+    for r, s, v in times:
+        keep = s > hi - RECENT
+        tail.append((r, s[keep], v[keep]))
+    tail = [x for x in tail if x[1].size]
+    if len(tail) > RECENT_RANKS:
+        tail = sorted(tail, key=lambda x: -float(np.median(x[2])))[:RECENT_RANKS]
+    straggler = data.straggler_rank()
+    fig = ui.new_figure()
+    for i, (r, s, v) in enumerate(sorted(tail, key=lambda x: x[0])):
+        color = ui.STRAGGLER if r == straggler else ui.PALETTE[i % len(ui.PALETTE)]
+        # steps as a list: plotly.js has no int64 arrays
+        fig.add_scatter(x=s.tolist(), y=v / 1e6, mode="lines", name=f"rank {r}",
+                        legendgroup=str(r),
+                        line={"color": color, "width": 1.5},
+                        hovertemplate=f"rank {r}<br>step %{{x}}: %{{y:.1f}} ms<extra></extra>")
+        ws, wv = waits.get(r, (s[:0], v[:0]))
+        keep = ws > hi - RECENT
+        fig.add_scatter(x=ws[keep].tolist(), y=wv[keep] / 1e6, mode="lines",
+                        name=f"rank {r} data wait",
+                        legendgroup=str(r), showlegend=False,
+                        line={"color": color, "width": 1, "dash": "dot"},
+                        hovertemplate=f"rank {r} data wait<br>step %{{x}}: %{{y:.1f}} ms"
+                                      "<extra></extra>")
+    fig.update_xaxes(title="step", tickformat="d")
+    fig.update_yaxes(title="ms", rangemode="tozero")
+    return ui.base_layout(fig, height=320)
 
 
 def timeline_figure(tl: StepTimeline, straggler: int | None, focus: int | None) -> go.Figure:

@@ -9,7 +9,7 @@ from typing import Any
 from uberprof.analysis import metrics as M
 from uberprof.analysis.summaries import sql_table
 from uberprof.dashboards.data import RunData
-from uberprof.dashboards.queries.tables import Heatmap, binned_heatmap
+from uberprof.dashboards.queries.tables import Heatmap, heatmap_of_series
 
 __all__ = ["health", "step_heatmap"]
 
@@ -72,6 +72,7 @@ def _health(run: RunData) -> dict[str, Any]:
 
 def step_heatmap(run: RunData, column: str = "step_time_ns", max_cols: int = 250,
                  max_rows: int = 256) -> Heatmap | None:
-    """Rank x step matrix of `column` in ms (tables.binned_heatmap), built once."""
+    """Rank x step matrix of `column` in ms (`tables.heatmap_of_series`), built once (per
+    refresh of a run followed while its job runs: from the steps read since, no table)."""
     return run.once(f"heatmap:{column}:{max_cols}:{max_rows}",
-                    lambda: binned_heatmap(run.steps, column, max_cols, max_rows))
+                    lambda: heatmap_of_series(run.step_series(column), max_cols, max_rows))

@@ -4,8 +4,8 @@ The parent (`uberprof run`) only picks the port, prints the URL and starts the c
 waits for it, so the job is not slowed. The child (`python -m uberprof.cli.live RUN PORT`)
 lowers its priority (os.nice), waits for the first steps, serves the dashboard on 127.0.0.1
 (the same app and safety rules as `uberprof dashboard`), follows the job while it runs
-(`dashboards/live.py`), and leaves a short while after the job ends (open pages see it end), or
-when `uberprof run` is gone.
+(`dashboards/live.py`), and leaves a short while after the job ends and the whole run is
+diagnosed (open pages see both), or when `uberprof run` is gone.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 NICE = 10  # below the job's processes: the dashboard yields the CPU to training
 GRACE_S = 10.0  # served this long after the job ends, so that open pages show the end
+FINAL_S = 600.0  # at most this long for the final diagnosis after the job ends
 HOST = "127.0.0.1"
 
 
@@ -64,14 +65,18 @@ def serve_beside(run_dir: Path, port: int, parent: int, poll_s: float = 1.0) -> 
     from uberprof.cli.dashboard import _make_server
     from uberprof.dashboards.app import create_app, loopback_hosts
     from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.live import EXTENSION
 
     data = RunData(root=run_dir).load()
     app = create_app(data, allowed_hosts=loopback_hosts(HOST))
     server = _make_server(HOST, port, app.server, Console(stderr=True))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    while not follower.poll().ended and not gone():
+    live = app.server.extensions.get(EXTENSION)  # the pages' follower: one reader
+    while not (live or follower).poll().ended and not gone():
         time.sleep(poll_s)
+    if live is not None and not gone():
+        live.wait_final(FINAL_S)  # the whole run diagnosed, on the open pages
     time.sleep(GRACE_S)
     server.shutdown()
     return 0

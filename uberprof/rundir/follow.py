@@ -26,8 +26,10 @@ from uberprof.rundir.layout import (
     COUNTERS_DIR,
     COUNTERS_SUFFIX,
     STEPS_FILE,
+    TRACES_DIR,
     RunDir,
     as_run_dir,
+    parse_trace_file_name,
 )
 from uberprof.rundir.nodes import list_nodes
 from uberprof.rundir.ranks import ranks_by_id, step_row_problem
@@ -248,6 +250,20 @@ class RunFollower:
         """The ranks followed so far, by rank."""
         return dict(self._steps)
 
+    def rows(self) -> int:
+        """Step rows read so far, all ranks together (grows when a poll found new steps)."""
+        return sum(f.step.n for f in self._steps.values())
+
+    def series(self, column: str = "duration_ns") -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per rank: (rank, its steps, one of `StepFollower`'s columns: `duration_ns`,
+        `data_wait_ns` or `end_ns`), as read so far; views of the followers' arrays, no copy."""
+        return [(r, f.step.values, getattr(f, column).values)
+                for r, f in sorted(self._steps.items()) if f.step.n]
+
+    def counters_size(self) -> int:
+        """Bytes of the counter streams read so far (grows when a poll found new samples)."""
+        return sum(c.offset for c in self._counters.values())
+
     def _discover(self) -> None:
         """Pick up rank folders and counter files that appeared since the last poll."""
         for rank, meta in ranks_by_id(self.run).items():
@@ -358,18 +374,35 @@ def _saved_lateness(derived: Path) -> dict[int, float]:
 
 
 def steps_table(follower: RunFollower) -> Any:
-    """Every step row read so far as a pyarrow Table (rank, step, step_time_ns, data_wait_ns):
-    what the dashboard's step-time heat map is drawn from while the job runs."""
+    """Every step row read so far as a pyarrow Table (rank, step, host_start_ns, host_end_ns,
+    step_time_ns, data_wait_ns): the step timelines of a run followed while its job runs."""
     import pyarrow as pa
 
     parts = [(r, f) for r, f in sorted(follower.step_followers().items()) if f.step.n]
-    if not parts:
-        return pa.table({"rank": pa.array([], pa.int64()), "step": pa.array([], pa.int64()),
-                         "step_time_ns": pa.array([], pa.int64()),
-                         "data_wait_ns": pa.array([], pa.int64())})
+
+    def cat(arrays: list[np.ndarray]) -> Any:
+        return pa.array(np.concatenate(arrays) if arrays else np.empty(0, np.int64))
+
+    end = [f.end_ns.values for _, f in parts]
+    dur = [f.duration_ns.values for _, f in parts]
     return pa.table({
-        "rank": np.concatenate([np.full(f.step.n, r, np.int64) for r, f in parts]),
-        "step": np.concatenate([f.step.values for _, f in parts]),
-        "step_time_ns": np.concatenate([f.duration_ns.values for _, f in parts]),
-        "data_wait_ns": np.concatenate([f.data_wait_ns.values for _, f in parts]),
+        "rank": cat([np.full(f.step.n, r, np.int64) for r, f in parts]),
+        "step": cat([f.step.values for _, f in parts]),
+        "host_start_ns": cat([e - d for e, d in zip(end, dur)]),
+        "host_end_ns": cat(end),
+        "step_time_ns": cat(dur),
+        "data_wait_ns": cat([f.data_wait_ns.values for _, f in parts]),
     })
+
+
+def trace_files(run: RunDir | Path | str) -> frozenset[str]:
+    """The trace windows the ranks have written so far (`ranks/<r>/traces/<name>`, whole
+    files only: a window is renamed into place when complete). A new one is worth analysing."""
+    found = set()
+    for rd in as_run_dir(run).rank_dirs():
+        try:
+            names = [p.name for p in (rd / TRACES_DIR).iterdir()]
+        except OSError:
+            continue
+        found |= {f"{rd.name}/{n}" for n in names if parse_trace_file_name(n) is not None}
+    return frozenset(found)

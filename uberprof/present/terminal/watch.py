@@ -2,7 +2,8 @@
 
 Per rank the last step time, the median so far, data wait, lateness at the collectives (from a
 saved diagnosis), GPU utilisation and SM clock (from the NVML counters); above them whether the
-job runs, and the findings. Refreshes every `interval` seconds, reading only what the job
+job runs; below, the straggler and data-stall indications of the step timelines and the
+findings. Refreshes every `interval` seconds, reading only what the job
 appended (`uberprof.rundir.follow`); stops when the job ends, or on q / Ctrl-C.
 """
 
@@ -22,8 +23,6 @@ from rich.text import Text
 
 from uberprof.rundir.follow import LiveState, RunFollower, SavedFindings, read_saved_findings
 
-DATA_WAIT_SHARE = 0.10  # a rank whose median data wait is this share of its step: data stall
-SLOW_FACTOR = 1.25  # a rank whose median step is this much over the ranks' median: slow rank
 MAX_ROWS = 32  # ranks shown; the slowest first when there are more
 
 
@@ -31,31 +30,18 @@ def _ms(ns: float | None) -> str:
     return "–" if ns is None else f"{ns / 1e6:,.1f}"
 
 
-def live_notes(state: LiveState) -> list[str]:
-    """What the step timelines already show, before any diagnosis: data stalls and slow ranks
-    (a hint, worded as such: the diagnosis weighs the evidence)."""
-    notes = []
-    ranks = [r for r in state.ranks if r.median_ns]
-    stalled = [r for r in ranks if (r.data_wait_median_ns or 0) >= DATA_WAIT_SHARE * r.median_ns]
-    if stalled:
-        worst = max(stalled, key=lambda r: (r.data_wait_median_ns or 0) / (r.median_ns or 1))
-        share = (worst.data_wait_median_ns or 0) / (worst.median_ns or 1)
-        notes.append(f"data wait: up to {share:.0%} of the step (rank {worst.rank}) on "
-                     f"{len(stalled)} rank(s): the input pipeline may hold the job back")
-    if len(ranks) >= 2:
-        import statistics
+def live_notes(follower: RunFollower) -> list[str]:
+    """What the step timelines already show, before any diagnosis: stragglers and data stalls
+    under the diagnosis's own tests (`uberprof.analysis.step_signals`), "suspected" when the
+    evidence is thin."""
+    from uberprof.analysis.step_signals import step_signals
 
-        typical = statistics.median(r.median_ns or 0 for r in ranks)
-        slow = [r for r in ranks if typical and (r.median_ns or 0) >= SLOW_FACTOR * typical]
-        if slow:
-            notes.append("slower steps on rank(s) "
-                         + ", ".join(str(r.rank) for r in slow[:8])
-                         + f" (median over {typical / 1e6:,.1f} ms x {SLOW_FACTOR})")
-    return notes
+    return [s.title for s in step_signals(follower.series("duration_ns"),
+                                          follower.series("data_wait_ns"))]
 
 
 def render(state: LiveState, saved: SavedFindings | None, title: str,
-           following: bool = True) -> Group:
+           following: bool = True, notes: list[str] | None = None) -> Group:
     """The whole screen for one look at the run."""
     style = "bold green" if state.running else "bold yellow" if state.ended else "bold"
     head = Text.assemble((state.status_line(), style), (f"  {title}", "bold"))
@@ -77,7 +63,7 @@ def render(state: LiveState, saved: SavedFindings | None, title: str,
     if len(state.ranks) > MAX_ROWS:
         parts.append(Text(f"{MAX_ROWS} slowest of {len(state.ranks)} ranks shown", "dim"))
     parts += [Text("• " + n + "  (live, from the step timelines)", "cyan")
-              for n in live_notes(state)]
+              for n in notes or []]
     if saved is not None and saved.findings:
         fresh = saved.fresh_for(state)
         parts.append(Text("findings (saved diagnosis):" if fresh else
@@ -129,10 +115,11 @@ def watch(run: Path, console: Console, interval: float = 2.0, once: bool = False
     state = follower.poll()
     saved = read_saved_findings(run)
     if once:
-        console.print(render(state, saved, title, following=False))
+        console.print(render(state, saved, title, following=False,
+                             notes=live_notes(follower)))
         return state
-    with _keys() as wait, Live(render(state, saved, title), console=console,
-                               auto_refresh=False) as live:
+    with _keys() as wait, Live(render(state, saved, title, notes=live_notes(follower)),
+                               console=console, auto_refresh=False) as live:
         try:
             while not state.ended:
                 key = wait(interval)
@@ -140,7 +127,8 @@ def watch(run: Path, console: Console, interval: float = 2.0, once: bool = False
                     break
                 state = follower.poll()
                 saved = read_saved_findings(run)
-                live.update(render(state, saved, title), refresh=True)
+                live.update(render(state, saved, title, notes=live_notes(follower)),
+                            refresh=True)
         except KeyboardInterrupt:
             pass
     return state
