@@ -47,6 +47,9 @@ def test_a_data_straggler_is_confirmed_with_enough_steps() -> None:
     assert straggler.test["name"].startswith("sole-last frequency")
     assert straggler.test["instances"] == 20 and straggler.test["p_value"] < 0.01
     assert "data wait" in straggler.title
+    # its sentence counts steps of the step timelines, not collectives
+    assert "alone the slowest at 20 of 20 steps, step timelines" in straggler.test["sentence"]
+    assert "collectives" not in straggler.test["sentence"]
 
 
 def test_few_steps_give_a_suspicion_or_nothing_never_a_verdict() -> None:

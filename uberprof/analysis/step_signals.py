@@ -79,12 +79,13 @@ def _lateness(ranks: list[int], steps: np.ndarray, m: np.ndarray, name: str) -> 
 
 def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np.ndarray
                ) -> Signal | None:
-    from uberprof.analysis.stragglers import straggler_test
+    from uberprof.analysis.stragglers import BASIS_STEP_TIMELINE, straggler_test
 
     median_step = float(np.median(times))
     wall = float(times.max(axis=0).sum())  # the ranks run in parallel
     for what, m in (("step time", times), ("data wait", waits)):
-        t = straggler_test(_lateness(ranks, steps, m, what), median_step, wall)
+        t = straggler_test(_lateness(ranks, steps, m, what), median_step, wall,
+                           basis=BASIS_STEP_TIMELINE)
         if t is None or t.decision == "none":
             continue
         verb = "is a straggler" if t.decision == "confirmed" else \

@@ -55,6 +55,7 @@ from uberprof.analysis.evidence import (
 
 __all__ = [
     "BASIS_FLIGHT_RECORDER",
+    "BASIS_STEP_TIMELINE",
     "BASIS_TRACES",
     "LATENESS_SCHEMA",
     "STRAGGLER_CAUSES",
@@ -74,8 +75,10 @@ MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must a
 SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 BASIS_TRACES = "traces"  # the traced window's matched collectives
 BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (analysis/arrivals.py)
+BASIS_STEP_TIMELINE = "step_timeline"  # live: per step, the longest (analysis/step_signals.py)
 _BASIS_WORDS = {BASIS_TRACES: "traced window",
-                BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)"}
+                BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)",
+                BASIS_STEP_TIMELINE: "step timelines of the last steps every rank finished"}
 
 LATENESS_SCHEMA = pa.schema([
     ("instance", pa.int64()),
@@ -142,12 +145,17 @@ class StragglerTest:
     def _confirm_hint(self) -> str:
         if self.basis == BASIS_FLIGHT_RECORDER:
             return "run more steps (the Flight Recorder covers every untraced step)"
+        if self.basis == BASIS_STEP_TIMELINE:
+            return "wait for more steps"
         return trace_more_hint([self.first_step] if self.first_step is not None else [])
 
     def as_test(self) -> Test:
         r = self.rank
-        freq = (f"rank {r} alone arrived last at {self.last} of {self.instances} collectives "
-                f"over {self.steps} step(s), {_BASIS_WORDS.get(self.basis, self.basis)}; "
+        alone = (f"was alone the slowest at {self.last} of {self.instances} steps"
+                 if self.basis == BASIS_STEP_TIMELINE else
+                 f"alone arrived last at {self.last} of {self.instances} collectives over "
+                 f"{self.steps} step(s)")
+        freq = (f"rank {r} {alone}, {_BASIS_WORDS.get(self.basis, self.basis)}; "
                 "the chance of this for a healthy rank is "
                 f"{chance_words(self.p_value)} (corrected for {self.ranks_tested} ranks)")
         lead = (f"last in {100 * self.last / max(self.instances, 1):.0f}% (needs >= "
