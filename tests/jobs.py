@@ -152,10 +152,11 @@ def load_script(path: Path, name: str) -> ModuleType:
 
 def start_slow_job(out: Path, run_id: str, steps: int, *options: str,
                    stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[str]:
-    """A 2-rank samples/train_ddp.py job of `steps` slow steps (60 ms of data wait each) under
-    `uberprof run --no-trace [options]`, started in the background: something to follow."""
+    """A 2-rank samples/train_ddp.py job of `steps` slow steps (rank 1 waits 60 ms for each
+    batch, rank 0 for rank 1) under `uberprof run --no-trace [options]`, started in the
+    background: something to follow."""
     return subprocess.Popen(
         [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, "--no-trace",
          *options, "--", *torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(steps),
-                                   "--data-delay-ms", "60")],
+                                   "--slow-data-rank", "1", "--data-delay-ms", "60")],
         stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=job_env())
