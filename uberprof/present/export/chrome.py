@@ -69,7 +69,10 @@ class ChromeWriter(TraceWriter):
             d = e.get("dur")
             if d is not None:
                 e["dur"] = (d + 0.25) / 1000.0
-            out.append(dumps(e))
+            try:
+                out.append(dumps(e))
+            except TypeError:  # orjson.JSONEncodeError: a value JSON cannot carry as it is
+                out.append(dumps(_json_safe(e)))
         self._add(out)
 
     def end_unit(self) -> None:
@@ -79,3 +82,20 @@ class ChromeWriter(TraceWriter):
     def finish(self, summary: dict[str, Any]) -> None:
         self._file.write(b'],"uberprof_export":' + orjson.dumps(summary) + b"}")
         self._file.commit()
+
+
+INT64 = 1 << 63
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` with what orjson refuses (integers beyond 64 bits, odd types, odd keys) as
+    strings: an odd source trace's value is kept as text, never a failed export."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (float, str)):
+        return value
+    if isinstance(value, int):
+        return value if -INT64 <= value < INT64 else str(value)
+    return str(value)
