@@ -87,11 +87,13 @@ class BusyExcess:
     def words(self) -> str:
         """The test in words: "its CPU time per step is the others' +31% (8.2 ms; ...)"."""
         what = _WORDS.get(self.kind, self.kind)
+        data = (f"; its data wait {self.data_excess_ns / 1e6:+.3g} ms per step over the "
+                "others'" if self.data_excess_ns >= self.need_ns else "")
         return (f"its {what} per step is the others' {self.excess_pct:+.1f}% "
                 f"({self.excess_ns / 1e6:+.3g} ms; material from {self.need_ns / 1e6:.3g} ms, "
                 f"{100 * MATERIAL_EXCESS:.0f}% of the step), the most at {self.most} of "
                 f"{self.steps} steps (chance {chance_words(self.p_value)}, corrected for "
-                f"{self.ranks_tested} ranks)")
+                f"{self.ranks_tested} ranks){data}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "rank": self.rank, "most_in": self.most,
