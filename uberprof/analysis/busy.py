@@ -31,17 +31,16 @@ from typing import Any
 import numpy as np
 
 from uberprof.analysis.context import RunContext
-from uberprof.analysis.evidence import FALSE_ALARM_RATE, chance_words
+from uberprof.analysis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
 from uberprof.analysis.stragglers import matrix_lateness, rank_frequency, rank_lead
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.rundir.ranks import StepTimeline, read_step_timeline
 
-__all__ = ["KIND_CPU", "MATERIAL_EXCESS", "MIN_STEPS", "BusyExcess", "BusyTimes",
+__all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
            "busy_from_timelines", "busy_series", "busy_times"]
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
-MIN_STEPS = 3  # steps with every rank's busy time below which there is no busy evidence
 _WORDS = {KIND_CPU: "CPU time"}
 
 
@@ -121,7 +120,7 @@ class BusyTimes:
     def excess(self, rank: int, steps: Iterable[int] | None, median_step_ns: float | None
                ) -> BusyExcess | None:
         """The compute-excess test of `rank` over `steps` (all when None), or None without
-        busy evidence there (the rank missing, fewer than MIN_STEPS steps)."""
+        busy evidence there (the rank missing, fewer than evidence.MIN_STEPS steps)."""
         if rank not in self.ranks or len(self.ranks) < 2:
             return None
         keep = np.isin(self.steps, list(steps)) if steps is not None else \
