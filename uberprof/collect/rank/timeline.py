@@ -8,9 +8,9 @@ land as separate `gpu` rows a step or two later.
 `cpu_ns` is the CPU time the thread that ends steps (the training thread) spent since the
 previous boundary (`time.thread_time_ns`, about 1 µs a step): the work it did, whatever the OS
 scheduler did to its wall time. It tells a rank that computes more from one the OS delayed
-(analysis/busy.py). It is left out where there is no previous boundary on the same thread,
-and for a boundary placed in the past (the first one of an optimizer-detected run comes an
-iteration late) and the one after it: the CPU time at the boundary is not known there.
+(analysis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
+optimizer detector places its boundary an iteration late, when it ends step 1 too: the CPU
+time at that boundary is not known) and where the previous boundary was on another thread.
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ except ImportError:  # the rank side works with the standard library alone
         return (json.dumps(row, separators=(",", ":")) + "\n").encode()
 
 
-LATE_BOUNDARY_NS = 1_000_000  # a boundary this far in the past was placed late (module doc)
-
-
 class StepTimeline:
     def __init__(self, path: Path, start_ns: int | None = None,
                  on_error: Callable[[OSError], None] | None = None) -> None:
@@ -54,7 +51,7 @@ class StepTimeline:
         # optimizer-detected run is placed in the past, and later waits belong to step 1.
         self._early_waits: list[tuple[int, int]] | None = []
         self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
-        self._cpu_mark = (threading.get_ident(), time.thread_time_ns())
+        self._cpu_mark = (0, 0)  # (thread ident, its CPU time) at the previous boundary
 
     def add_data_wait(self, ns: int, end_ns: int) -> None:
         self.data_wait_ns += ns
@@ -68,7 +65,7 @@ class StepTimeline:
     def boundary(self, t_ns: int, source: str, torch_cuda: Any | None) -> int:
         """End the open step at `t_ns` (epoch ns) and open the next; returns the step ended."""
         ended = self.step
-        cpu_ns = self._thread_cpu_ns(t_ns)
+        cpu_ns = self._thread_cpu_ns()
         carried = 0
         if self._early_waits is not None:
             carried = sum(ns for end, ns in self._early_waits if end > t_ns)
@@ -95,14 +92,13 @@ class StepTimeline:
         self.uberprof_ns = 0
         return ended
 
-    def _thread_cpu_ns(self, t_ns: int) -> int | None:
-        """The calling thread's CPU time since the previous boundary, or None when that was
-        on another thread (a boundary at exit, from atexit) or placed in the past."""
+    def _thread_cpu_ns(self) -> int | None:
+        """The calling thread's CPU time since the previous boundary, or None: the first two
+        steps (module docstring), a previous boundary on another thread (one at exit)."""
         tid, now = threading.get_ident(), time.thread_time_ns()
         prev_tid, prev = self._cpu_mark
-        late = time.time_ns() - t_ns > LATE_BOUNDARY_NS
-        self._cpu_mark = (0 if late else tid, now)  # 0: no thread's, the next one has none
-        return now - prev if tid == prev_tid and not late else None
+        self._cpu_mark = (tid if self.steps_written else 0, now)  # 0: no thread's
+        return now - prev if tid == prev_tid else None
 
     def mark_gpu_start(self, torch_cuda: Any) -> None:
         """Record the GPU position where the first step starts (once CUDA is in use)."""
