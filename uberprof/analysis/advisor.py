@@ -48,6 +48,7 @@ from uberprof.analysis.bandwidth import (
     exposed_ns,
     instance_bandwidth,
 )
+from uberprof.analysis.busy import BusyTimes, busy_times
 from uberprof.analysis.causes import (
     EXPOSED_COMM_REMEDY,
     GAP_CAUSES,
@@ -190,9 +191,10 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
 
     window = _window(traced, alignment)
     clocks = gpu_clocks(ctx, window)
-    traced_test = straggler_test(lat, median_step, wall_ns)
+    busy = busy_times(ctx)
+    traced_test = straggler_test(lat, median_step, wall_ns, busy=busy)
     s_test, straggler, basis_doc = _straggler_on_best_basis(ctx, alignment, lat, traced_test,
-                                                           median_step, wall_ns)
+                                                           median_step, wall_ns, busy)
     factors = _factors(traced, gaps, lat)
     clock_ev: dict[str, Any] = {}
     if straggler is not None:
@@ -252,7 +254,7 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
 
 def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Table,
                              traced_test: StragglerTest | None, median_step: float | None,
-                             wall_ns: int
+                             wall_ns: int, busy: BusyTimes | None = None
                              ) -> tuple[StragglerTest | None, Straggler | None,
                                         dict[str, Any] | None]:
     """The straggler test on one basis (stragglers.py): the Flight Recorder's arrivals over
@@ -262,7 +264,8 @@ def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Tabl
     fr = flight_basis(ctx, alignment.offsets())
     if fr is None or fr.instances < (traced_test.instances if traced_test else 0):
         return traced_test, find_straggler(lat, median_step, wall_ns, test=traced_test), None
-    test = straggler_test(fr.lateness, fr.median_step_ns, fr.wall_ns, BASIS_FLIGHT_RECORDER)
+    test = straggler_test(fr.lateness, fr.median_step_ns, fr.wall_ns, BASIS_FLIGHT_RECORDER,
+                          busy)
     return test, find_straggler(lat, median_step, wall_ns, test=test,
                                 basis=fr.lateness), fr.as_dict()
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 __all__ = ["WINDOW", "Signal", "step_signals"]
 
@@ -54,37 +53,14 @@ def _matrix(series: Sequence[Series], window: int) -> tuple[list[int], np.ndarra
     return [r for r, _, _ in series], np.arange(lo, last + 1)[done], m[:, done]
 
 
-def _lateness(ranks: list[int], steps: np.ndarray, m: np.ndarray, name: str) -> pa.Table:
-    """The straggler test's input (`stragglers.LATENESS_SCHEMA`) with each step as one
-    instance and `m` (ns per rank and step) as the arrival: lateness beyond the fastest rank;
-    the latest rank's delay is its lead over the second latest (what the others waited)."""
-    from uberprof.analysis.stragglers import LATENESS_SCHEMA
-
-    n_r, n_s = m.shape
-    late = m - m.min(axis=0)
-    top = m.max(axis=0)
-    last = m == top
-    sole = last & (last.sum(axis=0) == 1)
-    second = np.partition(m, -2, axis=0)[-2] if n_r > 1 else top
-    delay = np.where(np.arange(n_r)[:, None] == m.argmax(axis=0), top - second, 0)
-    zeros = np.zeros(n_r * n_s, np.int64)
-    return pa.table({
-        "instance": np.tile(np.arange(n_s), n_r), "rank": np.repeat(ranks, n_s),
-        "step": np.tile(steps, n_r), "name": pa.array([name] * (n_r * n_s), pa.string()),
-        "participants": np.full(n_r * n_s, n_r), "lateness_ns": late.ravel().astype(np.int64),
-        "last": last.ravel(), "sole_last": sole.ravel(),
-        "delay_ns": delay.ravel().astype(np.int64), "transfer_ns": zeros, "wait_ns": zeros,
-    }, schema=LATENESS_SCHEMA)
-
-
 def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np.ndarray
                ) -> Signal | None:
-    from uberprof.analysis.stragglers import BASIS_STEP_TIMELINE, straggler_test
+    from uberprof.analysis.stragglers import BASIS_STEP_TIMELINE, matrix_lateness, straggler_test
 
     median_step = float(np.median(times))
     wall = float(times.max(axis=0).sum())  # the ranks run in parallel
     for what, m in (("step time", times), ("data wait", waits)):
-        t = straggler_test(_lateness(ranks, steps, m, what), median_step, wall,
+        t = straggler_test(matrix_lateness(ranks, steps, m, what), median_step, wall,
                            basis=BASIS_STEP_TIMELINE)
         if t is None or t.decision == "none":
             continue

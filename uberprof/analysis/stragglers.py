@@ -22,6 +22,11 @@
   window's, else the traced collectives. The cost (the
   delay over the analysed steps, `find_straggler`) always comes from the traced ones, as do
   the cause and the split of collective time into wait and transfer.
+- *Busy time* (analysis/busy.py: the training thread's CPU time per step, where the step
+  timelines have it): arrival order cannot tell a rank that computes more from one the OS
+  scheduler delayed. A frequency-confirmed candidate whose busy-time excess is confirmed too
+  needs no last-fraction (its lead and delay are still required); a candidate with no excess
+  of its own time (busy time or data wait) is not named: the OS delayed it, not its work.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -37,7 +42,7 @@ on all ranks whoever was late; only the traced collectives carry the lateness.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -53,6 +58,9 @@ from uberprof.analysis.evidence import (
     trace_more_hint,
 )
 
+if TYPE_CHECKING:
+    from uberprof.analysis.busy import BusyExcess, BusyTimes
+
 __all__ = [
     "BASIS_FLIGHT_RECORDER",
     "BASIS_STEP_TIMELINE",
@@ -63,6 +71,9 @@ __all__ = [
     "StragglerTest",
     "find_straggler",
     "lateness",
+    "matrix_lateness",
+    "rank_frequency",
+    "rank_lead",
     "robust_sigma",
     "straggler_cause",
     "straggler_test",
@@ -76,6 +87,7 @@ SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 BASIS_TRACES = "traces"  # the traced window's matched collectives
 BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (analysis/arrivals.py)
 BASIS_STEP_TIMELINE = "step_timeline"  # live: per step, the longest (analysis/step_signals.py)
+DECIDED_BY_BUSY = "busy time"  # no excess of its own time cleared the candidate
 _BASIS_WORDS = {BASIS_TRACES: "traced window",
                 BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)",
                 BASIS_STEP_TIMELINE: "step timelines of the last steps every rank finished"}
@@ -141,6 +153,8 @@ class StragglerTest:
     first_step: int | None = None
     need_fraction: float = 0.5  # the share of instances it must be alone last in
     basis: str = BASIS_TRACES  # where the instances come from (module docstring)
+    busy: BusyExcess | None = None  # its compute-excess test, where there is busy time
+    fraction_waived: bool = False  # the last-fraction rule waived by a confirmed excess
 
     def _confirm_hint(self) -> str:
         if self.basis == BASIS_FLIGHT_RECORDER:
@@ -158,19 +172,25 @@ class StragglerTest:
         freq = (f"rank {r} {alone}, {_BASIS_WORDS.get(self.basis, self.basis)}; "
                 "the chance of this for a healthy rank is "
                 f"{chance_words(self.p_value)} (corrected for {self.ranks_tested} ranks)")
+        waived = "; waived: its work is confirmed in excess" if self.fraction_waived else ""
         lead = (f"last in {100 * self.last / max(self.instances, 1):.0f}% (needs >= "
-                f"{100 * self.need_fraction:.1f}%), median lead {self.median_lead_ns / 1e6:.3g} "
+                f"{100 * self.need_fraction:.1f}%{waived}), median lead "
+                f"{self.median_lead_ns / 1e6:.3g} "
                 f"ms (needs >= {self.need_lead_ns / 1e6:.3g} ms; the others' spread "
                 f"{self.noise_ns / 1e6:.3g} ms)")
         if self.share is not None:
             lead += f", adds {100 * self.share:.1f}% of the analysed time (needs >= " \
                     f"{100 * MATERIAL_SHARE:.0f}%)"
         rate = f"{100 * FALSE_ALARM_RATE:.0f}%"
-        if self.decision == "confirmed":
-            sentence = f"{freq}, below the {rate} false-alarm rate; {lead}: confirmed"
+        work = f"; {self.busy.words()}" if self.busy is not None else ""
+        if self.decided_by == DECIDED_BY_BUSY:
+            sentence = (f"no straggler: {freq}, but {self.busy.words() if self.busy else ''}: "
+                        "the OS delayed it, not its work (nor its data loading)")
+        elif self.decision == "confirmed":
+            sentence = f"{freq}, below the {rate} false-alarm rate; {lead}{work}: confirmed"
         elif self.decision == "suspected":
             sentence = (f"{freq}: not below the {rate} false-alarm rate, too few instances "
-                        f"to tell it from chance; {lead}: suspected — to confirm, "
+                        f"to tell it from chance; {lead}{work}: suspected — to confirm, "
                         + self._confirm_hint())
         elif self.decided_by == "frequency":
             sentence = (f"no straggler: the rank most often last, {freq}, not below the "
@@ -179,9 +199,10 @@ class StragglerTest:
                 sentence += ("; too few instances to tell a persistent straggler from "
                              "chance: " + self._confirm_hint())
         else:
-            sentence = (f"no straggler: {freq}, but it is not material: {lead}")
+            sentence = (f"no straggler: {freq}, but it is not material: {lead}{work}")
         return Test(name="sole-last frequency (Poisson-binomial, Bonferroni over ranks) and "
-                         "materiality of the lead",
+                         "materiality of the lead"
+                         + (", with its busy-time excess" if self.busy is not None else ""),
                     statistic=f"last at {self.last}/{self.instances}; {lead}",
                     instances=self.instances,
                     threshold=(f"p <= {FALSE_ALARM_RATE:g} confirmed, p <= "
@@ -192,6 +213,14 @@ class StragglerTest:
                     sentence=sentence, p_value=self.p_value, p_uncorrected=self.p_uncorrected,
                     decided_by=self.decided_by)
 
+    def test_doc(self) -> dict[str, Any]:
+        """`evidence["test"]`: `as_test()`'s, with the busy-time test where there is one."""
+        doc = self.as_test().as_dict()
+        if self.busy is not None:
+            doc["busy_time"] = {**self.busy.as_dict(), "last_fraction_waived":
+                                self.fraction_waived}
+        return doc
+
     def as_dict(self) -> dict[str, Any]:
         """`run.straggler_test` of the report document: the decision, even when it is none."""
         return {"rank": self.rank, "decision": self.decision, "last_in": self.last,
@@ -201,7 +230,7 @@ class StragglerTest:
                 "min_lead_ms": round(self.need_lead_ns / 1e6, 3),
                 "delay_ms": round(self.delay_ns / 1e6, 3),
                 "share_pct": round(100 * self.share, 1) if self.share is not None else None,
-                "test": self.as_test().as_dict()}
+                "test": self.test_doc()}
 
 
 def lateness(instances: pa.Table) -> pa.Table:
@@ -236,6 +265,28 @@ def lateness(instances: pa.Table) -> pa.Table:
     return t.cast(LATENESS_SCHEMA)
 
 
+def matrix_lateness(ranks: list[int], steps: np.ndarray, m: np.ndarray, name: str) -> pa.Table:
+    """LATENESS_SCHEMA with each step as one instance and `m` (ns per rank and step) as the
+    arrival: lateness beyond the fastest rank; the latest rank's delay is its lead over the
+    second latest (what the others waited). The live step-timeline test's basis
+    (analysis/step_signals.py) and the busy-time test's (analysis/busy.py)."""
+    n_r, n_s = m.shape
+    late = m - m.min(axis=0)
+    top = m.max(axis=0)
+    last = m == top
+    sole = last & (last.sum(axis=0) == 1)
+    second = np.partition(m, -2, axis=0)[-2] if n_r > 1 else top
+    delay = np.where(np.arange(n_r)[:, None] == m.argmax(axis=0), top - second, 0)
+    zeros = np.zeros(n_r * n_s, np.int64)
+    return pa.table({
+        "instance": np.tile(np.arange(n_s), n_r), "rank": np.repeat(ranks, n_s),
+        "step": np.tile(steps, n_r), "name": pa.array([name] * (n_r * n_s), pa.string()),
+        "participants": np.full(n_r * n_s, n_r), "lateness_ns": late.ravel().astype(np.int64),
+        "last": last.ravel(), "sole_last": sole.ravel(),
+        "delay_ns": delay.ravel().astype(np.int64), "transfer_ns": zeros, "wait_ns": zeros,
+    }, schema=LATENESS_SCHEMA)
+
+
 def robust_sigma(x: np.ndarray) -> float:
     """1.4826 x the median absolute deviation: the standard deviation of normal data, robust
     to the outliers (a descheduled thread, a cold cache) that a handful of steps always has."""
@@ -266,6 +317,29 @@ def _lead_and_noise(iid: np.ndarray, rank: np.ndarray, late: np.ndarray, n_part:
     return lead, robust_sigma(lead)
 
 
+def _frequency(mine: np.ndarray, sole_last: np.ndarray, n_part: np.ndarray
+               ) -> tuple[int, int, float]:
+    """(k, n, p): the instances a rank (`mine`) was alone last in, those it took part in, and
+    the chance of k or more for a healthy rank (uncorrected; evidence.poisson_binomial_sf)."""
+    k = int(sole_last[mine].sum())
+    return k, int(mine.sum()), poisson_binomial_sf(k, 1.0 / np.maximum(n_part[mine], 1))
+
+
+def rank_frequency(lat: pa.Table, r: int) -> tuple[int, int, float]:
+    """Rank `r`'s sole-last frequency in `lat`: (alone last, instances, uncorrected p)."""
+    return _frequency(lat.column("rank").to_numpy() == r,
+                      lat.column("sole_last").to_numpy(zero_copy_only=False).astype(bool),
+                      lat.column("participants").to_numpy())
+
+
+def rank_lead(lat: pa.Table, r: int) -> tuple[np.ndarray, float]:
+    """Rank `r`'s lead over the others' median lateness per instance of `lat`, and the
+    others' spread (`_lead_and_noise`)."""
+    return _lead_and_noise(lat.column("instance").to_numpy(), lat.column("rank").to_numpy(),
+                           lat.column("lateness_ns").to_numpy().astype(np.float64),
+                           lat.column("participants").to_numpy(), r)
+
+
 def _delay_per_step(step: np.ndarray, delay: np.ndarray, n_part: np.ndarray
                     ) -> dict[int, tuple[int, int]]:
     """Per step, the largest delay one rank alone added to any of the step's collectives
@@ -278,11 +352,12 @@ def _delay_per_step(step: np.ndarray, delay: np.ndarray, n_part: np.ndarray
 
 
 def straggler_test(lat: pa.Table, median_step_ns: float | None,
-                   wall_ns: float | None = None, basis: str = BASIS_TRACES
-                   ) -> StragglerTest | None:
+                   wall_ns: float | None = None, basis: str = BASIS_TRACES,
+                   busy: BusyTimes | None = None) -> StragglerTest | None:
     """The straggler test of a run (module docstring; `uberprof.analysis.evidence`): the
     candidate rank, both criteria and the decision. None without matched collectives.
-    `median_step_ns` and `wall_ns` are those of the steps `lat` covers."""
+    `median_step_ns` and `wall_ns` are those of the steps `lat` covers; `busy`, the ranks'
+    busy time per step (analysis/busy.py), is read over those steps."""
     if lat.num_rows == 0:
         return None
     iid = lat.column("instance").to_numpy()
@@ -296,15 +371,14 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     best: tuple[tuple[float, float, float], int, float] | None = None
     for r in ranks:
         mine = rank == r
-        k = int(sole_last[mine].sum())
-        p = poisson_binomial_sf(k, 1.0 / np.maximum(n_part[mine], 1))
-        key = (-p, k / max(int(mine.sum()), 1), float(np.median(late[mine])))
+        k, n, p = _frequency(mine, sole_last, n_part)
+        key = (-p, k / max(n, 1), float(np.median(late[mine])))
         if best is None or key > best[0]:
             best = (key, int(r), p)
     assert best is not None
     _, r, p_raw = best
     mine = rank == r
-    k, n = int(sole_last[mine].sum()), int(mine.sum())
+    k, n, _ = _frequency(mine, sole_last, n_part)
     p_adj = min(1.0, p_raw * len(ranks))
     lead, noise = _lead_and_noise(iid, rank, late, n_part, r)
     med_lead = float(np.median(lead)) if lead.size else 0.0
@@ -319,8 +393,10 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     big_lead = med_lead >= need_lead
     big_share = share is None or share >= MATERIAL_SHARE
     need_frac = 0.5 + 0.5 / max(float(np.median(n_part[mine])), 2.0)
-    material = big_lead and big_share and k >= need_frac * n
     steps = sorted({int(s) for s in step[mine].tolist()})
+    work = busy.excess(r, set(step.tolist()), median_step_ns) if busy is not None else None
+    waived = k < need_frac * n and frequent and work is not None and work.confirmed
+    material = big_lead and big_share and (k >= need_frac * n or waived)
     if frequent and material:
         decision, decided = "confirmed", "both"
     elif maybe and material:
@@ -328,12 +404,14 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     else:
         decision = "none"
         decided = "frequency" if not maybe else "materiality"
+    if decision != "none" and work is not None and work.cleared:
+        decision, decided = "none", DECIDED_BY_BUSY
     return StragglerTest(
         rank=r, last=k, instances=n, steps=len(steps), ranks_tested=len(ranks),
         p_value=p_adj, p_uncorrected=p_raw, median_lead_ns=int(med_lead), noise_ns=int(noise),
         need_lead_ns=int(need_lead), delay_ns=int(delay_wall), share=share,
         decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
-        need_fraction=need_frac, basis=basis)
+        need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived)
 
 
 def find_straggler(lat: pa.Table, median_step_ns: float | None,
@@ -361,7 +439,7 @@ def find_straggler(lat: pa.Table, median_step_ns: float | None,
         median_lead_ns=t.median_lead_ns, noise_ns=t.noise_ns,
         delay_ns=int(sum(d for d, _ in per_step.values())),
         others_wait_ns=int(sum(d * (k - 1) for d, k in per_step.values())),
-        steps_analysed=t.steps, confidence=t.decision, test=t.as_test().as_dict(),
+        steps_analysed=t.steps, confidence=t.decision, test=t.test_doc(),
         basis=t.basis)
 
 

@@ -166,6 +166,12 @@ class StepTimeline:
     truncated: bool = False
     skipped: dict[str, int] = field(default_factory=dict)
 
+    def values(self, name: str) -> dict[int, int]:
+        """Per step, the integer field `name` (e.g. `cpu_ns`, written by newer agents only):
+        steps without it, or with another type there, are left out."""
+        return {r["step"]: v for r in self.steps
+                if isinstance(v := r.get(name), int) and not isinstance(v, bool)}
+
     def problem(self, path: Path) -> str | None:
         """One line naming the file and the rows left out, or None when none were."""
         if not self.skipped:

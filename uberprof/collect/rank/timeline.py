@@ -4,11 +4,19 @@ Each finished step is written and flushed at once, so a rank killed with `kill -
 step it finished on disk. GPU times come from CUDA events recorded at step boundaries and are
 read only once the GPU has passed them (`Event.query()`), so the training thread never waits; they
 land as separate `gpu` rows a step or two later.
+
+`cpu_ns` is the CPU time the thread that ends steps (the training thread) spent since the
+previous boundary (`time.thread_time_ns`, about 1 µs a step): the work it did, whatever the OS
+scheduler did to its wall time. It tells a rank that computes more from one the OS delayed
+(analysis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
+optimizer detector places its boundary an iteration late, when it ends step 1 too: the CPU
+time at that boundary is not known) and where the previous boundary was on another thread.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,6 +51,7 @@ class StepTimeline:
         # optimizer-detected run is placed in the past, and later waits belong to step 1.
         self._early_waits: list[tuple[int, int]] | None = []
         self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
+        self._cpu_mark = (0, 0)  # (thread ident, its CPU time) at the previous boundary
 
     def add_data_wait(self, ns: int, end_ns: int) -> None:
         self.data_wait_ns += ns
@@ -56,22 +65,24 @@ class StepTimeline:
     def boundary(self, t_ns: int, source: str, torch_cuda: Any | None) -> int:
         """End the open step at `t_ns` (epoch ns) and open the next; returns the step ended."""
         ended = self.step
+        cpu_ns = self._thread_cpu_ns()
         carried = 0
         if self._early_waits is not None:
             carried = sum(ns for end, ns in self._early_waits if end > t_ns)
             self.data_wait_ns -= carried
             self._early_waits = None
-        self._write(
-            {
-                "kind": "step",
-                "step": ended,
-                "host_start_ns": self.start_ns,
-                "host_end_ns": t_ns,
-                "data_wait_ns": self.data_wait_ns,
-                "uberprof_ns": self.uberprof_ns,
-                "source": source,
-            }
-        )
+        row: dict[str, Any] = {
+            "kind": "step",
+            "step": ended,
+            "host_start_ns": self.start_ns,
+            "host_end_ns": t_ns,
+            "data_wait_ns": self.data_wait_ns,
+            "uberprof_ns": self.uberprof_ns,
+            "source": source,
+        }
+        if cpu_ns is not None:
+            row["cpu_ns"] = cpu_ns
+        self._write(row)
         self.steps_written += 1
         if torch_cuda is not None:
             self._mark_gpu(ended, torch_cuda)
@@ -80,6 +91,14 @@ class StepTimeline:
         self.data_wait_ns = carried
         self.uberprof_ns = 0
         return ended
+
+    def _thread_cpu_ns(self) -> int | None:
+        """The calling thread's CPU time since the previous boundary, or None: the first two
+        steps (module docstring), a previous boundary on another thread (one at exit)."""
+        tid, now = threading.get_ident(), time.thread_time_ns()
+        prev_tid, prev = self._cpu_mark
+        self._cpu_mark = (tid if self.steps_written else 0, now)  # 0: no thread's
+        return now - prev if tid == prev_tid else None
 
     def mark_gpu_start(self, torch_cuda: Any) -> None:
         """Record the GPU position where the first step starts (once CUDA is in use)."""

@@ -1,0 +1,171 @@
+"""Busy time per step: the compute evidence that tells a straggler from a rank the OS delayed.
+
+Arrival order alone cannot tell them apart: on oversubscribed cores a healthy rank that the
+scheduler keeps off a core is alone last as often as a rank that computes 1.3x as long (seed
+22 of the accuracy benchmark: 23 of 38, chance 1.5e-5). What differs is the work: a compute
+straggler's training thread spends more CPU time per step, a delayed one the same.
+
+- **Busy time** (`busy_series`, the one place that decides what it is): the training thread's
+  CPU time per step (`cpu_ns` of steps.jsonl, `time.thread_time_ns` at each step boundary).
+  Device runs have no busy time here: their `gpu_time_ns` is the device time between two step
+  boundaries, which includes the collectives' wait for a late peer (the same on every rank of a
+  synchronous job), and a host thread that waits on the device may spin (CPU time that is no
+  work). Runs from agents that did not record `cpu_ns` have none either: the straggler test
+  then decides exactly as before.
+- **Compute-excess test** (`BusyTimes.excess`): each step is one instance and the rank with
+  the most busy time in it is "alone last" (`stragglers.matrix_lateness`); the frequency is
+  the straggler test's own (sole-last count, Poisson-binomial, Bonferroni over the ranks), the
+  excess its lead (the rank's busy time minus the others' median, median over the steps).
+  Material at `MATERIAL_EXCESS` of the median step. Confirmed: frequency at the false-alarm
+  rate and material. No excess: below the material size, and no data-wait excess of that size
+  either (a rank whose loader sleeps is late by its own doing while its CPU time is the
+  others').
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from uberprof.analysis.context import RunContext
+from uberprof.analysis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
+from uberprof.analysis.stragglers import matrix_lateness, rank_frequency, rank_lead
+from uberprof.rundir import RunDir, ranks_by_id
+from uberprof.rundir.ranks import StepTimeline, read_step_timeline
+
+__all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
+           "busy_from_timelines", "busy_series", "busy_times"]
+
+KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
+MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
+_WORDS = {KIND_CPU: "CPU time"}
+
+
+def busy_series(timeline: StepTimeline) -> tuple[str, dict[int, int]] | None:
+    """A rank's busy time per step and its kind, or None where its timeline has none (an older
+    agent; a device run, whose `gpu_time_ns` is no busy time: module docstring)."""
+    if timeline.values("gpu_time_ns"):
+        return None
+    cpu = timeline.values("cpu_ns")
+    return (KIND_CPU, cpu) if cpu else None
+
+
+@dataclass
+class BusyExcess:
+    """The compute-excess test of one rank (module docstring), with its numbers."""
+
+    rank: int
+    kind: str
+    most: int  # steps where it alone had the most busy time
+    steps: int  # steps with every rank's busy time
+    ranks_tested: int
+    p_value: float  # chance of `most` or more for a rank with no excess, x ranks (Bonferroni)
+    p_uncorrected: float
+    median_ns: int  # the others' median busy time per step (median over steps)
+    excess_ns: int  # its busy time minus the others' median, median over the steps
+    data_excess_ns: int  # the same for its data wait
+    need_ns: int  # the material excess: MATERIAL_EXCESS of the median step
+
+    @property
+    def confirmed(self) -> bool:
+        """More work, persistently and materially."""
+        return self.p_value <= FALSE_ALARM_RATE and self.excess_ns >= self.need_ns
+
+    @property
+    def cleared(self) -> bool:
+        """No material excess of its own time (busy or data wait): it is not late by its work."""
+        return self.excess_ns < self.need_ns and self.data_excess_ns < self.need_ns
+
+    @property
+    def excess_pct(self) -> float:
+        return 100 * self.excess_ns / self.median_ns if self.median_ns else 0.0
+
+    def words(self) -> str:
+        """The test in words: "its CPU time per step is the others' +31% (8.2 ms; ...)"."""
+        what = _WORDS.get(self.kind, self.kind)
+        data = (f"; its data wait {self.data_excess_ns / 1e6:+.3g} ms per step over the "
+                "others'" if self.data_excess_ns >= self.need_ns else "")
+        return (f"its {what} per step is the others' {self.excess_pct:+.1f}% "
+                f"({self.excess_ns / 1e6:+.3g} ms; material from {self.need_ns / 1e6:.3g} ms, "
+                f"{100 * MATERIAL_EXCESS:.0f}% of the step), the most at {self.most} of "
+                f"{self.steps} steps (chance {chance_words(self.p_value)}, corrected for "
+                f"{self.ranks_tested} ranks){data}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rank": self.rank, "most_in": self.most,
+                "steps": self.steps, "p_value": float(f"{self.p_value:.3g}"),
+                "p_uncorrected": float(f"{self.p_uncorrected:.3g}"),
+                "others_median_ms": round(self.median_ns / 1e6, 3),
+                "excess_ms": round(self.excess_ns / 1e6, 3),
+                "excess_pct": round(self.excess_pct, 1),
+                "data_wait_excess_ms": round(self.data_excess_ns / 1e6, 3),
+                "min_excess_ms": round(self.need_ns / 1e6, 3),
+                "decision": ("confirmed" if self.confirmed else
+                             "none" if self.cleared else "not confirmed")}
+
+
+@dataclass
+class BusyTimes:
+    """Every rank's busy time and data wait per step, over the steps every rank has."""
+
+    kind: str
+    ranks: list[int]
+    steps: np.ndarray  # step numbers, increasing
+    busy: np.ndarray  # ns, [rank, step]
+    data_wait: np.ndarray  # ns, [rank, step]
+
+    def excess(self, rank: int, steps: Iterable[int] | None, median_step_ns: float | None
+               ) -> BusyExcess | None:
+        """The compute-excess test of `rank` over `steps` (all when None), or None without
+        busy evidence there (the rank missing, fewer than evidence.MIN_STEPS steps)."""
+        if rank not in self.ranks or len(self.ranks) < 2:
+            return None
+        keep = np.isin(self.steps, list(steps)) if steps is not None else \
+            np.ones(self.steps.size, bool)
+        if int(keep.sum()) < MIN_STEPS:
+            return None
+        s, b, w = self.steps[keep], self.busy[:, keep], self.data_wait[:, keep]
+        lat = matrix_lateness(self.ranks, s, b, self.kind)
+        most, n, p = rank_frequency(lat, rank)
+        lead, _ = rank_lead(lat, rank)
+        data_lead, _ = rank_lead(matrix_lateness(self.ranks, s, w, "data wait"), rank)
+        i = self.ranks.index(rank)
+        others = np.delete(b, i, axis=0)
+        need = MATERIAL_EXCESS * (median_step_ns or float(np.median(b)))
+        return BusyExcess(
+            rank=rank, kind=self.kind, most=most, steps=n, ranks_tested=len(self.ranks),
+            p_value=min(1.0, p * len(self.ranks)), p_uncorrected=p,
+            median_ns=int(np.median(np.median(others, axis=0))),
+            excess_ns=int(np.median(lead)), data_excess_ns=int(np.median(data_lead)),
+            need_ns=int(need))
+
+
+def busy_from_timelines(timelines: Mapping[int, StepTimeline]) -> BusyTimes | None:
+    """The busy times of the ranks' step timelines, over the steps every rank with busy time
+    has; None unless at least two ranks have busy time of one kind on common steps."""
+    series = {r: b for r, t in timelines.items() if (b := busy_series(t)) is not None}
+    kinds = {k for k, _ in series.values()}
+    if len(series) < 2 or len(kinds) != 1 or len(series) < len(timelines):
+        return None
+    ranks = sorted(series)
+    common = sorted(set.intersection(*(set(v) for _, v in series.values())))
+    if not common:
+        return None
+    waits = {r: timelines[r].values("data_wait_ns") for r in ranks}
+    return BusyTimes(
+        kind=kinds.pop(), ranks=ranks, steps=np.asarray(common, np.int64),
+        busy=np.array([[series[r][1][s] for s in common] for r in ranks], np.float64),
+        data_wait=np.array([[waits[r].get(s, 0) for s in common] for r in ranks], np.float64))
+
+
+def busy_times(ctx: RunContext) -> BusyTimes | None:
+    """The busy times of a run directory's ranks (the analysed ones), or None: plain traces,
+    device runs, runs recorded before `cpu_ns` (module docstring)."""
+    if not ctx.is_run_dir:
+        return None
+    metas = ranks_by_id(RunDir(ctx.root))
+    return busy_from_timelines({r: read_step_timeline(m.folder) for r, m in metas.items()
+                                if r in ctx.ranks})
