@@ -170,13 +170,8 @@ def test_the_first_failure_is_a_cause_even_when_a_victim_raised_earlier(tmp_path
     assert crash.evidence["first"]["exception"]["where"] == "/job/train.py:7 in step"
 
 
-def test_report_names_a_crash_of_a_run_without_traces(tmp_path: Path) -> None:
-    from rich.console import Console
-
-    from uberprof.analysis.failures import failures_only_diagnosis
-    from uberprof.present.report_html import render_html
-    from uberprof.present.report_terminal import render_report
-
+def _crashed_before_its_traces(tmp_path: Path) -> RunDir:
+    """A run whose rank 0 raised KeyError in load() after one step, before any trace window."""
     run = RunDir(tmp_path / "run")
     run.create("r")
     node = run.claim_node_dir("n0")
@@ -185,6 +180,17 @@ def test_report_names_a_crash_of_a_run_without_traces(tmp_path: Path) -> None:
     (d / "exceptions.jsonl").write_text(json.dumps(
         {"time_ns": 1, "type": "KeyError", "message": "'x'", "where": "excepthook",
          "frames": [{"file": "/job/train.py", "line": 3, "function": "load"}]}) + "\n")
+    return run
+
+
+def test_report_names_a_crash_of_a_run_without_traces(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from uberprof.analysis.failures import failures_only_diagnosis
+    from uberprof.present.report_html import render_html
+    from uberprof.present.report_terminal import render_report
+
+    run = _crashed_before_its_traces(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "uberprof", "report", "--json", str(run.root)],
                           capture_output=True, text=True, timeout=120)
     doc = json.loads(proc.stdout)
@@ -206,14 +212,7 @@ def test_the_dashboard_overview_shows_a_crash_first_with_its_stack(tmp_path: Pat
     from uberprof.dashboards.pages import overview
     from uberprof.dashboards.ui import Selection
 
-    run = RunDir(tmp_path / "run")
-    run.create("r")
-    node = run.claim_node_dir("n0")
-    write_json_atomic(node / "node.json", {"exit_code": 1, "end_ns": 5})
-    d = _fake_rank(run, node.name, 0, 10**6, steps=1)
-    (d / "exceptions.jsonl").write_text(json.dumps(
-        {"time_ns": 1, "type": "KeyError", "message": "'x'", "where": "excepthook",
-         "frames": [{"file": "/job/train.py", "line": 3, "function": "load"}]}) + "\n")
+    run = _crashed_before_its_traces(tmp_path)
     data = RunData(run.root).load()
     assert not data.has_traces
     page = overview.layout(data, Selection())

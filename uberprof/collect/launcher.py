@@ -95,14 +95,12 @@ def run_wrapped(command: Sequence[str], env: Mapping[str, str],
     try:
         own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         child = subprocess.Popen(list(command), env=dict(env), **own_group)  # type: ignore[call-overload]
-    except FileNotFoundError:
+    except BaseException as exc:
         _restore(previous, terminal)
-        raise CommandNotFound(command[0]) from None
-    except PermissionError:
-        _restore(previous, terminal)
-        raise CommandNotFound(command[0], "is not executable") from None
-    except BaseException:
-        _restore(previous, terminal)
+        if isinstance(exc, FileNotFoundError):
+            raise CommandNotFound(command[0]) from None
+        if isinstance(exc, PermissionError):
+            raise CommandNotFound(command[0], "is not executable") from None
         raise
     if terminal is not None and terminal.foreground() == terminal.own_group:
         terminal.give(child.pid)
