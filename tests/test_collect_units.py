@@ -266,3 +266,33 @@ def test_calibration_peak_ignores_a_shapers_burst() -> None:
     # a fast link where no iteration is long: the peak over every point
     fast = [point(64 << 10, 1e9), point(1 << 20, 4e10), point(64 << 20, 3.5e11)]
     assert _summary(fast) == (3.5e11, 64 << 20)
+
+
+def test_the_clock_estimate_never_holds_the_jobs_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store client runs one request at a time: rank 0's estimate, waiting for a rank that is
+    slow to start, must not hold the job's own store calls (it held them up to a minute)."""
+    import socket
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from uberprof.collect.rank import clock
+
+    monkeypatch.setattr(clock, "TIMEOUT", timedelta(seconds=30))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    job_store = dist.PrefixStore("default_pg", server)
+    host = socket.gethostname()
+    results: list[dict] = []
+    thread = clock.start_offset_estimate(job_store, 0, 2, 0, host, "run", results.append,
+                                         lambda e: results.append({"error": repr(e)}))
+    probe = dist.PrefixStore("default_pg", server.clone())
+    probe.wait([f"{clock.PREFIX}/job"], timedelta(seconds=30))
+    time.sleep(0.2)  # the estimate is now waiting for rank 1's key
+    job_store.set("the job's own key", "1")  # returned at once: the estimate is still waiting
+    assert thread.is_alive() and not results
+    probe.set(f"{clock.PREFIX}/host/1", f"1|{host}")  # rank 1 arrives, on rank 0's host
+    thread.join(timeout=30)
+    assert results == [{"offset_to_rank0_ns": 0, "offset_uncertainty_ns": 0,
+                        "method": "reference", "job_id": "run", "hosts_measured": 0}]

@@ -4,12 +4,13 @@ their peer as victims."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from tests._failures import faulty_run, first_finding, line_of
-from tests.jobs import info_json
+from tests.jobs import info_json, torchrun, uberprof_run
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,11 @@ def test_a_rank_killed_with_kill_9(tmp_path: Path) -> None:
     if w is not None:
         assert (w["op"], w["process_group"], w["sizes"]) == ("all_reduce", "default_pg", [[4]])
     sites = f["evidence"]["call_sites"]
-    assert len(sites) == 1 and sites[0]["ranks"] == [0, 2, 3]
+    assert len(sites) == 1 and set(sites[0]["ranks"]) <= {0, 2, 3}
+    for v in f["evidence"]["victims"]:
+        # a victim is placed unless the SIGTERM found it with no Python frame at all (between
+        # Gloo's exception and the excepthook: it happens under load)
+        assert v["rank"] in sites[0]["ranks"] or not (v.get("stack") or v.get("exception")), v
     assert sites[0]["collective"] == "all_reduce"
     assert sites[0]["where"].endswith(f"faulty.py:{line_of('dist.all_reduce(grad)')} in train")
 
@@ -73,3 +78,22 @@ def test_a_collective_mismatch_that_makes_gloo_abort(tmp_path: Path) -> None:
     assert odd and odd[0]["collective"] == "all_reduce"
     assert odd[0]["where"].endswith(f"faulty.py:{line_of('torch.ones(10_000)')} in train")
     assert "different collective calls" in f["title"]
+
+
+def test_a_sigterm_during_the_exception_hook_waits_for_the_record(tmp_path: Path) -> None:
+    """torchrun ends the survivors ~0.1 s after a rank dies, often while they are still
+    recording the exception Gloo raised in them: the record is written whole, and the script's
+    own hook runs to its end, before the SIGTERM takes its course (stacks, then death)."""
+    script = Path(__file__).parent / "scripts" / "sigterm_in_hook.py"
+    proc = uberprof_run(tmp_path, "hook", torchrun(1, script), "--no-trace", check=False)
+    assert proc.returncode != 0
+    assert "the script's hook ran to its end" in proc.stderr
+    rank = tmp_path / "hook" / "ranks" / "0"
+    rows = [json.loads(x) for x in (rank / "exceptions.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["ValueError"]
+    assert rows[0]["frames"][-1]["file"].endswith("sigterm_in_hook.py")
+    assert "must not swallow" in rows[0]["traceback"]
+    assert "Current thread" in (rank / "fatal.txt").read_text()  # the SIGTERM's stacks
+    exits = [json.loads(x) for p in (tmp_path / "hook" / "nodes").glob("*/exits-*.jsonl")
+             for x in p.read_text().splitlines()]
+    assert [e["signal"] for e in exits] == ["SIGTERM"]

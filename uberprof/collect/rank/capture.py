@@ -23,6 +23,7 @@ training thread per step.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -31,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -55,8 +57,10 @@ MAX_TRACEBACK_CHARS = 20_000
 
 
 def _frames(tb: TracebackType | None) -> list[dict[str, Any]]:
-    return [{"file": f.filename, "line": f.lineno, "function": f.name}
-            for f in traceback.extract_tb(tb)]
+    # walk_tb reads no source lines (extract_tb does: slow disk reads while a launcher's
+    # SIGTERM may be on its way)
+    return [{"file": f.f_code.co_filename, "line": line, "function": f.f_code.co_name}
+            for f, line in traceback.walk_tb(tb)]
 
 
 def _stack_frames(frame: Any) -> list[dict[str, Any]]:
@@ -83,6 +87,8 @@ class Capture:
         self.pid = os.getpid()
         self.exception_seen = False
         self._files: list[tuple[str, IO[str]]] = []
+        self._fatal: IO[str] | None = None
+        self._holding = False
         self._handled_request: Any = None
         self._stop = threading.Event()
         self.status: dict[str, Any] = {"signal": None, "fatal": False, "helper": False}
@@ -110,7 +116,7 @@ class Capture:
         if faulthandler.is_enabled():
             self.log.write("faulthandler already enabled by the script: no fatal.txt")
             return
-        fatal = self._open(FATAL_FILE)
+        fatal = self._fatal = self._open(FATAL_FILE)
         faulthandler.enable(file=fatal, all_threads=True)
         self.status["fatal"] = True
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
@@ -129,9 +135,12 @@ class Capture:
         previous = sys.excepthook
 
         def excepthook(t: type[BaseException], v: BaseException, tb: TracebackType | None) -> None:
-            if not issubclass(t, KeyboardInterrupt):
+            if issubclass(t, KeyboardInterrupt):
+                previous(t, v, tb)
+                return
+            with self._sigterm_held(True):  # the user's own traceback print included
                 self.exception(v, "excepthook")
-            previous(t, v, tb)
+                previous(t, v, tb)
 
         sys.excepthook = excepthook
         previous_thread = threading.excepthook
@@ -157,17 +166,52 @@ class Capture:
             return
         try:
             self.exception_seen = self.exception_seen or dump
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            row = {"time_ns": time.time_ns(), "thread": thread or threading.current_thread().name,
-                   "where": where, "type": type(exc).__qualname__,
-                   "module": type(exc).__module__, "message": str(exc)[:4000],
-                   "frames": _frames(exc.__traceback__),
-                   "traceback": text[-MAX_TRACEBACK_CHARS:], "last_step": self._last_step()}
-            _append_line(self.dir / EXCEPTIONS_FILE, row)
-            if dump:
-                self.flight_recorder("exception")
+            with self._sigterm_held(dump):
+                row = {"time_ns": time.time_ns(),
+                       "thread": thread or threading.current_thread().name,
+                       "where": where, "type": type(exc).__qualname__,
+                       "module": type(exc).__module__, "message": str(exc)[:4000],
+                       "frames": _frames(exc.__traceback__), "last_step": self._last_step()}
+                text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                row["traceback"] = text[-MAX_TRACEBACK_CHARS:]
+                _append_line(self.dir / EXCEPTIONS_FILE, row)
+                if dump:
+                    self.flight_recorder("exception")
         except Exception as e:  # noqa: BLE001
             self.log.error("recording an uncaught exception", e)
+
+    @contextlib.contextmanager
+    def _sigterm_held(self, ending: bool) -> Iterator[None]:
+        """Hold the launcher's SIGTERM while the exception that ends the rank is written.
+
+        When one rank dies, the launcher ends the others within ~100 ms, often while they are
+        formatting the exception Gloo just raised in them: without the hold they die with no
+        record and a stack inside this hook. The hold covers pure Python, one file append,
+        the Flight Recorder dump and the traceback print (milliseconds); a SIGTERM that came
+        meanwhile is sent again at its end and takes its usual course (stacks to fatal.txt,
+        then the default action)."""
+        held = (ending and not self._holding and self.status.get("sigterm")
+                and self._fatal is not None
+                and threading.current_thread() is threading.main_thread())
+        pending: list[int] = []
+        if held:
+            try:
+                faulthandler.unregister(signal.SIGTERM)
+                signal.signal(signal.SIGTERM, lambda signum, _frame: pending.append(signum))
+                self._holding = True
+            except Exception as exc:  # noqa: BLE001 - then no hold, as before
+                self.log.error("holding SIGTERM while recording an exception", exc)
+                held = False
+        try:
+            yield
+        finally:
+            if held:
+                self._holding = False
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                faulthandler.register(signal.SIGTERM, file=self._fatal, all_threads=True,
+                                      chain=True)
+                if pending:
+                    os.kill(os.getpid(), signal.SIGTERM)
 
     def flight_recorder(self, reason: str) -> bool:
         try:

@@ -4,6 +4,9 @@ Ranks on one host share a clock, so only the first local rank of each host other
 measures. It pings rank 0 through the process group's key-value store (NTP style: the offset is
 rank 0's time minus the midpoint of the round trip, the uncertainty half the shortest round trip).
 Everything runs on a background thread with timeouts; the training thread never waits for it.
+The thread talks through its own connection to the store (`Store.clone`): a store client runs
+one request at a time, so a wait here on the job's own client held the job's store calls
+(a `new_group`, a barrier) until the wait ended, up to a minute when a peer was slow to start.
 """
 
 from __future__ import annotations
@@ -43,13 +46,22 @@ def start_offset_estimate(
 
     def body() -> None:
         try:
-            on_result(_estimate(store, rank, world_size, local_rank, host, run_id))
+            own = _own_client(store)
+            on_result(_estimate(own, rank, world_size, local_rank, host, run_id))
         except Exception as exc:  # noqa: BLE001 - reported by the caller's log
             on_error(exc)
 
     t = threading.Thread(target=body, name="uberprof-clock", daemon=True)
     t.start()
     return t
+
+
+def _own_client(store: Any) -> Any:
+    clone = getattr(store, "clone", None)
+    if clone is None:  # torch < 2.5
+        raise RuntimeError("this torch's store has no clone(): no estimate (its waits would "
+                           "hold the job's own store calls)")
+    return clone()
 
 
 def _estimate(
