@@ -90,9 +90,57 @@ def test_the_lead_rule_stays_when_the_excess_waives_the_last_fraction() -> None:
     assert t.median_lead_ns < t.need_lead_ns
 
 
+def test_confirmed_excess_work_waives_the_spread_rule_of_the_lead() -> None:
+    """4 ranks whose arrivals scatter by ~10 ms (an oversubscribed host): rank 2, 12 ms late
+    by its work, leads by less than twice the others' spread. Arrival order alone leaves it
+    unnamed; its confirmed extra CPU time says the lead is its work, not chance."""
+    rng = np.random.default_rng(4)
+    late = rng.normal(0, 10e6, size=(N_STEPS, 4))
+    late[:, 2] += 12e6
+    late -= late.min(1, keepdims=True)
+    before = _test(late, None)
+    assert before is not None and before.rank == 2 and before.p_value <= 0.01
+    assert before.decision == "none" and before.median_lead_ns < 2 * before.noise_ns
+    t = _test(late, _busy({2: 0.25}, seed=4))
+    assert t is not None and t.decision == "confirmed" and t.spread_waived
+    assert t.need_lead_ns == int(0.03 * STEP) <= t.median_lead_ns  # the floors remain
+    assert "waived: its work is confirmed in excess" in t.as_test().sentence
+    assert t.as_dict()["test"]["busy_time"]["spread_waived"] is True
+    # the floors still apply: the same order by a tenth of the lead is not material
+    small = _test(late / 10, _busy({2: 0.25}, seed=4))
+    assert small is not None and small.decision == "none"
+    assert small.median_lead_ns < small.need_lead_ns == int(0.03 * STEP)
+
+
+def test_confirmed_excess_work_takes_a_second_look_at_arrivals_after_most() -> None:
+    """Rank 2, 10 ms late by its work among arrivals scattered by ~10 ms, is alone last at 17
+    of 38 (chance 2.5% corrected: short of 1%), yet after most of the others at 31 of 38; the
+    second look is taken only with its extra work confirmed, and corrected for itself."""
+    rng = np.random.default_rng(4)
+    late = rng.normal(0, 10e6, size=(N_STEPS, 4))
+    late[:, 2] += 10e6
+    late -= late.min(1, keepdims=True)
+    before = _test(late, None)
+    assert before is not None and before.rank == 2 and 0.01 < before.p_value <= 0.05
+    assert before.decision == "none" and before.later_than_most is None
+    t = _test(late, _busy({2: 0.25}, seed=4))
+    assert t is not None and t.decision == "confirmed" and t.p_value == before.p_value
+    assert t.later_than_most is not None
+    k, p = t.later_than_most
+    assert k == int(((late[:, 2:3] > late[:, [0, 1, 3]]).sum(1) >= 2).sum()) == 31
+    assert p <= 0.01
+    assert f"after most of the others at {k} of {N_STEPS}" in t.as_test().sentence
+    assert t.as_dict()["test"]["later_than_most"]["instances"] == k
+    # no second look for a rank whose work is the others'
+    cleared = _test(late, _busy({}, seed=4))
+    assert cleared is not None and cleared.later_than_most is None
+    assert cleared.decision == "none"
+
+
 def test_excess_on_another_rank_waives_nothing() -> None:
     t = _test(_arrivals(2, 22, seed=1), _busy({0: 0.25}, seed=1))
     assert t is not None and t.decision == "none" and not t.fraction_waived
+    assert not t.spread_waived
     assert t.busy is not None and t.busy.rank == 2 and not t.busy.confirmed
 
 

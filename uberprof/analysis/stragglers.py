@@ -24,9 +24,13 @@
   the cause and the split of collective time into wait and transfer.
 - *Busy time* (analysis/busy.py: the training thread's CPU time per step, where the step
   timelines have it): arrival order cannot tell a rank that computes more from one the OS
-  scheduler delayed. A frequency-confirmed candidate whose busy-time excess is confirmed too
-  needs no last-fraction (its lead and delay are still required); a candidate with no excess
-  of its own time (busy time or data wait) is not named: the OS delayed it, not its work.
+  scheduler delayed. For a candidate whose busy-time excess is confirmed: the frequency may
+  also be shown by a second look (it arrived after most of the others, each instance's chance
+  floor(n/2)/n; corrected x2 for the look), as the others' scatter on oversubscribed cores
+  takes many of its "alone last"; it needs no last-fraction, and its lead need not exceed twice
+  the others' spread (the spread rule tells chance from cause; its work is the cause): the
+  lead's floors and the delay are still required. A candidate with no excess of its own time
+  (busy time or data wait) is not named: the OS delayed it, not its work.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -155,6 +159,8 @@ class StragglerTest:
     basis: str = BASIS_TRACES  # where the instances come from (module docstring)
     busy: BusyExcess | None = None  # its compute-excess test, where there is busy time
     fraction_waived: bool = False  # the last-fraction rule waived by a confirmed excess
+    spread_waived: bool = False  # the lead's 2x-spread rule waived by a confirmed excess
+    later_than_most: tuple[int, float] | None = None  # (instances, corrected p): second look
 
     def _confirm_hint(self) -> str:
         if self.basis == BASIS_FLIGHT_RECORDER:
@@ -172,12 +178,19 @@ class StragglerTest:
         freq = (f"rank {r} {alone}, {_BASIS_WORDS.get(self.basis, self.basis)}; "
                 "the chance of this for a healthy rank is "
                 f"{chance_words(self.p_value)} (corrected for {self.ranks_tested} ranks)")
+        if self.later_than_most is not None:
+            k, p = self.later_than_most
+            freq += (f", and it arrived after most of the others at {k} of {self.instances} "
+                     f"(chance {chance_words(p)}, corrected for {self.ranks_tested} ranks and "
+                     "this second look, taken because its work is confirmed in excess)")
         waived = "; waived: its work is confirmed in excess" if self.fraction_waived else ""
+        spread = (f"; twice the others' spread, {2 * self.noise_ns / 1e6:.3g} ms, waived: its "
+                  "work is confirmed in excess" if self.spread_waived else
+                  f"; the others' spread {self.noise_ns / 1e6:.3g} ms")
         lead = (f"last in {100 * self.last / max(self.instances, 1):.0f}% (needs >= "
                 f"{100 * self.need_fraction:.1f}%{waived}), median lead "
                 f"{self.median_lead_ns / 1e6:.3g} "
-                f"ms (needs >= {self.need_lead_ns / 1e6:.3g} ms; the others' spread "
-                f"{self.noise_ns / 1e6:.3g} ms)")
+                f"ms (needs >= {self.need_lead_ns / 1e6:.3g} ms{spread})")
         if self.share is not None:
             lead += f", adds {100 * self.share:.1f}% of the analysed time (needs >= " \
                     f"{100 * MATERIAL_SHARE:.0f}%)"
@@ -218,7 +231,11 @@ class StragglerTest:
         doc = self.as_test().as_dict()
         if self.busy is not None:
             doc["busy_time"] = {**self.busy.as_dict(), "last_fraction_waived":
-                                self.fraction_waived}
+                                self.fraction_waived, "spread_waived": self.spread_waived}
+        if self.later_than_most is not None:
+            k, p = self.later_than_most
+            doc["later_than_most"] = {"instances": k, "of": self.instances,
+                                      "p_value": float(f"{p:.3g}")}
         return doc
 
     def as_dict(self) -> dict[str, Any]:
@@ -325,6 +342,26 @@ def _frequency(mine: np.ndarray, sole_last: np.ndarray, n_part: np.ndarray
     return k, int(mine.sum()), poisson_binomial_sf(k, 1.0 / np.maximum(n_part[mine], 1))
 
 
+def _later_than_most(iid: np.ndarray, rank: np.ndarray, late: np.ndarray,
+                     n_part: np.ndarray, r: int) -> tuple[int, float]:
+    """(k, p): the instances where rank `r` arrived after most of the others (more than half
+    of them), and the chance of k or more for a healthy rank, whose place among n_i arrivals
+    is uniform: floor(n_i/2) of the n_i places qualify (uncorrected)."""
+    mine = rank == r
+    others = ~mine & np.isin(iid, iid[mine])
+    o_iid, o_late = iid[others], late[others]
+    order = np.argsort(o_iid, kind="stable")
+    uniq, first = np.unique(o_iid[order], return_index=True)
+    groups = dict(zip(uniq.tolist(), np.split(o_late[order], first[1:])))
+    k = 0
+    for i, lt in zip(iid[mine].tolist(), late[mine].tolist()):
+        g = groups.get(i)
+        if g is not None and int((g < lt).sum()) > g.size / 2:
+            k += 1
+    n_i = np.maximum(n_part[mine], 1)
+    return k, poisson_binomial_sf(k, np.floor(n_i / 2) / n_i)
+
+
 def rank_frequency(lat: pa.Table, r: int) -> tuple[int, int, float]:
     """Rank `r`'s sole-last frequency in `lat`: (alone last, instances, uncorrected p)."""
     return _frequency(lat.column("rank").to_numpy() == r,
@@ -382,20 +419,35 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     p_adj = min(1.0, p_raw * len(ranks))
     lead, noise = _lead_and_noise(iid, rank, late, n_part, r)
     med_lead = float(np.median(lead)) if lead.size else 0.0
+    steps = sorted({int(s) for s in step[mine].tolist()})
+    work = busy.excess(r, set(step.tolist()), median_step_ns) if busy is not None else None
+    more_work = work is not None and work.confirmed
     need_lead = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0))
-    if float(np.median(n_part[mine])) >= 3:
-        need_lead = max(need_lead, SIGMA_FACTOR * noise)
+    spread_waived = False
+    if float(np.median(n_part[mine])) >= 3 and SIGMA_FACTOR * noise > need_lead:
+        # the spread rule tells a lead of chance from one of cause; confirmed extra work
+        # is the cause, so the floors alone remain
+        spread_waived = more_work
+        if not spread_waived:
+            need_lead = SIGMA_FACTOR * noise
     per_step = _delay_per_step(step[mine], delay[mine], n_part[mine])
     delay_wall = sum(d for d, _ in per_step.values())
     share = delay_wall / wall_ns if wall_ns else None
     frequent = p_adj <= FALSE_ALARM_RATE
     maybe = p_adj <= SUSPECT_RATE
+    later: tuple[int, float] | None = None
+    if more_work and not frequent:
+        # a second look, only for a rank whose extra work is confirmed (hence x2 more in the
+        # correction): on oversubscribed cores the others' scatter makes it alone last in
+        # fewer than half of the collectives, but it still comes after most of them
+        k_later, p_later = _later_than_most(iid, rank, late, n_part, r)
+        later = (k_later, min(1.0, 2 * p_later * len(ranks)))
+        frequent = later[1] <= FALSE_ALARM_RATE
+        maybe = maybe or later[1] <= SUSPECT_RATE
     big_lead = med_lead >= need_lead
     big_share = share is None or share >= MATERIAL_SHARE
     need_frac = 0.5 + 0.5 / max(float(np.median(n_part[mine])), 2.0)
-    steps = sorted({int(s) for s in step[mine].tolist()})
-    work = busy.excess(r, set(step.tolist()), median_step_ns) if busy is not None else None
-    waived = k < need_frac * n and frequent and work is not None and work.confirmed
+    waived = k < need_frac * n and frequent and more_work
     material = big_lead and big_share and (k >= need_frac * n or waived)
     if frequent and material:
         decision, decided = "confirmed", "both"
@@ -411,7 +463,8 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
         p_value=p_adj, p_uncorrected=p_raw, median_lead_ns=int(med_lead), noise_ns=int(noise),
         need_lead_ns=int(need_lead), delay_ns=int(delay_wall), share=share,
         decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
-        need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived)
+        need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived,
+        spread_waived=spread_waived, later_than_most=later)
 
 
 def find_straggler(lat: pa.Table, median_step_ns: float | None,
