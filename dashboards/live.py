@@ -125,12 +125,14 @@ class Live:
 
     def signals(self) -> Any:
         """The indications of the step timelines, recomputed when steps arrived."""
-        from uberprof.analysis.step_signals import step_signals
+        from uberprof.analysis.busy import followed_busy
+        from uberprof.analysis.step_signals import WINDOW, step_signals
 
         with self._lock:
             if self._signals[0] != self._rows:
                 found = step_signals(self.follower.series("duration_ns"),
-                                     self.follower.series("data_wait_ns"))
+                                     self.follower.series("data_wait_ns"),
+                                     busy=followed_busy(self.follower, WINDOW))
                 self._signals = (self._rows, found)
             found = self._signals[1]
         return [html.Div([html.Span(s.kind.replace("_", " ")

@@ -157,3 +157,55 @@ def test_signals_need_every_rank_to_have_a_step(ranks: int) -> None:
     assert found.get("data_stall") == (0, "confirmed")
     assert ("straggler" in found) == (ranks > 1)
     assert step_signals([], []) == []
+
+
+def _busy(ranks: int, steps: int, more: dict[int, float], seed: int = 0) -> list[Any]:
+    """The training thread's CPU time per step (~150 ms, 1% noise), `more[r]` more on rank r."""
+    rng = np.random.default_rng(seed)
+    return [(r, np.arange(steps), (150e6 * (1 + more.get(r, 0.0))
+                                   * (1 + 0.01 * rng.standard_normal(steps))).astype(np.int64))
+            for r in range(ranks)]
+
+
+def test_a_compute_straggler_shows_in_busy_time_while_step_times_are_alike() -> None:
+    """A synchronous job: every rank's step ends at the same all-reduce, so step times say
+    nothing; the rank that computes 30% more says so in its CPU time, under the same test."""
+    times, waits = _series(4, 40)
+    assert step_signals(times, waits) == []
+    found = step_signals(times, waits, busy=_busy(4, 40, {2: 0.3}))
+    assert _kinds(found) == {"straggler": (2, "confirmed")}
+    assert "the longest CPU time in 40 of the last 40 steps" in found[0].title
+    assert found[0].test["name"].startswith("sole-last frequency")
+    assert step_signals(times, waits, busy=_busy(4, 40, {})) == []  # alike: nothing
+    # busy time missing on a rank: no busy basis rather than a partial one
+    assert step_signals(times, waits, busy=_busy(4, 40, {2: 0.3})[:3]) == []
+
+
+def test_the_follower_reads_cpu_time_and_a_device_run_has_no_busy_time(tmp_path: Path) -> None:
+    import orjson
+
+    from uberprof.analysis.busy import followed_busy
+    from uberprof.rundir.follow import StepFollower
+
+    path = tmp_path / "steps.jsonl"
+    rows = [{"kind": "step", "step": s, "host_start_ns": 100 * s, "host_end_ns": 100 * s + 90,
+             "data_wait_ns": 0} | ({"cpu_ns": 70 + s} if s >= 2 else {}) for s in range(6)]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    f = StepFollower(path)
+    assert f.poll() == 6
+    assert f.cpu_ns.values.tolist() == [-1, -1, 72, 73, 74, 75]  # none for the first two steps
+
+    class Followed:  # RunFollower's reading side, for two ranks with these timelines
+        gpu = False
+
+        def series(self, column: str) -> list[Any]:
+            return [(r, f.step.values, getattr(f, column).values) for r in (0, 1)]
+
+        def gpu_times_seen(self) -> bool:
+            return self.gpu
+
+    busy = followed_busy(Followed(), window=100)
+    assert busy is not None and [s.tolist() for _, s, _ in busy] == [[2, 3, 4, 5]] * 2
+    device = Followed()
+    device.gpu = True  # a device run: its CPU time is no busy time (analysis/busy.py)
+    assert followed_busy(device, window=100) is None

@@ -26,31 +26,49 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from uberprof.analysis.context import RunContext
 from uberprof.analysis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
+from uberprof.analysis.step_signals import Series
 from uberprof.analysis.stragglers import matrix_lateness, rank_frequency, rank_lead
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.rundir.ranks import StepTimeline, read_step_timeline
 
+if TYPE_CHECKING:
+    from uberprof.rundir.follow import RunFollower
+
 __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
-           "busy_from_timelines", "busy_series", "busy_times"]
+           "busy_from_timelines", "busy_kind", "busy_series", "busy_times", "followed_busy"]
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
 _WORDS = {KIND_CPU: "CPU time"}
 
 
+def busy_kind(has_device_time: bool, has_cpu_time: bool) -> str | None:
+    """What a run's busy time is, or None where it has none (an older agent; a device run,
+    whose `gpu_time_ns` is no busy time: module docstring). The one rule, for every reader."""
+    return KIND_CPU if has_cpu_time and not has_device_time else None
+
+
 def busy_series(timeline: StepTimeline) -> tuple[str, dict[int, int]] | None:
-    """A rank's busy time per step and its kind, or None where its timeline has none (an older
-    agent; a device run, whose `gpu_time_ns` is no busy time: module docstring)."""
-    if timeline.values("gpu_time_ns"):
-        return None
+    """A rank's busy time per step and its kind, or None where its timeline has none."""
     cpu = timeline.values("cpu_ns")
-    return (KIND_CPU, cpu) if cpu else None
+    kind = busy_kind(bool(timeline.values("gpu_time_ns")), bool(cpu))
+    return (kind, cpu) if kind is not None else None
+
+
+def followed_busy(follower: RunFollower, window: int) -> list[Series] | None:
+    """The busy time of a run being followed, per rank (rank, steps, ns) over its latest
+    `window` steps that have it, or None where `busy_kind` says the run has none."""
+    tails = [(r, s[-2 * window:], v[-2 * window:]) for r, s, v in follower.series("cpu_ns")]
+    kind = busy_kind(follower.gpu_times_seen(), any(bool((v >= 0).any()) for _, _, v in tails))
+    if kind is None:
+        return None
+    return [(r, s[v >= 0], v[v >= 0]) for r, s, v in tails]
 
 
 @dataclass

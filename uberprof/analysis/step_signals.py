@@ -9,7 +9,9 @@ thresholds of their own:
   rank's. `uberprof.analysis.stragglers.straggler_test` decides, with its sole-last frequency
   test (Poisson-binomial, Bonferroni over ranks) and its materiality rules: confirmed,
   suspected, or nothing. In a synchronous job (DDP) ranks wait for each other, so step times
-  are alike and only a data-loader straggler shows here; the trace window tells the rest.
+  are alike and only a data-loader straggler shows in them; where the run has busy time
+  (`analysis/busy.py`: the training thread's CPU time, CPU runs), the same test on it shows a
+  rank that computes more. The trace window tells the rest.
 - **Data stall**: a rank whose data wait is at least the diagnosis's `MIN_SHARE` of its step
   time over the window; its confidence is `uberprof.analysis.evidence.count_test`'s (too few
   steps: suspected).
@@ -53,14 +55,17 @@ def _matrix(series: Sequence[Series], window: int) -> tuple[list[int], np.ndarra
     return [r for r, _, _ in series], np.arange(lo, last + 1)[done], m[:, done]
 
 
-def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np.ndarray
-               ) -> Signal | None:
+def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np.ndarray,
+               busy: tuple[np.ndarray, np.ndarray] | None) -> Signal | None:
     from uberprof.analysis.stragglers import BASIS_STEP_TIMELINE, matrix_lateness, straggler_test
 
     median_step = float(np.median(times))
     wall = float(times.max(axis=0).sum())  # the ranks run in parallel
-    for what, m in (("step time", times), ("data wait", waits)):
-        t = straggler_test(matrix_lateness(ranks, steps, m, what), median_step, wall,
+    bases = [("step time", steps, times), ("data wait", steps, waits)]
+    if busy is not None:
+        bases.append(("CPU time", *busy))
+    for what, s, m in bases:
+        t = straggler_test(matrix_lateness(ranks, s, m, what), median_step, wall,
                            basis=BASIS_STEP_TIMELINE)
         if t is None or t.decision == "none":
             continue
@@ -93,11 +98,12 @@ def _data_stall(ranks: list[int], times: np.ndarray, waits: np.ndarray) -> Signa
     return Signal("data_stall", rank, confidence, title, test.as_dict())
 
 
-def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int = WINDOW
-                 ) -> list[Signal]:
+def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int = WINDOW,
+                 busy: Sequence[Series] | None = None) -> list[Signal]:
     """The indications of the latest `window` steps every rank finished: `times` and `waits`
     are per rank (rank, steps, step time ns) and (rank, steps, data wait ns), in step order
-    (`RunFollower.series`). None before any step."""
+    (`RunFollower.series`); `busy`, where the run has busy time, likewise
+    (`analysis.busy.followed_busy`). None before any step."""
     times = [x for x in times if x[1].size]
     if not times:
         return []
@@ -107,6 +113,10 @@ def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int =
     if not steps.size or w.shape != t.shape:
         return []
     w = np.nan_to_num(w)
-    out = [_straggler(ranks, steps, t, w) if len(ranks) > 1 else None,
+    b = None
+    if busy is not None and sorted(r for r, s, _ in busy if s.size) == sorted(ranks):
+        _, b_steps, b_m = _matrix(sorted(busy, key=lambda x: ranks.index(x[0])), window)
+        b = (b_steps, b_m) if b_steps.size else None
+    out = [_straggler(ranks, steps, t, w, b) if len(ranks) > 1 else None,
            _data_stall(ranks, t, w)]
     return [s for s in out if s is not None]

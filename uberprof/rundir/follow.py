@@ -69,6 +69,7 @@ class StepFollower:
         self.duration_ns = _Column()  # host_end_ns - host_start_ns
         self.data_wait_ns = _Column()
         self.end_ns = _Column()
+        self.cpu_ns = _Column()  # the training thread's CPU time; -1 where the row has none
         self.last_gpu_time_ns: int | None = None
         self.skipped = 0  # rows that are not usable step rows (see `step_row_problem`)
         self._medians: tuple[int, int, int] | None = None  # (rows, step, data wait)
@@ -100,6 +101,7 @@ class StepFollower:
         durations: list[int] = []
         waits: list[int] = []
         ends: list[int] = []
+        cpus: list[int] = []
         for line in chunk[:cut].splitlines():
             if not line.strip():
                 continue
@@ -125,8 +127,11 @@ class StepFollower:
             durations.append(end - start)
             waits.append(wait if isinstance(wait, int) and not isinstance(wait, bool) else 0)
             ends.append(end)
+            cpu = row.get("cpu_ns")
+            cpus.append(cpu if isinstance(cpu, int) and not isinstance(cpu, bool) else -1)
         for col, vals in ((self.step, steps), (self.duration_ns, durations),
-                          (self.data_wait_ns, waits), (self.end_ns, ends)):
+                          (self.data_wait_ns, waits), (self.end_ns, ends),
+                          (self.cpu_ns, cpus)):
             col.extend(vals)
         return len(steps)
 
@@ -256,9 +261,14 @@ class RunFollower:
 
     def series(self, column: str = "duration_ns") -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Per rank: (rank, its steps, one of `StepFollower`'s columns: `duration_ns`,
-        `data_wait_ns` or `end_ns`), as read so far; views of the followers' arrays, no copy."""
+        `data_wait_ns`, `end_ns` or `cpu_ns`), as read so far; views of the followers' arrays,
+        no copy."""
         return [(r, f.step.values, getattr(f, column).values)
                 for r, f in sorted(self._steps.items()) if f.step.n]
+
+    def gpu_times_seen(self) -> bool:
+        """Whether any rank's timeline has device times (a device run)."""
+        return any(f.last_gpu_time_ns is not None for f in self._steps.values())
 
     def counters_size(self) -> int:
         """Bytes of the counter streams read so far (grows when a poll found new samples)."""
