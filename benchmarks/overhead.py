@@ -4,7 +4,10 @@
    `uberprof run --no-trace` (rank agents, node counters, the hang watchdog and the Flight
    Recorder uberprof turns on), interleaved; ratio of median step times (target <= 1.02, goal
    1.01). Also with `--counters none`, to separate the rank agent's share from the counter
-   sampler's, and with the Flight Recorder off (TORCH_FR_BUFFER_SIZE=0), for its share.
+   sampler's, and with the Flight Recorder off (TORCH_FR_BUFFER_SIZE=0), for its share. Beside
+   wall time, the training thread's CPU time per step (`time.thread_time`, written by the
+   sample): the work the agent adds there, which the scheduler's noise does not hide, with a
+   95% bootstrap interval over the interleaved rounds.
 2. After a trace window: under `uberprof run` with a window in the middle of the run, the median
    step time after the window against the one before it (target <= 1.02).
 3. Self-accounting: the agent's own time on the training thread per step, from steps.jsonl.
@@ -34,14 +37,20 @@ WARMUP = 5
 
 
 def torchrun(nproc: int, steps: int, times: Path, extra: list[str]) -> list[str]:
+    """The sample; rank 0 writes its steps' wall times to `times` and their training-thread
+    CPU times beside it (`cpu_file`)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", str(SAMPLE), "--steps", str(steps),
-            "--step-times", str(times), *extra]
+            "--step-times", str(times), "--step-cpu-times", str(cpu_file(times)), *extra]
+
+
+def cpu_file(times: Path) -> Path:
+    return times.with_suffix(".cpu.json")
 
 
 def run(cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
 
@@ -95,6 +104,7 @@ def main() -> None:
     modes = {m: o for m, o in modes.items() if m in wanted}
     mode_env = {"no-flight-recorder": {"TORCH_FR_BUFFER_SIZE": "0"}}
     medians: dict[str, list[float]] = {m: [] for m in modes}
+    cpu_medians: dict[str, list[float]] = {m: [] for m in modes}
     self_time: list[float] = []
     for i in range(args.rounds):
         order = list(modes) if i % 2 == 0 else list(reversed(modes))
@@ -109,6 +119,8 @@ def main() -> None:
                 wait_dashboard_gone(tmp / f"{mode}-{i}")
             steps = json.loads(times.read_text())[WARMUP:]
             medians[mode].append(statistics.median(steps))
+            cpu_medians[mode].append(statistics.median(
+                json.loads(cpu_file(times).read_text())[WARMUP:]))
         rows = [json.loads(x) for x in (tmp / f"uberprof-{i}/ranks/0/steps.jsonl").open()]
         rows = [r for r in rows if r["kind"] == "step"][WARMUP:]
         self_time += [r["uberprof_ns"] / (r["host_end_ns"] - r["host_start_ns"]) for r in rows]
@@ -119,6 +131,11 @@ def main() -> None:
     ratio = statistics.median(medians["uberprof"]) / base
     print()
     print(f"always-on (--no-trace) / plain, median step time: {ratio:.4f}  (target <= 1.02)")
+    # the training thread's CPU time per step: the work, without the scheduler's noise
+    for mode in (m for m in modes if m != "plain"):
+        r, lo, hi = ratio_interval(cpu_medians[mode], cpu_medians["plain"])
+        print(f"  {mode} / plain, training thread's CPU time per step: {r:.4f} "
+              f"(95% interval {lo:.4f}-{hi:.4f} over {args.rounds} rounds; target <= 1.01)")
     if "agent-only" in modes:
         print(f"  rank agents only (--counters none) / plain:     "
               f"{statistics.median(medians['agent-only']) / base:.4f}")

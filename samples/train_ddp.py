@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-times", metavar="FILE",
                    help="rank 0 writes each step's wall time (s) here, as JSON (benchmarks)")
+    p.add_argument("--step-cpu-times", metavar="FILE",
+                   help="rank 0 writes each step's CPU time of the training thread (s) here, "
+                        "as JSON: what the work cost, whatever the OS scheduler did (benchmarks)")
     return p.parse_args(argv)
 
 
@@ -168,7 +171,8 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     own: list[float] = []  # this rank's steps so far, without the slow-factor work
     loss_fn = nn.CrossEntropyLoss()
     t_start = t_prev = time.perf_counter()
-    durations = []
+    cpu_prev = time.thread_time()
+    durations, cpu_times = [], []
     for step, (x, y) in enumerate(loader):
         t_step = time.perf_counter()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -199,11 +203,18 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
             now = time.perf_counter()
             durations.append(now - t_prev)
             t_prev = now
+        if args.step_cpu_times:
+            cpu_now = time.thread_time()
+            cpu_times.append(cpu_now - cpu_prev)
+            cpu_prev = cpu_now
         if step + 1 >= args.steps:
             break
     if args.step_times and rank == 0:
         with open(args.step_times, "w") as f:
             json.dump(durations, f)
+    if args.step_cpu_times and rank == 0:
+        with open(args.step_cpu_times, "w") as f:
+            json.dump(cpu_times, f)
     if device.type == "cuda":
         torch.cuda.synchronize()
     if rank == 0:
