@@ -8,8 +8,6 @@ can be bookmarked or pasted to a colleague; controls on a page only change the U
 
 from __future__ import annotations
 
-import base64
-import hmac
 import importlib
 import re
 from pathlib import Path
@@ -22,6 +20,7 @@ from dash import Input, Output, dcc, html
 
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
+from uberprof.dashboards.gate import secure
 from uberprof.dashboards.ui import Selection
 
 __all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app", "loopback_hosts"]
@@ -83,7 +82,14 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
     page cannot reach the dashboard through DNS rebinding); None accepts any.
     """
     server = flask.Flask("uberprof-dashboard", static_folder=None)  # no /static route
-    _secure(server, auth, allowed_hosts)
+    secure(server, auth, allowed_hosts)
+
+    from dash.exceptions import DependencyException
+
+    @server.errorhandler(DependencyException)
+    def _not_a_component_file(_exc: Exception) -> Any:
+        return flask.Response("not found\n", 404, mimetype="text/plain")
+
     light = light_plotly()
     if light is not None:
         @server.before_request
@@ -180,42 +186,3 @@ def _bad_selection(data: RunData, sel: Selection, path: str) -> html.Div | None:
     return None
 
 
-def _secure(server: flask.Flask, auth: tuple[str, str] | None,
-            allowed_hosts: tuple[str, ...] | None) -> None:
-    expected = None
-    if auth is not None:
-        expected = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    allowed = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
-
-    @server.before_request
-    def _gate() -> Any:
-        if allowed is not None:
-            host = (flask.request.host or "").lower()
-            name = host.rsplit(":", 1)[0] if not host.startswith("[") else \
-                host[1:].split("]", 1)[0]
-            if name not in allowed:
-                return flask.Response("uberprof dashboard: unexpected Host header\n", 421,
-                                      mimetype="text/plain")
-        if expected is not None:
-            given = flask.request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                return flask.Response(
-                    "uberprof dashboard: authentication required\n", 401,
-                    {"WWW-Authenticate": 'Basic realm="uberprof dashboard", charset="UTF-8"'},
-                    mimetype="text/plain")
-        return None
-
-    from dash.exceptions import DependencyException
-
-    @server.errorhandler(DependencyException)
-    def _not_a_component_file(_exc: Exception) -> Any:
-        return flask.Response("not found\n", 404, mimetype="text/plain")
-
-    @server.after_request
-    def _headers(resp: flask.Response) -> flask.Response:
-        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
-        resp.headers.setdefault("X-Frame-Options", "DENY")
-        resp.headers.setdefault("Referrer-Policy", "no-referrer")
-        if not flask.request.path.startswith(("/_dash-component-suites/", "/assets/")):
-            resp.headers.setdefault("Cache-Control", "no-store")  # run data: never cached
-        return resp

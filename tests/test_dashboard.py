@@ -385,12 +385,16 @@ def test_cli_parse_auth_and_loopback() -> None:
     assert not is_loopback("gpu-box")
 
 
-def _serve(args: list[str], env: dict[str, str] | None = None
+def _serve(args: list[str], env: dict[str, str] | None = None,
+           early: list[tuple[int, bytes]] | None = None
            ) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """`uberprof dashboard ARGS` until it says the run is ready: (process, URL, its lines).
+    `early` gets what the URL answered as soon as it was printed (status, body)."""
     proc = subprocess.Popen([PY, "-m", "uberprof", "dashboard", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env or job_env())
     assert proc.stdout is not None
     lines: list[str] = []
+    url = None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -398,10 +402,18 @@ def _serve(args: list[str], env: dict[str, str] | None = None
             break
         lines.append(line)
         m = re.search(r"(http://\S+/)", line)
-        if m:
-            return proc, m.group(1), lines
+        if m and url is None:
+            url = m.group(1)
+            if early is not None:
+                try:
+                    with urllib.request.urlopen(url, timeout=30) as r:
+                        early.append((r.status, r.read()))
+                except urllib.error.HTTPError as e:
+                    early.append((e.code, e.read()))
+        if url is not None and "ready in" in line:
+            return proc, url, lines
     proc.kill()
-    raise AssertionError("no URL from uberprof dashboard:\n" + "".join(lines))
+    raise AssertionError("no URL, or never ready, from uberprof dashboard:\n" + "".join(lines))
 
 
 def _assert_basic_auth(url: str, credentials: bytes) -> None:
@@ -416,10 +428,17 @@ def _assert_basic_auth(url: str, credentials: bytes) -> None:
 
 
 def test_cli_serves_the_run_and_requires_auth_off_loopback(synth_run: Path) -> None:
-    proc, url, lines = _serve([str(synth_run), "--port", "0"])
+    early: list[tuple[int, bytes]] = []
+    proc, url, lines = _serve([str(synth_run), "--port", "0"], early=early)
     try:
         assert url.startswith("http://127.0.0.1:")
         assert "8 rank(s), 60 step(s), 3 traced" in "".join(lines)
+        # it listens at once: the URL comes before the run is ready, and answers (the page
+        # that says how far preparation got, or the dashboard if it was that quick)
+        assert next(i for i, x in enumerate(lines) if "http://" in x) < \
+            next(i for i, x in enumerate(lines) if "ready in" in x)
+        status, body = early[0]
+        assert status == 200 or (status == 503 and b"Preparing the dashboard" in body)
         with urllib.request.urlopen(url, timeout=30) as r:
             assert r.status == 200 and b"uberprof" in r.read()
         with urllib.request.urlopen(url + "_dash-layout", timeout=30) as r:
@@ -430,13 +449,41 @@ def test_cli_serves_the_run_and_requires_auth_off_loopback(synth_run: Path) -> N
     env = {**job_env(), "UBERPROF_DASHBOARD_AUTH": "ada:s3cret"}
     proc, url, lines = _serve([str(synth_run), "--port", "0", "--host", "0.0.0.0"], env=env)
     try:
-        text = "".join(lines) + (proc.stdout.readline() if proc.stdout else "")
-        assert "basic authentication required: user 'ada'" in text
+        assert "basic authentication required: user 'ada'" in "".join(lines)
         port = url.rsplit(":", 1)[1].strip("/")
         _assert_basic_auth(f"http://127.0.0.1:{port}/", b"ada:s3cret")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_page_while_preparing_says_how_far_behind_the_same_gate() -> None:
+    import flask
+    from werkzeug.test import Client
+
+    from uberprof.dashboards.preparing import RELOAD_S, Switch, preparing_app
+
+    stage = ["reading traces: 3 of 8"]
+    app = preparing_app("run <7>", lambda: stage[0], ("ada", "s3cret"), ("127.0.0.1",))
+    switch = Switch(app)
+    client = Client(switch)
+    here = "http://127.0.0.1:8050"  # the address it listens on
+    auth = {"Authorization": "Basic " + base64.b64encode(b"ada:s3cret").decode()}
+    r = client.get("/steps?rank=1", headers=auth, base_url=here)
+    assert r.status_code == 503 and r.headers["Retry-After"] == str(RELOAD_S)
+    page = r.get_data(as_text=True)
+    assert "reading traces: 3 of 8" in page and "run &lt;7&gt;" in page  # escaped
+    assert f"http-equiv='refresh' content='{RELOAD_S}'" in page
+    assert r.headers["X-Frame-Options"] == "DENY" and r.headers["Cache-Control"] == "no-store"
+    stage[0] = "diagnosing 8 rank(s)"
+    assert "diagnosing 8 rank(s)" in client.get("/", headers=auth, base_url=here).get_data(as_text=True)
+    assert client.get("/", base_url=here).status_code == 401  # the dashboard's gate, already
+    assert client.get("/", headers=auth, base_url="http://evil.example").status_code == 421
+    done = flask.Flask("done")
+    done.add_url_rule("/", "root", lambda: "the dashboard")
+    switch.to(done.wsgi_app)
+    r = client.get("/", headers=auth, base_url=here)
+    assert r.status_code == 200 and r.get_data(as_text=True) == "the dashboard"
 
 
 def test_cli_port_in_use(synth_run: Path) -> None:

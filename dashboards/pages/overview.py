@@ -67,19 +67,19 @@ def failures_box(data: RunData) -> Any:
             w = e.get("waiting_in")
             if w:
                 rows.append(html.Div([html.B("Others wait in: "),
-                                      f"{w.get('op')} #{w.get('seq')} of {w.get('process_group')}"
-                                      f" sizes {w.get('sizes')} {w.get('dtypes')}"]))
+                                      (f"{w.get('op')} #{w.get('seq')} of {w.get('process_group')}"
+                                      f" sizes {w.get('sizes')} {w.get('dtypes')}")]))
             for m in e.get("mismatches") or []:
                 rows.append(html.Div([html.B("Mismatch: "),
-                                      f"#{m.get('seq')} of {m.get('process_group')}: ranks "
-                                      f"{m.get('ranks')} differ in {m.get('differs_in')}"]))
+                                      (f"#{m.get('seq')} of {m.get('process_group')}: ranks "
+                                      f"{m.get('ranks')} differ in {m.get('differs_in')}")]))
         else:
             first = e.get("first") or {}
             exc = first.get("exception") or {}
             if exc:
                 rows.append(html.Div([html.B("Exception: "),
-                                      f"{exc.get('type')}: {exc.get('message')} "
-                                      f"at {exc.get('where')}"]))
+                                      (f"{exc.get('type')}: {exc.get('message')} "
+                                      f"at {exc.get('where')}")]))
             stacks = [(f"rank {first.get('rank')} (first to fail)",
                        exc.get("frames") or first.get("stack") or [])]
             victims = [v.get("rank") if isinstance(v, dict) else v

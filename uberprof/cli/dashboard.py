@@ -7,6 +7,7 @@ import ipaddress
 import os
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,8 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     \b
     Pages: /  overview · /steps · /stragglers · /gaps · /communication · /counters, and
     /compare with --compare A. Runs `uberprof analyze` first when the tables are missing or
-    stale, and reads the diagnosis `uberprof report` saved when it is fresh. Listens on
+    stale, and reads the diagnosis `uberprof report` saved when it is fresh; the URL answers at
+    once, with a page that says how far that got until the run is ready. Listens on
     127.0.0.1 unless --host says otherwise; any other address requires credentials:
     --auth-file FILE or UBERPROF_DASHBOARD_AUTH=user:password (--auth user:password works
     too, but shows in `ps`). Serves nothing but this run's views.
@@ -95,68 +97,113 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
                   markup=False)
         sys.exit(2)
 
-    from uberprof.dashboards.app import create_app, loopback_hosts
-    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.app import loopback_hosts
+    from uberprof.dashboards.preparing import Switch, preparing_app
 
-    t0 = time.perf_counter()
-    data = RunData(root=path.resolve(), out=out, workers=workers,
-                   baseline=baseline.resolve() if baseline is not None else None)
-    try:  # the same progress bar as `uberprof analyze`
-        from uberprof.present.terminal.progress import ReadProgress
-    except ImportError:  # pragma: no cover - it moved: no bar, same work
-        data.load()
-    else:
-        with ReadProgress(err) as update:
-            data.load(progress=update)
-    for n in data.notices:
-        err.print(f"uberprof dashboard: {n}", markup=False, highlight=False)
-    if not data.has_traces and data.steps.num_rows == 0:
-        err.print(f"uberprof dashboard: nothing to show in {path}: no trace and no step "
-                  "timeline (is it a uberprof run directory or a folder of Kineto traces?)",
-                  markup=False, highlight=False)
-        sys.exit(1)
-    ranks = len(data.ranks())
-    if data.has_traces:
-        with err.status("reading the saved diagnosis…", spinner="dots"):
-            saved = data.read_saved_diagnosis()
-        if not saved:
-            with err.status(f"diagnosing {ranks} rank(s)…", spinner="dots"):
-                data.diagnose()
-    with err.status("reading the counters…", spinner="dots"):
-        data.warm()
-    if data.baseline is not None:
-        from uberprof.dashboards.queries.compare import comparison
-
-        with err.status(f"comparing with {baseline}…", spinner="dots"):
-            compared = comparison(data)
-        if compared is not None and compared.error:
-            err.print(f"uberprof dashboard: --compare: {compared.error}", markup=False,
-                      highlight=False)
-    say.print(f"[dim]{ranks} rank(s), {len(data.all_steps())} step(s), "
-              f"{len(data.traced_steps())} traced; ready in {time.perf_counter() - t0:.1f} s"
-              "[/dim]")
-    for p in data.problems[:5]:
-        err.print(f"uberprof dashboard: {p}", markup=False, highlight=False)
-
+    stage = ["starting"]
     allowed = loopback_hosts(host) if is_loopback(host) else None
-    with err.status("preparing the overview…", spinner="dots"):
-        app = create_app(data, auth=auth, allowed_hosts=allowed)
-    server = _make_server(host, port, app.server, err)
+    switch = Switch(preparing_app(path.resolve().name, lambda: stage[0], auth, allowed))
+    server = _make_server(host, port, switch, err)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/"
-    say.print(f"uberprof dashboard: [bold]{url}[/bold]  (Ctrl-C to stop)")
+    say.print(f"uberprof dashboard: [bold]{url}[/bold]  (Ctrl-C to stop; until the run is "
+              "ready, the page says how far it got)")
     if auth is not None:
         say.print(f"  basic authentication required: user '{auth[0]}' (from {source}); "
                   "the connection is plain HTTP, so use it on trusted networks or behind TLS")
     if not is_loopback(host):
         say.print(f"  listening on {host}: reachable from other machines")
     sys.stdout.flush()
+    failed: list[int] = []
+
+    def prepare() -> None:
+        try:
+            t0 = time.perf_counter()
+            prepared = _prepare(path, out, workers, baseline, auth, allowed, stage, err)
+            if prepared is None:
+                failed.append(1)
+            else:
+                app, data = prepared
+                switch.to(app.server)  # before it says so: the next request sees the dashboard
+                say.print(f"[dim]{len(data.ranks())} rank(s), {len(data.all_steps())} step(s), "
+                          f"{len(data.traced_steps())} traced; ready in "
+                          f"{time.perf_counter() - t0:.1f} s[/dim]")
+                sys.stdout.flush()
+                return
+        except Exception as exc:  # noqa: BLE001 - said, then the server stops
+            err.print(f"uberprof dashboard: preparing {path} failed: {exc!r}", markup=False,
+                      highlight=False)
+            failed.append(1)
+        server.shutdown()
+
+    threading.Thread(target=prepare, name="uberprof-prepare", daemon=True).start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+    if failed:
+        sys.exit(1)
+
+
+def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path | None,
+             auth: tuple[str, str] | None, allowed: tuple[str, ...] | None, stage: list[str],
+             err: Console) -> tuple[Any, Any] | None:
+    """Load, diagnose and warm the run while the server already answers (with the page of
+    dashboards/preparing.py, `stage[0]` saying how far): (the dashboard's app, the run's
+    RunData), or None when there is nothing to show (said)."""
+    from uberprof.dashboards.app import create_app
+    from uberprof.dashboards.data import RunData
+
+    data = RunData(root=path.resolve(), out=out, workers=workers,
+                   baseline=baseline.resolve() if baseline is not None else None)
+    stage[0] = "reading the run"
+    try:  # the same progress bar as `uberprof analyze`
+        from uberprof.present.terminal.progress import ReadProgress
+    except ImportError:  # pragma: no cover - it moved: no bar, same work
+        data.load()
+    else:
+        with ReadProgress(err) as update:
+            def progress(done: int, total: int, label: str) -> None:
+                stage[0] = f"reading traces: {done} of {total}"
+                update(done, total, label)
+
+            data.load(progress=progress)
+    for n in data.notices:
+        err.print(f"uberprof dashboard: {n}", markup=False, highlight=False)
+    if not data.has_traces and data.steps.num_rows == 0:
+        err.print(f"uberprof dashboard: nothing to show in {path}: no trace and no step "
+                  "timeline (is it a uberprof run directory or a folder of Kineto traces?)",
+                  markup=False, highlight=False)
+        return None
+    ranks = len(data.ranks())
+    if data.has_traces:
+        stage[0] = "reading the saved diagnosis"
+        with err.status("reading the saved diagnosis…", spinner="dots"):
+            saved = data.read_saved_diagnosis()
+        if not saved:
+            stage[0] = f"diagnosing {ranks} rank(s)"
+            with err.status(f"diagnosing {ranks} rank(s)…", spinner="dots"):
+                data.diagnose()
+    stage[0] = "reading the counters"
+    with err.status("reading the counters…", spinner="dots"):
+        data.warm()
+    if data.baseline is not None:
+        from uberprof.dashboards.queries.compare import comparison
+
+        stage[0] = f"comparing with {baseline}"
+        with err.status(f"comparing with {baseline}…", spinner="dots"):
+            compared = comparison(data)
+        if compared is not None and compared.error:
+            err.print(f"uberprof dashboard: --compare: {compared.error}", markup=False,
+                      highlight=False)
+    for p in data.problems[:5]:
+        err.print(f"uberprof dashboard: {p}", markup=False, highlight=False)
+    stage[0] = "preparing the overview"
+    with err.status("preparing the overview…", spinner="dots"):
+        app = create_app(data, auth=auth, allowed_hosts=allowed)
+    return app, data
 
 
 def _credentials(auth_text: str | None, auth_file: Path | None, err: Console

@@ -1,0 +1,63 @@
+"""What answers while `uberprof dashboard` prepares a run (analysis, diagnosis, counters: a
+minute and more on a large run): the server listens at once, every request gets a page that
+says how far preparation got and reloads itself, and then the dashboard answers in its place.
+Behind the same gate as the dashboard (dashboards/gate.py)."""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import flask
+
+from uberprof.dashboards.gate import secure
+
+__all__ = ["RELOAD_S", "Switch", "preparing_app"]
+
+RELOAD_S = 1  # how often the page asks again (and the Retry-After it sends)
+
+
+def preparing_app(label: str, stage: Callable[[], str], auth: tuple[str, str] | None,
+                  allowed_hosts: tuple[str, ...] | None) -> flask.Flask:
+    """The page of the run `label` while it is prepared: 503 with Retry-After (not the
+    dashboard yet: scripts and proxies can tell), the current `stage()` in words."""
+    server = flask.Flask("uberprof-preparing", static_folder=None)
+    secure(server, auth, allowed_hosts)
+
+    @server.route("/", defaults={"path": ""})
+    @server.route("/<path:path>")
+    def _page(path: str) -> flask.Response:
+        body = (
+            "<!doctype html><html><head><meta charset='utf-8'>"
+            f"<meta http-equiv='refresh' content='{RELOAD_S}'>"
+            f"<title>uberprof · {html.escape(label)} (preparing)</title>"
+            "<style>body{font-family:system-ui,sans-serif;margin:3em;color:#333}"
+            ".stage{color:#666}</style></head><body>"
+            f"<h2>uberprof · {html.escape(label)}</h2>"
+            "<p>Preparing the dashboard of this run; this page reloads itself.</p>"
+            f"<p class='stage' id='preparing-stage'>{html.escape(stage())}…</p>"
+            "</body></html>")
+        return flask.Response(body, 503, {"Retry-After": str(RELOAD_S)},
+                              mimetype="text/html")
+
+    return server
+
+
+class Switch:
+    """A WSGI app that passes each request to `first` until `to(app)`, then to `app`."""
+
+    def __init__(self, first: Callable[..., Iterable[bytes]]) -> None:
+        self._app = first
+        self._lock = threading.Lock()
+
+    def to(self, app: Callable[..., Iterable[bytes]]) -> None:
+        with self._lock:
+            self._app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
+                 ) -> Iterable[bytes]:
+        with self._lock:
+            app = self._app
+        return app(environ, start_response)
