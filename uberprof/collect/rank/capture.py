@@ -192,7 +192,9 @@ class Capture:
         then the default action)."""
         held = (ending and not self._holding and self.status.get("sigterm")
                 and self._fatal is not None
-                and threading.current_thread() is threading.main_thread())
+                and threading.current_thread() is threading.main_thread()
+                # the script set a handler of its own since: it stays, and decides
+                and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None))
         pending: list[int] = []
         if held:
             try:
