@@ -121,6 +121,25 @@ def test_a_pid_of_another_process_is_never_signalled(tmp_path: Path) -> None:
         other.kill()
 
 
+def test_a_rank_seen_before_it_armed_its_capture_is_asked_once_it_has(tmp_path: Path) -> None:
+    """The rank writes rank.json before it arms its capture and again after; a watchdog that
+    read the first only never asked that rank for its stacks (a hang without its stack)."""
+    from uberprof.collect.rank.capture import SIGNAL
+
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    d = _fake_rank(run, node_dir.name, 0, os.getpid(), steps=1)
+    dog = HangWatchdog(run, node_dir, AgentLog("node"), timeout_s=1.0)
+    dog._discover()
+    (r,) = dog._ranks.values()
+    assert (r.signal, r.helper, r.armed) == (None, False, False)
+    meta = json.loads((d / "rank.json").read_text())
+    write_json_atomic(d / "rank.json", {**meta, "capture": {"signal": SIGNAL, "helper": True}})
+    dog._discover()
+    assert dog._ranks[r.folder] is r and (r.signal, r.helper, r.armed) == (SIGNAL, True, True)
+
+
 def _fr(d: Path, entries: list[tuple[int, str, list, bool]]) -> None:
     dump = {"entries": [{"collective_seq_id": s, "process_group": ["0", "default_pg"],
                          "profiling_name": f"gloo:{op}", "input_sizes": [size],

@@ -66,6 +66,7 @@ class _Rank:
     pid: int | None
     signal: int | None
     helper: bool
+    armed: bool = True  # rank.json said what its capture armed (the two fields above)
     offset: int = 0
     last_step: int | None = None
     last_end_ns: int | None = None
@@ -139,15 +140,25 @@ class HangWatchdog:
         return derived_timeout(statistics.median(durations) if durations else None)
 
     def _discover(self) -> None:
+        """New ranks of this node, and how to ask each for its stacks: a rank writes rank.json
+        before it arms its capture and again after, so a rank first seen without `capture` is
+        read again until it has one (else a hang would get nothing from it)."""
         for meta in list_ranks(self.run):
-            if meta.folder in self._ranks or meta.rank is None or meta.node != self.node_dir.name:
+            known = self._ranks.get(meta.folder)
+            if (known is not None and known.armed) or meta.rank is None \
+                    or meta.node != self.node_dir.name:
                 continue
-            capture = meta.raw.get("capture") if isinstance(meta.raw.get("capture"), dict) else {}
+            capture = meta.raw.get("capture")
+            armed = isinstance(capture, dict)
+            capture = capture if armed else {}
             sig = capture.get("signal")
+            sig = sig if isinstance(sig, int) and sig == SIGNAL else None
+            if known is not None:
+                known.signal, known.helper, known.armed = sig, bool(capture.get("helper")), armed
+                continue
             self._ranks[meta.folder] = _Rank(
-                rank=meta.rank, folder=meta.folder, pid=meta.pid,
-                signal=sig if isinstance(sig, int) and sig == SIGNAL else None,
-                helper=bool(capture.get("helper")))
+                rank=meta.rank, folder=meta.folder, pid=meta.pid, signal=sig,
+                helper=bool(capture.get("helper")), armed=armed)
 
     def _read_steps(self, r: _Rank) -> None:
         try:
