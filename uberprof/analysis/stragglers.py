@@ -426,8 +426,8 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     spread_waived = False
     if float(np.median(n_part[mine])) >= 3 and SIGMA_FACTOR * noise > need_lead:
         # the spread rule tells a lead of chance from one of cause; confirmed extra work
-        # is the cause, so the floors alone remain
-        spread_waived = more_work
+        # is the cause, so the floors alone remain (said only where it decides)
+        spread_waived = more_work and med_lead < SIGMA_FACTOR * noise
         if not spread_waived:
             need_lead = SIGMA_FACTOR * noise
     per_step = _delay_per_step(step[mine], delay[mine], n_part[mine])
