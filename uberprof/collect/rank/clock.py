@@ -4,13 +4,14 @@ Ranks on one host share a clock, so only the first local rank of each host other
 measures. It pings rank 0 through the process group's key-value store (NTP style: the offset is
 rank 0's time minus the midpoint of the round trip, the uncertainty half the shortest round trip).
 Everything runs on a background thread with timeouts; the training thread never waits for it.
-The thread talks through its own connection to the store (`Store.clone`): a store client runs
+The thread talks through its own connection to the store (`_own_client`): a store client runs
 one request at a time, so a wait here on the job's own client held the job's store calls
 (a `new_group`, a barrier) until the wait ended, up to a minute when a peer was slow to start.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -57,11 +58,26 @@ def start_offset_estimate(
 
 
 def _own_client(store: Any) -> Any:
+    """A connection to the job's store of this thread's own: `clone()` (torch >= 2.8), else a
+    new client of the TCPStore under the job's prefixes (its keys under a prefix of their own
+    per elastic restart, as every rank of a job runs the same torch)."""
     clone = getattr(store, "clone", None)
-    if clone is None:  # torch < 2.5
-        raise RuntimeError("this torch's store has no clone(): no estimate (its waits would "
-                           "hold the job's own store calls)")
-    return clone()
+    if clone is not None:
+        return clone()
+    base = store
+    while getattr(base, "underlying_store", None) is not None:
+        base = base.underlying_store
+    host, port = getattr(base, "host", None), getattr(base, "port", None)
+    if not isinstance(host, str) or not isinstance(port, int):
+        raise RuntimeError(  # noqa: TRY004 - a store it cannot reach, not a caller's mistake
+            "no connection of its own to the job's store (not a TCPStore, no clone()): no "
+            "estimate, as waiting on the job's own client would hold the job's store calls")
+    import torch.distributed as dist
+
+    client = dist.TCPStore(host, port, is_master=False, timeout=TIMEOUT,
+                           wait_for_workers=False)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"uberprof-own/{restart}", client)
 
 
 def _estimate(
