@@ -172,6 +172,19 @@ def test_straggler_cause_is_the_largest_excess() -> None:
     assert straggler_cause(2, per_step, {"throttled": True})[0] == "clock_throttle"
 
 
+def test_a_confirmed_busy_excess_weighs_for_compute_over_a_few_traced_steps() -> None:
+    """Two traced steps on a loaded machine read 'network' for a rank whose CPU time per step
+    is confirmed 8 ns (here) over the others' on every step: the work decides."""
+    per_step = {s: {0: {"compute": 10.0, "network": 1.0},
+                    1: {"compute": 11.0, "network": 6.0},
+                    2: {"compute": 10.0, "network": 1.0}} for s in range(2)}
+    cause, factors = straggler_cause(1, per_step)
+    assert cause == "network" and factors["network"] == 5 and factors["compute"] == 1
+    cause, factors = straggler_cause(1, per_step, busy_excess_ns=8)
+    assert cause == "compute" and factors["compute"] == 1  # the traced factors stay as read
+    assert straggler_cause(1, per_step, busy_excess_ns=3)[0] == "network"  # smaller: no say
+
+
 def test_robust_sigma_ignores_outliers() -> None:
     x = np.array([1.0, 1.1, 0.9, 1.0, 50.0])
     assert robust_sigma(x) < 0.2

@@ -199,10 +199,14 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     clock_ev: dict[str, Any] = {}
     if straggler is not None:
         clock_ev = throttled_vs_others(straggler.rank, clocks)
-        straggler.cause, straggler.factors = straggler_cause(straggler.rank, factors, clock_ev)
+        work = s_test.busy if s_test is not None else None
+        work_ns = work.excess_ns if work is not None and work.confirmed \
+            and work.rank == straggler.rank else None
+        straggler.cause, straggler.factors = straggler_cause(straggler.rank, factors, clock_ev,
+                                                             work_ns)
         straggler.counters = clock_ev
         if basis_doc is not None:
-            _note_traced_view(straggler, traced_test)
+            _note_traced_view(straggler, traced_test, work_ns)
 
     peaks = Peaks(ctx, window)
     bw = instance_bandwidth(ctx, aligned, exposed, peaks, alignment.error_bounds())
@@ -270,21 +274,26 @@ def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Tabl
                                 basis=fr.lateness), fr.as_dict()
 
 
-def _note_traced_view(s: Straggler, traced: StragglerTest | None) -> None:
+def _note_traced_view(s: Straggler, traced: StragglerTest | None,
+                      work_ns: int | None = None) -> None:
     """Say where the traced steps, which the cause is read from, disagree with the Flight
     Recorder's verdict: another rank last there, or the rank not slower by its cause."""
     notes = []
     if traced is None or traced.rank != s.rank:
         notes.append(f"the traced steps alone do not show rank {s.rank} most often last")
     excess = s.factors.get(s.cause or "compute", 0) if s.factors else 0
-    if excess <= 0:
+    traced_says = max(s.factors, key=lambda f: s.factors[f]) if s.factors else None
+    by_busy = s.cause == "compute" and work_ns is not None and traced_says != "compute"
+    if excess <= 0 and not by_busy:
         notes.append(f"its per-step breakdown in the traced steps shows no excess "
                      f"{s.cause or 'compute'} over the others: the cause is uncertain")
-    sentence = "; cause read from the traced steps' breakdown"
+    sentence = ("; cause read from its busy time over every step (the traced steps' "
+                "breakdown weighs less)" if by_busy else
+                "; cause read from the traced steps' breakdown")
     if notes:
         sentence += " (" + "; ".join(notes) + ")"
     s.test["sentence"] += sentence
-    s.test["cause_basis"] = "traced steps"
+    s.test["cause_basis"] = "busy time" if by_busy else "traced steps"
     if notes:
         s.test["cause_note"] = "; ".join(notes)
 

@@ -497,13 +497,16 @@ def find_straggler(lat: pa.Table, median_step_ns: float | None,
 
 
 def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],
-                    clocks: dict[str, Any] | None = None) -> tuple[str, dict[str, int]]:
+                    clocks: dict[str, Any] | None = None,
+                    busy_excess_ns: int | None = None) -> tuple[str, dict[str, int]]:
     """The straggler's cause and, per factor, its median per-step excess over the other ranks.
 
     `per_step[step][rank]` holds the factors of one rank in one step (ns): `compute`, `data`,
     `host_launch` and `network` (its time inside collectives after the last arrival). The
     factor with the largest excess wins; `compute` becomes `clock_throttle` when `clocks`
     says the rank's GPU ran slower clocks or had throttle reasons set and the others did not.
+    `busy_excess_ns`, its confirmed busy-time excess (analysis/busy.py: every step, where the
+    traced steps are a few), weighs for `compute` where it is larger than the traced excess.
     """
     names = ("compute", "data", "host_launch", "network")
     excess: dict[str, list[float]] = {f: [] for f in names}
@@ -515,7 +518,10 @@ def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],
         for f in names:
             excess[f].append(mine.get(f, 0.0) - float(np.median([o.get(f, 0.0) for o in others])))
     factors = {f: int(np.median(v)) if v else 0 for f, v in excess.items()}
-    cause = max(names, key=lambda f: factors[f])
+    weight = dict(factors)
+    if busy_excess_ns is not None:
+        weight["compute"] = max(weight["compute"], busy_excess_ns)
+    cause = max(names, key=lambda f: weight[f])
     if cause == "compute" and clocks and clocks.get("throttled"):
         cause = "clock_throttle"
     return cause, factors
