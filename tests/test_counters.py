@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from uberprof.collect.counters import CounterSettings, NodeSampler, read_counters
@@ -63,6 +64,42 @@ def test_store_round_trip_index_and_cut_off_tail(tmp_path: Path) -> None:
     assert sum(b.num_rows for b in iter_batches(path)) == 2
     path.write_bytes(b"")
     assert list(iter_batches(path)) == []
+
+
+def test_a_batch_with_damaged_bytes_is_skipped_not_computed_on(tmp_path: Path) -> None:
+    """Arrow checks only a batch's framing when it reads one; an offset damaged on disk then
+    crashed `export` with a segfault in its first filter (fuzz, found under load). The batch
+    is skipped and the whole ones around it are kept, in both readers (the follower's check
+    runs in a child process: without the fix it would take the test run down with it)."""
+    import pyarrow as pa
+
+    from uberprof.collect.counters.store import schema
+
+    def batch(metrics: list[str]) -> pa.RecordBatch:
+        n = len(metrics)
+        return pa.RecordBatch.from_arrays([
+            pa.array(range(n), pa.int64()), pa.array(["cpu"] * n), pa.array(metrics),
+            pa.array([1.0] * n), pa.array(["%"] * n)], schema=schema())
+
+    path = tmp_path / "host.arrows"
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_stream(f, schema()) as w:
+        w.write_batch(batch(["cpu.util"]))
+        w.write_batch(batch(["gpu.power.draw", "gpu.power.draw"]))
+        w.write_batch(batch(["cpu.util", "cpu.util"]))
+    data = bytearray(path.read_bytes())
+    offsets = np.array([0, 14, 28], np.int32).tobytes()  # the second batch's metric column
+    at = data.find(offsets)
+    assert at > 0 and data.find(offsets, at + 1) < 0
+    data[at:at + 12] = np.array([0, 1 << 20, 28], np.int32).tobytes()  # one offset damaged
+    path.write_bytes(bytes(data))
+    assert [b.num_rows for b in iter_batches(path)] == [1, 2]
+    follow = ("from pathlib import Path; from uberprof.rundir.follow import CounterFollower; "
+              f"f = CounterFollower(Path({str(path)!r}), ('cpu.util',)); "
+              "print(f.poll(), sorted(f.latest))")
+    out = subprocess.run([sys.executable, "-c", follow], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2", "[('cpu',", "'cpu.util')]"]
 
 
 def test_store_stops_writing_after_an_io_error(tmp_path: Path) -> None:

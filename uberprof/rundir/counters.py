@@ -76,7 +76,8 @@ def source_files(counters_dir: Path) -> dict[str, Path]:
 
 
 def iter_batches(path: Path) -> Iterator[Any]:
-    """Every whole batch of one stream file; stops quietly at a cut-off tail (writer killed)."""
+    """Every whole, valid batch of one stream file; stops quietly at a cut-off tail (writer
+    killed) and skips a batch whose bytes were damaged (`is_valid`)."""
     import pyarrow as pa
 
     try:
@@ -86,13 +87,28 @@ def iter_batches(path: Path) -> Iterator[Any]:
             reader = pa.ipc.open_stream(f)
             while True:
                 try:
-                    yield reader.read_next_batch()
+                    batch = reader.read_next_batch()
                 except StopIteration:
                     return
                 except (OSError, pa.ArrowInvalid):
                     return
+                if is_valid(batch):
+                    yield batch
     except (OSError, pa.ArrowInvalid):
         return
+
+
+def is_valid(batch: Any) -> bool:
+    """Whether a batch read from disk is whole inside: Arrow checks only the framing when it
+    reads one, and a damaged offset or length then crashes the process (a segfault, not an
+    error) in the first computation on it. A full validation is linear and cheap next to it."""
+    import pyarrow as pa
+
+    try:
+        batch.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowException):
+        return False
+    return True
 
 
 def read_index(counters_dir: Path) -> list[dict[str, Any]] | None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from uberprof.rundir.counters import is_valid
 from uberprof.rundir.layout import (
     COUNTERS_DIR,
     COUNTERS_SUFFIX,
@@ -169,7 +170,9 @@ class CounterFollower:
                     if self.schema is None:
                         self.schema = pa.ipc.read_schema(msg)
                     else:
-                        batches.append(pa.ipc.read_record_batch(msg, self.schema))
+                        batch = pa.ipc.read_record_batch(msg, self.schema)
+                        if is_valid(batch):  # damaged bytes: skipped, never computed on
+                            batches.append(batch)
                     self.offset = f.tell()
         except (OSError, pa.ArrowInvalid):
             return 0
