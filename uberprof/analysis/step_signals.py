@@ -114,8 +114,9 @@ def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int =
         return []
     w = np.nan_to_num(w)
     b = None
-    if busy is not None and sorted(r for r, s, _ in busy if s.size) == sorted(ranks):
-        _, b_steps, b_m = _matrix(sorted(busy, key=lambda x: ranks.index(x[0])), window)
+    busy_of = {r: (s, v) for r, s, v in busy or () if s.size}
+    if busy_of.keys() == set(ranks):  # every rank, or no busy basis at all
+        _, b_steps, b_m = _matrix([(r, *busy_of[r]) for r in ranks], window)
         b = (b_steps, b_m) if b_steps.size else None
     out = [_straggler(ranks, steps, t, w, b) if len(ranks) > 1 else None,
            _data_stall(ranks, t, w)]

@@ -312,25 +312,29 @@ def robust_sigma(x: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
+def _others(iid: np.ndarray, rank: np.ndarray, late: np.ndarray, r: int
+            ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The other ranks' lateness in each instance rank `r` took part in: (instance ids, one
+    array per id), ids increasing."""
+    others = (rank != r) & np.isin(iid, iid[rank == r])
+    o_iid, o_late = iid[others], late[others]
+    order = np.argsort(o_iid, kind="stable")
+    uniq, first = np.unique(o_iid[order], return_index=True)
+    return uniq, np.split(o_late[order], first[1:]) if uniq.size else []
+
+
 def _lead_and_noise(iid: np.ndarray, rank: np.ndarray, late: np.ndarray, n_part: np.ndarray,
                     r: int) -> tuple[np.ndarray, float]:
     """Rank `r`'s lead over the others' median lateness in each of its instances, and the
     others' own spread (robust sigma around each instance's median; with two ranks, where the
     others are one rank, the spread of the lead itself: reported, never a criterion)."""
     mine = rank == r
-    ids = iid[mine]
-    others = ~mine & np.isin(iid, ids)
-    o_iid, o_late = iid[others], late[others]
-    order = np.argsort(o_iid, kind="stable")
-    o_iid, o_late = o_iid[order], o_late[order]
-    uniq, first = np.unique(o_iid, return_index=True)
-    med = np.array([np.median(seg) for seg in np.split(o_late, first[1:])]) if uniq.size else \
-        np.zeros(0)
-    med_of = dict(zip(uniq.tolist(), med.tolist()))
-    lead = np.array([lt - med_of.get(int(i), 0.0) for i, lt in zip(ids, late[mine])])
-    if float(np.median(n_part[mine])) >= 3 and o_late.size:
-        dev = o_late - np.repeat(med, np.diff(np.append(first, o_late.size)))
-        return lead, robust_sigma(dev)
+    uniq, groups = _others(iid, rank, late, r)
+    med = [float(np.median(g)) for g in groups]
+    med_of = dict(zip(uniq.tolist(), med))
+    lead = np.array([lt - med_of.get(int(i), 0.0) for i, lt in zip(iid[mine], late[mine])])
+    if float(np.median(n_part[mine])) >= 3 and groups:
+        return lead, robust_sigma(np.concatenate([g - m for g, m in zip(groups, med)]))
     return lead, robust_sigma(lead)
 
 
@@ -348,16 +352,10 @@ def _later_than_most(iid: np.ndarray, rank: np.ndarray, late: np.ndarray,
     of them), and the chance of k or more for a healthy rank, whose place among n_i arrivals
     is uniform: floor(n_i/2) of the n_i places qualify (uncorrected)."""
     mine = rank == r
-    others = ~mine & np.isin(iid, iid[mine])
-    o_iid, o_late = iid[others], late[others]
-    order = np.argsort(o_iid, kind="stable")
-    uniq, first = np.unique(o_iid[order], return_index=True)
-    groups = dict(zip(uniq.tolist(), np.split(o_late[order], first[1:])))
-    k = 0
-    for i, lt in zip(iid[mine].tolist(), late[mine].tolist()):
-        g = groups.get(i)
-        if g is not None and int((g < lt).sum()) > g.size / 2:
-            k += 1
+    uniq, groups = _others(iid, rank, late, r)
+    group_of = dict(zip(uniq.tolist(), groups))
+    k = sum(1 for i, lt in zip(iid[mine].tolist(), late[mine].tolist())
+            if (g := group_of.get(i)) is not None and int((g < lt).sum()) > g.size / 2)
     n_i = np.maximum(n_part[mine], 1)
     return k, poisson_binomial_sf(k, np.floor(n_i / 2) / n_i)
 

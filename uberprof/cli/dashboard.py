@@ -156,6 +156,11 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
     from uberprof.dashboards.app import create_app
     from uberprof.dashboards.data import RunData
 
+    def step(what: str) -> Any:
+        """Say `what` on the page and the terminal while it is done."""
+        stage[0] = what
+        return err.status(f"{what}…", spinner="dots")
+
     data = RunData(root=path.resolve(), out=out, workers=workers,
                    baseline=baseline.resolve() if baseline is not None else None)
     stage[0] = "reading the run"
@@ -179,29 +184,24 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
         return None
     ranks = len(data.ranks())
     if data.has_traces:
-        stage[0] = "reading the saved diagnosis"
-        with err.status("reading the saved diagnosis…", spinner="dots"):
+        with step("reading the saved diagnosis"):
             saved = data.read_saved_diagnosis()
         if not saved:
-            stage[0] = f"diagnosing {ranks} rank(s)"
-            with err.status(f"diagnosing {ranks} rank(s)…", spinner="dots"):
+            with step(f"diagnosing {ranks} rank(s)"):
                 data.diagnose()
-    stage[0] = "reading the counters"
-    with err.status("reading the counters…", spinner="dots"):
+    with step("reading the counters"):
         data.warm()
     if data.baseline is not None:
         from uberprof.dashboards.queries.compare import comparison
 
-        stage[0] = f"comparing with {baseline}"
-        with err.status(f"comparing with {baseline}…", spinner="dots"):
+        with step(f"comparing with {baseline}"):
             compared = comparison(data)
         if compared is not None and compared.error:
             err.print(f"uberprof dashboard: --compare: {compared.error}", markup=False,
                       highlight=False)
     for p in data.problems[:5]:
         err.print(f"uberprof dashboard: {p}", markup=False, highlight=False)
-    stage[0] = "preparing the overview"
-    with err.status("preparing the overview…", spinner="dots"):
+    with step("preparing the overview"):
         app = create_app(data, auth=auth, allowed_hosts=allowed)
     return app, data
 

@@ -7,7 +7,7 @@ package, never through `uberprof.collect` (tests/test_architecture.py holds that
 ...`), so that the rank side, which imports this package, stays on the standard library.
 """
 
-from uberprof.rundir._checked import is_utf8, shown
+from uberprof.rundir._checked import as_int, is_utf8, shown
 from uberprof.rundir.layout import (
     CALIBRATION_FILE,
     COUNTERS_DIR,
@@ -67,6 +67,7 @@ __all__ = [
     "RankMeta",
     "RunDir",
     "StepTimeline",
+    "as_int",
     "as_run_dir",
     "claim_dir",
     "folder_problems",

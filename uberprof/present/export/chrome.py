@@ -16,6 +16,7 @@ import orjson
 
 from uberprof.present.export.layout import ProcessInfo, TrackInfo
 from uberprof.present.export.writer import TraceWriter
+from uberprof.rundir import as_int
 
 __all__ = ["ChromeWriter", "ns_to_us"]
 
@@ -84,9 +85,6 @@ class ChromeWriter(TraceWriter):
         self._file.commit()
 
 
-INT64 = 1 << 63
-
-
 def _json_safe(value: Any) -> Any:
     """`value` with what orjson refuses (integers beyond 64 bits, odd types, odd keys) as
     strings: an odd source trace's value is kept as text, never a failed export."""
@@ -97,5 +95,5 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, (float, str)):
         return value
     if isinstance(value, int):
-        return value if -INT64 <= value < INT64 else str(value)
+        return value if as_int(value) is not None else str(value)
     return str(value)

@@ -24,6 +24,7 @@ import orjson
 
 from uberprof.present.export.layout import ProcessInfo, TrackInfo
 from uberprof.present.export.writer import TraceWriter
+from uberprof.rundir import as_int
 
 __all__ = ["PerfettoWriter", "default_format"]
 
@@ -281,7 +282,7 @@ def _value(a: Any, v: Any) -> None:
     if t is str:
         a.string_value = v
     elif t is int:
-        if -(1 << 63) <= v < (1 << 63):
+        if as_int(v) is not None:
             a.int_value = v
         else:
             a.string_value = str(v)
