@@ -85,10 +85,21 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
     if phase == "report":
         from uberprof.analysis.advisor import diagnose
 
-        t = time.perf_counter()
-        d = diagnose(run, out=derived, workers=workers)
-        res.update(work_s=time.perf_counter() - t,
-                   straggler=d.straggler.rank if d.straggler else None,
+        if mode == "dask":
+            from uberprof.analysis.distributed import dask_executor
+
+            t = time.perf_counter()
+            with dask_executor("local", workers=workers) as ex:
+                res["cluster_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                d = diagnose(run, out=derived, workers=workers, executor=ex)
+                res["work_s"] = time.perf_counter() - t
+        else:
+            keep_pandas_out()
+            t = time.perf_counter()
+            d = diagnose(run, out=derived, workers=workers)
+            res["work_s"] = time.perf_counter() - t
+        res.update(straggler=d.straggler.rank if d.straggler else None,
                    findings=len(d.findings))
     elif mode == "dask":
         from uberprof.analysis.distributed import dask_executor
@@ -178,8 +189,10 @@ def main() -> None:
             row[f"{mode}_reduce"] = measure("reduce", mode, run, derived, args.workers,
                                             args.repeat)
         if not args.no_report:
-            row["report"] = measure("report", "pool", run, run.parent / f"derived-{modes[0]}",
-                                    args.workers, args.repeat)
+            for mode in modes:
+                row[f"{mode}_report"] = measure("report", mode, run,
+                                                run.parent / f"derived-{mode}", args.workers,
+                                                args.repeat)
         row["events"] = row[modes[0]]["events"]
         rows.append(row)
         print(_line(row, modes), flush=True)
@@ -199,9 +212,10 @@ def _line(r: dict[str, Any], modes: list[str]) -> str:
                      f"client {a['client_peak_mib']:4.0f} MiB"
                      + (f" (+{a['cluster_s']:.1f} s start)" if "cluster_s" in a else "")
                      + f", reduce {red['work_s']:5.2f} s {red['client_peak_mib']:4.0f} MiB")
-    if "report" in r:
-        parts.append(f"report {r['report']['work_s']:6.2f} s "
-                     f"{r['report']['client_peak_mib']:4.0f} MiB")
+        if f"{m}_report" in r:
+            rep = r[f"{m}_report"]
+            parts[-1] += (f", report {rep['work_s']:6.2f} s client "
+                          f"{rep['client_peak_mib']:4.0f} MiB")
     return " | ".join(parts)
 
 

@@ -105,10 +105,17 @@ def test_dask_map_gives_the_tables_of_the_local_pool(run: Path, cluster: Any,
     assert any("rank(s) 2" in p for p in remote.summary["problems"])
     assert_same(tmp_path / "local", tmp_path / "dask")
 
-    # The report built on either set of tables is the same (it runs on the client).
-    for name in ("local", "dask"):
-        d = diagnose(run, out=tmp_path / name)
-        assert d.straggler is not None and d.straggler.rank == STRAGGLER
+    # The report built on either set of tables is the same, with its per-rank part run in
+    # this process, on forked workers or on the cluster.
+    serial = diagnose(run, out=tmp_path / "local", workers=1)
+    assert serial.straggler is not None and serial.straggler.rank == STRAGGLER
+    assert serial.gaps.num_rows > 0 and serial.top_gaps
+    for name, d in (("local", diagnose(run, out=tmp_path / "local", workers=2)),
+                    ("dask", diagnose(run, out=tmp_path / "dask",
+                                      executor=cluster.get_executor(pure=False)))):
+        assert d.to_json() == serial.to_json(), name
+        assert d.gaps.equals(serial.gaps), name
+        assert d.top_gaps == serial.top_gaps, name
         save_diagnosis(d)
     assert_same(tmp_path / "local", tmp_path / "dask")
 
@@ -238,3 +245,23 @@ def test_reduce_streams_rank_by_rank(run: Path, tmp_path: Path,
     assert steps.metadata.num_row_groups >= 8  # one per rank at least
     assert_same(tmp_path / "one", tmp_path / "many")
     assert not list((tmp_path / "many").glob(".*.tmp"))
+
+
+def _pid_or_die(i: int) -> int:
+    import os
+
+    if i == 3:
+        os._exit(7)
+    return os.getpid()
+
+
+def test_map_calls_runs_each_call_in_a_worker_and_survives_one_that_dies() -> None:
+    """The diagnosis's per-rank part runs on the analysis's forked workers: each call in another
+    process, and a call whose process dies is reported as such, the others kept."""
+    import os
+
+    got = dict(pool.map_calls(_pid_or_die, [(i,) for i in range(6)], workers=2))
+    assert sorted(got) == list(range(6))
+    assert isinstance(got[3], RuntimeError) and "exit code 7" in str(got[3])
+    pids = {v for k, v in got.items() if k != 3}
+    assert os.getpid() not in pids and len(pids) >= 1

@@ -2,8 +2,9 @@
 entry point that the terminal report, the HTML report, the dashboard and the trace export share.
 
 Order of work (docs/DESIGN.md, §5): match collectives, align clocks (then drop pairings that
-never overlap in time and align again), then per rank (one event table in memory at a time) idle
-gaps and the exposed part of each collective, then across ranks lateness and the straggler,
+never overlap in time and align again), then per rank, in the map's workers (each reads one
+event table; `rank_diagnosis.py`), idle gaps and the exposed part of each collective, then across
+ranks lateness and the straggler,
 bandwidth per instance and class, and finally the findings.
 
 A finding's `time_at_stake_ms` is the wall-clock time of the analysed (traced) steps it accounts
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof import __version__
-from uberprof.analysis import metrics as M
 from uberprof.analysis.align import Alignment, align_clocks
 from uberprof.analysis.arrivals import flight_basis
 from uberprof.analysis.bandwidth import (
@@ -45,7 +46,6 @@ from uberprof.analysis.bandwidth import (
     BandwidthClass,
     Peaks,
     bandwidth_classes,
-    exposed_ns,
     instance_bandwidth,
 )
 from uberprof.analysis.busy import BusyTimes, busy_times
@@ -60,7 +60,7 @@ from uberprof.analysis.causes import (
 from uberprof.analysis.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.context import RunContext, load_context
 from uberprof.analysis.evidence import MIN_INSTANCES, Test, count_test, trace_more_hint
-from uberprof.analysis.gaps import CAUSES, DEFAULT_THRESHOLD_NS, GAP_SCHEMA, gap_context, idle_gaps
+from uberprof.analysis.gaps import CAUSES, DEFAULT_THRESHOLD_NS, GAP_SCHEMA
 from uberprof.analysis.gpu_clocks import (
     SLOWDOWN_FRACTION,
     GpuClocks,
@@ -68,6 +68,7 @@ from uberprof.analysis.gpu_clocks import (
     throttled_vs_others,
 )
 from uberprof.analysis.host_cpu import host_cpu_findings
+from uberprof.analysis.rank_diagnosis import TOP_GAPS, rank_passes
 from uberprof.analysis.steptime import step_time_doc
 from uberprof.analysis.stragglers import (
     BASIS_FLIGHT_RECORDER,
@@ -98,7 +99,6 @@ SCHEMA_VERSION = 1
 FINDING_KINDS = ("hang", "crash", "straggler", "data_stall", "launch_bound", "idle",
                  "exposed_comm", "bandwidth", "throttle", "host_cpu")
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
-TOP_GAPS = 5
 
 
 @dataclass
@@ -161,9 +161,10 @@ Progress = Callable[[int, int, str], None]
 
 def diagnose(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
              threshold_ns: int = DEFAULT_THRESHOLD_NS, workers: int | None = None,
-             progress: Progress | None = None) -> Diagnosis:
-    """Analyse `path` if needed (run directory, trace folder or file) and diagnose it."""
-    ctx = load_context(path, out=out, workers=workers, progress=progress)
+             progress: Progress | None = None, executor: Executor | None = None) -> Diagnosis:
+    """Analyse `path` if needed (run directory, trace folder or file) and diagnose it; the
+    per-rank work on `workers` processes, or on `executor` (Dask's)."""
+    ctx = load_context(path, out=out, workers=workers, progress=progress, executor=executor)
     return diagnose_context(ctx, threshold_ns=threshold_ns)
 
 
@@ -177,8 +178,8 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     aligned = alignment.apply(matched.instances, ("start_ns", "end_ns"))
 
     traced = analysed_steps(ctx)
-    per_rank = {r: _rank_pass(ctx, r, traced, matched.instances, threshold_ns)
-                for r in ctx.rank_ids}
+    per_rank = {p.rank: p for p in rank_passes(ctx, traced, matched.instances, threshold_ns)}
+    problems += [p.problem for p in per_rank.values() if p.problem]
     gaps = pa.concat_tables([p.gaps for p in per_rank.values()]) if per_rank else \
         GAP_SCHEMA.empty_table()
     exposed = {k: v for p in per_rank.values() for k, v in p.exposed.items()}
@@ -339,38 +340,6 @@ def analysed_steps(ctx: RunContext) -> pa.Table:
     if not extra:
         return traced
     return pa.concat_tables([traced, pa.Table.from_pylist(extra, schema=traced.schema)])
-
-
-# --- the per-rank pass --------------------------------------------------------------------------
-
-@dataclass
-class _RankResult:
-    gaps: pa.Table
-    small_idle_ns: dict[int, int]
-    exposed: dict[tuple[int, int], int]  # (instance, rank) -> exposed ns of its span
-    top_gaps: list[dict[str, Any]]
-
-
-def _rank_pass(ctx: RunContext, rank: int, traced: pa.Table, instances: pa.Table,
-               threshold_ns: int) -> _RankResult:
-    """Idle gaps and collective exposure of one rank: its event table is read, used, dropped."""
-    mine = traced.filter(pc.equal(traced.column("rank"), rank))
-    try:
-        events = ctx.events(rank)
-    except (KeyError, OSError):
-        return _RankResult(GAP_SCHEMA.empty_table(), {}, {}, [])
-    act = M.device_activity(events)
-    rg = idle_gaps(rank, events, mine, threshold_ns, act)
-    inst = instances.filter(pc.equal(instances.column("rank"), rank))
-    exposed: dict[tuple[int, int], int] = {}
-    if inst.num_rows:
-        s = inst.column("start_ns").to_numpy()
-        e = inst.column("end_ns").to_numpy()
-        ex = exposed_ns(act.compute, s, e)
-        exposed = {(int(i), rank): int(x) for i, x in
-                   zip(inst.column("instance").to_numpy().tolist(), ex.tolist())}
-    top = [{**g, "rank": rank} for g in gap_context(events, rg.gaps, TOP_GAPS)]
-    return _RankResult(rg.gaps, rg.small_idle_ns, exposed, top)
 
 
 # --- cross-rank facts ---------------------------------------------------------------------------

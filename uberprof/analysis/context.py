@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ class RunContext:
     is_run_dir: bool
     ranks: dict[int, RankInfo]
     problems: list[str] = field(default_factory=list)
+    workers: int | None = None  # the map's processes (None: by the amount of work)
+    executor: Executor | None = None  # the map's executor instead (Dask's), when one is given
     _cache: dict[str, pa.Table] = field(default_factory=dict, repr=False)
 
     @property
@@ -98,9 +101,11 @@ Progress = Callable[[int, int, str], None]
 
 def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
                  workers: int | None = None, progress: Progress | None = None,
-                 force: bool = False) -> RunContext:
-    """Analyse `path` (reusing up-to-date tables) and gather rank metadata for the diagnosis."""
-    analysis = analyze(path, out=out, workers=workers, progress=progress, force=force)
+                 force: bool = False, executor: Executor | None = None) -> RunContext:
+    """Analyse `path` (reusing up-to-date tables) and gather rank metadata for the diagnosis.
+    `workers`/`executor` run both the analysis's map and the diagnosis's per-rank part."""
+    analysis = analyze(path, out=out, workers=workers, progress=progress, force=force,
+                       executor=executor)
     root = Path(analysis.source)
     run_dir = RunDir(root)
     is_run = run_dir.is_run()
@@ -126,7 +131,8 @@ def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | Non
             window=_window(s),
         )
     return RunContext(run=analysis, root=root, is_run_dir=is_run, ranks=ranks,
-                      problems=list(analysis.summary.get("problems") or []))
+                      problems=list(analysis.summary.get("problems") or []), workers=workers,
+                      executor=executor)
 
 
 def _window(summary: dict[str, Any]) -> tuple[int, int] | None:

@@ -60,6 +60,7 @@ __all__ = [
     "input_entry",
     "is_fresh",
     "read_collectives",
+    "read_input_events",
     "read_input_summary",
     "read_input_table",
     "read_manifest",
@@ -371,6 +372,11 @@ def read_rank_events(derived: Path, inputs: Mapping[str, Mapping[str, Any]],
     keys = [e["key"] for e in inputs.values() if e.get("rank") == rank]
     if not keys:
         raise KeyError(rank)
+    return read_input_events(derived, keys)
+
+
+def read_input_events(derived: Path, keys: list[str]) -> pa.Table:
+    """The events of the analysed inputs `keys` (one rank's), as one table sorted by start."""
     parts = [read_input_table(derived, k, EVENTS_FILE) for k in keys]
     if len(parts) == 1:
         return parts[0]

@@ -1,7 +1,8 @@
-"""The map's processes: every trace (and rank step timeline) of an analysis run on forked
-workers that are replaced once a trace leaves them big, or on any `concurrent.futures` executor
-(a process pool, a Dask cluster's: `analyze_shared`). Each job writes its tables under the
-derived folder itself and sends back only a status.
+"""The map's processes: every trace (and rank step timeline) of an analysis run, and each rank's
+part of the diagnosis, on forked workers that are replaced once a job leaves them big, or on any
+`concurrent.futures` executor (a process pool, a Dask cluster's: `analyze_shared`). Each
+analysis job writes its tables under the derived folder itself and sends back only a status;
+a diagnosis job sends back its rank's small tables.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import pyarrow as pa
 from uberprof.analysis.derived import FORMAT_VERSION, SUMMARY_FILE
 from uberprof.analysis.rank import analyze_input, timeline_table
 
-__all__ = ["Job", "analyze_shared", "keep_pandas_out", "map_jobs"]
+__all__ = ["Job", "analyze_shared", "keep_pandas_out", "map_calls", "map_jobs"]
 
 
 @dataclass
@@ -75,7 +76,8 @@ def map_jobs(todo: list[Job], workers: int | None,
             yield job, _status(_run(*job.args()))
         return
     if executor is None and _can_fork():
-        yield from _forked(todo, workers)
+        for i, ok, res in _forked([(_run, j.args()) for j in todo], workers, warm_up=True):
+            yield todo[i], res if ok else _died(todo[i].path, res)
         return
     own = executor is None
     if own:
@@ -182,18 +184,21 @@ def _give_back_memory() -> None:
 
 
 def _worker(conn: Any) -> None:
-    """Analyse the inputs sent through `conn` until told to stop, or until a trace left this
-    process more than RECYCLE_BYTES bigger than it started (then the parent starts a new one)."""
+    """Run the calls sent through `conn` until told to stop, or until one left this process
+    more than RECYCLE_BYTES bigger than it started (then the parent starts a new one)."""
     keep_pandas_out()
     start = _rss()
     while True:
-        job = conn.recv()
-        if job is None:
+        call = conn.recv()
+        if call is None:
             return
-        res = _run(*job)
+        fn, args = call
+        res = fn(*args)
+        if fn is _run:
+            res = _status(res)
         _give_back_memory()
         retire = _rss() - start > RECYCLE_BYTES
-        conn.send((_status(res), retire))
+        conn.send((res, retire))
         if retire:
             return
 
@@ -229,22 +234,53 @@ def _prepare_fork() -> None:
     gc.freeze()
 
 
-def _forked(jobs: list[Job], workers: int) -> Iterator[tuple[Job, dict[str, Any]]]:
-    """At most `workers` forked processes, each fed one input at a time through a pipe.
+Call = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+def map_calls(fn: Callable[..., Any], arg_lists: Sequence[tuple[Any, ...]], workers: int,
+              executor: Executor | None = None) -> Iterator[tuple[int, Any]]:
+    """`fn(*args)` for each of `arg_lists` (fn top-level, arguments and result picklable), on
+    the same workers as the analysis: forked here, or `executor` (Dask's). Yields (index,
+    result) as they finish; a call whose process died yields (index, RuntimeError(why))."""
+    if executor is None and (workers <= 1 or len(arg_lists) <= 1 or not _can_fork()):
+        for i, args in enumerate(arg_lists):
+            yield i, fn(*args)
+        return
+    if executor is None:
+        for i, ok, res in _forked([(fn, a) for a in arg_lists], workers):
+            yield i, res if ok else RuntimeError(f"the process running it died ({res})")
+        return
+    futures = {executor.submit(fn, *a): i for i, a in enumerate(arg_lists)}
+    for fut in as_completed(futures):
+        try:
+            yield futures[fut], fut.result()
+        except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory)
+            yield futures[fut], RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _forked(calls: list[Call], workers: int, warm_up: bool = False
+            ) -> Iterator[tuple[int, bool, Any]]:
+    """At most `workers` forked processes, each fed one call at a time through a pipe; yields
+    (index, True, result), or (index, False, why) when its process died.
 
     Own processes instead of a concurrent.futures pool because a worker must be replaceable:
-    a crash or an out-of-memory kill costs only the input it was reading, and a worker left
+    a crash or an out-of-memory kill costs only the call it was running, and a worker left
     big by a large trace is retired, so memory stays at about one trace per worker. Forking
     (not spawning) keeps startup at milliseconds and never re-imports the caller's script.
+    `warm_up`: do the trace reader's one-off set-up before forking (`_prepare_fork`).
     """
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
     ctx = mp.get_context("fork")
-    _prepare_fork()
-    pending = list(reversed(jobs))
+    if warm_up:
+        _prepare_fork()
+    else:
+        gc.collect()
+        gc.freeze()
+    pending = list(reversed(range(len(calls))))
     idle: list[tuple[Any, Any]] = []  # (process, connection)
-    busy: dict[Any, tuple[Any, Job]] = {}  # connection -> (process, job)
+    busy: dict[Any, tuple[Any, int]] = {}  # connection -> (process, index)
     alive = 0
     try:
         while pending or busy:
@@ -257,25 +293,26 @@ def _forked(jobs: list[Job], workers: int) -> Iterator[tuple[Job, dict[str, Any]
                     proc.start()
                     child.close()
                     alive += 1
-                job = pending.pop()
-                conn.send(job.args())
-                busy[conn] = (proc, job)
+                i = pending.pop()
+                conn.send(calls[i])
+                busy[conn] = (proc, i)
             for conn in wait(list(busy)):
-                proc, job = busy.pop(conn)
+                proc, i = busy.pop(conn)
                 try:
                     res, retire = conn.recv()
+                    ok = True
                 except (EOFError, OSError):
                     proc.join()
                     code = proc.exitcode
-                    res, retire = _died(job.path, f"signal {-code}" if code and code < 0
-                                        else f"exit code {code}"), True
+                    ok, retire = False, True
+                    res = f"signal {-code}" if code and code < 0 else f"exit code {code}"
                 if retire:
                     conn.close()
                     proc.join()
                     alive -= 1
                 else:
                     idle.append((proc, conn))
-                yield job, res
+                yield i, ok, res
     finally:
         for proc, conn in idle:
             try:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 
-from uberprof.cli.options import derived_option, workers_option
+from uberprof.cli.options import (
+    dask_executor_or_exit,
+    dask_option,
+    derived_option,
+    workers_option,
+)
 from uberprof.present.terminal.analyze import render_analysis
 from uberprof.present.terminal.progress import ReadProgress
 
@@ -21,10 +25,7 @@ from uberprof.present.terminal.progress import ReadProgress
 @workers_option()
 @derived_option("--out", "Where to write derived tables (default: PATH/derived).")
 @click.option("--force", is_flag=True, help="Analyse every trace again, even unchanged ones.")
-@click.option("--dask", "dask_address", metavar="ADDRESS", default=None,
-              help="Read traces on a Dask cluster (scheduler address, or 'local' for one on "
-                   "this machine with --workers processes); needs uberprof[dask] and a file "
-                   "system shared with the workers (see README).")
+@dask_option("Read traces")
 def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
             force: bool, dask_address: str | None) -> None:
     """Analyse PATH: a uberprof run directory, any folder of Kineto traces, or one trace.
@@ -44,7 +45,7 @@ def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
     err = Console(stderr=True)
     try:
         with ExitStack() as stack:
-            executor = _dask(stack, dask_address, workers)
+            executor = dask_executor_or_exit(stack, dask_address, workers, "analyze")
             update = stack.enter_context(ReadProgress(err))
             result = run_analysis(path, out=out, workers=workers, progress=update, force=force,
                                   executor=executor)
@@ -63,18 +64,4 @@ def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
                         result.analysed, len(result.inputs), Console())
     if not result.ok:
         sys.exit(1)
-
-
-def _dask(stack: ExitStack, address: str | None, workers: int | None) -> Any:
-    """The Dask executor for --dask (None without it), closed with `stack`; a clear message
-    and exit code 2 when Dask is missing or the cluster cannot be reached."""
-    if address is None:
-        return None
-    from uberprof.analysis.distributed import DaskUnavailable, dask_executor
-
-    try:
-        return stack.enter_context(dask_executor(address, workers=workers))
-    except DaskUnavailable as exc:
-        Console(stderr=True).print(f"uberprof analyze: {exc}", markup=False, highlight=False)
-        sys.exit(2)
 

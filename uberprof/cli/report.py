@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
-from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+from uberprof.cli.options import (
+    dask_executor_or_exit,
+    dask_option,
+    derived_option,
+    gap_threshold_option,
+    workers_option,
+)
 from uberprof.cli.output import cannot_write, unwritable
 
 if TYPE_CHECKING:
@@ -33,8 +40,9 @@ Examples:
 @gap_threshold_option("reported")
 @workers_option()
 @derived_option("--out", "Where derived tables go (default: PATH/derived).")
+@dask_option("Read traces and diagnose each rank")
 def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: float,
-           workers: int | None, out: Path | None) -> None:
+           workers: int | None, out: Path | None, dask_address: str | None) -> None:
     """Diagnose PATH (a run directory, a folder of Kineto traces, or one trace).
 
     Reads the traces first when their tables are missing or stale (as `uberprof analyze`),
@@ -62,10 +70,13 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         err.print(f"uberprof report: could not save the diagnosis tables ({exc})", markup=False)
 
     try:
-        with ReadProgress(err) as update:
-            ctx = load_context(path, out=out, workers=workers, progress=update)
-        d = load_or_diagnose(ctx, threshold_ns=int(gap_threshold_us * 1000),
-                             on_save_error=unsaved)
+        with ExitStack() as stack:
+            executor = dask_executor_or_exit(stack, dask_address, workers, "report")
+            with ReadProgress(err) as update:
+                ctx = load_context(path, out=out, workers=workers, progress=update,
+                                   executor=executor)
+            d = load_or_diagnose(ctx, threshold_ns=int(gap_threshold_us * 1000),
+                                 on_save_error=unsaved)
     except NoTraces as exc:
         d = _failures_only(path, str(exc))
         if d is None:
