@@ -227,3 +227,44 @@ def test_no_derived_file_is_ever_written_in_place(tmp_path: Path,
     assert all(p.name.startswith(".") and p.name.endswith(".tmp") and p.parent in
                {m.parent for m in made} for p in opened)
     assert len(set(opened)) == len(opened)  # never one temporary name twice
+
+
+def test_the_cross_rank_step_is_read_back_until_what_it_reads_changes(
+        healthy_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A second analysis of an unchanged run reads the run-level tables back (the dashboard's
+    and report's start-up on a big run); a changed rank.json, step timeline or --force makes
+    the reduce run again."""
+    from uberprof.analysis import reduce as R
+    from uberprof.analysis.pipeline import analyze
+
+    run = _copy(healthy_run, tmp_path / "run")
+    first = analyze(run, workers=1)
+    assert (run / "derived" / R.REDUCE_FILE).is_file()
+    calls: list[int] = []
+    real = R._reduce
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(R, "_reduce", counted)
+    again = analyze(run, workers=1)
+    assert calls == []
+    assert again.summary == first.summary and again.ranks == first.ranks
+    assert again.inputs == first.inputs
+
+    rank_json = run / "ranks" / "1" / "rank.json"
+    st = rank_json.stat()
+    os.utime(rank_json, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert analyze(run, workers=1).summary == first.summary
+    assert calls == [1]
+
+    with (run / "ranks" / "2" / "steps.jsonl").open("a") as f:
+        f.write("")  # same bytes, a new mtime: the timeline is read again, then the reduce
+    os.utime(run / "ranks" / "2" / "steps.jsonl", ns=(st.st_atime_ns, st.st_mtime_ns + 7))
+    analyze(run, workers=1)
+    assert calls == [1, 1]
+    analyze(run, workers=1)
+    assert calls == [1, 1]
+    analyze(run, workers=1, force=True)
+    assert calls == [1, 1, 1]

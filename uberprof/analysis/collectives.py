@@ -72,8 +72,7 @@ def match_collectives(ctx: RunContext) -> Matched:
     con.execute(f"""
         CREATE TEMP TABLE c AS
         SELECT rank, coalesce(name, event) AS name, start_ns, end_ns, step, in_bytes,
-               out_bytes, dtype, seq, pg_ranks,
-               coalesce(pg_name, pg_ranks, 'default') AS grp,
+               out_bytes, dtype, seq, coalesce(pg_name, pg_ranks, 'default') AS grp,
                CASE WHEN coalesce(name, event) IN {SAME_SIZE_COLLECTIVES} THEN in_bytes END
                    AS size_key
         FROM coll
@@ -82,8 +81,10 @@ def match_collectives(ctx: RunContext) -> Matched:
         "SELECT grp, bool_and(seq IS NOT NULL) FROM c GROUP BY grp").fetchall() if all_seq}
     # Expected participants of a group: its ranks present in the traces (pg_ranks narrows it).
     groups: dict[str, list[int]] = {}
+    # (from `coll`, not `c`: the long rank lists are not copied into a table per row)
     for grp, ranks, pg_ranks in con.execute(
-            "SELECT grp, list(DISTINCT rank ORDER BY rank), any_value(pg_ranks) FROM c "
+            "SELECT coalesce(pg_name, pg_ranks, 'default') AS grp, "
+            "list(DISTINCT rank ORDER BY rank), any_value(pg_ranks) FROM coll "
             "GROUP BY grp").fetchall():
         listed = _parse_ranks(pg_ranks)
         groups[grp] = [r for r in ranks if not listed or r in listed]
@@ -154,9 +155,13 @@ def group_sizes(ctx: RunContext) -> dict[str, int]:
     sizes: dict[str, int] = {}
     coll = ctx.collectives()
     if coll.num_rows:
-        for name, ranks, gs in zip(coll.column("pg_name").to_pylist(),
-                                   coll.column("pg_ranks").to_pylist(),
-                                   coll.column("group_size").to_pylist()):
+        # Each distinct (name, ranks, size) once, in order of first appearance: not a Python
+        # string per row for the rank lists.
+        combos = coll.select(["pg_name", "pg_ranks", "group_size"]).group_by(
+            ["pg_name", "pg_ranks", "group_size"], use_threads=False).aggregate([])
+        for name, ranks, gs in zip(combos.column("pg_name").to_pylist(),
+                                   combos.column("pg_ranks").to_pylist(),
+                                   combos.column("group_size").to_pylist()):
             key = name or ranks or "default"
             n = gs if isinstance(gs, int) and gs > 0 else len(_parse_ranks(ranks))
             if n and key not in sizes:

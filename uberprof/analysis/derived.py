@@ -351,8 +351,11 @@ def read_run_steps(derived: Path, rank: int | None = None) -> pa.Table:
 
 
 def read_collectives(derived: Path, rank: int | None = None) -> pa.Table:
-    """RUN_COLLECTIVE_SCHEMA: one row per collective instance on each rank (or on `rank`)."""
-    return _of_rank(pq.read_table(derived / COLLECTIVES_FILE), rank)
+    """RUN_COLLECTIVE_SCHEMA: one row per collective instance on each rank (or on `rank`).
+    `pg_ranks` stays dictionary-encoded as in the file: a group's rank list is the same long
+    string on each of its rows (2.5 kB at 512 ranks: 48 MB of 20k rows, decoded)."""
+    return _of_rank(pq.read_table(derived / COLLECTIVES_FILE, read_dictionary=["pg_ranks"]),
+                    rank)
 
 
 def read_input_table(derived: Path, key: str, name: str) -> pa.Table:

@@ -117,7 +117,9 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
             saved = time.monotonic()
     write_manifest(derived, manifest)
 
-    result = reduce_run(source, derived, entries, manifest["timelines"])
+    # Read back when no input changed and the last reduce read the same (not after --force).
+    result = reduce_run(source, derived, entries, manifest["timelines"],
+                        reuse=not force and not todo)
     result.analysed = total
     if notice:
         result.notices.append(notice)

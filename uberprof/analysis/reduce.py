@@ -1,7 +1,9 @@
 """The cross-rank reduce of `uberprof analyze`: reads only the small per-input tables (steps,
 summaries, collectives) and the rank folders' step timelines, decides which rank each trace
 belongs to, and writes the run-level tables (steps, ranks, collectives) and summary.json, one
-rank at a time so that memory holds one rank's tables however many ranks there are.
+rank at a time so that memory holds one rank's tables however many ranks there are. When
+nothing it reads has changed since it last ran (`reduce.json` holds a key of its inputs), it
+reads back what it wrote instead: a second `report` or `dashboard` of a big run starts at once.
 
 In a run directory, one folder per rank is read (`uberprof.rundir.ranks_by_id`, the rule every
 reader follows): a second folder of a rank (a restart, or two jobs under one run id) and a
@@ -11,17 +13,22 @@ about the folders are the analysis' problems too.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from uberprof import __version__
 from uberprof.analysis import metrics as M
 from uberprof.analysis.derived import (
     BREAKDOWN_FIELDS,
     COLLECTIVES_FILE,
+    FORMAT_VERSION,
     RANK_SCHEMA,
     RANKS_FILE,
     RUN_COLLECTIVE_SCHEMA,
@@ -35,8 +42,8 @@ from uberprof.analysis.derived import (
     timeline_file,
 )
 from uberprof.ingest.discover import Source, TraceInput
-from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 from uberprof.rundir import (
+    RANK_FILE,
     RankMeta,
     folder_problems,
     is_utf8,
@@ -45,14 +52,73 @@ from uberprof.rundir import (
     shown,
     write_json_atomic,
 )
+from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 
-__all__ = ["reduce_run"]
+__all__ = ["REDUCE_FILE", "reduce_run"]
+
+REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each input's rank
+_WRITES = (STEPS_FILE, COLLECTIVES_FILE, RANKS_FILE, SUMMARY_FILE)
 
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
-               timelines: dict[str, dict[str, Any]]) -> Analysis:
+               timelines: dict[str, dict[str, Any]], reuse: bool = True) -> Analysis:
     """Decide each trace's rank, then write the run-level tables and summary.json from the
-    inputs' and timelines' tables (`entries`, `timelines`: the manifest's sections)."""
+    inputs' and timelines' tables (`entries`, `timelines`: the manifest's sections); or, with
+    `reuse`, read them back when none of that changed since the last time."""
+    key = _reduce_key(source, entries, timelines)
+    done = _reduced_before(source, derived, entries, key) if reuse else None
+    if done is not None:
+        return done
+    result = _reduce(source, derived, entries, timelines)
+    rank_of = {rel: e.get("rank") for rel, e in result.inputs.items()}
+    try:
+        write_json_atomic(derived / REDUCE_FILE, {"key": key, "rank_of": rank_of})
+    except OSError:
+        pass  # only the next start's shortcut is lost
+    return result
+
+
+def _reduce_key(source: Source, entries: dict[str, dict[str, Any]],
+                timelines: dict[str, dict[str, Any]]) -> str:
+    """Everything the reduce reads, as a hash: the inputs' and timelines' manifest entries
+    (each names the size and mtime of its file), and each rank folder's rank.json (its
+    identity and state, which the reduce's problems quote)."""
+    folders = []
+    for rank, rd in source.rank_dirs:
+        try:
+            st = (rd / RANK_FILE).stat()
+            folders.append([rank, rd.name, st.st_size, st.st_mtime_ns])
+        except OSError:
+            folders.append([rank, rd.name, None, None])
+    doc = {"format": FORMAT_VERSION, "version": __version__, "kind": source.kind, "root": str(source.root),
+           "inputs": [[i.rel, i.rank_hint, i.hint_source, entries.get(i.rel)]
+                      for i in source.inputs],
+           "timelines": timelines, "folders": folders}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS,
+                                       default=str)).hexdigest()
+
+
+def _reduced_before(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
+                    key: str) -> Analysis | None:
+    """The Analysis the last reduce wrote, when it read exactly what this one would."""
+    try:
+        mark = orjson.loads((derived / REDUCE_FILE).read_bytes())
+        if not isinstance(mark, dict) or mark.get("key") != key or \
+                not all(os.path.isfile(derived / f) for f in _WRITES):
+            return None
+        summary = orjson.loads((derived / SUMMARY_FILE).read_bytes())
+        rank_rows = pq.read_table(derived / RANKS_FILE).to_pylist()
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    rank_of = mark.get("rank_of") or {}
+    inputs = {i.rel: {**entries[i.rel], "rank": rank_of.get(i.rel)}
+              for i in source.inputs if i.rel in entries}
+    return Analysis(source=source.root, derived=derived, summary=summary, ranks=rank_rows,
+                    inputs=inputs)
+
+
+def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
+            timelines: dict[str, dict[str, Any]]) -> Analysis:
     problems: list[str] = []
     metas = list_ranks(source.root) if source.kind == "run" else []
     problems.extend(folder_problems(metas))
