@@ -161,29 +161,53 @@ class BusyTimes:
             need_ns=int(need))
 
 
-def busy_from_timelines(timelines: Mapping[int, StepTimeline]) -> BusyTimes | None:
+def busy_from_timelines(timelines: Mapping[int, StepTimeline] | Iterable[tuple[int, StepTimeline]]
+                        ) -> BusyTimes | None:
     """The busy times of the ranks' step timelines, over the steps every rank with busy time
-    has; None unless at least two ranks have busy time of one kind on common steps."""
-    series = {r: b for r, t in timelines.items() if (b := busy_series(t)) is not None}
-    kinds = {k for k, _ in series.values()}
-    if len(series) < 2 or len(kinds) != 1 or len(series) < len(timelines):
+    has; None unless at least two ranks have busy time of one kind on common steps. Each
+    timeline is reduced to arrays as it comes, so (rank, timeline) pairs read one at a time
+    never hold more than one rank's rows (10,000 steps x 512 ranks)."""
+    pairs = timelines.items() if isinstance(timelines, Mapping) else timelines
+    series: dict[int, tuple[str, np.ndarray, np.ndarray, np.ndarray]] = {}
+    seen = 0
+    for r, t in pairs:
+        seen += 1
+        b = busy_series(t)
+        if b is None:
+            continue
+        kind, cpu = b
+        steps = np.fromiter(cpu, np.int64, len(cpu))
+        waits = t.values("data_wait_ns")
+        series[r] = (kind, steps, np.fromiter(cpu.values(), np.float64, len(cpu)),
+                     np.array([waits.get(int(s), 0) for s in steps], np.float64))
+    kinds = {k for k, _, _, _ in series.values()}
+    if len(series) < 2 or len(kinds) != 1 or len(series) < seen:
         return None
     ranks = sorted(series)
-    common = sorted(set.intersection(*(set(v) for _, v in series.values())))
-    if not common:
+    common = series[ranks[0]][1]
+    for r in ranks[1:]:
+        common = np.intersect1d(common, series[r][1])
+    common = np.unique(common)
+    if not common.size:
         return None
-    waits = {r: timelines[r].values("data_wait_ns") for r in ranks}
+
+    def at_common(r: int, values: np.ndarray) -> np.ndarray:
+        steps = series[r][1]
+        order = np.argsort(steps, kind="stable")
+        return values[order[np.searchsorted(steps[order], common)]]
+
     return BusyTimes(
-        kind=kinds.pop(), ranks=ranks, steps=np.asarray(common, np.int64),
-        busy=np.array([[series[r][1][s] for s in common] for r in ranks], np.float64),
-        data_wait=np.array([[waits[r].get(s, 0) for s in common] for r in ranks], np.float64))
+        kind=kinds.pop(), ranks=ranks, steps=common.astype(np.int64),
+        busy=np.array([at_common(r, series[r][2]) for r in ranks], np.float64),
+        data_wait=np.array([at_common(r, series[r][3]) for r in ranks], np.float64))
 
 
 def busy_times(ctx: RunContext) -> BusyTimes | None:
     """The busy times of a run directory's ranks (the analysed ones), or None: plain traces,
-    device runs, runs recorded before `cpu_ns` (module docstring)."""
+    device runs, runs recorded before `cpu_ns` (module docstring). Timelines are read one rank
+    at a time."""
     if not ctx.is_run_dir:
         return None
     metas = ranks_by_id(RunDir(ctx.root))
-    return busy_from_timelines({r: read_step_timeline(m.folder) for r, m in metas.items()
-                                if r in ctx.ranks})
+    return busy_from_timelines((r, read_step_timeline(m.folder)) for r, m in metas.items()
+                               if r in ctx.ranks)
