@@ -197,5 +197,7 @@ def live_for(data: RunData) -> Live | None:
     if not data.is_run_dir:
         return None
     follower = RunFollower(data.root)
+    if not follower.running():  # an ended run: nothing to read twice (5 M steps at 512 ranks)
+        return None
     state = follower.poll()
     return Live(data, follower, state) if state.running else None

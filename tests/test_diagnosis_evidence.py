@@ -199,6 +199,18 @@ def test_median_interval_covers_the_median_with_its_stated_confidence() -> None:
     assert median_interval(np.arange(5)) is None  # too few for a 95% interval
 
 
+def test_median_interval_of_a_long_run() -> None:
+    """10,000 steps (a long run's untraced steps): 2**n once overflowed a float from 1,024
+    steps on, and the diagnosis failed. The interval is the binomial one: median +- about
+    1.96 * sqrt(n) / 2 order statistics."""
+    iv = median_interval(np.arange(10_000, dtype=np.float64))
+    assert iv is not None
+    lo, hi = iv
+    assert lo + hi == 9_999.0  # symmetric order statistics
+    assert 4_999.5 - lo == pytest.approx(1.96 * np.sqrt(10_000) / 2, abs=2)
+    assert median_interval(np.arange(1_000, dtype=np.float64)) == (468.0, 531.0)
+
+
 def test_step_time_states_profiler_inflation_and_uberprofs_own_cost() -> None:
     rows = []
     for s in range(30):

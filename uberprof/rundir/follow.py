@@ -294,6 +294,11 @@ class RunFollower:
 
             self._gpus = rank_gpus(self.run)
 
+    def running(self) -> bool | None:
+        """Whether the job still runs (None: no node.json says), from its nodes' metadata
+        alone: what `poll` says, without reading any step."""
+        return _running([n for n in list_nodes(self.run) if n.readable])
+
     def poll(self) -> LiveState:
         """Read what is new and say where the job stands."""
         self._discover()
@@ -302,7 +307,7 @@ class RunFollower:
         for c in self._counters.values():
             c.poll()
         nodes = [n for n in list_nodes(self.run) if n.readable]
-        running = any(n.end_ns is None for n in nodes) if nodes else None
+        running = _running(nodes)
         codes = [n.exit_code for n in nodes if n.exit_code is not None]
         ends = [n.end_ns for n in nodes if n.end_ns is not None]
         return LiveState(
@@ -419,3 +424,8 @@ def trace_files(run: RunDir | Path | str) -> frozenset[str]:
             continue
         found |= {f"{rd.name}/{n}" for n in names if parse_trace_file_name(n) is not None}
     return frozenset(found)
+
+
+def _running(nodes: list[Any]) -> bool | None:
+    """A job runs while a node has not written its end (None: no readable node.json)."""
+    return any(n.end_ns is None for n in nodes) if nodes else None

@@ -68,6 +68,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:  # the rank side works with the standard library alone
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a dependency of the readers
+    _fast_loads = json.loads
+
 FORMAT_VERSION = 1
 RUN_FILE = "run.json"
 NODE_FILE = "node.json"
@@ -127,11 +132,19 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """Rows of a JSON-lines file, and whether its tail was cut off (a writer killed mid-line)."""
+    """Rows of a JSON-lines file, and whether its tail was cut off (a writer killed mid-line).
+    orjson first (5x faster: a 512-rank x 10,000-step run has 5 M rows); the standard parser
+    for what it refuses but JSON readers accept (NaN, integers beyond 64 bits), so that the
+    rows' checks, not the parser, say what is wrong with them."""
     rows: list[dict[str, Any]] = []
     truncated = False
     with open(path, "rb") as f:
         for line in f:
+            try:
+                rows.append(_fast_loads(line))
+                continue
+            except ValueError:
+                pass
             if not line.strip():
                 continue
             try:

@@ -227,6 +227,10 @@ def step_row_problem(row: Any) -> str | None:
     if as_int(row.get("step"), 0, MAX_STEP) is None:
         return "no step number" if "step" not in row else "step is not a step number"
     for k, v in row.items():
+        if type(v) is int:  # the common case (times, counts): the range check alone
+            if v >= 1 << 63 or (v < 0 and (v < -(1 << 63) or k.endswith(("_ns", "_bytes")))):
+                return f"{k} out of range"
+            continue
         if isinstance(v, bool) or not isinstance(v, int | float):
             continue
         if isinstance(v, float) and not math.isfinite(v):
