@@ -14,6 +14,7 @@ about the folders are the analysis' problems too.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,9 @@ def _reduce_key(source: Source, entries: dict[str, dict[str, Any]],
            "inputs": [[i.rel, i.rank_hint, i.hint_source, entries.get(i.rel)]
                       for i in source.inputs],
            "timelines": timelines, "folders": folders}
-    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS,
-                                       default=str)).hexdigest()
+    # the standard encoder: file names that are not UTF-8 (lone surrogates) are escaped, not
+    # refused as orjson does
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _reduced_before(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
