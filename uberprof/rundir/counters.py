@@ -153,12 +153,17 @@ def series_index(counters_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_meta(counters_dir: Path) -> dict[str, Any]:
-    """meta.json of a counters folder, {} when missing or unreadable."""
+    """meta.json of a counters folder, {} when missing or unreadable. Its `host` is a name or
+    absent (None): every reader uses it as one, and findings quote it."""
     try:
         meta = read_json(counters_dir / COUNTERS_META)
     except (OSError, ValueError):
         return {}
-    return meta if isinstance(meta, dict) else {}
+    if not isinstance(meta, dict):
+        return {}
+    if "host" in meta:
+        meta["host"] = as_str(meta["host"])
+    return meta
 
 
 def counter_nodes(run_dir: str | Path | RunDir) -> list[str]:
