@@ -186,15 +186,12 @@ def busy_from_timelines(timelines: Mapping[int, StepTimeline] | Iterable[tuple[i
     ranks = sorted(series)
     common = series[ranks[0]][1]
     for r in ranks[1:]:
-        common = np.intersect1d(common, series[r][1])
-    common = np.unique(common)
+        common = np.intersect1d(common, series[r][1])  # sorted, unique
     if not common.size:
         return None
 
     def at_common(r: int, values: np.ndarray) -> np.ndarray:
-        steps = series[r][1]
-        order = np.argsort(steps, kind="stable")
-        return values[order[np.searchsorted(steps[order], common)]]
+        return values[np.searchsorted(series[r][1], common)]  # timelines are in step order
 
     return BusyTimes(
         kind=kinds.pop(), ranks=ranks, steps=common.astype(np.int64),

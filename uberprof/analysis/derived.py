@@ -59,6 +59,7 @@ __all__ = [
     "input_dir",
     "input_entry",
     "is_fresh",
+    "rank_input_keys",
     "read_collectives",
     "read_input_events",
     "read_input_summary",
@@ -372,10 +373,20 @@ def read_rank_events(derived: Path, inputs: Mapping[str, Mapping[str, Any]],
                      rank: int) -> pa.Table:
     """Every event of one rank (all its inputs, `Analysis.inputs` entries), sorted by start.
     KeyError when no input belongs to that rank."""
-    keys = [e["key"] for e in inputs.values() if e.get("rank") == rank]
+    keys = rank_input_keys(inputs).get(rank)
     if not keys:
         raise KeyError(rank)
     return read_input_events(derived, keys)
+
+
+def rank_input_keys(inputs: Mapping[str, Mapping[str, Any]]) -> dict[int, list[str]]:
+    """Per rank, the derived keys of its analysed inputs (`Analysis.inputs` entries), in input
+    order: where its event tables are."""
+    keys: dict[int, list[str]] = {}
+    for e in inputs.values():
+        if isinstance(e.get("rank"), int) and e.get("key"):
+            keys.setdefault(e["rank"], []).append(e["key"])
+    return keys
 
 
 def read_input_events(derived: Path, keys: list[str]) -> pa.Table:

@@ -219,17 +219,19 @@ _WARM_UP_TRACE = (
 )
 
 
-def _prepare_fork() -> None:
-    """Before forking workers: do the libraries' one-off set-up here, once, rather than in each
-    worker (Arrow's Parquet writer, msgspec, numpy: ~0.2 s), and freeze what this process has
-    allocated so that the workers' garbage collector never touches (and copies) those pages."""
-    try:
-        with tempfile.TemporaryDirectory(prefix="uberprof-warm-up-") as d:
-            trace = Path(d) / "warm-up.json"
-            trace.write_bytes(_WARM_UP_TRACE)
-            analyze_input(str(trace), str(Path(d) / "out"))
-    except OSError:
-        pass
+def _prepare_fork(warm_up: bool) -> None:
+    """Before forking workers: with `warm_up`, do the trace reader's one-off set-up here, once,
+    rather than in each worker (Arrow's Parquet writer, msgspec, numpy: ~0.2 s); then freeze
+    what this process has allocated so that the workers' garbage collector never touches (and
+    copies) those pages."""
+    if warm_up:
+        try:
+            with tempfile.TemporaryDirectory(prefix="uberprof-warm-up-") as d:
+                trace = Path(d) / "warm-up.json"
+                trace.write_bytes(_WARM_UP_TRACE)
+                analyze_input(str(trace), str(Path(d) / "out"))
+        except OSError:
+            pass
     gc.collect()
     gc.freeze()
 
@@ -273,11 +275,7 @@ def _forked(calls: list[Call], workers: int, warm_up: bool = False
     from multiprocessing.connection import wait
 
     ctx = mp.get_context("fork")
-    if warm_up:
-        _prepare_fork()
-    else:
-        gc.collect()
-        gc.freeze()
+    _prepare_fork(warm_up)
     pending = list(reversed(range(len(calls))))
     idle: list[tuple[Any, Any]] = []  # (process, connection)
     busy: dict[Any, tuple[Any, int]] = {}  # connection -> (process, index)

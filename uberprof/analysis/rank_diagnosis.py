@@ -36,10 +36,14 @@ class RankResult:
 
     rank: int
     gaps: pa.Table  # GAP_SCHEMA
-    small_idle_ns: dict[int, int]  # step -> idle time in gaps under the threshold
     exposed: dict[tuple[int, int], int]  # (instance, rank) -> exposed ns of its span
     top_gaps: list[dict[str, Any]]
     problem: str | None = None  # why this rank has no result (its process died)
+
+    @classmethod
+    def empty(cls, rank: int, problem: str | None = None) -> RankResult:
+        """A rank without events (no trace, unreadable tables), or whose pass failed."""
+        return cls(rank, GAP_SCHEMA.empty_table(), {}, [], problem)
 
 
 def rank_pass(derived: str, keys: list[str], rank: int, steps: pa.Table, instances: pa.Table,
@@ -48,11 +52,11 @@ def rank_pass(derived: str, keys: list[str], rank: int, steps: pa.Table, instanc
     `steps`: its analysed steps (RUN_STEP_SCHEMA); `instances`: its matched collectives
     (`instance`, `start_ns`, `end_ns`)."""
     if not keys:
-        return RankResult(rank, GAP_SCHEMA.empty_table(), {}, {}, [])
+        return RankResult.empty(rank)
     try:
         events = D.read_input_events(Path(derived), keys)
     except OSError:
-        return RankResult(rank, GAP_SCHEMA.empty_table(), {}, {}, [])
+        return RankResult.empty(rank)
     act = M.device_activity(events)
     rg = idle_gaps(rank, events, steps, threshold_ns, act)
     exposed: dict[tuple[int, int], int] = {}
@@ -62,17 +66,14 @@ def rank_pass(derived: str, keys: list[str], rank: int, steps: pa.Table, instanc
         exposed = {(int(i), rank): int(x) for i, x in
                    zip(instances.column("instance").to_numpy().tolist(), ex.tolist())}
     top = [{**g, "rank": rank} for g in gap_context(events, rg.gaps, TOP_GAPS)]
-    return RankResult(rank, rg.gaps, rg.small_idle_ns, exposed, top)
+    return RankResult(rank, rg.gaps, exposed, top)
 
 
 def rank_passes(ctx: RunContext, traced: pa.Table, instances: pa.Table,
                 threshold_ns: int) -> Iterator[RankResult]:
     """`rank_pass` for every rank of `ctx`, on its workers (`ctx.workers`, `ctx.executor`);
     each rank is sent only its own steps and collectives. In rank order."""
-    keys: dict[int, list[str]] = {}
-    for e in ctx.run.inputs.values():
-        if isinstance(e.get("rank"), int) and e.get("key"):
-            keys.setdefault(e["rank"], []).append(e["key"])
+    keys = D.rank_input_keys(ctx.run.inputs)
     inst = instances.select(["rank", "instance", "start_ns", "end_ns"])
     by_rank_steps = _split(traced, ctx.rank_ids)
     by_rank_inst = _split(inst, ctx.rank_ids)
@@ -82,10 +83,8 @@ def rank_passes(ctx: RunContext, traced: pa.Table, instances: pa.Table,
     done: dict[int, RankResult] = {}
     for i, res in map_calls(rank_pass, calls, workers, ctx.executor):
         r = calls[i][2]
-        done[r] = res if isinstance(res, RankResult) else RankResult(
-            r, GAP_SCHEMA.empty_table(), {}, {}, [],
-            problem=f"rank {r}: its idle gaps and exposed communication could not be computed "
-                    f"({res})")
+        done[r] = res if isinstance(res, RankResult) else RankResult.empty(
+            r, f"rank {r}: its idle gaps and exposed communication could not be computed ({res})")
     for r in ctx.rank_ids:
         yield done[r]
 

@@ -91,7 +91,8 @@ def _reduce_key(source: Source, entries: dict[str, dict[str, Any]],
             folders.append([rank, rd.name, st.st_size, st.st_mtime_ns])
         except OSError:
             folders.append([rank, rd.name, None, None])
-    doc = {"format": FORMAT_VERSION, "version": __version__, "kind": source.kind, "root": str(source.root),
+    doc = {"format": FORMAT_VERSION, "version": __version__, "kind": source.kind,
+           "root": str(source.root),
            "inputs": [[i.rel, i.rank_hint, i.hint_source, entries.get(i.rel)]
                       for i in source.inputs],
            "timelines": timelines, "folders": folders}
