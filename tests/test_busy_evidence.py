@@ -22,6 +22,7 @@ from uberprof.analysis.busy import (
     busy_series,
     busy_times,
 )
+from uberprof.analysis.context import load_context
 from uberprof.analysis.stragglers import DECIDED_BY_BUSY, find_straggler, straggler_test
 from uberprof.collect.rank.timeline import StepTimeline as Writer
 from uberprof.rundir.ranks import StepTimeline, read_step_timeline
@@ -239,9 +240,16 @@ def test_busy_times_of_a_run_directory(tmp_path: Path) -> None:
         rows = [{"kind": "step", "step": s, "host_start_ns": s, "host_end_ns": s + 1,
                  "data_wait_ns": 0, "cpu_ns": 50 + r} for s in range(4)]
         (d / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
-    ctx = SimpleNamespace(is_run_dir=True, root=tmp_path, ranks={0: None, 1: None})
+    # From the JSON lines (no analysis), and from the analysis's timeline tables: the same.
+    ctx = SimpleNamespace(is_run_dir=True, root=tmp_path, ranks={0: None, 1: None}, run=None)
     b = busy_times(ctx)  # type: ignore[arg-type]
     assert b is not None and b.ranks == [0, 1] and b.busy[:, 0].tolist() == [50, 51]
+    analysed = load_context(tmp_path, workers=1)
+    assert analysed.run.timeline(tmp_path / "ranks" / "0") is not None
+    b2 = busy_times(analysed)
+    assert b2 is not None and b2.ranks == b.ranks and b2.kind == b.kind
+    assert (b2.steps == b.steps).all() and (b2.busy == b.busy).all()
+    assert (b2.data_wait == b.data_wait).all()
     assert busy_times(SimpleNamespace(is_run_dir=False)) is None  # type: ignore[arg-type]
 
 

@@ -268,3 +268,59 @@ def test_the_cross_rank_step_is_read_back_until_what_it_reads_changes(
     assert calls == [1, 1]
     analyze(run, workers=1, force=True)
     assert calls == [1, 1, 1]
+
+
+def _row_path_steps(ctx: Any, rank: int) -> list[dict[str, Any]]:
+    """The run-level step rows of one rank as the reduce built them row by row before it
+    worked on columns (the reference): traced steps first seen, the timeline's window where it
+    has both ends, the timeline's other steps untraced."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for rel, e in sorted(ctx.run.inputs.items()):
+        if e.get("rank") != rank or e.get("status") != "ok":
+            continue
+        for r in D.read_input_table(ctx.derived, e["key"], D.STEPS_FILE).to_pylist():
+            if r["step"] not in by_step:
+                by_step[r["step"]] = {**r, "rank": rank, "traced": True, "trace": rel}
+    timeline = ctx.run.timeline(ctx.root / "ranks" / str(rank))
+    for tl in timeline.to_pylist() if timeline is not None else []:
+        start, end = tl["host_start_ns"], tl["host_end_ns"]
+        if tl["step"] in by_step:
+            if start is not None and end is not None:
+                by_step[tl["step"]].update(host_start_ns=start, host_end_ns=end)
+            continue
+        by_step[tl["step"]] = {"rank": rank, "step": tl["step"], "traced": False, "trace": None,
+                               "host_start_ns": start, "host_end_ns": end,
+                               "data_wait_ns": tl["data_wait_ns"]}
+    rows = []
+    for step in sorted(by_step):
+        r = by_step[step]
+        s, e = r.get("host_start_ns"), r.get("host_end_ns")
+        r["step_time_ns"] = e - s if s is not None and e is not None else None
+        rows.append({f: r.get(f) for f in D.RUN_STEP_SCHEMA.names})
+    return rows
+
+
+def test_run_steps_are_the_row_paths(tmp_path: Path) -> None:
+    """The reduce's column-wise step table against the row-by-row reference, on a run with two
+    trace windows, a traced step the timeline lacks, one whose timeline row has no end, and a
+    timeline with a repeated step."""
+    from tests.test_dashboard import write_synth
+    from uberprof.analysis.context import load_context
+
+    run = write_synth(tmp_path / "run", ranks=4, steps=40, counters=False, straggler=None)
+    lines = (run / "ranks" / "1" / "steps.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines]
+    rows = [r for r in rows if r["step"] != 21]  # traced, not in the timeline
+    for r in rows:
+        if r["step"] == 20:
+            del r["host_end_ns"]  # traced; the timeline's window lacks its end
+    rows.append({**rows[5], "host_end_ns": rows[5]["host_end_ns"] + 99})  # step 5 again
+    (run / "ranks" / "1" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx = load_context(run, workers=1)
+    got = ctx.steps()
+    for rank in range(4):
+        mine = got.filter(pa.compute.equal(got.column("rank"), rank)).to_pylist()
+        assert mine == _row_path_steps(ctx, rank), rank
+    one = {r["step"]: r for r in got.to_pylist() if r["rank"] == 1}
+    assert one[21]["traced"] and one[20]["traced"] and not one[5]["traced"]
+    assert one[5]["host_end_ns"] == rows[-1]["host_end_ns"]  # the timeline keeps the last row

@@ -19,7 +19,7 @@ from uberprof.analysis.bandwidth import Peaks, instance_bandwidth
 from uberprof.analysis.causes import GAP_CAUSES, STRAGGLER_CAUSES, remedy_for
 from uberprof.analysis.collectives import match_collectives
 from uberprof.analysis.evidence import chance_words, poisson_binomial_sf
-from uberprof.analysis.steptime import median_interval, step_time_doc
+from uberprof.analysis.steptime import median_interval, step_time_doc, step_walls
 from uberprof.analysis.stragglers import find_straggler, lateness, straggler_test
 
 STEP = 200e6  # 200 ms steps
@@ -226,6 +226,25 @@ def test_step_time_states_profiler_inflation_and_uberprofs_own_cost() -> None:
     lo, hi = doc["profiler_inflation_interval"]
     assert lo <= doc["profiler_inflation"] <= hi
     assert doc["untraced"]["steps"] == 18  # less step 0 (start-up) and step 20 (uberprof's)
+
+
+def test_step_walls_are_the_longest_rank_per_step() -> None:
+    """Grouped in Arrow, against the row-by-row definition: rows without a time or with a
+    negative (pseudo) step count nowhere; traced on any rank is traced."""
+    rng = np.random.default_rng(5)
+    n = 400
+    steps = rng.integers(-1, 40, n).tolist()
+    times = [None if rng.random() < 0.1 else int(rng.integers(0, 10**9)) for _ in range(n)]
+    traced = [None if rng.random() < 0.05 else bool(rng.random() < 0.3) for _ in range(n)]
+    table = pa.table({"rank": list(range(n)), "step": steps,
+                      "step_time_ns": pa.array(times, pa.int64()), "traced": traced})
+    want: dict[int, tuple[int, bool]] = {}
+    for s, t, tr in zip(steps, times, traced, strict=True):
+        if t is None or s < 0:
+            continue
+        prev = want.get(s, (0, False))
+        want[s] = (max(prev[0], t), prev[1] or bool(tr))
+    assert step_walls(table) == want and list(step_walls(table)) == sorted(want)
 
 
 # --- clock alignment ----------------------------------------------------------------------------

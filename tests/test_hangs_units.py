@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from uberprof.analysis.context import load_context
 from uberprof.analysis.failures import failure_findings
 from uberprof.collect.node_agent import FR_BUFFER_SIZE, flight_recorder_env
 from uberprof.collect.safety import AgentLog
@@ -187,6 +188,18 @@ def test_the_first_failure_is_a_cause_even_when_a_victim_raised_earlier(tmp_path
     roles = {x["rank"]: x["role"] for x in crash.evidence["failed"]}
     assert roles == {1: "first", 0: "victim", 2: "victim"}  # rank 2: no end, no record
     assert crash.evidence["first"]["exception"]["where"] == "/job/train.py:7 in step"
+    # The analysis's step tails (what its map read of each steps.jsonl) give the same finding.
+    ctx = load_context(run.root, workers=1)
+    assert all(ctx.run.timeline_entry(d) is not None for d in dirs)
+    asked: list[Path] = []
+
+    def tail(folder: Path) -> tuple[int, int | None, int | None]:
+        asked.append(folder)
+        e = ctx.run.timeline_entry(folder)
+        return e["rows"], e["last_step"], e["last_end_ns"]
+
+    (again,) = failure_findings(run.root, tail)
+    assert sorted(asked) == sorted(dirs) and again.evidence == crash.evidence
 
 
 def _crashed_before_its_traces(tmp_path: Path) -> RunDir:

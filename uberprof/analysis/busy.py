@@ -26,9 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from uberprof.analysis.context import RunContext
 from uberprof.analysis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
@@ -41,7 +44,8 @@ if TYPE_CHECKING:
     from uberprof.rundir.follow import RunFollower
 
 __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
-           "busy_from_timelines", "busy_kind", "busy_series", "busy_times", "followed_busy"]
+           "RankBusy", "busy_from_timelines", "busy_kind", "busy_of_ranks", "busy_series",
+           "busy_times", "followed_busy", "table_busy", "timeline_busy"]
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
@@ -161,31 +165,60 @@ class BusyTimes:
             need_ns=int(need))
 
 
+RankBusy = tuple[str, np.ndarray, np.ndarray, np.ndarray]
+"""One rank's busy time: its kind, and per step (in step order) the step number, the busy time
+and the data wait (0 where unknown), ns."""
+
+
+def timeline_busy(timeline: StepTimeline) -> RankBusy | None:
+    """A rank's busy time from its step rows (`busy_series`), or None without any."""
+    b = busy_series(timeline)
+    if b is None:
+        return None
+    kind, cpu = b
+    steps = np.fromiter(cpu, np.int64, len(cpu))
+    waits = timeline.values("data_wait_ns")
+    return (kind, steps, np.fromiter(cpu.values(), np.float64, len(cpu)),
+            np.array([waits.get(int(s), 0) for s in steps], np.float64))
+
+
+def table_busy(table: pa.Table) -> RankBusy | None:
+    """A rank's busy time from its derived timeline table (TIMELINE_SCHEMA): `timeline_busy`
+    on columns, by the same rule (`busy_kind`)."""
+    cpu, gpu = table.column("cpu_ns"), table.column("gpu_time_ns")
+    kind = busy_kind(gpu.null_count < len(gpu), cpu.null_count < len(cpu))
+    if kind is None:
+        return None
+    has = cpu.is_valid()
+    return (kind, table.column("step").filter(has).to_numpy(),
+            cpu.filter(has).to_numpy().astype(np.float64),
+            pc.fill_null(table.column("data_wait_ns"), 0).filter(has).to_numpy()
+            .astype(np.float64))
+
+
 def busy_from_timelines(timelines: Mapping[int, StepTimeline] | Iterable[tuple[int, StepTimeline]]
                         ) -> BusyTimes | None:
-    """The busy times of the ranks' step timelines, over the steps every rank with busy time
-    has; None unless at least two ranks have busy time of one kind on common steps. Each
-    timeline is reduced to arrays as it comes, so (rank, timeline) pairs read one at a time
-    never hold more than one rank's rows (10,000 steps x 512 ranks)."""
+    """`busy_of_ranks` of the ranks' step timelines (rank -> rows)."""
     pairs = timelines.items() if isinstance(timelines, Mapping) else timelines
-    series: dict[int, tuple[str, np.ndarray, np.ndarray, np.ndarray]] = {}
+    return busy_of_ranks((r, timeline_busy(t)) for r, t in pairs)
+
+
+def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | None:
+    """The busy times of the ranks, over the steps every rank with busy time has; None unless
+    every rank has busy time, of one kind, and at least two share steps. Ranks come one at a
+    time, already reduced to arrays (10,000 steps x 512 ranks never sit in rows at once)."""
+    series: dict[int, RankBusy] = {}
     seen = 0
-    for r, t in pairs:
+    for r, b in ranks:
         seen += 1
-        b = busy_series(t)
-        if b is None:
-            continue
-        kind, cpu = b
-        steps = np.fromiter(cpu, np.int64, len(cpu))
-        waits = t.values("data_wait_ns")
-        series[r] = (kind, steps, np.fromiter(cpu.values(), np.float64, len(cpu)),
-                     np.array([waits.get(int(s), 0) for s in steps], np.float64))
+        if b is not None:
+            series[r] = b
     kinds = {k for k, _, _, _ in series.values()}
     if len(series) < 2 or len(kinds) != 1 or len(series) < seen:
         return None
-    ranks = sorted(series)
-    common = series[ranks[0]][1]
-    for r in ranks[1:]:
+    ranks_ = sorted(series)
+    common = series[ranks_[0]][1]
+    for r in ranks_[1:]:
         common = np.intersect1d(common, series[r][1])  # sorted, unique
     if not common.size:
         return None
@@ -194,17 +227,22 @@ def busy_from_timelines(timelines: Mapping[int, StepTimeline] | Iterable[tuple[i
         return values[np.searchsorted(series[r][1], common)]  # timelines are in step order
 
     return BusyTimes(
-        kind=kinds.pop(), ranks=ranks, steps=common.astype(np.int64),
-        busy=np.array([at_common(r, series[r][2]) for r in ranks], np.float64),
-        data_wait=np.array([at_common(r, series[r][3]) for r in ranks], np.float64))
+        kind=kinds.pop(), ranks=ranks_, steps=common.astype(np.int64),
+        busy=np.array([at_common(r, series[r][2]) for r in ranks_], np.float64),
+        data_wait=np.array([at_common(r, series[r][3]) for r in ranks_], np.float64))
 
 
 def busy_times(ctx: RunContext) -> BusyTimes | None:
     """The busy times of a run directory's ranks (the analysed ones), or None: plain traces,
-    device runs, runs recorded before `cpu_ns` (module docstring). Timelines are read one rank
-    at a time."""
+    device runs, runs recorded before `cpu_ns` (module docstring). Each rank's timeline is the
+    analysis's table of it (the JSON lines only where it has none), read one rank at a time."""
     if not ctx.is_run_dir:
         return None
     metas = ranks_by_id(RunDir(ctx.root))
-    return busy_from_timelines((r, read_step_timeline(m.folder)) for r, m in metas.items()
-                               if r in ctx.ranks)
+
+    def busy(folder: Path) -> RankBusy | None:
+        table = ctx.run.timeline(folder) if ctx.run is not None else None
+        return table_busy(table) if table is not None else \
+            timeline_busy(read_step_timeline(folder))
+
+    return busy_of_ranks((r, busy(m.folder)) for r, m in metas.items() if r in ctx.ranks)

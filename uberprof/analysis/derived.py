@@ -75,7 +75,7 @@ __all__ = [
     "write_parquet",
 ]
 
-FORMAT_VERSION = 3  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 4  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"
@@ -129,6 +129,8 @@ TIMELINE_SCHEMA = pa.schema([
     ("host_start_ns", pa.int64()),
     ("host_end_ns", pa.int64()),
     ("data_wait_ns", pa.int64()),
+    ("cpu_ns", pa.int64()),  # the training thread's CPU time (busy time: analysis/busy.py)
+    ("gpu_time_ns", pa.int64()),  # device time between step boundaries (device runs)
 ])
 
 RUN_STEP_SCHEMA = pa.schema([
@@ -172,6 +174,7 @@ class Analysis:
     inputs: dict[str, dict[str, Any]]  # manifest entries of this source's inputs, by rel path
     analysed: int = 0  # inputs analysed this time (the others were up to date)
     notices: list[str] = field(default_factory=list)
+    timelines: dict[str, dict[str, Any]] = field(default_factory=dict)  # by rank folder (rel)
 
     @property
     def ok(self) -> bool:
@@ -197,6 +200,27 @@ class Analysis:
             except (OSError, ValueError, KeyError):
                 continue
             yield rank, doc.get("summary") or {}
+
+    def timeline_entry(self, rank_dir: Path) -> dict[str, Any] | None:
+        """The manifest entry of a rank folder's step timeline when its table was written
+        (rows, last step and its end); None without one (no steps.jsonl, unreadable, or not
+        this analysis's folder): readers then read the file itself."""
+        try:
+            e = self.timelines.get(Path(rank_dir).relative_to(self.source).as_posix())
+        except ValueError:
+            return None
+        return e if e is not None and e.get("status") == "ok" else None
+
+    def timeline(self, rank_dir: Path) -> pa.Table | None:
+        """A rank folder's step timeline (TIMELINE_SCHEMA, one row per step), or None
+        (`timeline_entry`)."""
+        e = self.timeline_entry(rank_dir)
+        if e is None:
+            return None
+        try:
+            return pq.read_table(timeline_file(self.derived, e["key"])).cast(TIMELINE_SCHEMA)
+        except (OSError, KeyError, pa.ArrowException):
+            return None
 
 
 # --- places -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,9 +111,15 @@ def _main_of(stacks: Stacks) -> list[dict[str, Any]]:
     return list(current["frames"]) if current else []
 
 
-def load_evidence(roots: Iterable[Path]) -> tuple[dict[int, RankEvidence],
-                                                     list[dict[str, Any]]]:
-    """Every rank's evidence and every node's hang record (with `node`) of a run."""
+StepTail = tuple[int, int | None, int | None]
+"""A rank folder's step count, last step and that step's end (ns)."""
+
+
+def load_evidence(roots: Iterable[Path], tails: Callable[[Path], StepTail | None] | None = None
+                  ) -> tuple[dict[int, RankEvidence], list[dict[str, Any]]]:
+    """Every rank's evidence and every node's hang record (with `node`) of a run. `tails`
+    answers a rank folder's `StepTail` where the analysis already knows it (None: read the
+    folder's steps.jsonl)."""
     ranks: dict[int, RankEvidence] = {}
     hangs: list[dict[str, Any]] = []
     exits: list[dict[str, Any]] = []
@@ -127,13 +133,14 @@ def load_evidence(roots: Iterable[Path]) -> tuple[dict[int, RankEvidence],
         for rank, meta in ranks_by_id(run).items():
             if rank in ranks:
                 continue
-            steps, _ = read_steps(meta.folder)
-            ev = RankEvidence(rank=rank, meta=meta, steps=len(steps),
+            tail = (tails(meta.folder) if tails is not None else None) or \
+                _step_tail(meta.folder)
+            ev = RankEvidence(rank=rank, meta=meta, steps=tail[0],
                               exceptions=read_exceptions(meta.folder),
                               fatal=read_fatal(meta.folder), hang=read_rank_hang(meta.folder),
                               stacks=read_stacks(meta.folder))
-            if steps:
-                ev.last_step, ev.last_step_end_ns = steps[-1]["step"], steps[-1].get("host_end_ns")
+            if tail[0]:
+                ev.last_step, ev.last_step_end_ns = tail[1], tail[2]
             for reason in FR_REASONS:
                 fr = read_flight_recorder(meta.folder, reason)
                 if fr is not None:
@@ -146,10 +153,20 @@ def load_evidence(roots: Iterable[Path]) -> tuple[dict[int, RankEvidence],
     return ranks, hangs
 
 
-def failure_findings(roots: Path | Iterable[Path]) -> list[Finding]:
-    """The `hang` and `crash` findings of a run directory (none for a healthy run)."""
+def _step_tail(rank_dir: Path) -> StepTail:
+    steps, _ = read_steps(rank_dir)
+    if not steps:
+        return 0, None, None
+    end = steps[-1].get("host_end_ns")
+    return len(steps), steps[-1]["step"], end if type(end) is int else None
+
+
+def failure_findings(roots: Path | Iterable[Path],
+                     tails: Callable[[Path], StepTail | None] | None = None) -> list[Finding]:
+    """The `hang` and `crash` findings of a run directory (none for a healthy run); `tails`
+    as for `load_evidence`."""
     roots = [roots] if isinstance(roots, Path | str) else list(roots)
-    ranks, hangs = load_evidence([Path(r) for r in roots])
+    ranks, hangs = load_evidence([Path(r) for r in roots], tails)
     running = {n.node for r in roots for n in list_nodes(RunDir(Path(r)))
                if n.readable and n.end_ns is None}
     out = []

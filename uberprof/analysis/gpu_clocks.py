@@ -57,29 +57,25 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     except Exception:  # noqa: BLE001 - counters are optional evidence
         return {}
     out: dict[int, GpuClocks] = {}
-    tables: dict[str, Any] = {}
+    nodes: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # each node's table read once
     for rank, (node, gpu) in mapping.items():
-        if node not in tables:
+        if node not in nodes:
             try:
-                tables[node] = counters_table(ctx.root, node, sources=["nvml"],
-                                              start_ns=window[0], end_ns=window[1],
-                                              label_ranks=False)
+                nodes[node] = _series(counters_table(ctx.root, node, sources=["nvml"],
+                                                     start_ns=window[0], end_ns=window[1],
+                                                     label_ranks=False))
             except Exception:  # noqa: BLE001
-                tables[node] = None
-        t = tables[node]
-        if t is None or t.num_rows == 0:
+                nodes[node] = {}
+        series = nodes[node]
+        if not series:  # no NVML rows in the window on that node
             continue
-        dev = np.array(t.column("device").to_pylist(), dtype=object)
-        met = np.array(t.column("metric").to_pylist(), dtype=object)
-        val = t.column("value").to_numpy(zero_copy_only=False)
-        mine = dev == gpu
-        sm, smax, slow = (_values(val, mine, met, m)
+        mine = series.get(gpu, {})
+        empty = np.zeros(0)
+        sm, smax, slow = (mine.get(m, empty)
                           for m in ("clock.sm", "clock.sm_max", "clocks_slowdown"))
-        reasons = {}
-        for m in np.unique(met[mine]).tolist():
-            if m.startswith("clocks_event.") and m != "clocks_event.gpu_idle":
-                v = _values(val, mine, met, m)
-                reasons[m.split(".", 1)[1]] = float(v.mean()) if v.size else 0.0
+        reasons = {m.split(".", 1)[1]: float(v.mean()) if v.size else 0.0
+                   for m, v in sorted(mine.items())
+                   if m.startswith("clocks_event.") and m != "clocks_event.gpu_idle"}
         out[rank] = GpuClocks(rank=rank, node=node, gpu=gpu, samples=int(sm.size),
                               sm_clock_mhz=float(np.median(sm)) if sm.size else None,
                               sm_clock_max_mhz=float(smax.max()) if smax.size else None,
@@ -88,12 +84,29 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     return out
 
 
+def _series(t: Any) -> dict[str, dict[str, np.ndarray]]:
+    """A node's counters table as device -> metric -> values (in time order), grouped in one
+    sort: the node holds 8 GPUs x ~20 metrics x the window's samples."""
+    import pyarrow.compute as pc
+
+    if t.num_rows == 0:
+        return {}
+    dev, met = (pc.dictionary_encode(pc.fill_null(t.column(c), "")).combine_chunks()
+                for c in ("device", "metric"))
+    devs, mets = dev.dictionary.to_pylist(), met.dictionary.to_pylist()
+    key = (dev.indices.to_numpy(zero_copy_only=False).astype(np.int64) * len(mets)
+           + met.indices.to_numpy(zero_copy_only=False))
+    order = np.argsort(key, kind="stable")
+    key, val = key[order], t.column("value").to_numpy()[order]
+    bounds = np.flatnonzero(np.diff(key)) + 1
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for k, v in zip(key[np.r_[0, bounds]].tolist(), np.split(val, bounds), strict=True):
+        out.setdefault(devs[k // len(mets)], {})[mets[k % len(mets)]] = v
+    return out
+
+
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 1)
-
-
-def _values(val: np.ndarray, mine: np.ndarray, met: np.ndarray, metric: str) -> np.ndarray:
-    return val[mine & (met == metric)]
 
 
 def throttled_vs_others(rank: int, clocks: dict[int, GpuClocks]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from uberprof.analysis.derived import (
 from uberprof.ingest import classify as K
 from uberprof.ingest.trace import TraceError, ingest_trace
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
-from uberprof.rundir import read_step_timeline
+from uberprof.rundir.step_table import read_step_table
 
 __all__ = [  # the table names and schemas are derived.py's, kept importable from here
     "BREAKDOWN_FIELDS",
@@ -165,26 +165,21 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
 
 def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
     """A rank's step timeline (`ranks/<r>/steps.jsonl`) as a Parquet table of TIMELINE_SCHEMA,
-    one row per step: parsed here, in the map, so that the cross-rank step reads a small
-    columnar table per rank rather than every JSON line of every rank. Never raises.
+    one row per step: parsed here, in the map, so that the cross-rank step and the diagnosis
+    read a small columnar table per rank rather than every JSON line of every rank. Never
+    raises.
 
-    Returns {"status", "message", "rows": whole rows read, "truncated": cut-off last line,
-    "skipped": the line naming rows left out, or None}.
+    Returns {"status", "message", "rows": steps read, "truncated": cut-off last line,
+    "skipped": the line naming rows left out, or None, "last_step", "last_end_ns": the last
+    step and its end (None without), which the crash evidence needs}.
     """
     try:
-        timeline = read_step_timeline(Path(rank_dir))
-        rows, truncated = timeline.steps, timeline.truncated
-        first: dict[int, dict[str, Any]] = {}
-        for r in rows:
-            if isinstance(r.get("step"), int):
-                first.setdefault(r["step"], r)
-        cols = {name: [v if isinstance(v := r.get(name), int) and not isinstance(v, bool)
-                       else None for r in first.values()]
-                for name in TIMELINE_SCHEMA.names[1:]}
-        write_parquet(pa.table({"step": list(first), **cols}, schema=TIMELINE_SCHEMA),
-                      Path(out_file))
-        return {"status": "ok", "message": None, "rows": len(rows), "truncated": truncated,
-                "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL)}
+        timeline = read_step_table(Path(rank_dir), TIMELINE_SCHEMA.names)
+        write_parquet(timeline.table.cast(TIMELINE_SCHEMA), Path(out_file))
+        return {"status": "ok", "message": None, "rows": timeline.table.num_rows,
+                "truncated": timeline.truncated,
+                "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL),
+                "last_step": timeline.last("step"), "last_end_ns": timeline.last("host_end_ns")}
     except Exception as exc:  # noqa: BLE001 - one bad file must not stop the other ranks
         return {"status": "error", "rows": 0, "truncated": False,
                 "message": f"{Path(rank_dir) / STEPS_JSONL}: could not be read "

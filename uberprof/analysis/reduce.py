@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from uberprof import __version__
@@ -36,6 +37,7 @@ from uberprof.analysis.derived import (
     RUN_STEP_SCHEMA,
     STEPS_FILE,
     SUMMARY_FILE,
+    TIMELINE_SCHEMA,
     Analysis,
     ParquetOut,
     read_input_summary,
@@ -69,8 +71,10 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
     key = _reduce_key(source, entries, timelines)
     done = _reduced_before(source, derived, entries, key) if reuse else None
     if done is not None:
+        done.timelines = timelines
         return done
     result = _reduce(source, derived, entries, timelines)
+    result.timelines = timelines
     rank_of = {rel: e.get("rank") for rel, e in result.inputs.items()}
     try:
         write_json_atomic(derived / REDUCE_FILE, {"key": key, "rank_of": rank_of})
@@ -202,8 +206,8 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
             timeline = _timeline(source.root, derived, timelines, dirs.get(rank, []), cut)
             if not items and timeline is None:
                 continue
-            rows = _steps(derived, rank, items, timeline or {})
-            steps_out.write(pa.Table.from_pylist(rows, schema=RUN_STEP_SCHEMA))
+            rows = _steps(derived, rank, items, timeline)
+            steps_out.write(rows)
             for part in _collectives(derived, rank, items):
                 coll_out.write(part)
             rank_rows.append(_rank_row(rank, items, rows))
@@ -299,10 +303,11 @@ Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entr
 
 
 def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
-              rank_dirs: list[Path], notes: dict[Path, str]) -> dict[int, dict[str, Any]] | None:
+              rank_dirs: list[Path], notes: dict[Path, str]) -> pa.Table | None:
     """One rank's step timeline (the tables `timeline_table` made of the steps.jsonl of its
-    folders), by step; None when it has none. Cut-off or unreadable timelines go to `notes`."""
-    steps: dict[int, dict[str, Any]] | None = None
+    folders; a step in two folders: the first folder's), one row per step; None when it has
+    none. Cut-off or unreadable timelines go to `notes`."""
+    parts = []
     for rd in rank_dirs:
         e = timelines.get(rd.relative_to(root).as_posix())
         if e is None:  # no steps.jsonl
@@ -315,43 +320,52 @@ def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
                          f"{e.get('rows')} whole steps kept")
         if e.get("skipped"):
             notes[rd] = "; ".join(filter(None, (notes.get(rd), e["skipped"])))
-        if not e.get("rows"):
-            continue
-        steps = {} if steps is None else steps
-        t = pq.read_table(timeline_file(derived, e["key"]))
-        for r in t.to_pylist():
-            steps.setdefault(r["step"], r)
-    return steps
+        if e.get("rows"):
+            parts.append(pq.read_table(timeline_file(derived, e["key"])).cast(TIMELINE_SCHEMA))
+    return _first_per_step(pa.concat_tables(parts)) if parts else None
 
 
-def _steps(derived: Path, rank: int, items: list[Item],
-           timeline: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """RUN_STEP_SCHEMA rows of one rank: its traces' steps, completed by its step timeline."""
-    by_step: dict[int, dict[str, Any]] = {}
+def _first_per_step(t: pa.Table) -> pa.Table:
+    """The first row of each step, in order of first appearance."""
+    _, first = np.unique(t.column("step").to_numpy(), return_index=True)
+    return t.take(np.sort(first)) if len(first) < t.num_rows else t
+
+
+def _steps(derived: Path, rank: int, items: list[Item], timeline: pa.Table | None) -> pa.Table:
+    """RUN_STEP_SCHEMA rows of one rank, by step: its traces' steps (a step in two traces: the
+    first's), with the host window of its step timeline where that has both ends; and the
+    timeline's other steps (untraced: host window and data wait only)."""
+    parts = []
     for inp, e, _ in items:
         t = read_input_table(derived, e["key"], STEPS_FILE)
-        for r in t.to_pylist():
-            if r["step"] in by_step:
-                continue
-            r.update(rank=rank, traced=True, trace=inp.rel)
-            by_step[r["step"]] = r
-    for step, tl in timeline.items():
-        start, end = tl.get("host_start_ns"), tl.get("host_end_ns")
-        if step in by_step:
-            r = by_step[step]
-            if isinstance(start, int) and isinstance(end, int):
-                r["host_start_ns"], r["host_end_ns"] = start, end
-            continue
-        by_step[step] = {"rank": rank, "step": step, "traced": False, "trace": None,
-                         "host_start_ns": start, "host_end_ns": end,
-                         "data_wait_ns": tl.get("data_wait_ns")}
-    rows = []
-    for step in sorted(by_step):
-        r = by_step[step]
-        s, e = r.get("host_start_ns"), r.get("host_end_ns")
-        r["step_time_ns"] = e - s if isinstance(s, int) and isinstance(e, int) else None
-        rows.append(r)
-    return rows
+        parts.append(_conform(t.append_column("trace", pa.array([inp.rel] * t.num_rows,
+                                                                pa.string())), rank, True))
+    steps = _first_per_step(pa.concat_tables(parts)) if parts else \
+        RUN_STEP_SCHEMA.empty_table()
+    if timeline is not None and timeline.num_rows:
+        window = timeline.take(pc.index_in(steps.column("step"), value_set=timeline["step"]))
+        both = pc.and_(window.column("host_start_ns").is_valid(),
+                       window.column("host_end_ns").is_valid())
+        for col in ("host_start_ns", "host_end_ns"):  # the timeline's window replaces the trace's
+            steps = steps.set_column(steps.schema.get_field_index(col), col, pc.if_else(
+                both, window.column(col), steps.column(col)))
+        rest = timeline.filter(pc.invert(pc.is_in(timeline["step"], value_set=steps["step"])))
+        steps = pa.concat_tables([steps, _conform(
+            rest.select(["step", "host_start_ns", "host_end_ns", "data_wait_ns"]), rank, False)])
+    steps = steps.sort_by("step")
+    return steps.set_column(RUN_STEP_SCHEMA.get_field_index("step_time_ns"), "step_time_ns",
+                            pc.subtract(steps.column("host_end_ns"),
+                                        steps.column("host_start_ns")))
+
+
+def _conform(t: pa.Table, rank: int, traced: bool) -> pa.Table:
+    """`t` as RUN_STEP_SCHEMA rows of `rank` (columns it lacks: null)."""
+    n = t.num_rows
+    given = {"rank": pa.array(np.full(n, rank), pa.int64()),
+             "traced": pa.array(np.full(n, traced), pa.bool_())}
+    return pa.table([given[f.name] if f.name in given else
+                     t.column(f.name).cast(f.type) if f.name in t.column_names else
+                     pa.nulls(n, f.type) for f in RUN_STEP_SCHEMA], schema=RUN_STEP_SCHEMA)
 
 
 def _collectives(derived: Path, rank: int, items: list[Item]) -> list[pa.Table]:
@@ -366,15 +380,14 @@ def _collectives(derived: Path, rank: int, items: list[Item]) -> list[pa.Table]:
 
 
 
-def _rank_row(rank: int, items: list[Item], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def _rank_row(rank: int, items: list[Item], steps: pa.Table) -> dict[str, Any]:
     totals: dict[str, int | None] = {f: sum(int(s[f]) for _, _, s in items)
                                       for f in BREAKDOWN_FIELDS}
     pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))  # type: ignore[arg-type]
     if not items:  # known from the step timeline only
         totals = dict.fromkeys(totals)
         pct = dict.fromkeys(pct)
-    times = np.array([r["step_time_ns"] for r in steps if r.get("step_time_ns") is not None],
-                     dtype=np.float64)
+    times = steps.column("step_time_ns").drop_null().to_numpy().astype(np.float64)
     modes = {s["mode"] for _, _, s in items}
     return {
         "rank": rank,
@@ -383,7 +396,7 @@ def _rank_row(rank: int, items: list[Item], steps: list[dict[str, Any]]) -> dict
                              if s["mode"] == "device"), "cpu" if items else None),
         "host": next((s["host"] for _, _, s in items if s.get("host")), None),
         "traces": len(items),
-        "steps": len(steps),
+        "steps": steps.num_rows,
         **totals,
         **pct,
         "step_time_median_ms": round(float(np.median(times)) / 1e6, 3) if times.size else None,

@@ -174,11 +174,16 @@ class StepTimeline:
 
     def problem(self, path: Path) -> str | None:
         """One line naming the file and the rows left out, or None when none were."""
-        if not self.skipped:
-            return None
-        n = sum(self.skipped.values())
-        why = "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
-        return f"{path}: {n} row(s) left out ({why}); the other steps are kept"
+        return skipped_rows_line(path, self.skipped)
+
+
+def skipped_rows_line(path: Path, skipped: dict[str, int]) -> str | None:
+    """The line naming a step file's rows left out (reason -> rows), or None for none."""
+    if not skipped:
+        return None
+    n = sum(skipped.values())
+    why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+    return f"{path}: {n} row(s) left out ({why}); the other steps are kept"
 
 
 def read_step_timeline(rank_dir: Path) -> StepTimeline:
