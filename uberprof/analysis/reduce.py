@@ -42,6 +42,7 @@ from uberprof.analysis.derived import (
     ParquetOut,
     read_input_summary,
     read_input_table,
+    read_small,
     timeline_file,
 )
 from uberprof.ingest.discover import Source, TraceInput
@@ -321,7 +322,7 @@ def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
         if e.get("skipped"):
             notes[rd] = "; ".join(filter(None, (notes.get(rd), e["skipped"])))
         if e.get("rows"):
-            parts.append(pq.read_table(timeline_file(derived, e["key"])).cast(TIMELINE_SCHEMA))
+            parts.append(read_small(timeline_file(derived, e["key"])).cast(TIMELINE_SCHEMA))
     return _first_per_step(pa.concat_tables(parts)) if parts else None
 
 

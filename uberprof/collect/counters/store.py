@@ -44,7 +44,7 @@ class CounterStore:
     writing (less data, never a crash); `error` says why.
     """
 
-    def __init__(self, directory: Path, compression: str | None = "zstd") -> None:
+    def __init__(self, directory: Path, compression: str | None = "lz4") -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._compression = compression
