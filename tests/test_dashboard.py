@@ -124,6 +124,36 @@ def test_synth_run_cli_writes_a_run_directory(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "not a rank" in bad.stderr
 
 
+def test_gpu_clocks_are_each_ranks_own_samples(synth_data: Any) -> None:
+    """The clocks grouped once per node against the per-rank definition: a rank's GPU's NVML
+    samples in the window, median SM clock, max clock, share of slowdown samples, reasons."""
+    from uberprof.analysis.gpu_clocks import gpu_clocks
+    from uberprof.rundir.counters import counters_table, rank_gpus
+
+    ctx = synth_data.ctx
+    t = counters_table(ctx.root, sources=["nvml"], label_ranks=False)
+    ts = t.column("ts_ns").to_numpy()
+    window = (int(np.percentile(ts, 20)), int(np.percentile(ts, 80)))
+    clocks = gpu_clocks(ctx, window)
+    assert sorted(clocks) == sorted(rank_gpus(ctx.root)) == list(range(8))
+    rows = [r for r in t.to_pylist() if window[0] <= r["ts_ns"] <= window[1]]
+    for rank, (node, gpu) in rank_gpus(ctx.root).items():
+        mine = [r for r in rows if r["node"] == node and r["device"] == gpu]
+
+        def values(metric: str, mine: list = mine) -> np.ndarray:
+            return np.array([r["value"] for r in mine if r["metric"] == metric])
+
+        c = clocks[rank]
+        assert c.samples == values("clock.sm").size > 0
+        assert c.sm_clock_mhz == float(np.median(values("clock.sm")))
+        assert c.sm_clock_max_mhz == float(values("clock.sm_max").max())
+        assert c.slowdown_fraction == float(values("clocks_slowdown").mean())
+        reasons = sorted({r["metric"] for r in mine if r["metric"].startswith("clocks_event.")}
+                         - {"clocks_event.gpu_idle"})
+        assert c.reasons == {m.split(".", 1)[1]: float(values(m).mean()) for m in reasons}
+    assert clocks[SYNTH_STRAGGLER].slowdown_fraction > 0.5 > clocks[0].slowdown_fraction
+
+
 def test_synth_run_is_diagnosed_as_written(synth_data: Any) -> None:
     """The generator's straggler and throttling come out of the real analysis."""
     h = overview_q.health(synth_data)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from uberprof.analysis.context import RunContext
+from uberprof.rundir import COUNTERS_DIR, RunDir
 
 __all__ = [
     "CLOCK_DROP",
@@ -51,7 +52,7 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     if not ctx.is_run_dir or window is None:
         return {}
     try:
-        from uberprof.rundir.counters import counters_table, rank_gpus
+        from uberprof.rundir.counters import counters_table, rank_gpus, series_index
 
         mapping = rank_gpus(ctx.root)
     except Exception:  # noqa: BLE001 - counters are optional evidence
@@ -61,9 +62,12 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     for rank, (node, gpu) in mapping.items():
         if node not in nodes:
             try:
+                counters = RunDir(ctx.root).nodes_dir / node / COUNTERS_DIR
+                metrics = [r["metric"] for r in series_index(counters)
+                           if r["source"] == "nvml" and _wanted(r["metric"])]
                 nodes[node] = _series(counters_table(ctx.root, node, sources=["nvml"],
-                                                     start_ns=window[0], end_ns=window[1],
-                                                     label_ranks=False))
+                                                     metrics=metrics, start_ns=window[0],
+                                                     end_ns=window[1], label_ranks=False))
             except Exception:  # noqa: BLE001
                 nodes[node] = {}
         series = nodes[node]
@@ -82,6 +86,12 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
                               slowdown_fraction=float(slow.mean()) if slow.size else 0.0,
                               reasons=reasons)
     return out
+
+
+def _wanted(metric: str) -> bool:
+    """The NVML series the clocks read (a node holds 20-40 others: power, memory, links)."""
+    return metric in ("clock.sm", "clock.sm_max", "clocks_slowdown") or (
+        metric.startswith("clocks_event.") and metric != "clocks_event.gpu_idle")
 
 
 def _series(t: Any) -> dict[str, dict[str, np.ndarray]]:
