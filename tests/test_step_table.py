@@ -27,6 +27,8 @@ def _rows(steps: int, gpu: bool) -> list[dict[str, Any]]:
         if gpu and s % 3:  # device times arrive later, not for every step
             rows.append({"kind": "gpu", "step": s, "gpu_time_ns": 800 + s,
                          "gpu_mem_peak_bytes": 1 << 30})
+        if gpu and s % 5 == 0:  # a device row that carries a field of the step row
+            rows.append({"kind": "gpu", "step": s, "host_end_ns": t + 950 + s})
         t += 1000 + s
     rows.insert(2, {"kind": "event", "step": 1, "what": "trace window"})  # other kinds: no step
     return rows

@@ -127,11 +127,10 @@ def _columns(data: bytes, cols: list[str]) -> pa.Table | None:
         v = pc.take(col, pa.array(rows))
         g = pc.take(col, pa.array(gpu[merged]))
         if g.null_count < len(g):  # a gpu row's fields overwrite its step's
-            vv = v.to_numpy(zero_copy_only=False)
-            ok = ~v.is_null().to_numpy(zero_copy_only=False)
-            has = ~g.is_null().to_numpy(zero_copy_only=False)
+            ok = v.is_valid().to_numpy(zero_copy_only=False)
+            has = g.is_valid().to_numpy(zero_copy_only=False)
             idx = at[merged][has]
-            out = np.where(ok, vv, 0).astype(np.int64)
+            out = pc.fill_null(v, 0).to_numpy().copy()  # int64 throughout: ns exceed 2**53
             out[idx] = g.filter(pa.array(has)).to_numpy()
             ok[idx] = True
             v = pa.array(out, pa.int64(), mask=~ok)
