@@ -14,6 +14,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from uberprof.rundir import RunDir
@@ -61,10 +62,7 @@ class HostLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                try:
-                    other = os.pread(fd, 512, 0).decode(errors="replace").strip()
-                except OSError:
-                    other = ""
+                other = _holder(fd)
                 os.close(fd)
                 return None, other or "another agent"
             if _same_file(fd, path):
@@ -92,6 +90,20 @@ class HostLock:
         except OSError:
             pass
         self._fd = None
+
+
+def _holder(fd: int, wait_s: float = 1.0) -> str:
+    """Who holds the lock: its holder writes its name right after taking it, so a file still
+    empty is read again for a moment (a CI run once read it in between)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            other = os.pread(fd, 512, 0).decode(errors="replace").strip()
+        except OSError:
+            return ""
+        if other or time.monotonic() > deadline:
+            return other
+        time.sleep(0.01)
 
 
 def _same_file(fd: int, path: Path) -> bool:
