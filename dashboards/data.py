@@ -445,8 +445,8 @@ class RunData:
         return self.once("counter_catalog", self._counter_catalog)
 
     def _counter_catalog(self) -> dict[str, Any]:
-        from uberprof.rundir import COUNTERS_DIR, RunDir
-        from uberprof.rundir.counters import counter_meta, counter_nodes, series_index
+        from uberprof.rundir import RunDir
+        from uberprof.rundir.counters import counter_meta, counter_nodes, counter_series
 
         run = RunDir(self.root)
         nodes: dict[str, dict[str, Any]] = {}
@@ -457,7 +457,7 @@ class RunData:
         except OSError:
             names = []
         for n in names:
-            index = series_index(run.nodes_dir / n / COUNTERS_DIR)
+            index = counter_series(run, n)
             meta = counter_meta(run, n)
             notes += [x for x in meta.get("notes") or [] if isinstance(x, str)]
             series: dict[str, dict[str, str]] = {}

@@ -131,4 +131,4 @@ def test_random_damage_agrees_with_the_row_path(tmp_path: Path) -> None:
 def test_a_missing_file_is_an_empty_table(tmp_path: Path) -> None:
     t = read_step_table(tmp_path, NAMES)
     assert t.table.num_rows == 0 and t.table.column_names == ["step", *NAMES]
-    assert t.last("host_end_ns") is None and not t.truncated
+    assert t.tail() == (0, None, None) and not t.truncated

@@ -305,13 +305,7 @@ def _failure_findings(ctx: RunContext) -> list[Finding]:
         return []
     from uberprof.analysis.failures import failure_findings
 
-    def tail(folder: Path) -> tuple[int, int | None, int | None] | None:
-        e = ctx.run.timeline_entry(folder)  # what the analysis's map read of its steps.jsonl
-        if e is None or "last_step" not in e:
-            return None
-        return int(e.get("rows") or 0), e.get("last_step"), e.get("last_end_ns")
-
-    return failure_findings(ctx.root, tail)
+    return failure_findings(ctx.root, ctx.run.step_tail)  # what the map read of each timeline
 
 
 def save_diagnosis(d: Diagnosis) -> Path | None:

@@ -34,11 +34,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof.analysis.context import RunContext
+from uberprof.analysis.derived import TIMELINE_SCHEMA
 from uberprof.analysis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
 from uberprof.analysis.step_signals import Series
 from uberprof.analysis.stragglers import matrix_lateness, rank_frequency, rank_lead
 from uberprof.rundir import RunDir, ranks_by_id
-from uberprof.rundir.ranks import StepTimeline, read_step_timeline
+from uberprof.rundir.ranks import StepTimeline
+from uberprof.rundir.step_table import read_step_table
 
 if TYPE_CHECKING:
     from uberprof.rundir.follow import RunFollower
@@ -235,14 +237,16 @@ def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | N
 def busy_times(ctx: RunContext) -> BusyTimes | None:
     """The busy times of a run directory's ranks (the analysed ones), or None: plain traces,
     device runs, runs recorded before `cpu_ns` (module docstring). Each rank's timeline is the
-    analysis's table of it (the JSON lines only where it has none), read one rank at a time."""
+    analysis's table of it (read from the JSON lines, the same way, only where it has none),
+    one rank at a time."""
     if not ctx.is_run_dir:
         return None
     metas = ranks_by_id(RunDir(ctx.root))
 
     def busy(folder: Path) -> RankBusy | None:
         table = ctx.run.timeline(folder) if ctx.run is not None else None
-        return table_busy(table) if table is not None else \
-            timeline_busy(read_step_timeline(folder))
+        if table is None:
+            table = read_step_table(folder, TIMELINE_SCHEMA.names).table
+        return table_busy(table)
 
     return busy_of_ranks((r, busy(m.folder)) for r, m in metas.items() if r in ctx.ranks)

@@ -70,6 +70,7 @@ __all__ = [
     "read_run_steps",
     "read_small",
     "read_summary",
+    "read_timeline",
     "replacing",
     "timeline_file",
     "write_manifest",
@@ -219,9 +220,17 @@ class Analysis:
         if e is None:
             return None
         try:
-            return read_small(timeline_file(self.derived, e["key"])).cast(TIMELINE_SCHEMA)
+            return read_timeline(self.derived, e["key"])
         except (OSError, KeyError, pa.ArrowException):
             return None
+
+    def step_tail(self, rank_dir: Path) -> tuple[int, int | None, int | None] | None:
+        """A rank folder's step count, last step and its end as the analysis's map read them
+        (`rundir.step_table.StepTail`), or None (`timeline_entry`; a manifest from before)."""
+        e = self.timeline_entry(rank_dir)
+        if e is None or "last_step" not in e:
+            return None
+        return int(e.get("rows") or 0), e.get("last_step"), e.get("last_end_ns")
 
 
 # --- places -------------------------------------------------------------------------------------
@@ -403,6 +412,11 @@ def read_small(path: Path) -> pa.Table:
     pool: 0.25 ms against 0.56 ms per small file)."""
     with pq.ParquetFile(path) as f:
         return f.read(use_threads=False)
+
+
+def read_timeline(derived: Path, key: str) -> pa.Table:
+    """One rank folder's step timeline table (TIMELINE_SCHEMA), by its manifest key."""
+    return read_small(timeline_file(derived, key)).cast(TIMELINE_SCHEMA)
 
 
 def read_input_summary(derived: Path, key: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from uberprof.analysis.advisor import Diagnosis, Finding
-from uberprof.rundir import RankMeta, RunDir, list_nodes, ranks_by_id, read_steps
+from uberprof.rundir import RankMeta, RunDir, list_nodes, ranks_by_id
 from uberprof.rundir.failures import (
     Collective,
     Stacks,
@@ -43,6 +43,7 @@ from uberprof.rundir.failures import (
     read_rank_hang,
     read_stacks,
 )
+from uberprof.rundir.step_table import StepTail, read_step_table
 
 __all__ = ["FAILURE_KINDS", "RankEvidence", "failure_findings", "hang_summary", "load_evidence"]
 
@@ -111,10 +112,6 @@ def _main_of(stacks: Stacks) -> list[dict[str, Any]]:
     return list(current["frames"]) if current else []
 
 
-StepTail = tuple[int, int | None, int | None]
-"""A rank folder's step count, last step and that step's end (ns)."""
-
-
 def load_evidence(roots: Iterable[Path], tails: Callable[[Path], StepTail | None] | None = None
                   ) -> tuple[dict[int, RankEvidence], list[dict[str, Any]]]:
     """Every rank's evidence and every node's hang record (with `node`) of a run. `tails`
@@ -154,11 +151,7 @@ def load_evidence(roots: Iterable[Path], tails: Callable[[Path], StepTail | None
 
 
 def _step_tail(rank_dir: Path) -> StepTail:
-    steps, _ = read_steps(rank_dir)
-    if not steps:
-        return 0, None, None
-    end = steps[-1].get("host_end_ns")
-    return len(steps), steps[-1]["step"], end if type(end) is int else None
+    return read_step_table(rank_dir, ["host_end_ns"]).tail()
 
 
 def failure_findings(roots: Path | Iterable[Path],

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from uberprof.analysis.context import RunContext
-from uberprof.rundir import COUNTERS_DIR, RunDir
 
 __all__ = [
     "CLOCK_DROP",
@@ -52,7 +51,7 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     if not ctx.is_run_dir or window is None:
         return {}
     try:
-        from uberprof.rundir.counters import counters_table, rank_gpus, series_index
+        from uberprof.rundir.counters import counter_series, counters_table, rank_gpus
 
         mapping = rank_gpus(ctx.root)
     except Exception:  # noqa: BLE001 - counters are optional evidence
@@ -62,8 +61,7 @@ def gpu_clocks(ctx: RunContext, window: tuple[int, int] | None) -> dict[int, Gpu
     for rank, (node, gpu) in mapping.items():
         if node not in nodes:
             try:
-                counters = RunDir(ctx.root).nodes_dir / node / COUNTERS_DIR
-                metrics = [r["metric"] for r in series_index(counters)
+                metrics = [r["metric"] for r in counter_series(ctx.root, node)
                            if r["source"] == "nvml" and _wanted(r["metric"])]
                 nodes[node] = _series(counters_table(ctx.root, node, sources=["nvml"],
                                                      metrics=metrics, start_ns=window[0],

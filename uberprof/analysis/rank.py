@@ -176,10 +176,10 @@ def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
     try:
         timeline = read_step_table(Path(rank_dir), TIMELINE_SCHEMA.names)
         write_parquet(timeline.table.cast(TIMELINE_SCHEMA), Path(out_file))
-        return {"status": "ok", "message": None, "rows": timeline.table.num_rows,
-                "truncated": timeline.truncated,
+        rows, last_step, last_end_ns = timeline.tail()
+        return {"status": "ok", "message": None, "rows": rows, "truncated": timeline.truncated,
                 "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL),
-                "last_step": timeline.last("step"), "last_end_ns": timeline.last("host_end_ns")}
+                "last_step": last_step, "last_end_ns": last_end_ns}
     except Exception as exc:  # noqa: BLE001 - one bad file must not stop the other ranks
         return {"status": "error", "rows": 0, "truncated": False,
                 "message": f"{Path(rank_dir) / STEPS_JSONL}: could not be read "

@@ -37,13 +37,11 @@ from uberprof.analysis.derived import (
     RUN_STEP_SCHEMA,
     STEPS_FILE,
     SUMMARY_FILE,
-    TIMELINE_SCHEMA,
     Analysis,
     ParquetOut,
     read_input_summary,
     read_input_table,
-    read_small,
-    timeline_file,
+    read_timeline,
 )
 from uberprof.ingest.discover import Source, TraceInput
 from uberprof.rundir import (
@@ -322,7 +320,7 @@ def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
         if e.get("skipped"):
             notes[rd] = "; ".join(filter(None, (notes.get(rd), e["skipped"])))
         if e.get("rows"):
-            parts.append(read_small(timeline_file(derived, e["key"])).cast(TIMELINE_SCHEMA))
+            parts.append(read_timeline(derived, e["key"]))
     return _first_per_step(pa.concat_tables(parts)) if parts else None
 
 

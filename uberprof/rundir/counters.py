@@ -296,6 +296,11 @@ def counter_meta(run_dir: str | Path | RunDir, node: str) -> dict[str, Any]:
     return read_meta(as_run_dir(run_dir).nodes_dir / node / COUNTERS_DIR)
 
 
+def counter_series(run_dir: str | Path | RunDir, node: str) -> list[dict[str, Any]]:
+    """The series a node's counters hold (`series_index` of its counters folder)."""
+    return series_index(as_run_dir(run_dir).nodes_dir / node / COUNTERS_DIR)
+
+
 def link_caps(run_dir: str | Path | RunDir, node: str) -> dict[str, float | None]:
     """Per NIC (and IB port), the ceiling a rate can reach in bytes/s: the tc cap when one is
     set, else the link speed, else None (veth and other virtual links report no speed)."""

@@ -221,6 +221,8 @@ def read_steps(rank_dir: Path) -> tuple[list[dict[str, Any]], bool]:
 
 MAX_STEP = 1 << 53
 """Step numbers are below this; larger ones are corrupt data."""
+UNSIGNED_SUFFIXES = ("_ns", "_bytes")
+"""Step-row fields named so (times, sizes) are never negative."""
 
 
 def step_row_problem(row: Any) -> str | None:
@@ -233,14 +235,14 @@ def step_row_problem(row: Any) -> str | None:
         return "no step number" if "step" not in row else "step is not a step number"
     for k, v in row.items():
         if type(v) is int:  # the common case (times, counts): the range check alone
-            if v >= 1 << 63 or (v < 0 and (v < -(1 << 63) or k.endswith(("_ns", "_bytes")))):
+            if v >= 1 << 63 or (v < 0 and (v < -(1 << 63) or k.endswith(UNSIGNED_SUFFIXES))):
                 return f"{k} out of range"
             continue
         if isinstance(v, bool) or not isinstance(v, int | float):
             continue
         if isinstance(v, float) and not math.isfinite(v):
             return f"{k} is not a finite number"
-        lo = 0 if k.endswith(("_ns", "_bytes")) else -(1 << 63)
+        lo = 0 if k.endswith(UNSIGNED_SUFFIXES) else -(1 << 63)
         if not lo <= v < 1 << 63:
             return f"{k} out of range"
     start, end = row.get("host_start_ns"), row.get("host_end_ns")

@@ -27,11 +27,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof.rundir.layout import STEPS_FILE
-from uberprof.rundir.ranks import MAX_STEP, read_step_timeline, skipped_rows_line
+from uberprof.rundir.ranks import (
+    MAX_STEP,
+    UNSIGNED_SUFFIXES,
+    read_step_timeline,
+    skipped_rows_line,
+)
 
-__all__ = ["StepTable", "read_step_table"]
+__all__ = ["StepTable", "StepTail", "read_step_table"]
 
-_UNSIGNED = ("_ns", "_bytes")  # step_row_problem: such fields are never negative
+StepTail = tuple[int, int | None, int | None]
+"""A step timeline's step count, last step and that step's end (ns): what the crash evidence
+needs of it."""
 
 
 @dataclass(frozen=True)
@@ -48,12 +55,12 @@ class StepTable:
         """One line naming the file and the rows left out, or None when none were."""
         return skipped_rows_line(path, self.skipped)
 
-    def last(self, name: str) -> int | None:
-        """Column `name` of the last step (None without steps or value)."""
+    def tail(self) -> StepTail:
+        """Steps, the last one, and its end (the table needs `host_end_ns`)."""
         if not self.table.num_rows:
-            return None
-        v = self.table.column(name)[-1].as_py()
-        return v if isinstance(v, int) else None
+            return 0, None, None
+        return (self.table.num_rows, self.table.column("step")[-1].as_py(),
+                self.table.column("host_end_ns")[-1].as_py())
 
 
 def read_step_table(rank_dir: Path, names: Sequence[str]) -> StepTable:
@@ -103,7 +110,7 @@ def _columns(data: bytes, cols: list[str]) -> pa.Table | None:
     if step.null_count or pc.min(step).as_py() < 0 or pc.max(step).as_py() >= MAX_STEP:
         return None
     for name, ty in types.items():
-        if pa.types.is_int64(ty) and name.endswith(_UNSIGNED) and (
+        if pa.types.is_int64(ty) and name.endswith(UNSIGNED_SUFFIXES) and (
                 (lo := pc.min(t.column(name)).as_py()) is not None and lo < 0):
             return None
     if types.get("host_start_ns") == types.get("host_end_ns") == pa.int64() and pc.any(
