@@ -13,6 +13,9 @@ and tests of the diagnosis:
                                    blocking it (communication exposed)
   --tiny-allreduces N              every rank all-reduces N separate 4-float tensors per step
                                    (many small collectives: latency-bound)
+  --start-gate FILE                each rank adds a line to FILE.ready, then waits for FILE to
+                                   exist before its first step (jobs side by side start
+                                   together: tests of `uberprof diff`)
 Run it alone (`python samples/train_ddp.py`) or under torchrun.
 """
 
@@ -83,6 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MB")
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--tiny-allreduces", type=int, default=0, metavar="N")
+    p.add_argument("--start-gate", metavar="FILE")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-times", metavar="FILE",
@@ -119,6 +123,15 @@ def ddp(model: nn.Module, device: torch.device, args: argparse.Namespace) -> DDP
     if args.no_overlap:
         wrapped.register_comm_hook(None, _blocking_allreduce)
     return wrapped
+
+
+def _wait_at_gate(gate: str) -> None:
+    """Say this rank is ready (a line in `gate`.ready), then wait until `gate` exists: whoever
+    runs several jobs side by side opens it once all are ready, so their steps line up."""
+    with open(gate + ".ready", "a", encoding="utf-8") as f:
+        f.write(f"{os.getpid()}\n")
+    while not os.path.exists(gate):
+        time.sleep(0.005)
 
 
 def _blocking_allreduce(state, bucket):  # type: ignore[no-untyped-def]
@@ -170,6 +183,8 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     slow_factor = args.slow_factor if rank == args.slow_rank else 1.0
     own: list[float] = []  # this rank's steps so far, without the slow-factor work
     loss_fn = nn.CrossEntropyLoss()
+    if args.start_gate:
+        _wait_at_gate(args.start_gate)
     t_start = t_prev = time.perf_counter()
     cpu_prev = time.thread_time()
     durations, cpu_times = [], []
