@@ -8,8 +8,10 @@
    wall time, the training thread's CPU time per step (`time.thread_time`, written by the
    sample): the work the agent adds there, which the scheduler's noise does not hide, with a
    95% bootstrap interval over the interleaved rounds.
-2. After a trace window: under `uberprof run` with a window in the middle of the run, the median
-   step time after the window against the one before it (target <= 1.02).
+2. A trace window's cost: under `uberprof run` with a window in the middle of the run (a few
+   runs), traced steps against untraced ones, the teardown (extra wall time of the steps after
+   the window, and the agent's own share of it on the training thread), and the median step
+   after the window against the one before it (target <= 1.02).
 3. Self-accounting: the agent's own time on the training thread per step, from steps.jsonl.
 4. `uberprof run --dashboard`: the dashboard served beside the job (a niced process that loads
    the run and follows it), against the same run without it, interleaved; the ratio of median
@@ -92,7 +94,11 @@ def main() -> None:
     ap.add_argument("--modes", default="plain,uberprof,agent-only,no-flight-recorder,dashboard",
                     help="the modes to interleave (plain and uberprof always run)")
     ap.add_argument("--no-window", action="store_true",
-                    help="skip the after-a-trace-window measurement")
+                    help="skip the trace window's measurement")
+    ap.add_argument("--window-rounds", type=int, default=3,
+                    help="runs with a trace window in the middle")
+    ap.add_argument("--window-args", default="",
+                    help="extra `uberprof run` options for them (e.g. '--record-shapes off')")
     args = ap.parse_args()
     extra = args.sample_args.split()
     tmp = Path(tempfile.mkdtemp(prefix="uberprof-overhead-"))
@@ -153,17 +159,41 @@ def main() -> None:
     if args.no_window:
         return
 
-    # After a trace window: one long run, window in the middle.
+    window_cost(args, tmp, extra)
+
+
+def window_cost(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
+    """A trace window's cost, from `--window-rounds` runs with a window in the middle: traced
+    steps against untraced ones, the teardown (the extra wall time of the steps after the
+    window, and the agent's own time on the training thread in the step after it, from its
+    self-accounting: profiler stop, export, Flight Recorder dump), and the steps after against
+    those before."""
     n = args.steps * 2
     first = n // 2
-    times = tmp / "window.json"
-    run([sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id", "window",
-         "--trace-steps", f"{first}-{first + 2}", "--", *torchrun(args.nproc, n, times, extra)])
-    steps = json.loads(times.read_text())
-    before = statistics.median(steps[WARMUP:first])
-    after = statistics.median(steps[first + 4:])
-
-    print(f"after a trace window / before it:                 {after / before:.4f}  "
+    last = first + 2
+    traced, teardown, own, after = [], [], [], []
+    for i in range(args.window_rounds):
+        times = tmp / f"window-{i}.json"
+        run([sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id",
+             f"window-{i}", "--trace-steps", f"{first}-{last}", *args.window_args.split(), "--",
+             *torchrun(args.nproc, n, times, extra)])
+        # the uberprof step timeline: steps numbered as the window's
+        rows = [json.loads(x) for x in (tmp / f"window-{i}/ranks/0/steps.jsonl").open()]
+        wall = {r["step"]: (r["host_end_ns"] - r["host_start_ns"]) / 1e6 for r in rows
+                if r["kind"] == "step"}
+        mine = {r["step"]: r["uberprof_ns"] / 1e6 for r in rows if r["kind"] == "step"}
+        before = statistics.median(wall[s] for s in range(WARMUP, first))
+        traced.append(statistics.median(wall[s] for s in range(first + 1, last + 1)) / before)
+        teardown.append(sum(wall[s] for s in range(last + 1, last + 4)) - 3 * before)
+        own.append(mine[last + 1])
+        after.append(statistics.median(wall[s] for s in wall if s > last + 3) / before)
+        print(f"window round {i + 1}/{args.window_rounds}: traced {traced[-1]:.3f}x, teardown "
+              f"{teardown[-1]:.0f} ms ({own[-1]:.0f} ms on the training thread)", flush=True)
+    med = statistics.median
+    print(f"traced steps / untraced (median of {args.window_rounds} runs):   {med(traced):.3f}")
+    print(f"teardown, extra wall time of the 3 steps after:   {med(teardown):.0f} ms "
+          f"(agent's own time on the training thread {med(own):.0f} ms)")
+    print(f"steps after a trace window / before it:           {med(after):.4f}  "
           f"(target <= 1.02)")
 
 

@@ -83,8 +83,10 @@ def test_trace_schedule_parsing_and_windows() -> None:
 
 
 def test_config_round_trips_through_the_environment() -> None:
-    cfg = CollectConfig(trace=TraceSchedule.periodic(10, 2), with_stack=True)
-    assert CollectConfig.from_env({"UBERPROF_CONFIG": cfg.to_env()}) == cfg
+    for shapes in (None, True, False):  # None: by the rank's device (collect/rank/windows.py)
+        cfg = CollectConfig(trace=TraceSchedule.periodic(10, 2), with_stack=True,
+                            record_shapes=shapes)
+        assert CollectConfig.from_env({"UBERPROF_CONFIG": cfg.to_env()}) == cfg
     assert CollectConfig.from_env({}) == CollectConfig()
 
 
@@ -219,6 +221,35 @@ def test_a_window_opened_at_the_end_writes_no_backwards_file(tmp_path: Path) -> 
     assert periodic.not_reached(39) == [(50, 52)] and periodic.not_reached(60) == []
     off = TraceWindows(CollectConfig(trace=TraceSchedule.off()), tmp_path, AgentLog("rank"), 0)
     assert off.not_reached(3) == []
+
+
+@pytest.mark.parametrize("shapes", [None, False])
+def test_a_cpu_window_records_shapes_unless_switched_off(tmp_path: Path,
+                                                         shapes: bool | None) -> None:
+    """A real torch.profiler window on CPU: the trace lands gzipped, with operator shapes (the
+    bytes of Gloo collectives come only from them) unless `--record-shapes off`."""
+    import gzip
+
+    import torch
+
+    from uberprof.collect.rank.windows import TraceWindows
+    from uberprof.collect.safety import AgentLog
+
+    config = CollectConfig(trace=TraceSchedule.parse_steps("1-2"), record_shapes=shapes)
+    windows = TraceWindows(config, tmp_path / "traces", AgentLog("rank"), rank=0)
+    a = torch.ones(64, 64)
+    for step in range(4):
+        windows.step_started(step)
+        torch.mm(a, a)
+        windows.step_ended(step)
+    windows.close(last_step=3)
+    assert windows.windows_written == [(1, 2)]
+    (gz,) = (tmp_path / "traces").iterdir()
+    assert gz.name.endswith(".json.gz"), gz.name
+    doc = json.loads(gzip.decompress(gz.read_bytes()))
+    mm = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"]
+    assert len(mm) == 2
+    assert all(("Input Dims" in e.get("args", {})) is (shapes is None) for e in mm), mm
 
 
 def test_readers_ignore_a_legacy_backwards_window(tmp_path: Path) -> None:

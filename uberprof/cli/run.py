@@ -58,6 +58,10 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               metavar="K", help="Steps per window with --trace-every.")
 @click.option("--no-trace", is_flag=True, help="No traces: the step timeline only (cheapest).")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
+@click.option("--record-shapes", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True, help="Record operators' input shapes in traces. auto: on CPU "
+              "ranks (Gloo collectives' sizes come only from them), off on GPU ranks (NCCL "
+              "records its own; shapes make stopping a window about 3x slower).")
 @click.option("--counters", "counters_mode", type=click.Choice(MODES), default="auto",
               show_default=True, help="Node counters: auto = host + NVML/GPM where present; "
               "host = host only; dcgm = auto + DCGM profiling fields; none = off.")
@@ -77,8 +81,9 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               help="The --dashboard's port (0: any free port).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
-        trace_active: int, no_trace: bool, with_stack: bool, counters_mode: str,
-        sample_hz: float, hang_timeout: float | None, on_hang: str, dashboard: bool, port: int,
+        trace_active: int, no_trace: bool, with_stack: bool, record_shapes: str,
+        counters_mode: str, sample_hz: float, hang_timeout: float | None, on_hang: str,
+        dashboard: bool, port: int,
         command: tuple[str, ...]) -> None:
     """Run COMMAND under uberprof: every rank's steps, trace windows and clocks are recorded.
 
@@ -86,14 +91,16 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     before it. Its output, exit code and signals pass through unchanged.
     """
     schedule = _schedule(trace_steps, trace_every, trace_active, no_trace)
-    config = CollectConfig(trace=schedule, with_stack=with_stack)
+    config = CollectConfig(trace=schedule, with_stack=with_stack,
+                           record_shapes={"on": True, "off": False}.get(record_shapes))
     try:
         rid = resolve_run_id(run_id, command, os.environ)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--run-id") from None
     run_dir = RunDir((out / rid).absolute())
     options = {"out": str(out), "run_id": run_id, "trace": schedule.describe(),
-               "with_stack": with_stack, "counters": counters_mode, "sample_hz": sample_hz,
+               "with_stack": with_stack, "record_shapes": record_shapes,
+               "counters": counters_mode, "sample_hz": sample_hz,
                "hang_timeout": hang_timeout, "on_hang": on_hang}
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)
     try:

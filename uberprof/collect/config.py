@@ -80,7 +80,7 @@ class TraceSchedule:
 @dataclass(frozen=True)
 class CollectConfig:
     trace: TraceSchedule = field(default_factory=TraceSchedule)
-    record_shapes: bool = True
+    record_shapes: bool | None = None  # None: on CPU ranks only (collect/rank/windows.py)
     with_stack: bool = False
 
     def to_env(self) -> str:
@@ -100,6 +100,10 @@ class CollectConfig:
         )
         return cls(
             trace=trace,
-            record_shapes=bool(data.get("record_shapes", True)),
+            record_shapes=_optional_bool(data.get("record_shapes")),
             with_stack=bool(data.get("with_stack", False)),
         )
+
+
+def _optional_bool(value: object) -> bool | None:
+    return None if value is None else bool(value)

@@ -122,14 +122,14 @@ class RankAgent:
     def _boundary(self, t_ns: int, source: StepSource) -> None:
         cuda = self.cuda_in_use()
         ended = self.timeline.boundary(t_ns, source.name.lower(), cuda)
-        self.windows.step_ended(ended)
-        self.timeline.uberprof_ns += self.flight_log.step_ended(ended)
+        self.windows.step_ended(ended)  # what this costs is the calling hook's, timed there
+        self.flight_log.step_ended(ended)
         self.windows.step_started(ended + 1)
 
     def _window_stopped(self) -> None:
         """A trace window's profiler stopped: read the Flight Recorder's ring where the job
         already pays for uberprof's teardown (before the trace is written)."""
-        self.timeline.uberprof_ns += self.flight_log.dump(self.timeline.step - 1, "window")
+        self.flight_log.dump(self.timeline.step - 1, "window")
 
     # ---- process group, clock, exit -----------------------------------------------------------
 
