@@ -1,50 +1,33 @@
 """`uberprof diff` on real 2-rank CPU (Gloo) runs: an unchanged job twice, and the same job
 with extra matrix multiplies on every rank.
 
-Each pair runs side by side, the unchanged pair, then a baseline with the changed job: on a
-shared test machine, runs made one after the other differ by tens of percent with the load of
-whatever else runs (measured: 78 vs 53 ms median for the same job), which no within-run test
-can see; side by side they share it. Sharing the machine is not enough on its own: left to the
-scheduler, one job can keep the better core (98 vs 63 ms median for identical jobs), and pinned
-each to a core of its own, the core that other work (or the hypervisor's other tenants) lands
-on is slower for the whole run (57 vs 99 ms in a CI clone; on this VM one core's CPU time per
-step once read 46 ms against the other's 26 ms). So the two jobs of a pair trade cores every
-`SWAP_S` (`_alternate`): each spends the same share of its steps on each core. And they start
-their steps together (`--start-gate`): one that imports torch sooner otherwise runs ahead, and
-its trace export at the window's end (~0.8 s of CPU) lands in the other's traced steps (0.3 s
-apart made the second of identical jobs 7-24 % slower beside a busy core). Identical jobs
-side by side still differ by up to ~10 % (measured 130 vs 141 ms), so the unchanged pair is
-judged with `--min-change-pct 15`, times how loaded the machine was before the pair started;
-the changed job (about +200 % step time: a margin that holds when a loaded machine flattens
-the difference, as +100 % once read +2.5 % at load 8) with the default 5 %.
+Each pair runs side by side on equal terms (`tests/side_by_side.py`: started together, trading
+cores), the unchanged pair, then a baseline with the changed job. Identical jobs side by side
+still differ by up to ~10 % (measured 130 vs 141 ms), so the unchanged pair is judged with
+`--min-change-pct 15`, times how loaded the machine was before the pair started; the changed
+job (about +200 % step time: a margin that holds when a loaded machine flattens the
+difference, as +100 % once read +2.5 % at load 8) with the default 5 %.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.jobs import PY, SAMPLES, job_env, job_limit, load_factor, torchrun, uberprof_run
+from tests.side_by_side import open_gate_when_ready, start_on, trading_cores, two_cpus
 
 STEPS = 20
 RANKS = 2
 TRACE = "3-18"
 EXTRA_MATMUL = "200"  # ~0.3 s more compute per step and rank, against ~0.1 s steps
 MACHINE_NOISE_PCT = 15.0  # on an otherwise idle machine
-SWAP_S = 0.01  # how often the two jobs of a pair trade cores: a step lasts ~60-100 ms, so
-# each step runs on both (at 50 ms, identical jobs beside a busy core still read 1.18x)
-REFRESH = 11  # swaps between two scans for the jobs' threads (new ones inherit a core); odd,
-# so that the scan's own CPU time falls on both placements alike (at 10, always on the same
-# one, it made the second job of identical pairs 7-10 % slower)
+JOBS = {"same1": (), "same2": (), "base": (), "mm": ("--extra-matmul", EXTRA_MATMUL)}
 
 
 @pytest.fixture(scope="module")
@@ -57,93 +40,25 @@ def noise_pct() -> float:
 @pytest.fixture(scope="module")
 def diff_runs(tmp_path_factory: pytest.TempPathFactory, noise_pct: float) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("diff-runs")
-
-    cpus = sorted(os.sched_getaffinity(0))[:2]
+    cpus = two_cpus()
 
     def one(name: str, cpu: int, gate: Path) -> None:
-        # The job starts on a core of its own (this thread's affinity, which its processes
-        # inherit); `_alternate` then moves it between the two.
-        if len(cpus) == 2:
-            os.sched_setaffinity(0, {cpu})
+        start_on(cpu, cpus)
         uberprof_run(out, name, _command(name, gate), "--trace-steps", TRACE)
 
     for i, pair in enumerate((("same1", "same2"), ("base", "mm"))):
         gate = out / f"gate{i}"
-        done = threading.Event()
-        swapper = threading.Thread(target=_alternate, args=(pair, cpus, done), daemon=True)
-        if len(cpus) == 2:
-            swapper.start()
-        try:
-            with ThreadPoolExecutor(2) as pool:
-                runs = [pool.submit(one, name, cpu, gate) for name, cpu in
-                        zip(pair, cpus if len(cpus) == 2 else cpus * 2)]
-                _open_when_ready(gate, 2 * RANKS, runs, job_limit(_command(pair[0], gate)))
-                for run in runs:
-                    run.result()
-        finally:
-            done.set()
-            if swapper.is_alive():
-                swapper.join()
+        with trading_cores(pair, cpus), ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(one, name, cpu, gate) for name, cpu in zip(pair, cpus * 2)]
+            open_gate_when_ready(gate, 2 * RANKS, runs, job_limit(_command(pair[0], gate)))
+            for run in runs:
+                run.result()
     return {name: out / name for name in JOBS}
-
-
-JOBS = {"same1": (), "same2": (), "base": (), "mm": ("--extra-matmul", EXTRA_MATMUL)}
 
 
 def _command(name: str, gate: Path) -> list[str]:
     return torchrun(RANKS, SAMPLES / "train_ddp.py", "--steps", str(STEPS),
                     "--start-gate", str(gate), *JOBS[name])
-
-
-def _open_when_ready(gate: Path, ranks: int, runs: list[Future[None]], limit_s: float) -> None:
-    """Open the jobs' start gate once all their ranks wait at it (module docstring), or once
-    one of the jobs ended (it failed: its error is the test's) or the jobs' time is up."""
-    ready = gate.with_name(gate.name + ".ready")
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and not any(r.done() for r in runs):
-        if ready.exists() and len(ready.read_text().split()) >= ranks:
-            break
-        time.sleep(0.02)
-    gate.touch()
-
-
-def _job_threads(run_id: str) -> list[int]:
-    """Every thread of the `uberprof run --run-id RUN_ID` this test started and of all its
-    descendants (the agent, torchrun, the ranks)."""
-    tids: list[int] = []
-    for top in psutil.Process().children(recursive=True):
-        try:
-            cmd = top.cmdline()
-            if "--run-id" not in cmd or cmd[cmd.index("--run-id") + 1:][:1] != [run_id]:
-                continue
-            procs = [top, *top.children(recursive=True)]
-        except (psutil.Error, ValueError):
-            continue
-        for p in procs:
-            try:
-                tids.extend(t.id for t in p.threads())
-            except psutil.Error:
-                pass  # ended meanwhile
-    return tids
-
-
-def _alternate(pair: tuple[str, str], cpus: list[int], done: threading.Event) -> None:
-    """Until `done`, swap the two jobs' cores every SWAP_S (module docstring), finding their
-    threads again every REFRESH swaps (a scan of the process tree costs milliseconds, a swap
-    microseconds)."""
-    turn = 0
-    threads: list[list[int]] = [[], []]
-    while not done.wait(SWAP_S):
-        if turn % REFRESH == 0:
-            threads = [_job_threads(run_id) for run_id in pair]
-        turn += 1
-        order = (0, 1) if turn % 2 else (1, 0)  # who moves first alternates too
-        for i in order:
-            for tid in threads[i]:
-                try:
-                    os.sched_setaffinity(tid, {cpus[(i + turn) % 2]})
-                except OSError:
-                    pass  # the thread ended meanwhile
 
 
 def diff(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
