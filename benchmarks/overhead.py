@@ -13,12 +13,18 @@
    the window, and the agent's own share of it on the training thread), and the median step
    after the window against the one before it (target <= 1.02).
 3. Self-accounting: the agent's own time on the training thread per step, from steps.jsonl.
+5. `--side-by-side`: plain and `uberprof run --no-trace` at once, on equal terms
+   (`tests/side_by_side.py`: both start their steps together and trade the two cores every
+   10 ms), each round a pair; the training thread's CPU time and wall time per step, B against
+   A in the same seconds, so the machine's drift from one run to the next (on this VM a core's
+   CPU time per step once read 46 ms against 26 ms minutes apart) cancels.
 4. `uberprof run --dashboard`: the dashboard served beside the job (a niced process that loads
    the run and follows it), against the same run without it, interleaved; the ratio of median
    step times with a 95% bootstrap interval over the rounds (target <= 1.01: not measurable).
 
     python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
+    python benchmarks/overhead.py --side-by-side --rounds 10
 """
 
 from __future__ import annotations
@@ -93,6 +99,8 @@ def main() -> None:
     ap.add_argument("--sample-args", default="", help="extra arguments for the sample")
     ap.add_argument("--modes", default="plain,uberprof,agent-only,no-flight-recorder,dashboard",
                     help="the modes to interleave (plain and uberprof always run)")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="plain and uberprof (--no-trace) at once, cores traded, each round")
     ap.add_argument("--no-window", action="store_true",
                     help="skip the trace window's measurement")
     ap.add_argument("--window-rounds", type=int, default=3,
@@ -102,6 +110,9 @@ def main() -> None:
     args = ap.parse_args()
     extra = args.sample_args.split()
     tmp = Path(tempfile.mkdtemp(prefix="uberprof-overhead-"))
+    if args.side_by_side:
+        side_by_side(args, tmp, extra)
+        return
     modes = {"plain": None, "uberprof": ["--no-trace"],
              "agent-only": ["--no-trace", "--counters", "none"],
              "no-flight-recorder": ["--no-trace"],
@@ -160,6 +171,58 @@ def main() -> None:
         return
 
     window_cost(args, tmp, extra)
+
+
+def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float, float]:
+    """The median of `values` (one per pair: both jobs ran in the same seconds, so each ratio
+    is free of the machine's drift) and its 95% bootstrap interval."""
+    rng = random.Random(0)
+    boot = sorted(statistics.median(rng.choice(values) for _ in values) for _ in range(draws))
+    return statistics.median(values), boot[int(0.025 * draws)], boot[int(0.975 * draws) - 1]
+
+
+def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
+    """Mode 5 of the module docstring."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sys.path.insert(0, str(ROOT))
+    from tests.side_by_side import open_gate_when_ready, start_on, trading_cores, two_cpus
+
+    cpus = two_cpus()
+    wall: dict[str, list[float]] = {"plain": [], "uberprof": []}
+    cpu: dict[str, list[float]] = {"plain": [], "uberprof": []}
+    for i in range(args.rounds):
+        gate = tmp / f"gate-{i}"
+        times = {m: tmp / f"pair-{m}-{i}.json" for m in wall}
+        cmds = {m: torchrun(args.nproc, args.steps, times[m], [*extra, "--start-gate", str(gate)])
+                for m in wall}
+        cmds["uberprof"] = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp),
+                            "--run-id", f"pair-{i}", "--no-trace", "--", *cmds["uberprof"]]
+        order = list(wall) if i % 2 == 0 else list(reversed(wall))  # who starts on core 0
+
+        def one(mode: str, core: int, cmds: dict[str, list[str]] = cmds) -> None:
+            start_on(core, cpus)
+            run(cmds[mode])
+
+        with trading_cores((str(times[order[0]]), str(times[order[1]])), cpus), \
+                ThreadPoolExecutor(2) as pool:
+            jobs = [pool.submit(one, m, c) for m, c in zip(order, cpus * 2)]
+            open_gate_when_ready(gate, 2 * args.nproc, jobs, 600)
+            for j in jobs:
+                j.result()
+        for m, walls in wall.items():
+            walls.append(statistics.median(json.loads(times[m].read_text())[WARMUP:]))
+            cpu[m].append(statistics.median(
+                json.loads(cpu_file(times[m]).read_text())[WARMUP:]))
+        print(f"pair {i + 1}/{args.rounds}: uberprof / plain CPU "
+              f"{cpu['uberprof'][-1] / cpu['plain'][-1]:.4f}, wall "
+              f"{wall['uberprof'][-1] / wall['plain'][-1]:.4f}", flush=True)
+    print()
+    for what, values in (("training thread's CPU time", cpu), ("wall time", wall)):
+        r, lo, hi = median_interval([b / a for a, b in zip(values["plain"], values["uberprof"])])
+        print(f"side by side, uberprof --no-trace / plain, {what} per step: {r:.4f} "
+              f"(median of the pairs' ratios, 95% interval {lo:.4f}-{hi:.4f} over "
+              f"{args.rounds} pairs; target <= 1.01)")
 
 
 def window_cost(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
