@@ -12,17 +12,20 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from tests.test_diagnosis_units import _lateness
 from uberprof.analysis.busy import (
     KIND_CPU,
     BusyTimes,
-    busy_from_timelines,
+    busy_of_ranks,
     busy_series,
     busy_times,
+    table_busy,
 )
 from uberprof.analysis.context import load_context
+from uberprof.analysis.derived import TIMELINE_SCHEMA
 from uberprof.analysis.stragglers import DECIDED_BY_BUSY, find_straggler, straggler_test
 from uberprof.collect.rank.timeline import StepTimeline as Writer
 from uberprof.rundir.ranks import StepTimeline, read_step_timeline
@@ -219,10 +222,14 @@ def test_busy_series_reads_cpu_time_and_nothing_else() -> None:
     assert busy_series(odd) == (KIND_CPU, {2: 7})
 
 
-def test_busy_from_timelines_needs_every_rank_and_keeps_common_steps() -> None:
-    def tl(r: int, steps: range, cpu: bool = True) -> StepTimeline:
-        return _timeline([{"step": s, "data_wait_ns": 10 * r,
-                           **({"cpu_ns": 1000 * (r + 1) + s} if cpu else {})} for s in steps])
+def test_busy_of_ranks_needs_every_rank_and_keeps_common_steps() -> None:
+    def tl(r: int, steps: range, cpu: bool = True) -> pa.Table:
+        return pa.Table.from_pylist(
+            [{"step": s, "data_wait_ns": 10 * r, **({"cpu_ns": 1000 * (r + 1) + s} if cpu else {})}
+             for s in steps], TIMELINE_SCHEMA)
+
+    def busy_from_timelines(tables: dict[int, pa.Table]) -> BusyTimes | None:
+        return busy_of_ranks((r, table_busy(t)) for r, t in tables.items())
 
     b = busy_from_timelines({0: tl(0, range(6)), 1: tl(1, range(2, 8))})
     assert b is not None and b.ranks == [0, 1] and b.steps.tolist() == [2, 3, 4, 5]

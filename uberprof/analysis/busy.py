@@ -5,7 +5,7 @@ scheduler keeps off a core is alone last as often as a rank that computes 1.3x a
 22 of the accuracy benchmark: 23 of 38, chance 1.5e-5). What differs is the work: a compute
 straggler's training thread spends more CPU time per step, a delayed one the same.
 
-- **Busy time** (`busy_series`, the one place that decides what it is): the training thread's
+- **Busy time** (`busy_kind`, the one rule of what it is, for rows, tables and followers): the training thread's
   CPU time per step (`cpu_ns` of steps.jsonl, `time.thread_time_ns` at each step boundary).
   Device runs have no busy time here: their `gpu_time_ns` is the device time between two step
   boundaries, which includes the collectives' wait for a late peer (the same on every rank of a
@@ -24,7 +24,7 @@ straggler's training thread spends more CPU time per step, a delayed one the sam
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from uberprof.rundir.follow import RunFollower
 
 __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
-           "RankBusy", "busy_from_timelines", "busy_kind", "busy_of_ranks", "busy_series",
-           "busy_times", "followed_busy", "table_busy", "timeline_busy"]
+           "RankBusy", "busy_kind", "busy_of_ranks", "busy_series", "busy_times",
+           "followed_busy", "table_busy"]
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
@@ -172,21 +172,8 @@ RankBusy = tuple[str, np.ndarray, np.ndarray, np.ndarray]
 and the data wait (0 where unknown), ns."""
 
 
-def timeline_busy(timeline: StepTimeline) -> RankBusy | None:
-    """A rank's busy time from its step rows (`busy_series`), or None without any."""
-    b = busy_series(timeline)
-    if b is None:
-        return None
-    kind, cpu = b
-    steps = np.fromiter(cpu, np.int64, len(cpu))
-    waits = timeline.values("data_wait_ns")
-    return (kind, steps, np.fromiter(cpu.values(), np.float64, len(cpu)),
-            np.array([waits.get(int(s), 0) for s in steps], np.float64))
-
-
 def table_busy(table: pa.Table) -> RankBusy | None:
-    """A rank's busy time from its derived timeline table (TIMELINE_SCHEMA): `timeline_busy`
-    on columns, by the same rule (`busy_kind`)."""
+    """A rank's busy time from its timeline table (TIMELINE_SCHEMA), by `busy_kind`."""
     cpu, gpu = table.column("cpu_ns"), table.column("gpu_time_ns")
     kind = busy_kind(gpu.null_count < len(gpu), cpu.null_count < len(cpu))
     if kind is None:
@@ -196,13 +183,6 @@ def table_busy(table: pa.Table) -> RankBusy | None:
             cpu.filter(has).to_numpy().astype(np.float64),
             pc.fill_null(table.column("data_wait_ns"), 0).filter(has).to_numpy()
             .astype(np.float64))
-
-
-def busy_from_timelines(timelines: Mapping[int, StepTimeline] | Iterable[tuple[int, StepTimeline]]
-                        ) -> BusyTimes | None:
-    """`busy_of_ranks` of the ranks' step timelines (rank -> rows)."""
-    pairs = timelines.items() if isinstance(timelines, Mapping) else timelines
-    return busy_of_ranks((r, timeline_busy(t)) for r, t in pairs)
 
 
 def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | None:

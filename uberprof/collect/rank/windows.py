@@ -2,8 +2,8 @@
 
 A window starts at the boundary that opens its first step and stops at the boundary that ends its
 last, with `ProfilerStep#N` annotations numbered like uberprof's steps, so traces from all ranks and
-the step timeline share one step index. The trace is exported on the training thread (the profiler
-object needs it) and gzipped on a background thread. If the script runs a profiler of its own,
+the step timeline share one step index. The trace is exported on the training thread and gzipped
+on a background thread. If the script runs a profiler of its own,
 uberprof backs off for the rest of the run: Kineto allows one at a time.
 
 The window's end costs the step after it the profiler's stop, the export and the Flight
