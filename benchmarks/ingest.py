@@ -23,6 +23,13 @@ three tools interleaved, and each figure is the best of those runs (the least wa
 time and memory): on a busy machine other work only ever adds. Throughput is also given per CPU
 second (JSON MB over the CPU time of all processes), to compare with the parse floor of
 simdjson on one core (PARSE_FLOOR_MBS, ../shared/FIELD-NOTES.md).
+
+Each data set ends with issue 18's targets, met or not, and for a missed one what stands between:
+at least TARGET_X_HTA times HTA's wall time (where that is less than the floor's own time, no
+reader that builds Python objects of the JSON gets there), at most TARGET_MEMORY of HTA's peak
+memory (against the memory uberprof's process holds after its imports, before any work), and on
+inputs of LARGE_BYTES or more at most TARGET_X_FLOOR times the floor's wall time. Exit code 1 when
+a target is missed.
 """
 
 from __future__ import annotations
@@ -49,6 +56,11 @@ HTA_READABLE = ["hta/trace_filter", "hta/nccl_parser_config", "hta/ns_resolution
                 "tb_plugin/resnet50_num_workers_4"]
 
 PARSE_FLOOR_MBS = 760.0  # pysimdjson's lazy parse on one core of this machine (FIELD-NOTES.md)
+# Issue 18's targets.
+TARGET_X_HTA = 10.0  # HTA's wall time over uberprof's, at least
+TARGET_MEMORY = 0.35  # uberprof's peak memory over HTA's, at most
+TARGET_X_FLOOR = 1.5  # uberprof's wall time over the floor's, at most, on large inputs
+LARGE_BYTES = 64 << 20  # of JSON
 
 HTA_SNIPPET = r"""
 import json, logging, resource, sys, time, warnings
@@ -113,12 +125,24 @@ def run_uberprof(folder: Path, workers: int) -> dict[str, Any]:
     from uberprof.analysis.pipeline import analyze, keep_pandas_out
 
     keep_pandas_out()  # as `uberprof analyze` does
+    imports_mib = _own_pss() / 2**20
 
     with tempfile.TemporaryDirectory() as out:
         c, t = _cpu(), time.perf_counter()
         a = analyze(folder, out=out, workers=workers or None, force=True)
         work, cpu = time.perf_counter() - t, _cpu() - c
-    return {"work_s": work, "cpu_s": cpu, "ranks": len(a.ranks)}
+    return {"work_s": work, "cpu_s": cpu, "ranks": len(a.ranks), "imports_mib": imports_mib}
+
+
+def _own_pss() -> int:
+    """This process's proportional set size in bytes (0 where /proc does not say)."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 # --- measuring ---------------------------------------------------------------------------------
@@ -242,6 +266,7 @@ def main() -> None:
         rows.append({"set": label, "files": len(_files(folder)), "bytes": size,
                      "floor": floor, "uberprof": ours, "hta": hta})
         print(_line(rows[-1]), flush=True)
+        rows[-1]["missed"] = _report_targets(rows[-1])
     total = {k: sum(r[k]["work_s"] for r in rows) for k in ("floor", "uberprof", "hta")}
     cpu = {k: sum(r[k]["cpu_s"] for r in rows) for k in ("floor", "uberprof", "hta")}
     for label, t in (("wall", total), ("cpu", cpu)):
@@ -252,9 +277,49 @@ def main() -> None:
     print(f"total throughput: uberprof {mb / total['uberprof']:.0f} MB/s wall, "
           f"{mb / cpu['uberprof']:.0f} MB/s per CPU second "
           f"({PARSE_FLOOR_MBS / (mb / cpu['uberprof']):.1f}x the {PARSE_FLOOR_MBS:.0f} MB/s parse floor)")
+    x_hta = total["hta"] / total["uberprof"]
+    total_ok = x_hta >= TARGET_X_HTA
+    print(f"  target in total: >= {TARGET_X_HTA:.0f}x HTA: {'met' if total_ok else 'missed'}, "
+          f"{x_hta:.1f}x; the floor is {total['hta'] / total['floor']:.1f}x HTA")
+    missed = [m for r in rows for m in r["missed"]] + ([] if total_ok else ["total"])
+    print(f"targets: {'all met' if not missed else f'{len(missed)} missed'}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "total_work_s": total, "total_cpu_s": cpu},
-                                        indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "total_work_s": total, "total_cpu_s": cpu,
+                                         "missed": missed}, indent=2))
+    sys.exit(1 if missed else 0)
+
+
+def _report_targets(r: dict[str, Any]) -> list[str]:
+    """Print the set's targets, each met or what stands between; the missed ones' names."""
+    u, h, f = r["uberprof"], r["hta"], r["floor"]
+    missed = []
+    x_hta = h["work_s"] / u["work_s"]
+    need_s = h["work_s"] / TARGET_X_HTA
+    if x_hta >= TARGET_X_HTA:
+        speed = f"met, {x_hta:.1f}x"
+    else:
+        missed.append(f"{r['set']}: speed")
+        below = "below" if need_s < f["work_s"] else "above"
+        speed = (f"missed, {x_hta:.1f}x: {need_s:.3f} s needed, {below} the floor's "
+                 f"{f['work_s']:.3f} s")
+    memory = u["peak_mib"] / h["peak_mib"]
+    need_mib = h["peak_mib"] * TARGET_MEMORY
+    if memory <= TARGET_MEMORY:
+        mem = f"met, {memory:.2f}"
+    else:
+        missed.append(f"{r['set']}: memory")
+        imports = u.get("imports_mib", 0.0)
+        mem = (f"missed, {memory:.2f}: {need_mib:.0f} MiB needed; uberprof's imports hold "
+               f"{imports:.0f} MiB, the work {u['peak_mib'] - imports:.0f} MiB more")
+    parts = [f">= {TARGET_X_HTA:.0f}x HTA: {speed}", f"<= {TARGET_MEMORY}x its memory: {mem}"]
+    if r["bytes"] >= LARGE_BYTES:
+        x_floor = u["work_s"] / f["work_s"]
+        ok = x_floor <= TARGET_X_FLOOR
+        parts.append(f"<= {TARGET_X_FLOOR}x the floor: {'met' if ok else 'missed'}, {x_floor:.2f}x")
+        if not ok:
+            missed.append(f"{r['set']}: floor")
+    print("  targets: " + "; ".join(parts), flush=True)
+    return missed
 
 
 def _line(r: dict[str, Any]) -> str:

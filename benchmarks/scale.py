@@ -19,6 +19,10 @@ Client memory is the peak resident set of the process that calls `analyze` (`ru_
 map's workers are other processes (forked, or Dask's), so it is what the coordinating machine
 needs. The same number of workers is used at every size (default: one per CPU) so that times
 compare. Times on a shared machine are noisy: compare ratios, and re-run.
+
+At the end, issue 18's targets: `report`'s client below REPORT_PEAK_MIB at REPORT_AT_RANKS ranks
+or more, and times that grow linearly with events (from one rank count to the next, time grows
+at most LINEAR_SLACK times as much as events). Exit code 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from _common import doc_parser
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / ".bench-data"
+# Issue 18's targets.
+REPORT_PEAK_MIB = 300
+REPORT_AT_RANKS = 512
+LINEAR_SLACK = 1.25
 
 
 def _peak_mib() -> float:
@@ -156,13 +164,10 @@ def _measure_once(phase: str, mode: str, run: Path, derived: Path, workers: int
 
 
 def json_bytes(run: Path) -> int:
-    """JSON size of every trace, from each gzip trailer (ISIZE: the size mod 2**32)."""
-    total = 0
-    for p in run.glob("ranks/*/traces/*.json.gz"):
-        with open(p, "rb") as f:
-            f.seek(-4, 2)
-            total += int.from_bytes(f.read(4), "little")
-    return total
+    """JSON size of every trace (from each gzip trailer)."""
+    from uberprof.ingest.trace import json_size
+
+    return sum(map(json_size, run.glob("ranks/*/traces/*.json.gz")))
 
 
 def main() -> None:
@@ -196,10 +201,43 @@ def main() -> None:
         row["events"] = row[modes[0]]["events"]
         rows.append(row)
         print(_line(row, modes), flush=True)
+    missed = report_targets(rows, modes)
     if args.json:
         args.json.write_text(json.dumps({"workers": args.workers, "layers": args.layers,
                                          "traced_steps": args.traced_steps,
-                                         "steps": args.steps, "rows": rows}, indent=2))
+                                         "steps": args.steps, "rows": rows, "missed": missed},
+                                        indent=2))
+    sys.exit(1 if missed else 0)
+
+
+def report_targets(rows: list[dict[str, Any]], modes: list[str]) -> list[str]:
+    """Print the targets, each met or not with its figures; the missed ones' names."""
+    missed = []
+    for r in rows:
+        for m in modes:
+            rep = r.get(f"{m}_report")
+            if rep is None or r["ranks"] < REPORT_AT_RANKS:
+                continue
+            ok = rep["client_peak_mib"] < REPORT_PEAK_MIB
+            print(f"target: report ({m}) at {r['ranks']} ranks, client below "
+                  f"{REPORT_PEAK_MIB} MiB: {'met' if ok else 'missed'}, "
+                  f"{rep['client_peak_mib']:.0f} MiB")
+            if not ok:
+                missed.append(f"{m} report memory at {r['ranks']} ranks")
+    phases = [(m, m) for m in modes] + [(f"{m}_report", f"report ({m})") for m in modes]
+    for a, b in zip(rows, rows[1:]):
+        grew = b["events"] / max(a["events"], 1)
+        for key, label in phases:
+            if key not in a or key not in b:
+                continue
+            took = b[key]["work_s"] / max(a[key]["work_s"], 1e-9)
+            ok = took <= grew * LINEAR_SLACK
+            print(f"target: {label} linear in events, {a['ranks']} -> {b['ranks']} ranks: "
+                  f"{'met' if ok else 'missed'}, events {grew:.2f}x, time {took:.2f}x")
+            if not ok:
+                missed.append(f"{label} linear {a['ranks']}->{b['ranks']}")
+    print(f"targets: {'all met' if not missed else f'{len(missed)} missed'}")
+    return missed
 
 
 def _line(r: dict[str, Any], modes: list[str]) -> str:

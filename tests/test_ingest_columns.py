@@ -122,3 +122,18 @@ def test_events_without_args_are_never_collectives(tmp_path: Path) -> None:
     path.write_bytes(orjson.dumps(doc))
     t = T.ingest_trace(path).events
     assert t.column("in_bytes").to_pylist() == [None, 16]
+
+
+@pytest.mark.skipif(not TRACES, reason=f"{SHARED} not present")
+def test_json_size_is_the_text_ingest_reads() -> None:
+    """The pool sizes its work (one process or several) by the JSON text, which gzipped traces
+    state in their trailer: Kineto's compress 8-15x, so their file size misleads."""
+    from uberprof.analysis.pool import Job, _json_bytes
+
+    for path in TRACES:
+        size = len(T.read_trace_bytes(path))
+        assert T.json_size(path) == size, path
+        job = Job(rel=path.name, table={}, entry={"size": path.stat().st_size}, path=str(path),
+                  src=str(path), out="", trace=True)
+        assert _json_bytes(job) == size, path
+    assert T.json_size(SHARED / "no such trace.json.gz") == 0

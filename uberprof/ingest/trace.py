@@ -11,9 +11,11 @@ benchmarks/ingest.py). Strings are dictionary-encoded; classification runs once 
 
 from __future__ import annotations
 
+import functools
 import gc
 import gzip
 import operator
+import os
 import re
 import zlib
 from collections import Counter
@@ -42,7 +44,7 @@ from uberprof.ingest.events import TraceArgs, TraceEvent, decode_events
 from uberprof.ingest.validate import check_times
 
 __all__ = ["EVENT_SCHEMA", "IngestedTrace", "RawTrace", "TraceError", "ingest_trace", "read_raw_trace",
-           "read_trace_bytes"]
+           "json_size", "read_trace_bytes"]
 
 
 class TraceError(Exception):
@@ -162,6 +164,21 @@ def read_trace_bytes(path: Path) -> bytes:
         if not raw:
             raise TraceError(path, "empty file (the gzip archive holds 0 bytes)")
     return raw
+
+
+def json_size(path: str | Path) -> int:
+    """The size of a trace file's JSON text without reading it: a `.json.gz` says it in its gzip
+    trailer (mod 4 GiB; Kineto's compress ~8-15x). 0 for a file that cannot be read."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return size
+            f.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(f.read(4), "little")
+        return max(isize, size * 4) if size > (1 << 30) else isize
+    except OSError:
+        return 0
 
 
 def _gunzip(data: bytes) -> bytes:
@@ -581,6 +598,7 @@ def _stream(v: Any) -> tuple[bool, int]:
     return False, -1
 
 
+@functools.lru_cache(maxsize=4096)  # a trace has a few distinct device tids, and many events
 def _stream_from_tid(raw: Any, tid: int) -> int:
     if isinstance(raw, str):
         m = _STREAM_TID.search(raw)

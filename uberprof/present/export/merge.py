@@ -27,7 +27,7 @@ from uberprof.analysis.context import RunContext, load_context
 from uberprof.analysis.derived import Analysis
 from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
 from uberprof.analysis.saved import load_or_diagnose
-from uberprof.ingest.trace import TraceError
+from uberprof.ingest.trace import TraceError, json_size
 from uberprof.present.export import counters as C
 from uberprof.present.export.budget import Budget, Cut, describe_drops
 from uberprof.present.export.findings import (
@@ -199,7 +199,7 @@ def _export(path: str | os.PathLike[str], out: str | os.PathLike[str], opts: Exp
     # the size budget: measure only when the inputs could exceed it
     cut = Cut()
     if opts.max_bytes:
-        bound = sum(_json_size(p) for r in ranks for p in files[r])
+        bound = sum(json_size(p) for r in ranks for p in files[r])
         if bound > opts.max_bytes * 0.9:
             budget: Budget | None = None
             ratio = 1.0
@@ -648,20 +648,6 @@ def _host_offset(d: Diagnosis, host: str | None) -> int:
 def _file_overlaps(name: str, steps: tuple[int, int]) -> bool:
     span = parse_trace_file_name(name)
     return span is None or (span[0] <= steps[1] and steps[0] <= span[1])
-
-
-def _json_size(path: str) -> int:
-    """Uncompressed size of a trace file: the gzip trailer says it (mod 4 GiB)."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            if f.read(2) != b"\x1f\x8b":
-                return size
-            f.seek(-4, os.SEEK_END)
-            isize = int.from_bytes(f.read(4), "little")
-        return max(isize, size * 4) if size > (1 << 30) else isize
-    except OSError:
-        return 0
 
 
 def _list(xs: list[int]) -> str:
