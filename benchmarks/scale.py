@@ -27,6 +27,7 @@ at most LINEAR_SLACK times as much as events). Exit code 1 when a target is miss
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -225,7 +226,7 @@ def report_targets(rows: list[dict[str, Any]], modes: list[str]) -> list[str]:
             if not ok:
                 missed.append(f"{m} report memory at {r['ranks']} ranks")
     phases = [(m, m) for m in modes] + [(f"{m}_report", f"report ({m})") for m in modes]
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         grew = b["events"] / max(a["events"], 1)
         for key, label in phases:
             if key not in a or key not in b:

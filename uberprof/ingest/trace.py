@@ -43,8 +43,8 @@ from uberprof.ingest.classify import is_device_category
 from uberprof.ingest.events import TraceArgs, TraceEvent, decode_events
 from uberprof.ingest.validate import check_times
 
-__all__ = ["EVENT_SCHEMA", "IngestedTrace", "RawTrace", "TraceError", "ingest_trace", "read_raw_trace",
-           "json_size", "read_trace_bytes"]
+__all__ = ["EVENT_SCHEMA", "IngestedTrace", "RawTrace", "TraceError", "ingest_trace", "json_size",
+           "read_raw_trace", "read_trace_bytes"]
 
 
 class TraceError(Exception):
