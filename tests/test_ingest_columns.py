@@ -137,3 +137,20 @@ def test_json_size_is_the_text_ingest_reads() -> None:
                   src=str(path), out="", trace=True)
         assert _json_bytes(job) == size, path
     assert T.json_size(SHARED / "no such trace.json.gz") == 0
+
+
+def test_old_device_events_take_their_stream_from_the_tid(tmp_path: Path) -> None:
+    """Device events without a stream arg (2021 traces) name it in the tid; any other tid (a
+    number, or JSON that is no text at all) leaves the stream to the tid's own number."""
+    def kernel(tid: Any, ts: int) -> dict[str, Any]:
+        return {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": tid, "ts": ts, "dur": 1}
+
+    doc = {"traceEvents": [kernel("stream 7", 1), kernel("Stream12", 3), kernel("stream 7", 5),
+                           kernel(["odd"], 7), kernel(3, 9)]}
+    path = tmp_path / "t.json"
+    path.write_bytes(orjson.dumps(doc))
+    t = T.ingest_trace(path).events.sort_by("ts")
+    streams = t.column("stream").to_pylist()
+    assert streams[:3] == [7, 12, 7]
+    assert streams[4] == 3
+    assert streams[3] >= 0

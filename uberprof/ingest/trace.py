@@ -598,13 +598,15 @@ def _stream(v: Any) -> tuple[bool, int]:
     return False, -1
 
 
-@functools.lru_cache(maxsize=4096)  # a trace has a few distinct device tids, and many events
 def _stream_from_tid(raw: Any, tid: int) -> int:
-    if isinstance(raw, str):
-        m = _STREAM_TID.search(raw)
-        if m:
-            return int(m.group(1))
-    return max(tid, 0)
+    n = _stream_in_name(raw) if isinstance(raw, str) else None
+    return max(tid, 0) if n is None else n
+
+
+@functools.lru_cache(maxsize=4096)  # a trace has a few distinct device tids, and many events
+def _stream_in_name(raw: str) -> int | None:
+    m = _STREAM_TID.search(raw)
+    return int(m.group(1)) if m else None
 
 
 def _int_col(values: list[Any]) -> np.ndarray:
