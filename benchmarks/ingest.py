@@ -102,6 +102,8 @@ def _floor_one(path: str) -> int:
 
 
 def _json_size(p: Path) -> int:
+    """Read here, not with uberprof's `json_size`: this process must not map the libraries the
+    tools load (numpy, pyarrow), or their PSS would share those pages with it and read lower."""
     raw = p.read_bytes()
     return len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw)
 
@@ -121,28 +123,19 @@ def run_floor(folder: Path, workers: int) -> dict[str, Any]:
 
 
 def run_uberprof(folder: Path, workers: int) -> dict[str, Any]:
+    import psutil
+
     sys.path.insert(0, str(ROOT))
     from uberprof.analysis.pipeline import analyze, keep_pandas_out
 
     keep_pandas_out()  # as `uberprof analyze` does
-    imports_mib = _own_pss() / 2**20
+    imports_mib = psutil.Process().memory_full_info().pss / 2**20
 
     with tempfile.TemporaryDirectory() as out:
         c, t = _cpu(), time.perf_counter()
         a = analyze(folder, out=out, workers=workers or None, force=True)
         work, cpu = time.perf_counter() - t, _cpu() - c
     return {"work_s": work, "cpu_s": cpu, "ranks": len(a.ranks), "imports_mib": imports_mib}
-
-
-def _own_pss() -> int:
-    """This process's proportional set size in bytes (0 where /proc does not say)."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 # --- measuring ---------------------------------------------------------------------------------
