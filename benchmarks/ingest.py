@@ -8,7 +8,7 @@
 For each data set (a folder of rank traces) three tools run, one after the other, each in a fresh
 process so that memory is its own:
 
-- uberprof: `uberprof.analysis.pipeline.analyze` (ingest, per-step and whole-trace breakdowns,
+- uberprof: `uberprof.analysis.tables.pipeline.analyze` (ingest, per-step and whole-trace breakdowns,
   Parquet tables written), its default process pool;
 - HTA: `TraceAnalysis(trace_dir)` + `get_temporal_breakdown()` (HTA 0.6, PyPI `traceinsight`,
   which needs pandas<3: installed by this script in benchmarks/.hta-venv);
@@ -126,7 +126,7 @@ def run_uberprof(folder: Path, workers: int) -> dict[str, Any]:
     import psutil
 
     sys.path.insert(0, str(ROOT))
-    from uberprof.analysis.pipeline import analyze, keep_pandas_out
+    from uberprof.analysis.tables.pipeline import analyze, keep_pandas_out
 
     keep_pandas_out()  # as `uberprof analyze` does
     imports_mib = psutil.Process().memory_full_info().pss / 2**20

@@ -87,15 +87,15 @@ def make_run(ranks: int, layers: int, traced: int, steps: int) -> Path:
 # --- what runs in each fresh process ------------------------------------------------------------
 
 def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict[str, Any]:
-    from uberprof.analysis.pipeline import analyze, keep_pandas_out
+    from uberprof.analysis.tables.pipeline import analyze, keep_pandas_out
 
     res: dict[str, Any] = {}
     cpu = _cpu_s()
     if phase == "report":
-        from uberprof.analysis.advisor import diagnose
+        from uberprof.analysis.diagnosis.advisor import diagnose
 
         if mode == "dask":
-            from uberprof.analysis.distributed import dask_executor
+            from uberprof.analysis.tables.distributed import dask_executor
 
             t = time.perf_counter()
             with dask_executor("local", workers=workers) as ex:
@@ -111,7 +111,7 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
         res.update(straggler=d.straggler.rank if d.straggler else None,
                    findings=len(d.findings))
     elif mode == "dask":
-        from uberprof.analysis.distributed import dask_executor
+        from uberprof.analysis.tables.distributed import dask_executor
 
         t = time.perf_counter()
         with dask_executor("local", workers=workers) as ex:
@@ -133,7 +133,7 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
 
 
 def _events(derived: Path, entry: dict[str, Any]) -> int:
-    from uberprof.analysis.derived import read_input_summary
+    from uberprof.analysis.tables.derived import read_input_summary
 
     try:
         return int(read_input_summary(derived, entry["key"])["summary"]["events"])

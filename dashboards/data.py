@@ -5,9 +5,9 @@ read the run through this core, so that a page of a 64-rank, 2000-step run is bu
 thousand numbers. Where the numbers come from:
 
 - `uberprof analyze` tables (steps, ranks, collectives, per-rank events) through
-  `uberprof.analysis.context.load_context`, which also (re)runs the analysis when they are
+  `uberprof.analysis.tables.context.load_context`, which also (re)runs the analysis when they are
   missing or stale;
-- the diagnosis (`uberprof.analysis.saved.load_or_diagnose`): findings, clock alignment,
+- the diagnosis (`uberprof.analysis.diagnosis.saved.load_or_diagnose`): findings, clock alignment,
   lateness, idle gaps, bandwidth and the per-rank summaries; read back from the one
   `uberprof report` saved when it is fresh, else computed once (and saved);
 - the run's counters (`uberprof.rundir.counters`), filtered while read and averaged into
@@ -15,7 +15,7 @@ thousand numbers. Where the numbers come from:
 - for runs without traces, the step timelines (`steps.jsonl`) alone.
 
 Metric definitions are not repeated here: per-rank shares of the window come from
-`uberprof.analysis.summaries.time_shares`, everything else from the diagnosis.
+`uberprof.analysis.diagnosis.summaries.time_shares`, everything else from the diagnosis.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.summaries import sql_table
+from uberprof.analysis.diagnosis.summaries import sql_table
 
 __all__ = ["BREAKDOWN_PARTS", "CounterSeries", "RunData", "get_run"]
 
@@ -76,7 +76,7 @@ class RunData:
     baseline: Path | None = None  # run A of `uberprof dashboard B --compare A`
     run_id: str | None = None
     derived: Path | None = None
-    ctx: Any = None  # uberprof.analysis.context.RunContext, None without traces
+    ctx: Any = None  # uberprof.analysis.tables.context.RunContext, None without traces
     problems: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     load_seconds: float = 0.0
@@ -95,7 +95,7 @@ class RunData:
     def load(self, progress: Progress | None = None) -> RunData:
         """Analyse the run when its tables are missing or stale (`progress` is told), and read
         its step timelines. Runs without traces load their step timelines only."""
-        from uberprof.analysis.context import load_context
+        from uberprof.analysis.tables.context import load_context
         from uberprof.ingest.discover import NoTraces
         from uberprof.rundir import RunDir
 
@@ -120,7 +120,7 @@ class RunData:
             if not self._diagnosed:
                 self._diagnosed = True
                 if self.has_traces:
-                    from uberprof.analysis.saved import load_or_diagnose
+                    from uberprof.analysis.diagnosis.saved import load_or_diagnose
 
                     try:
                         self._diagnosis = load_or_diagnose(self.ctx)
@@ -136,7 +136,7 @@ class RunData:
         with self._lock:
             if self._diagnosed or not self.has_traces:
                 return self._diagnosis is not None
-            from uberprof.analysis.saved import load
+            from uberprof.analysis.diagnosis.saved import load
 
             try:
                 d = load(self.ctx)
@@ -345,7 +345,7 @@ class RunData:
 
             if not RunDir(self.root).is_run():
                 return []
-            from uberprof.analysis.failures import failure_findings
+            from uberprof.analysis.diagnosis.failures import failure_findings
 
             try:
                 return failure_findings(self.root)
@@ -396,7 +396,7 @@ class RunData:
         """Per rank: each BREAKDOWN_PARTS share of its traced time (`<part>_pct`) and its ns
         (`<part>_ns`), the overlap ratio (`overlap_pct`, of the communication), step times."""
         def build() -> pa.Table | None:
-            from uberprof.analysis.summaries import time_shares
+            from uberprof.analysis.diagnosis.summaries import time_shares
 
             rt = self.rank_table()
             if rt is None or rt.num_rows == 0:

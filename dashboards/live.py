@@ -1,6 +1,6 @@
 """The dashboard following a running job. Above every page: a status line ("running · N steps ·
 last step 2 s ago") and the straggler and data-stall indications of the step timelines
-(`uberprof.analysis.step_signals`). Every few seconds the open page asks what is new; what the
+(`uberprof.analysis.diagnosis.step_signals`). Every few seconds the open page asks what is new; what the
 job appended is read incrementally (`uberprof.rundir.follow`), and the page's growing parts are
 redrawn in place, without a reload: the overview's step-time heat map, the steps page's recent
 step times and step picker, the counters page's figure.
@@ -125,8 +125,8 @@ class Live:
 
     def signals(self) -> Any:
         """The indications of the step timelines, recomputed when steps arrived."""
-        from uberprof.analysis.busy import followed_busy
-        from uberprof.analysis.step_signals import WINDOW, step_signals
+        from uberprof.analysis.diagnosis.busy import followed_busy
+        from uberprof.analysis.diagnosis.step_signals import WINDOW, step_signals
 
         with self._lock:
             if self._signals[0] != self._rows:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from uberprof.analysis.pipeline import analyze
+from uberprof.analysis.tables.pipeline import analyze
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 TOLERANCE = 0.5

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests import _traces as T
-from uberprof.analysis import intervals as iv
-from uberprof.analysis import metrics as M
-from uberprof.analysis.rank import analyze_trace
+from uberprof.analysis.tables import intervals as iv
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.tables.rank import analyze_trace
 
 US = 1000  # ns per µs
 

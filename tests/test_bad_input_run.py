@@ -368,7 +368,7 @@ def test_a_run_with_tracing_off_says_so(tmp_path: Path) -> None:
 
 
 def test_bandwidth_evidence_without_a_peak(tmp_path: Path) -> None:
-    from uberprof.analysis.advisor import Finding
+    from uberprof.analysis.diagnosis.advisor import Finding
     from uberprof.present.report_terminal import _evidence_line
 
     f = Finding(kind="bandwidth", severity="low", title="t", ranks=[0], steps=[1],
@@ -382,8 +382,8 @@ def test_bandwidth_evidence_without_a_peak(tmp_path: Path) -> None:
 
 def test_report_tables_are_never_cut_when_piped(tmp_path: Path) -> None:
     """A file or a pipe is no terminal: rich would assume 80 columns and cut the tables."""
-    from uberprof.analysis.context import load_context
-    from uberprof.analysis.saved import load_or_diagnose
+    from uberprof.analysis.tables.context import load_context
+    from uberprof.analysis.diagnosis.saved import load_or_diagnose
     from uberprof.present.report_terminal import render_report
 
     run = make_run(tmp_path / "run")

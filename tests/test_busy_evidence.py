@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from tests.test_diagnosis_units import _lateness
-from uberprof.analysis.busy import (
+from uberprof.analysis.diagnosis.busy import (
     KIND_CPU,
     BusyTimes,
     busy_of_ranks,
@@ -24,9 +24,9 @@ from uberprof.analysis.busy import (
     busy_times,
     table_busy,
 )
-from uberprof.analysis.context import load_context
-from uberprof.analysis.derived import TIMELINE_SCHEMA
-from uberprof.analysis.stragglers import DECIDED_BY_BUSY, find_straggler, straggler_test
+from uberprof.analysis.tables.context import load_context
+from uberprof.analysis.tables.derived import TIMELINE_SCHEMA
+from uberprof.analysis.diagnosis.stragglers import DECIDED_BY_BUSY, find_straggler, straggler_test
 from uberprof.collect.rank.timeline import StepTimeline as Writer
 from uberprof.rundir.ranks import StepTimeline, read_step_timeline
 

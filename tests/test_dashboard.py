@@ -127,7 +127,7 @@ def test_synth_run_cli_writes_a_run_directory(tmp_path: Path) -> None:
 def test_gpu_clocks_are_each_ranks_own_samples(synth_data: Any) -> None:
     """The clocks grouped once per node against the per-rank definition: a rank's GPU's NVML
     samples in the window, median SM clock, max clock, share of slowdown samples, reasons."""
-    from uberprof.analysis.gpu_clocks import gpu_clocks
+    from uberprof.analysis.diagnosis.gpu_clocks import gpu_clocks
     from uberprof.rundir.counters import counters_table, rank_gpus
 
     ctx = synth_data.ctx
@@ -623,7 +623,7 @@ def test_the_saved_diagnosis_is_read_not_made(synth_run: Path, synth_data: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """What `uberprof dashboard` says before it serves: a fresh saved diagnosis is read
     (and no diagnosis work is done); a run diagnosed with other inputs is not."""
-    from uberprof.analysis import advisor
+    from uberprof.analysis.diagnosis import advisor
     from uberprof.dashboards.data import RunData
 
     assert synth_data.diagnose() is not None  # the fixture diagnosed it, and saved it

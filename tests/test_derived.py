@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import uberprof
 from tests._diag_runs import healthy_run  # noqa: F401
 from tests.jobs import PY, job_env
-from uberprof.analysis import derived as D
+from uberprof.analysis.tables import derived as D
 from uberprof.cli import main
 
 RANKS = [0, 1, 2, 3]
@@ -200,7 +200,7 @@ def test_no_derived_file_is_ever_written_in_place(tmp_path: Path,
     """Every table goes to a unique hidden temporary name in its folder, then is renamed: a
     reader (or a second analysis) never finds a half-written table under a real name."""
     from tests import _traces as T
-    from uberprof.analysis.pipeline import analyze
+    from uberprof.analysis.tables.pipeline import analyze
 
     d = tmp_path / "traces"
     T.write(d / "rank-0.pt.trace.json.gz", T.gpu_step_trace(rank=0))
@@ -234,8 +234,8 @@ def test_the_cross_rank_step_is_read_back_until_what_it_reads_changes(
     """A second analysis of an unchanged run reads the run-level tables back (the dashboard's
     and report's start-up on a big run); a changed rank.json, step timeline or --force makes
     the reduce run again."""
-    from uberprof.analysis import reduce as R
-    from uberprof.analysis.pipeline import analyze
+    from uberprof.analysis.tables import reduce as R
+    from uberprof.analysis.tables.pipeline import analyze
 
     run = _copy(healthy_run, tmp_path / "run")
     first = analyze(run, workers=1)
@@ -305,7 +305,7 @@ def test_run_steps_are_the_row_paths(tmp_path: Path) -> None:
     trace windows, a traced step the timeline lacks, one whose timeline row has no end, and a
     timeline with a repeated step."""
     from tests.test_dashboard import write_synth
-    from uberprof.analysis.context import load_context
+    from uberprof.analysis.tables.context import load_context
 
     run = write_synth(tmp_path / "run", ranks=4, steps=40, counters=False, straggler=None)
     lines = (run / "ranks" / "1" / "steps.jsonl").read_text().splitlines()

@@ -12,15 +12,15 @@ import pyarrow as pa
 import pytest
 
 from tests.test_diagnosis_units import _ctx, _lateness, _row
-from uberprof.analysis import metrics as M
-from uberprof.analysis.advisor import Finding, _account
-from uberprof.analysis.align import align_clocks
-from uberprof.analysis.bandwidth import Peaks, instance_bandwidth
-from uberprof.analysis.causes import GAP_CAUSES, STRAGGLER_CAUSES, remedy_for
-from uberprof.analysis.collectives import match_collectives
-from uberprof.analysis.evidence import chance_words, poisson_binomial_sf
-from uberprof.analysis.steptime import median_interval, step_time_doc, step_walls
-from uberprof.analysis.stragglers import find_straggler, lateness, straggler_test
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.diagnosis.advisor import Finding, _account
+from uberprof.analysis.tables.align import align_clocks
+from uberprof.analysis.diagnosis.bandwidth import Peaks, instance_bandwidth
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES, STRAGGLER_CAUSES, remedy_for
+from uberprof.analysis.tables.collectives import match_collectives
+from uberprof.analysis.diagnosis.evidence import chance_words, poisson_binomial_sf
+from uberprof.analysis.tables.steptime import median_interval, step_time_doc, step_walls
+from uberprof.analysis.diagnosis.stragglers import find_straggler, lateness, straggler_test
 
 STEP = 200e6  # 200 ms steps
 

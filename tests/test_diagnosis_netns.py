@@ -10,8 +10,8 @@ import pytest
 
 from tests.jobs import PY, SAMPLES
 from tests.netns import Node, requires_netns, two_nodes, wait_ok
-from uberprof.analysis.advisor import diagnose
-from uberprof.analysis.bandwidth import read_calibration
+from uberprof.analysis.diagnosis.advisor import diagnose
+from uberprof.analysis.diagnosis.bandwidth import read_calibration
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, requires_netns]
 

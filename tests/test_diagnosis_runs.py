@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests._diag_runs import healthy_run, logging_run, shift_node, slow_compute_run, slow_data_run  # noqa: F401
-from uberprof.analysis.advisor import diagnose
+from uberprof.analysis.diagnosis.advisor import diagnose
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The saved diagnosis (uberprof.analysis.saved): `uberprof report` writes it, the dashboard and
+"""The saved diagnosis (uberprof.analysis.diagnosis.saved): `uberprof report` writes it, the dashboard and
 export read it back while it is fresh, a changed option or input makes it stale; and on a real
 run every view shows the same per-rank numbers (one `last_in`, one lateness, one breakdown)."""
 
@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from tests import _traces as T
 from tests._diag_runs import slow_compute_run  # noqa: F401
 from tests.test_report_cli import _two_rank_traces
-from uberprof.analysis import advisor
-from uberprof.analysis.context import load_context
-from uberprof.analysis.saved import load, load_or_diagnose
+from uberprof.analysis.diagnosis import advisor
+from uberprof.analysis.tables.context import load_context
+from uberprof.analysis.diagnosis.saved import load, load_or_diagnose
 from uberprof.cli import main
 
 

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 
 from tests import _traces as T
-from uberprof.analysis.advisor import diagnose
-from uberprof.analysis.align import align_clocks, weighted_median
-from uberprof.analysis.bandwidth import bandwidth_classes, bus_factor, message_bytes
-from uberprof.analysis.collectives import drop_inconsistent, match_collectives
-from uberprof.analysis.context import RankInfo, RunContext
-from uberprof.analysis.stragglers import (
+from uberprof.analysis.diagnosis.advisor import diagnose
+from uberprof.analysis.tables.align import align_clocks, weighted_median
+from uberprof.analysis.diagnosis.bandwidth import bandwidth_classes, bus_factor, message_bytes
+from uberprof.analysis.tables.collectives import drop_inconsistent, match_collectives
+from uberprof.analysis.tables.context import RankInfo, RunContext
+from uberprof.analysis.diagnosis.stragglers import (
     LATENESS_SCHEMA,
     find_straggler,
     robust_sigma,
@@ -208,7 +208,7 @@ def test_message_bytes_count_the_whole_buffer() -> None:
 
 
 def _bw_rows(size: int, busbw: list[float], peak: float | None) -> pa.Table:
-    from uberprof.analysis.bandwidth import BANDWIDTH_SCHEMA
+    from uberprof.analysis.diagnosis.bandwidth import BANDWIDTH_SCHEMA
 
     rows = [{"instance": i, "grp": "default", "name": "allreduce", "step": i, "n": 2,
              "bytes": size, "t_ns": 1_000_000, "algbw_Bps": b, "busbw_Bps": b,

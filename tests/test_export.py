@@ -275,7 +275,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 def test_real_gpu_traces(folder: str, tmp_path: Path) -> None:
     """Traces recorded by others on A100, MI250 and (2021) V100: GPU streams, launch and
     forward-backward flows, NCCL kernels, the old absolute-µs format."""
-    from uberprof.analysis.pipeline import analyze
+    from uberprof.analysis.tables.pipeline import analyze
 
     res, doc = _export(SHARED / folder, tmp_path / "x.json")
     assert validate_tef(doc) == []

@@ -13,7 +13,7 @@ import pytest
 from tests._diag_runs import logging_run, shift_node, slow_compute_run  # noqa: F401
 from tests._export_check import compare_with_sources, load, rank_pids, us_to_ns, validate_tef
 from tests._export_traces import counters_run, run_sources  # noqa: F401
-from uberprof.analysis.advisor import diagnose
+from uberprof.analysis.diagnosis.advisor import diagnose
 from uberprof.present.export import ExportOptions, export_trace
 
 pytestmark = pytest.mark.slow

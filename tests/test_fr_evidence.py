@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from uberprof.analysis.arrivals import arrival_instances, step_of
-from uberprof.analysis.stragglers import (
+from uberprof.analysis.diagnosis.arrivals import arrival_instances, step_of
+from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
     find_straggler,
     lateness,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import SAMPLES, torchrun, uberprof_run
-from uberprof.analysis.advisor import diagnose
+from uberprof.analysis.diagnosis.advisor import diagnose
 from uberprof.rundir.layout import FLIGHT_LOG_FILE
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from uberprof.analysis.context import load_context
-from uberprof.analysis.failures import failure_findings
+from uberprof.analysis.tables.context import load_context
+from uberprof.analysis.diagnosis.failures import failure_findings
 from uberprof.collect.node_agent import FR_BUFFER_SIZE, flight_recorder_env
 from uberprof.collect.safety import AgentLog
 from uberprof.collect.watchdog import HangWatchdog, derived_timeout
@@ -218,7 +218,7 @@ def _crashed_before_its_traces(tmp_path: Path) -> RunDir:
 def test_report_names_a_crash_of_a_run_without_traces(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from uberprof.analysis.failures import failures_only_diagnosis
+    from uberprof.analysis.diagnosis.failures import failures_only_diagnosis
     from uberprof.present.report_html import render_html
     from uberprof.present.report_terminal import render_report
 

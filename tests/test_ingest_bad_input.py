@@ -184,7 +184,7 @@ def test_a_worker_that_dies_costs_only_its_input(tmp_path: Path,
     import os
     import signal
 
-    from uberprof.analysis import pool
+    from uberprof.analysis.tables import pool
 
     d = folder_with_good_rank(tmp_path)
     T.write(d / "rank-1.pt.trace.json.gz", T.gpu_step_trace(rank=1))

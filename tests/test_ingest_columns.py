@@ -128,7 +128,7 @@ def test_events_without_args_are_never_collectives(tmp_path: Path) -> None:
 def test_json_size_is_the_text_ingest_reads() -> None:
     """The pool sizes its work (one process or several) by the JSON text, which gzipped traces
     state in their trailer: Kineto's compress 8-15x, so their file size misleads."""
-    from uberprof.analysis.pool import Job, _json_bytes
+    from uberprof.analysis.tables.pool import Job, _json_bytes
 
     for path in TRACES:
         size = len(T.read_trace_bytes(path))

@@ -1,6 +1,6 @@
 """The dashboard's pages following a run while its job writes it (no browser: the app's `Live`
 driven by hand on a synthetic run that is made to grow), and the straggler and data-stall
-indications of the step timelines (`uberprof.analysis.step_signals`)."""
+indications of the step timelines (`uberprof.analysis.diagnosis.step_signals`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.jobs import PY
-from uberprof.analysis.step_signals import step_signals
+from uberprof.analysis.diagnosis.step_signals import step_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -184,7 +184,7 @@ def test_a_compute_straggler_shows_in_busy_time_while_step_times_are_alike() -> 
 def test_the_follower_reads_cpu_time_and_a_device_run_has_no_busy_time(tmp_path: Path) -> None:
     import orjson
 
-    from uberprof.analysis.busy import followed_busy
+    from uberprof.analysis.diagnosis.busy import followed_busy
     from uberprof.rundir.follow import StepFollower
 
     path = tmp_path / "steps.jsonl"
@@ -207,5 +207,5 @@ def test_the_follower_reads_cpu_time_and_a_device_run_has_no_busy_time(tmp_path:
     busy = followed_busy(Followed(), window=100)
     assert busy is not None and [s.tolist() for _, s, _ in busy] == [[2, 3, 4, 5]] * 2
     device = Followed()
-    device.gpu = True  # a device run: its CPU time is no busy time (analysis/busy.py)
+    device.gpu = True  # a device run: its CPU time is no busy time (analysis/diagnosis/busy.py)
     assert followed_busy(device, window=100) is None

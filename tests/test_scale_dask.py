@@ -18,8 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.jobs import ROOT, load_script
-from uberprof.analysis import derived, pool
-from uberprof.analysis.pipeline import analyze
+from uberprof.analysis.tables import derived
+from uberprof.analysis.tables import pool
+from uberprof.analysis.tables.pipeline import analyze
 from uberprof.cli import main
 
 HAVE_DASK = importlib.util.find_spec("distributed") is not None
@@ -93,7 +94,7 @@ def assert_same(a: Path, b: Path) -> None:
 @needs_dask
 def test_dask_map_gives_the_tables_of_the_local_pool(run: Path, cluster: Any,
                                                      tmp_path: Path) -> None:
-    from uberprof.analysis.advisor import diagnose, save_diagnosis
+    from uberprof.analysis.diagnosis.advisor import diagnose, save_diagnosis
 
     local = analyze(run, out=tmp_path / "local", workers=2)
     remote = analyze(run, out=tmp_path / "dask", executor=cluster.get_executor(pure=False))
@@ -142,7 +143,7 @@ def test_cli_dask_local_prints_what_the_local_pool_prints(run: Path, tmp_path: P
 
 def test_missing_dask_is_one_clear_line(run: Path, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from uberprof.analysis.distributed import DaskUnavailable, dask_executor
+    from uberprof.analysis.tables.distributed import DaskUnavailable, dask_executor
 
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
     with pytest.raises(DaskUnavailable, match=r"pip install 'uberprof\[dask\]'"), \
@@ -159,7 +160,7 @@ def test_missing_dask_is_one_clear_line(run: Path, tmp_path: Path,
 @needs_dask
 def test_unreachable_scheduler_is_named(run: Path, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from uberprof.analysis import distributed as D
+    from uberprof.analysis.tables import distributed as D
 
     monkeypatch.setattr(D, "CONNECT_TIMEOUT_S", 1)
     res = CliRunner().invoke(main, ["analyze", str(run), "--out", str(tmp_path / "d"),

@@ -188,7 +188,7 @@ def test_watch_quits_on_q_under_tmux(tmp_path: Path) -> None:
 def test_watch_shows_saved_findings_and_lateness_and_says_when_they_are_old() -> None:
     from rich.console import Console
 
-    from uberprof.analysis.step_signals import step_signals
+    from uberprof.analysis.diagnosis.step_signals import step_signals
     from uberprof.present.terminal.watch import render
     from uberprof.rundir.follow import LiveState, RankLive, SavedFindings
 

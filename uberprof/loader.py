@@ -9,8 +9,8 @@ from typing import Any, Literal
 import orjson
 import pyarrow as pa
 
-from uberprof.analysis import derived as D
-from uberprof.analysis.pipeline import Analysis, analyze
+from uberprof.analysis.tables import derived as D
+from uberprof.analysis.tables.pipeline import Analysis, analyze
 
 __all__ = ["Run", "load"]
 
@@ -29,7 +29,7 @@ def load(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
 
 class Run:
     """The tables of one analysed run. Every method returns pandas unless `format="arrow"`.
-    A thin facade: the tables are read by `uberprof.analysis.derived`."""
+    A thin facade: the tables are read by `uberprof.analysis.tables.derived`."""
 
     def __init__(self, analysis: Analysis) -> None:
         self._a = analysis

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from uberprof.analysis.causes import GAP_CAUSES
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries import gaps as q

@@ -52,7 +52,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
 def failures_box(data: RunData) -> Any:
     """A hang or a crash, first and in red: the job stopped, nothing else matters as much.
     The stuck or first failing rank's stack (innermost last), the collective the others wait
-    in, mismatches and victims: all from the finding's evidence (analysis/failures.py)."""
+    in, mismatches and victims: all from the finding's evidence (analysis/diagnosis/failures.py)."""
     found = data.failures()
     if not found:
         return None

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from dash import dcc, html
 from plotly.subplots import make_subplots
 
-from uberprof.analysis.causes import straggler_cause_text
+from uberprof.analysis.diagnosis.causes import straggler_cause_text
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries import stragglers as q

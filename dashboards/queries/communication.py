@@ -1,5 +1,5 @@
 """What `/communication` shows: the diagnosis's bandwidth per collective class and per matched
-instance (`uberprof.analysis.bandwidth`), and time per collective kind and message size."""
+instance (`uberprof.analysis.diagnosis.bandwidth`), and time per collective kind and message size."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis.summaries import sql_table
+from uberprof.analysis.diagnosis.summaries import sql_table
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import evenly
 

@@ -1,6 +1,6 @@
 """What `/gaps` shows: idle time by rank and cause (the diagnosis's summaries), gap durations
 for a histogram, and the longest gaps with what the host was doing
-(`uberprof.analysis.gaps.gap_context`)."""
+(`uberprof.analysis.diagnosis.gaps.gap_context`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.summaries import sql_table
+from uberprof.analysis.diagnosis.summaries import sql_table
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import evenly
 
@@ -51,7 +51,7 @@ def largest_gaps(run: RunData, rank: int | None = None, limit: int = 15) -> list
                                                        key=lambda g: -g["dur_ns"])[:limit])
 
     def build() -> list[dict[str, Any]]:
-        from uberprof.analysis.gaps import gap_context
+        from uberprof.analysis.diagnosis.gaps import gap_context
 
         mine = _gaps_of(run, rank)
         if mine is None or mine.num_rows == 0:

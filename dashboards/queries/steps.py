@@ -1,7 +1,7 @@
 """What `/steps` shows of one step: every rank's device activity on aligned clocks (the sets of
-`uberprof.analysis.metrics.device_activity`, clipped to the rank's device window of the step
+`uberprof.analysis.tables.metrics.device_activity`, clipped to the rank's device window of the step
 and merged to about a pixel), its idle gaps, each rank's arrival at every collective, the
-step's per-rank lateness summary (`uberprof.analysis.summaries.rank_lateness`), and every
+step's per-rank lateness summary (`uberprof.analysis.diagnosis.summaries.rank_lateness`), and every
 rank's host step time and data wait."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis import intervals as iv
-from uberprof.analysis import metrics as M
-from uberprof.analysis.summaries import rank_lateness, sql_table
+from uberprof.analysis.tables import intervals as iv
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.diagnosis.summaries import rank_lateness, sql_table
 from uberprof.dashboards.data import RunData
 
 __all__ = ["RankTimeline", "StepTimeline", "step_lateness", "step_ranks", "step_timeline"]

@@ -36,8 +36,8 @@ def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
     """
     import orjson
 
-    from uberprof.analysis.pipeline import analyze as run_analysis
-    from uberprof.analysis.pool import keep_pandas_out
+    from uberprof.analysis.tables.pipeline import analyze as run_analysis
+    from uberprof.analysis.tables.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
 
     keep_pandas_out()  # this process and its workers never need it (a no-op if already loaded)

@@ -49,7 +49,7 @@ def diff(a: Path, b: Path, as_json: bool, html_file: Path | None,
     import orjson
 
     from uberprof.analysis.diff import compare, profile_run
-    from uberprof.analysis.pool import keep_pandas_out
+    from uberprof.analysis.tables.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.terminal.progress import ReadProgress
 

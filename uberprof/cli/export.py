@@ -57,7 +57,7 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     gaps by cause, straggler waits, link-limited collectives) as marked ranges, and the node
     counters as counter tracks.
     """
-    from uberprof.analysis.pool import keep_pandas_out
+    from uberprof.analysis.tables.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.export import DEFAULT_MAX_MB, ExportError, ExportOptions, export_trace
     from uberprof.present.export.perfetto import default_format

@@ -51,7 +51,7 @@ def dask_executor_or_exit(stack: ExitStack, address: str | None, workers: int | 
         return None
     from rich.console import Console
 
-    from uberprof.analysis.distributed import DaskUnavailable, dask_executor
+    from uberprof.analysis.tables.distributed import DaskUnavailable, dask_executor
 
     try:
         return stack.enter_context(dask_executor(address, workers=workers))

@@ -20,7 +20,7 @@ from uberprof.cli.options import (
 from uberprof.cli.output import cannot_write, unwritable
 
 if TYPE_CHECKING:
-    from uberprof.analysis.advisor import Diagnosis
+    from uberprof.analysis.diagnosis.advisor import Diagnosis
 
 EPILOG = """\
 \b
@@ -52,9 +52,9 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
     """
     import orjson
 
-    from uberprof.analysis.context import load_context
-    from uberprof.analysis.pool import keep_pandas_out
-    from uberprof.analysis.saved import load_or_diagnose
+    from uberprof.analysis.tables.context import load_context
+    from uberprof.analysis.tables.pool import keep_pandas_out
+    from uberprof.analysis.diagnosis.saved import load_or_diagnose
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.terminal.progress import ReadProgress
 
@@ -110,7 +110,7 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
 
 def _failures_only(path: Path, why: str) -> Diagnosis | None:
     """A run directory without traces still gets its hang and crash findings (None if none)."""
-    from uberprof.analysis.failures import failures_only_diagnosis
+    from uberprof.analysis.diagnosis.failures import failures_only_diagnosis
     from uberprof.rundir import RunDir
 
     if not RunDir(path).is_run():

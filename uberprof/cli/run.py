@@ -138,7 +138,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
 def _hang_line(run_dir: RunDir, record: dict[str, object]) -> None:
     """The one line a hang costs the user's terminal: who is stuck, where the evidence is."""
     try:
-        from uberprof.analysis.failures import hang_summary
+        from uberprof.analysis.diagnosis.failures import hang_summary
 
         what = hang_summary(run_dir.root)
     except Exception as exc:  # noqa: BLE001 - the evidence is saved; the summary is a courtesy

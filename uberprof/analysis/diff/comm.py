@@ -12,8 +12,8 @@ from typing import Any
 
 import duckdb
 
-from uberprof.analysis.advisor import Diagnosis
-from uberprof.analysis.context import RunContext
+from uberprof.analysis.diagnosis.advisor import Diagnosis
+from uberprof.analysis.tables.context import RunContext
 
 __all__ = ["CollStat", "collective_stats"]
 

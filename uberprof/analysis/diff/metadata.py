@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from uberprof.analysis.context import RunContext
+from uberprof.analysis.tables.context import RunContext
 from uberprof.rundir import RunDir, list_nodes, ranks_by_id
 
 __all__ = ["run_metadata"]

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.metrics import kind_mask
+from uberprof.analysis.tables.metrics import kind_mask
 from uberprof.ingest import classify as K
 
 __all__ = ["OP_KINDS", "OpStat", "rank_ops", "self_times"]

@@ -8,7 +8,7 @@ land as separate `gpu` rows a step or two later.
 `cpu_ns` is the CPU time the thread that ends steps (the training thread) spent since the
 previous boundary (`time.thread_time_ns`, about 1 µs a step): the work it did, whatever the OS
 scheduler did to its wall time. It tells a rank that computes more from one the OS delayed
-(analysis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
+(analysis/diagnosis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
 optimizer detector places its boundary an iteration late, when it ends step 1 too: the CPU
 time at that boundary is not known) and where the previous boundary was on another thread.
 """

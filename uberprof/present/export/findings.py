@@ -21,10 +21,10 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from uberprof.analysis.advisor import Diagnosis
-from uberprof.analysis.causes import GAP_CAUSES, gap_cause
-from uberprof.analysis.failures import FAILURE_KINDS
-from uberprof.analysis.summaries import ns_to_ms as _ms
+from uberprof.analysis.diagnosis.advisor import Diagnosis
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
+from uberprof.analysis.diagnosis.failures import FAILURE_KINDS
+from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
 from uberprof.units import fmt_bytes
 
 __all__ = ["FINDINGS_PROCESS", "GAP_LABEL", "Mark", "global_marks", "rank_marks"]

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from uberprof import __version__
-from uberprof.analysis.advisor import Diagnosis
-from uberprof.analysis.context import RunContext, load_context
-from uberprof.analysis.derived import Analysis
-from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
-from uberprof.analysis.saved import load_or_diagnose
+from uberprof.analysis.diagnosis.advisor import Diagnosis
+from uberprof.analysis.tables.context import RunContext, load_context
+from uberprof.analysis.tables.derived import Analysis
+from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
+from uberprof.analysis.diagnosis.saved import load_or_diagnose
 from uberprof.ingest.trace import TraceError, json_size
 from uberprof.present.export import counters as C
 from uberprof.present.export.budget import Budget, Cut, describe_drops

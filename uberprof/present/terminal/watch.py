@@ -32,10 +32,10 @@ def _ms(ns: float | None) -> str:
 
 def live_notes(follower: RunFollower) -> list[str]:
     """What the step timelines already show, before any diagnosis: stragglers and data stalls
-    under the diagnosis's own tests (`uberprof.analysis.step_signals`), "suspected" when the
+    under the diagnosis's own tests (`uberprof.analysis.diagnosis.step_signals`), "suspected" when the
     evidence is thin."""
-    from uberprof.analysis.busy import followed_busy
-    from uberprof.analysis.step_signals import WINDOW, step_signals
+    from uberprof.analysis.diagnosis.busy import followed_busy
+    from uberprof.analysis.diagnosis.step_signals import WINDOW, step_signals
 
     return [s.title for s in step_signals(follower.series("duration_ns"),
                                           follower.series("data_wait_ns"),

@@ -17,12 +17,12 @@
   the one that holds the job back. Every traced
   collective instance counts, not one per step.
 - The test's *basis* is one source per run, no instance counted twice: the Flight
-  Recorder's arrivals over every untraced step (analysis/arrivals.py: the profiler slows
+  Recorder's arrivals over every untraced step (analysis/diagnosis/arrivals.py: the profiler slows
   ranks unevenly) when the run has them and they are at least as many as the traced
   window's, else the traced collectives. The cost (the
   delay over the analysed steps, `find_straggler`) always comes from the traced ones, as do
   the cause and the split of collective time into wait and transfer.
-- *Busy time* (analysis/busy.py: the training thread's CPU time per step, where the step
+- *Busy time* (analysis/diagnosis/busy.py: the training thread's CPU time per step, where the step
   timelines have it): arrival order cannot tell a rank that computes more from one the OS
   scheduler delayed. For a candidate whose busy-time excess is confirmed: the frequency may
   also be shown by a second look (it arrived after most of the others, each instance's chance
@@ -52,8 +52,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from uberprof.analysis.causes import STRAGGLER_CAUSES as _CAUSES
-from uberprof.analysis.evidence import (
+from uberprof.analysis.diagnosis.causes import STRAGGLER_CAUSES as _CAUSES
+from uberprof.analysis.diagnosis.evidence import (
     FALSE_ALARM_RATE,
     SUSPECT_RATE,
     Test,
@@ -63,7 +63,7 @@ from uberprof.analysis.evidence import (
 )
 
 if TYPE_CHECKING:
-    from uberprof.analysis.busy import BusyExcess, BusyTimes
+    from uberprof.analysis.diagnosis.busy import BusyExcess, BusyTimes
 
 __all__ = [
     "BASIS_FLIGHT_RECORDER",
@@ -89,8 +89,8 @@ REL_MIN_LEAD = 0.03  # of the median step time
 MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must add
 SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 BASIS_TRACES = "traces"  # the traced window's matched collectives
-BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (analysis/arrivals.py)
-BASIS_STEP_TIMELINE = "step_timeline"  # live: per step, the longest (analysis/step_signals.py)
+BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (analysis/diagnosis/arrivals.py)
+BASIS_STEP_TIMELINE = "step_timeline"  # live: per step, the longest (analysis/diagnosis/step_signals.py)
 DECIDED_BY_BUSY = "busy time"  # no excess of its own time cleared the candidate
 _BASIS_WORDS = {BASIS_TRACES: "traced window",
                 BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)",
@@ -286,7 +286,7 @@ def matrix_lateness(ranks: list[int], steps: np.ndarray, m: np.ndarray, name: st
     """LATENESS_SCHEMA with each step as one instance and `m` (ns per rank and step) as the
     arrival: lateness beyond the fastest rank; the latest rank's delay is its lead over the
     second latest (what the others waited). The live step-timeline test's basis
-    (analysis/step_signals.py) and the busy-time test's (analysis/busy.py)."""
+    (analysis/diagnosis/step_signals.py) and the busy-time test's (analysis/diagnosis/busy.py)."""
     n_r, n_s = m.shape
     late = m - m.min(axis=0)
     top = m.max(axis=0)
@@ -389,10 +389,10 @@ def _delay_per_step(step: np.ndarray, delay: np.ndarray, n_part: np.ndarray
 def straggler_test(lat: pa.Table, median_step_ns: float | None,
                    wall_ns: float | None = None, basis: str = BASIS_TRACES,
                    busy: BusyTimes | None = None) -> StragglerTest | None:
-    """The straggler test of a run (module docstring; `uberprof.analysis.evidence`): the
+    """The straggler test of a run (module docstring; `uberprof.analysis.diagnosis.evidence`): the
     candidate rank, both criteria and the decision. None without matched collectives.
     `median_step_ns` and `wall_ns` are those of the steps `lat` covers; `busy`, the ranks'
-    busy time per step (analysis/busy.py), is read over those steps."""
+    busy time per step (analysis/diagnosis/busy.py), is read over those steps."""
     if lat.num_rows == 0:
         return None
     iid = lat.column("instance").to_numpy()
@@ -503,7 +503,7 @@ def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],
     `host_launch` and `network` (its time inside collectives after the last arrival). The
     factor with the largest excess wins; `compute` becomes `clock_throttle` when `clocks`
     says the rank's GPU ran slower clocks or had throttle reasons set and the others did not.
-    `busy_excess_ns`, its confirmed busy-time excess (analysis/busy.py: every step, where the
+    `busy_excess_ns`, its confirmed busy-time excess (analysis/diagnosis/busy.py: every step, where the
     traced steps are a few), weighs for `compute` where it is larger than the traced excess.
     """
     names = ("compute", "data", "host_launch", "network")

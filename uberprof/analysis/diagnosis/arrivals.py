@@ -1,5 +1,5 @@
 """Arrivals at collectives on every untraced step, from the Flight Recorder
-(rundir/flight_log.py): the straggler test's basis when a run has them (analysis/stragglers.py).
+(rundir/flight_log.py): the straggler test's basis when a run has them (analysis/diagnosis/stragglers.py).
 
 The traced window holds a few steps; the Flight Recorder's `time_created_ns` (when a rank
 called the collective, epoch ns on its host's clock) is there for every step at no tracing
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from uberprof.analysis.context import RunContext
-from uberprof.analysis.steptime import own_cost_steps, step_walls
-from uberprof.analysis.stragglers import lateness
+from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.steptime import own_cost_steps, step_walls
+from uberprof.analysis.diagnosis.stragglers import lateness
 from uberprof.ingest.classify import canonical_collective
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.rundir.flight_log import Arrival, read_flight_log

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uberprof.analysis.advisor import Diagnosis, Finding
+from uberprof.analysis.diagnosis.advisor import Diagnosis, Finding
 from uberprof.rundir import RankMeta, RunDir, list_nodes, ranks_by_id
 from uberprof.rundir.failures import (
     Collective,
@@ -518,14 +518,14 @@ def failures_only_diagnosis(root: Path, problems: list[str]) -> Diagnosis:
     import pyarrow as pa
 
     from uberprof import __version__
-    from uberprof.analysis.advisor import SCHEMA_VERSION
-    from uberprof.analysis.align import Alignment
-    from uberprof.analysis.bandwidth import BANDWIDTH_SCHEMA
-    from uberprof.analysis.collectives import INSTANCE_SCHEMA, Matched
-    from uberprof.analysis.derived import RUN_STEP_SCHEMA
-    from uberprof.analysis.gaps import GAP_SCHEMA
-    from uberprof.analysis.stragglers import LATENESS_SCHEMA
-    from uberprof.analysis.summaries import summarise
+    from uberprof.analysis.diagnosis.advisor import SCHEMA_VERSION
+    from uberprof.analysis.tables.align import Alignment
+    from uberprof.analysis.diagnosis.bandwidth import BANDWIDTH_SCHEMA
+    from uberprof.analysis.tables.collectives import INSTANCE_SCHEMA, Matched
+    from uberprof.analysis.tables.derived import RUN_STEP_SCHEMA
+    from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA
+    from uberprof.analysis.diagnosis.stragglers import LATENESS_SCHEMA
+    from uberprof.analysis.diagnosis.summaries import summarise
 
     lat, gaps = LATENESS_SCHEMA.empty_table(), GAP_SCHEMA.empty_table()
     metas = ranks_by_id(RunDir(Path(root)))

@@ -1,6 +1,6 @@
 """`uberprof analyze`: map every trace file to its tables (in parallel), then reduce across ranks.
 
-The map is `uberprof.analysis.rank.analyze_input` per trace and `timeline_table` per rank folder
+The map is `uberprof.analysis.tables.rank.analyze_input` per trace and `timeline_table` per rank folder
 of a run directory, run by `pool` (forked workers, or any `concurrent.futures` executor such as a
 Dask cluster's: `analyze_shared`); each writes its tables under the derived folder and returns
 only a status. `reduce` then writes the run-level tables. Layout, manifest and freshness of the
@@ -16,7 +16,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from uberprof.analysis.derived import (
+from uberprof.analysis.tables.derived import (
     FORMAT_VERSION,
     INPUTS_DIR,
     MANIFEST_FILE,
@@ -34,9 +34,9 @@ from uberprof.analysis.derived import (
     timeline_file,
     write_manifest,
 )
-from uberprof.analysis.pool import Job, analyze_shared, keep_pandas_out, map_jobs
-from uberprof.analysis.rank import analyze_input, timeline_table
-from uberprof.analysis.reduce import reduce_run
+from uberprof.analysis.tables.pool import Job, analyze_shared, keep_pandas_out, map_jobs
+from uberprof.analysis.tables.rank import analyze_input, timeline_table
+from uberprof.analysis.tables.reduce import reduce_run
 from uberprof.ingest.discover import Source, discover
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 from uberprof.rundir import is_utf8
@@ -69,7 +69,7 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
     Inputs already analysed (same size and mtime) are reused unless `force`. `workers`: processes
     for the per-trace map (default: one per CPU, at most one per input; 1 = in this process).
     `executor` replaces the pool (any concurrent.futures Executor, e.g.
-    `uberprof.analysis.distributed.dask_executor`): its workers must see the traces and the
+    `uberprof.analysis.tables.distributed.dask_executor`): its workers must see the traces and the
     derived folder at the same paths as this process; the cross-rank step runs here.
     """
     source = discover(Path(path))

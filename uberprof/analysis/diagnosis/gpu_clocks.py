@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from uberprof.analysis.context import RunContext
+from uberprof.analysis.tables.context import RunContext
 
 __all__ = [
     "CLOCK_DROP",

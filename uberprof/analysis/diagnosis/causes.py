@@ -40,7 +40,7 @@ class Cause:
     cpu_remedy: str = ""  # the remedy for runs without an accelerator, when it differs
 
 
-# Why the device sat idle (analysis/gaps.py assigns them, first that applies, in this order).
+# Why the device sat idle (analysis/diagnosis/gaps.py assigns them, first that applies, in this order).
 GAP_CAUSES: dict[str, Cause] = {c.key: c for c in (
     Cause("data", "data loader", "waiting for the data loader",
           "the host was fetching the next batch (data loader)",
@@ -82,7 +82,7 @@ GAP_CAUSES: dict[str, Cause] = {c.key: c for c in (
           kind="idle", letter="O"),
 )}
 
-# Why the straggler arrives last (analysis/stragglers.py `straggler_cause`).
+# Why the straggler arrives last (analysis/diagnosis/stragglers.py `straggler_cause`).
 STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (
     Cause("compute", "compute", "compute",
           "it computes longer than the others on the same work",
@@ -122,7 +122,7 @@ STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (
           "GLOO_SOCKET_IFNAME select the fast interface."),
 )}
 
-# A collective class limited by its link (analysis/bandwidth.py verdicts that become findings).
+# A collective class limited by its link (analysis/diagnosis/bandwidth.py verdicts that become findings).
 LINK_VERDICTS: dict[str, Cause] = {c.key: c for c in (
     Cause("bandwidth-bound", "bandwidth-bound", "bandwidth-bound",
           "the collective moves its bytes near the link's peak: the link is the limit",
@@ -146,7 +146,7 @@ EXPOSED_COMM_REMEDY = (
     "bandwidth-bound (see the bandwidth findings), send fewer bytes (bf16 gradients "
     "with a DDP comm hook) or use a faster interconnect.")
 
-# A host whose CPUs are saturated (analysis/host_cpu.py).
+# A host whose CPUs are saturated (analysis/diagnosis/host_cpu.py).
 HOST_CPU = Cause(
     "host_cpu", "host CPU saturated", "host CPU saturated",
     "the host's CPUs were busy nearly all the time: every process on it waits for CPU time",

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from uberprof.analysis import intervals as iv
-from uberprof.analysis.intervals import Intervals
+from uberprof.analysis.tables import intervals as iv
+from uberprof.analysis.tables.intervals import Intervals
 from uberprof.ingest import classify as K
 
 __all__ = [

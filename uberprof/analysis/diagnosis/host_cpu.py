@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from uberprof.analysis.causes import HOST_CPU
-from uberprof.analysis.context import RunContext
-from uberprof.analysis.evidence import Test
+from uberprof.analysis.diagnosis.causes import HOST_CPU
+from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.diagnosis.evidence import Test
 
 __all__ = ["MIN_SAMPLES", "SATURATED_PCT", "host_cpu_findings", "saturated_hosts"]
 
@@ -71,7 +71,7 @@ def _samples(ctx: RunContext, node: str, window: tuple[int, int] | None,
 def host_cpu_findings(ctx: RunContext, window: tuple[int, int] | None) -> list[Any]:
     """One `host_cpu` finding per saturated host (advisor.Finding; see the module doc). The
     remedy is the same on CPU and GPU runs."""
-    from uberprof.analysis.advisor import Finding
+    from uberprof.analysis.diagnosis.advisor import Finding
 
     out = []
     for h in saturated_hosts(ctx, window):

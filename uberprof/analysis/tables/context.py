@@ -17,8 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis import derived as D
-from uberprof.analysis.pipeline import Analysis, analyze
+from uberprof.analysis.tables import derived as D
+from uberprof.analysis.tables.pipeline import Analysis, analyze
 from uberprof.rundir import RankMeta, RunDir, ranks_by_id
 
 __all__ = ["RankInfo", "RunContext", "load_context"]
@@ -43,7 +43,7 @@ class RankInfo:
 @dataclass
 class RunContext:
     """A run's analysis tables plus the metadata the cross-rank diagnosis needs. The tables are
-    read (once) from the derived folder through `uberprof.analysis.derived`."""
+    read (once) from the derived folder through `uberprof.analysis.tables.derived`."""
 
     run: Analysis  # the analysis the tables come from (its source, derived folder, inputs)
     root: Path

@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.collectives import Matched
-from uberprof.analysis.context import RunContext
+from uberprof.analysis.tables.collectives import Matched
+from uberprof.analysis.tables.context import RunContext
 
 __all__ = [
     "MIN_INSTANCES",

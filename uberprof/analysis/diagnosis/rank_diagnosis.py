@@ -4,7 +4,7 @@ read (the analysis's forked workers, or a Dask cluster's), so that the client ne
 event table and only combines small per-rank results (docs/DESIGN.md, §5).
 
 `rank_pass` is a top-level function of picklable arguments, like the analysis's map
-(`uberprof.analysis.rank`); `rank_passes` runs it for every rank.
+(`uberprof.analysis.tables.rank`); `rank_passes` runs it for every rank.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from uberprof.analysis import derived as D
-from uberprof.analysis import metrics as M
-from uberprof.analysis.bandwidth import exposed_ns
-from uberprof.analysis.context import RunContext
-from uberprof.analysis.gaps import GAP_SCHEMA, gap_context, idle_gaps
-from uberprof.analysis.pool import map_calls
+from uberprof.analysis.tables import derived as D
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.diagnosis.bandwidth import exposed_ns
+from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA, gap_context, idle_gaps
+from uberprof.analysis.tables.pool import map_calls
 
 __all__ = ["TOP_GAPS", "RankResult", "rank_pass", "rank_passes"]
 

@@ -33,16 +33,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from uberprof import __version__
-from uberprof.analysis import advisor
-from uberprof.analysis.advisor import Diagnosis, Finding
-from uberprof.analysis.align import Alignment, HostClock
-from uberprof.analysis.bandwidth import BandwidthClass
-from uberprof.analysis.collectives import Matched
-from uberprof.analysis.context import RunContext
-from uberprof.analysis.derived import MANIFEST_FILE, write_parquet
-from uberprof.analysis.gaps import DEFAULT_THRESHOLD_NS
-from uberprof.analysis.stragglers import Straggler
-from uberprof.analysis.summaries import RankSummaries
+from uberprof.analysis.diagnosis import advisor
+from uberprof.analysis.diagnosis.advisor import Diagnosis, Finding
+from uberprof.analysis.tables.align import Alignment, HostClock
+from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
+from uberprof.analysis.tables.collectives import Matched
+from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.derived import MANIFEST_FILE, write_parquet
+from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
+from uberprof.analysis.diagnosis.stragglers import Straggler
+from uberprof.analysis.diagnosis.summaries import RankSummaries
 
 __all__ = [
     "DIAGNOSIS_DIR",

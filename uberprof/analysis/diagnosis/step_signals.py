@@ -6,14 +6,14 @@ thresholds of their own:
 
 - **Straggler**: each of the last `WINDOW` steps that every rank finished is one instance, and
   a rank's lateness in it is its step time (then, separately, its data wait) beyond the fastest
-  rank's. `uberprof.analysis.stragglers.straggler_test` decides, with its sole-last frequency
+  rank's. `uberprof.analysis.diagnosis.stragglers.straggler_test` decides, with its sole-last frequency
   test (Poisson-binomial, Bonferroni over ranks) and its materiality rules: confirmed,
   suspected, or nothing. In a synchronous job (DDP) ranks wait for each other, so step times
   are alike and only a data-loader straggler shows in them; where the run has busy time
-  (`analysis/busy.py`: the training thread's CPU time, CPU runs), the same test on it shows a
+  (`analysis/diagnosis/busy.py`: the training thread's CPU time, CPU runs), the same test on it shows a
   rank that computes more. The trace window tells the rest.
 - **Data stall**: a rank whose data wait is at least the diagnosis's `MIN_SHARE` of its step
-  time over the window; its confidence is `uberprof.analysis.evidence.count_test`'s (too few
+  time over the window; its confidence is `uberprof.analysis.diagnosis.evidence.count_test`'s (too few
   steps: suspected).
 """
 
@@ -57,7 +57,7 @@ def _matrix(series: Sequence[Series], window: int) -> tuple[list[int], np.ndarra
 
 def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np.ndarray,
                busy: tuple[np.ndarray, np.ndarray] | None) -> Signal | None:
-    from uberprof.analysis.stragglers import BASIS_STEP_TIMELINE, matrix_lateness, straggler_test
+    from uberprof.analysis.diagnosis.stragglers import BASIS_STEP_TIMELINE, matrix_lateness, straggler_test
 
     median_step = float(np.median(times))
     wall = float(times.max(axis=0).sum())  # the ranks run in parallel
@@ -79,8 +79,8 @@ def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np
 
 
 def _data_stall(ranks: list[int], times: np.ndarray, waits: np.ndarray) -> Signal | None:
-    from uberprof.analysis.advisor import MIN_SHARE
-    from uberprof.analysis.evidence import count_test
+    from uberprof.analysis.diagnosis.advisor import MIN_SHARE
+    from uberprof.analysis.diagnosis.evidence import count_test
 
     share = waits.sum(axis=1) / np.maximum(times.sum(axis=1), 1)
     hit = np.flatnonzero(share >= MIN_SHARE)

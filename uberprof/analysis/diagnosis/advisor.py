@@ -22,7 +22,7 @@ links the rest with `caused_by` (index and kind of the other finding, and the ms
 for). `_account` holds the invariant: the findings' times at stake never add up to more than
 the analysed wall time.
 
-Every verdict states its evidence (`confidence`, `evidence["test"]`: `analysis/evidence.py`).
+Every verdict states its evidence (`confidence`, `evidence["test"]`: `analysis/diagnosis/evidence.py`).
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof import __version__
-from uberprof.analysis.align import Alignment, align_clocks
-from uberprof.analysis.arrivals import flight_basis
-from uberprof.analysis.bandwidth import (
+from uberprof.analysis.tables.align import Alignment, align_clocks
+from uberprof.analysis.diagnosis.arrivals import flight_basis
+from uberprof.analysis.diagnosis.bandwidth import (
     SMALL_MESSAGE_BYTES,
     BandwidthClass,
     Peaks,
     bandwidth_classes,
     instance_bandwidth,
 )
-from uberprof.analysis.busy import BusyTimes, busy_times
-from uberprof.analysis.causes import (
+from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
+from uberprof.analysis.diagnosis.causes import (
     EXPOSED_COMM_REMEDY,
     GAP_CAUSES,
     LINK_VERDICTS,
@@ -57,20 +57,20 @@ from uberprof.analysis.causes import (
     THROTTLE_REMEDY,
     remedy_for,
 )
-from uberprof.analysis.collectives import Matched, drop_inconsistent, match_collectives
-from uberprof.analysis.context import RunContext, load_context
-from uberprof.analysis.evidence import MIN_INSTANCES, Test, count_test, trace_more_hint
-from uberprof.analysis.gaps import CAUSES, DEFAULT_THRESHOLD_NS, GAP_SCHEMA
-from uberprof.analysis.gpu_clocks import (
+from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
+from uberprof.analysis.tables.context import RunContext, load_context
+from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES, Test, count_test, trace_more_hint
+from uberprof.analysis.diagnosis.gaps import CAUSES, DEFAULT_THRESHOLD_NS, GAP_SCHEMA
+from uberprof.analysis.diagnosis.gpu_clocks import (
     SLOWDOWN_FRACTION,
     GpuClocks,
     gpu_clocks,
     throttled_vs_others,
 )
-from uberprof.analysis.host_cpu import host_cpu_findings
-from uberprof.analysis.rank_diagnosis import TOP_GAPS, rank_passes
-from uberprof.analysis.steptime import step_time_doc
-from uberprof.analysis.stragglers import (
+from uberprof.analysis.diagnosis.host_cpu import host_cpu_findings
+from uberprof.analysis.diagnosis.rank_diagnosis import TOP_GAPS, rank_passes
+from uberprof.analysis.tables.steptime import step_time_doc
+from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
     Straggler,
     StragglerTest,
@@ -79,8 +79,8 @@ from uberprof.analysis.stragglers import (
     straggler_cause,
     straggler_test,
 )
-from uberprof.analysis.summaries import RankSummaries, sql_table, summarise
-from uberprof.analysis.summaries import ns_to_ms as _ms
+from uberprof.analysis.diagnosis.summaries import RankSummaries, sql_table, summarise
+from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
 from uberprof.units import fmt_bytes
 
 __all__ = [
@@ -300,17 +300,17 @@ def _note_traced_view(s: Straggler, traced: StragglerTest | None,
 
 
 def _failure_findings(ctx: RunContext) -> list[Finding]:
-    """Hangs and crashes (analysis/failures.py), ranked first: a job that stops costs most."""
+    """Hangs and crashes (analysis/diagnosis/failures.py), ranked first: a job that stops costs most."""
     if not ctx.is_run_dir:
         return []
-    from uberprof.analysis.failures import failure_findings
+    from uberprof.analysis.diagnosis.failures import failure_findings
 
     return failure_findings(ctx.root, ctx.run.step_tail)  # what the map read of each timeline
 
 
 def save_diagnosis(d: Diagnosis) -> Path | None:
-    """Write the diagnosis beside the derived tables (see `uberprof.analysis.saved.save`)."""
-    from uberprof.analysis.saved import save
+    """Write the diagnosis beside the derived tables (see `uberprof.analysis.diagnosis.saved.save`)."""
+    from uberprof.analysis.diagnosis.saved import save
 
     return save(d)
 

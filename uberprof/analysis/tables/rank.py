@@ -7,7 +7,7 @@ run them unchanged.
   status dict, so that no event table ever travels back to the coordinating process.
 - `timeline_table(rank_dir, out_file)` does the same for a rank folder's steps.jsonl.
 
-Tables and file names are `uberprof.analysis.derived`'s; every file is written atomically.
+Tables and file names are `uberprof.analysis.tables.derived`'s; every file is written atomically.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from uberprof.analysis import metrics as M
-from uberprof.analysis.derived import (
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.tables.derived import (
     BREAKDOWN_FIELDS,
     COLLECTIVE_SCHEMA,
     COLLECTIVES_FILE,

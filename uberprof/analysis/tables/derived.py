@@ -131,7 +131,7 @@ TIMELINE_SCHEMA = pa.schema([
     ("host_start_ns", pa.int64()),
     ("host_end_ns", pa.int64()),
     ("data_wait_ns", pa.int64()),
-    ("cpu_ns", pa.int64()),  # the training thread's CPU time (busy time: analysis/busy.py)
+    ("cpu_ns", pa.int64()),  # the training thread's CPU time (busy time: analysis/diagnosis/busy.py)
     ("gpu_time_ns", pa.int64()),  # device time between step boundaries (device runs)
 ])
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from uberprof.analysis.context import RunContext
+from uberprof.analysis.tables.context import RunContext
 
 __all__ = [
     "SAME_SIZE_COLLECTIVES",

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from uberprof import __version__
-from uberprof.analysis import metrics as M
-from uberprof.analysis.derived import (
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.tables.derived import (
     BREAKDOWN_FIELDS,
     COLLECTIVES_FILE,
     FORMAT_VERSION,

@@ -21,8 +21,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from uberprof.analysis import metrics as M
-from uberprof.analysis.causes import GAP_CAUSES
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 
 __all__ = [
     "IDLE_SCHEMA",
