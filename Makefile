@@ -1,4 +1,5 @@
 # Two commands: `make demo` and `make test`. Both set up everything they need in .venv first.
+# `make test-fast`: the unit tests alone (tests/unit: no job, browser, terminal or namespace).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ DEMO_OUT := uberprof-runs
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_PORT ?= 8050
 
-.PHONY: setup demo test bench lint clean netns-tools browser terminal-tools
+.PHONY: setup demo test test-fast bench lint clean netns-tools browser terminal-tools
 
 setup: $(STAMP)
 
@@ -31,8 +32,13 @@ demo: $(STAMP)
 	@echo "== its dashboard (Ctrl-C to stop)"
 	$(BIN)/uberprof dashboard $(DEMO_OUT)/$(DEMO_RUN) --port $(DEMO_PORT)
 
+# tests/unit first (fast, no jobs), then tests/jobs (real jobs, browsers, terminals, namespaces).
 test: $(STAMP) netns-tools browser terminal-tools
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra tests/unit tests/jobs
+
+# tests/unit only: no training job, browser, terminal or network namespace (a minute or two).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra tests/unit
 
 # Multi-node tests run "nodes" in network namespaces; they need root, iproute2 and unshare.
 netns-tools:

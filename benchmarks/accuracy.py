@@ -62,7 +62,7 @@ from _scoring import (
     tally,
 )
 
-from tests.jobs import PY, SAMPLES, job_env, torchrun
+from tests._jobs import PY, SAMPLES, job_env, torchrun
 
 SAMPLE = SAMPLES / "train_ddp.py"
 CAP = "1gbit"

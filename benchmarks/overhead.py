@@ -72,7 +72,7 @@ def wait_dashboard_gone(run_dir: Path, limit_s: float = 900) -> None:
 
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        if not any("uberprof.cli.live" in " ".join(p.info["cmdline"] or [])
+        if not any("uberprof.dashboards.live_server" in " ".join(p.info["cmdline"] or [])
                    and str(run_dir) in " ".join(p.info["cmdline"] or [])
                    for p in psutil.process_iter(["cmdline"])):
             return

@@ -166,7 +166,7 @@ def _measure_once(phase: str, mode: str, run: Path, derived: Path, workers: int
 
 def json_bytes(run: Path) -> int:
     """JSON size of every trace (from each gzip trailer)."""
-    from uberprof.ingest.trace import json_size
+    from uberprof.ingest.gz import json_size
 
     return sum(map(json_size, run.glob("ranks/*/traces/*.json.gz")))
 

@@ -345,7 +345,7 @@ class RunData:
 
             if not RunDir(self.root).is_run():
                 return []
-            from uberprof.analysis.diagnosis.failures import failure_findings
+            from uberprof.analysis.diagnosis.findings.failures import failure_findings
 
             try:
                 return failure_findings(self.root)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import SAMPLES, SCRIPTS, torchrun, uberprof_run
+from tests._jobs import SAMPLES, SCRIPTS, torchrun, uberprof_run
 
 STEPS = 14
 TRACE = "3-12"  # ten analysed steps: two gradient buckets each

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.jobs import SAMPLES, torchrun, uberprof_run
+from tests._jobs import SAMPLES, torchrun, uberprof_run
 
 BASE_NS = 1_790_000_000_000_000_000
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.jobs import PY, SCRIPTS, job_env, torchrun
+from tests._jobs import PY, SCRIPTS, job_env, torchrun
 
 FAULTY = SCRIPTS / "faulty.py"
 HANG_TIMEOUT = "10"
@@ -23,13 +23,14 @@ def faulty_run(out: Path, run_id: str, fault: str, *args: str, nproc: int = 4,
            "--hang-timeout", HANG_TIMEOUT, "--on-hang", on_hang, "--",
            *job, "--fault", fault, *args]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=job_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=job_env(),
+                          check=False)
     return proc, time.monotonic() - t0
 
 
 def report_json(run: Path) -> dict[str, Any]:
     proc = subprocess.run([PY, "-m", "uberprof", "report", "--json", str(run)],
-                          capture_output=True, text=True, timeout=120, env=job_env())
+                          capture_output=True, text=True, timeout=120, env=job_env(), check=False)
     assert proc.stdout, proc.stderr
     return json.loads(proc.stdout)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import SAMPLES, load_script, torchrun, uberprof_run
+from tests._jobs import SAMPLES, load_script, torchrun, uberprof_run
 
 TRACE_STEPS = (4, 6)
 STEPS = 10

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.jobs import browser_timeout_ms
+from tests._jobs import browser_timeout_ms
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

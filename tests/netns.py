@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.jobs import job_env, job_limit, stop
+from tests._jobs import job_env, job_limit, stop
 
 
 def netns_available() -> bool:

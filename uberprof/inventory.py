@@ -118,7 +118,7 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
 
 def failure_problems(runs: Sequence[RunDir]) -> list[str]:
     """Hangs and crashes first (analysis/diagnosis/failures.py): the titles `uberprof report` gives."""
-    from uberprof.analysis.diagnosis.failures import failure_findings
+    from uberprof.analysis.diagnosis.findings.failures import failure_findings
 
     try:
         return [f.title for f in failure_findings([r.root for r in runs])]

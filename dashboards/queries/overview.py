@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.diagnosis.summaries import sql_table
+from uberprof.analysis.tables import metrics as M
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import Heatmap, heatmap_of_series
 

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from uberprof.analysis.diagnosis.summaries import rank_lateness, sql_table
 from uberprof.analysis.tables import intervals as iv
 from uberprof.analysis.tables import metrics as M
-from uberprof.analysis.diagnosis.summaries import rank_lateness, sql_table
 from uberprof.dashboards.data import RunData
 
 __all__ = ["RankTimeline", "StepTimeline", "step_lateness", "step_ranks", "step_timeline"]

@@ -17,16 +17,23 @@ from uberprof.cli.run import run
 from uberprof.cli.watch import watch
 
 HELP = """\
-Profile and troubleshoot distributed PyTorch training.
+Profile and troubleshoot distributed PyTorch training: where every rank's
+time goes, and why. `run` collects; `info` and `watch` show what was collected;
+`analyze`, `report` and `diff` diagnose it; `dashboard` and `export` let you
+look around; `doctor` and `calibrate` check the machine and its links. Each
+command's --help lists its options; docs/<command>.md in the repository
+explains them.
 
 \b
 Wrap the command you already use; no change to your script:
   uberprof run -- torchrun --nproc_per_node=8 train.py --lr 3e-4
   uberprof run --trace-steps 50-52 -- python train.py
 \b
-Then look at what was collected:
+Then look at what was collected, and what holds the job back:
   uberprof info uberprof-runs/<run-id>
-  uberprof watch uberprof-runs/<run-id>    (while it runs)
+  uberprof watch uberprof-runs/<run-id>     (while it runs)
+  uberprof report uberprof-runs/<run-id>
+  uberprof dashboard uberprof-runs/<run-id>
 \b
 Check what this machine lets uberprof collect:
   uberprof doctor

@@ -3,11 +3,8 @@ default."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import stat
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,42 +12,15 @@ from typing import Any
 import click
 from rich.console import Console
 
-AUTH_ENV = "UBERPROF_DASHBOARD_AUTH"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` only accepts connections from this machine."""
-    if host in LOOPBACK:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def read_auth_file(path: Path) -> tuple[str, str | None]:
-    """The credentials in `path` (its first line, user:password), and a warning when other
-    users can read the file; raises ValueError when it cannot be read."""
-    try:
-        text = path.read_text(encoding="utf-8").splitlines()
-        mode = path.stat().st_mode
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") \
-            from None
-    warning = (f"{path} can be read by other users (chmod 600 {path})"
-               if mode & (stat.S_IRGRP | stat.S_IROTH) else None)
-    return (text[0].strip() if text else ""), warning
-
-
-def parse_auth(text: str | None) -> tuple[str, str] | None:
-    """'user:password' -> (user, password); None for None; raises ValueError when malformed."""
-    if text is None:
-        return None
-    user, sep, password = text.partition(":")
-    if not sep or not user or not password:
-        raise ValueError("credentials must look like user:password (both non-empty)")
-    return user, password
+from uberprof.dashboards.server import (
+    AUTH_ENV,
+    ServeError,
+    check_exposure,
+    credentials,
+    is_loopback,
+    make_server,
+    serve,
+)
 
 
 @click.command(short_help="Serve the interactive dashboard of a run (Plotly Dash).")
@@ -88,22 +58,23 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     """
     err = Console(stderr=True)
     say = Console(highlight=False)
-    auth, source = _credentials(auth_text, auth_file, err)
-    if not is_loopback(host) and auth is None:
-        err.print(f"uberprof dashboard: refusing to listen on {host} without credentials: "
-                  "anyone who can reach this machine could read the run. Give --auth-file "
-                  f"FILE (user:password inside) or set {AUTH_ENV}=user:password, or keep the "
-                  "default 127.0.0.1 and use an SSH tunnel (ssh -L 8050:127.0.0.1:8050 ...).",
-                  markup=False)
-        sys.exit(2)
+    try:
+        creds = credentials(auth_text, auth_file, os.environ)
+        for note in creds.notes:
+            err.print(f"uberprof dashboard: {note}", markup=False, soft_wrap=True)
+        auth, source = creds.auth, creds.source
+        check_exposure(host, auth)
 
-    from uberprof.dashboards.app import loopback_hosts
-    from uberprof.dashboards.preparing import Switch, preparing_app
+        from uberprof.dashboards.app import loopback_hosts
+        from uberprof.dashboards.preparing import Switch, preparing_app
 
-    stage = ["starting"]
-    allowed = loopback_hosts(host) if is_loopback(host) else None
-    switch = Switch(preparing_app(path.resolve().name, lambda: stage[0], auth, allowed))
-    server = _make_server(host, port, switch, err)
+        stage = ["starting"]
+        allowed = loopback_hosts(host) if is_loopback(host) else None
+        switch = Switch(preparing_app(path.resolve().name, lambda: stage[0], auth, allowed))
+        server = make_server(host, port, switch)
+    except ServeError as exc:
+        err.print(f"uberprof dashboard: {exc}", markup=False)
+        sys.exit(exc.code)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/"
     say.print(f"uberprof dashboard: [bold]{url}[/bold]  (Ctrl-C to stop; until the run is "
@@ -114,36 +85,27 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     if not is_loopback(host):
         say.print(f"  listening on {host}: reachable from other machines")
     sys.stdout.flush()
-    failed: list[int] = []
 
-    def prepare() -> None:
+    def prepare() -> bool:
+        """The run prepared and switched to (said), or False when there is nothing to show."""
         try:
             t0 = time.perf_counter()
             prepared = _prepare(path, out, workers, baseline, auth, allowed, stage, err)
             if prepared is None:
-                failed.append(1)
-            else:
-                app, data = prepared
-                switch.to(app.server)  # before it says so: the next request sees the dashboard
-                say.print(f"[dim]{len(data.ranks())} rank(s), {len(data.all_steps())} step(s), "
-                          f"{len(data.traced_steps())} traced; ready in "
-                          f"{time.perf_counter() - t0:.1f} s[/dim]")
-                sys.stdout.flush()
-                return
+                return False
+            app, data = prepared
+            switch.to(app.server)  # before it says so: the next request sees the dashboard
+            say.print(f"[dim]{len(data.ranks())} rank(s), {len(data.all_steps())} step(s), "
+                      f"{len(data.traced_steps())} traced; ready in "
+                      f"{time.perf_counter() - t0:.1f} s[/dim]")
+            sys.stdout.flush()
+            return True
         except Exception as exc:  # noqa: BLE001 - said, then the server stops
             err.print(f"uberprof dashboard: preparing {path} failed: {exc!r}", markup=False,
                       highlight=False)
-            failed.append(1)
-        server.shutdown()
+            return False
 
-    threading.Thread(target=prepare, name="uberprof-prepare", daemon=True).start()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    if failed:
+    if not serve(server, prepare):
         sys.exit(1)
 
 
@@ -205,51 +167,3 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
         app = create_app(data, auth=auth, allowed_hosts=allowed)
     return app, data
 
-
-def _credentials(auth_text: str | None, auth_file: Path | None, err: Console
-                 ) -> tuple[tuple[str, str] | None, str]:
-    """(user, password) from --auth, --auth-file or the environment, and where they came
-    from; exits 2 when they are malformed or given twice."""
-    if auth_text is not None and auth_file is not None:
-        err.print("uberprof dashboard: give --auth or --auth-file, not both", markup=False)
-        sys.exit(2)
-    if auth_file is not None:
-        source = "--auth-file"
-        try:
-            text, warning = read_auth_file(auth_file)
-        except ValueError as exc:
-            err.print(f"uberprof dashboard: --auth-file: {exc}", markup=False)
-            sys.exit(2)
-        if warning:
-            err.print(f"uberprof dashboard: warning: {warning}", markup=False, soft_wrap=True)
-    elif auth_text is not None:
-        source, text = "--auth", auth_text
-        err.print("uberprof dashboard: note: --auth shows in `ps` to every user of this "
-                  f"machine; prefer --auth-file or {AUTH_ENV}", markup=False)
-    else:
-        source, text = AUTH_ENV, os.environ.get(AUTH_ENV) or None
-    try:
-        return parse_auth(text), source
-    except ValueError as exc:
-        err.print(f"uberprof dashboard: {source}: {exc}", markup=False)
-        sys.exit(2)
-
-
-def _make_server(host: str, port: int, wsgi: Any, err: Console) -> Any:
-    """A threaded WSGI server (werkzeug's, without the development-server banner)."""
-    from werkzeug.serving import WSGIRequestHandler, make_server
-
-    class Quiet(WSGIRequestHandler):
-        def log_request(self, code: Any = "-", size: Any = "-") -> None:
-            pass  # one line per request would bury the URL; errors are still logged
-
-    try:
-        return make_server(host, port, wsgi, threaded=True, request_handler=Quiet)
-    except SystemExit:  # werkzeug says "Address already in use" and exits
-        err.print(f"uberprof dashboard: cannot listen on {host}:{port}: the port is taken "
-                  "(pick another --port, or --port 0 for any free one)", markup=False)
-        sys.exit(1)
-    except OSError as exc:
-        err.print(f"uberprof dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}",
-                  markup=False)
-        sys.exit(1)

@@ -57,8 +57,8 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     gaps by cause, straggler waits, link-limited collectives) as marked ranges, and the node
     counters as counter tracks.
     """
+    from uberprof.analysis.read import open_run
     from uberprof.analysis.tables.pool import keep_pandas_out
-    from uberprof.ingest.discover import NoTraces
     from uberprof.present.export import DEFAULT_MAX_MB, ExportError, ExportOptions, export_trace
     from uberprof.present.export.perfetto import default_format
     from uberprof.present.terminal.progress import ReadProgress
@@ -69,8 +69,7 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     opts = ExportOptions(steps=steps, ranks=ranks,
                          counters=not no_counters, python=with_python,
                          max_bytes=int(budget * 1e6) if budget else None,
-                         fmt=fmt or default_format(output),
-                         gzip=not no_gzip, gap_threshold_ns=int(gap_threshold_us * 1000))
+                         fmt=fmt or default_format(output), gzip=not no_gzip)
 
     def say(msg: str) -> None:
         err.print(f"uberprof export: {msg}", markup=False, highlight=False, soft_wrap=True)
@@ -80,12 +79,13 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
         sys.exit(1)
     try:
         with ReadProgress(err) as update:
-            res = export_trace(path, output, opts, derived=derived, workers=workers,
-                               progress=update)
+            opened = open_run(path, out=derived, threshold_ns=int(gap_threshold_us * 1000),
+                              workers=workers, progress=update)
+            res = export_trace(opened, output, opts, progress=update)
     except OSError as exc:  # reading is the analysis' (problems), so this is the output
         say(cannot_write(output, exc))
         sys.exit(1)
-    except (NoTraces, ExportError) as exc:
+    except ExportError as exc:  # no traces (as the analysis says it), no rank left
         say(str(exc))
         sys.exit(1)
     except ImportError as exc:  # the perfetto format's library

@@ -13,7 +13,7 @@ from uberprof.inventory import NotARunDirectory, inventory
 from uberprof.present.terminal.info import render_info
 
 
-@click.command(short_help="Show what a run directory holds.")
+@click.command(short_help="Show what a run directory holds, and what is missing.")
 @click.argument("runs", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (see README).")

@@ -20,7 +20,7 @@ from uberprof.cli.options import (
 from uberprof.cli.output import cannot_write, unwritable
 
 if TYPE_CHECKING:
-    from uberprof.analysis.diagnosis.advisor import Diagnosis
+    from uberprof.analysis.diagnosis.model import Diagnosis
 
 EPILOG = """\
 \b
@@ -31,7 +31,8 @@ Examples:
 """
 
 
-@click.command(epilog=EPILOG, short_help="Diagnose a run: stragglers, idle, communication.")
+@click.command(epilog=EPILOG,
+               short_help="Diagnose what holds a run back, with evidence and remedies.")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True,
               help="Print the diagnosis as JSON (stable; see README).")
@@ -52,9 +53,9 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
     """
     import orjson
 
+    from uberprof.analysis.diagnosis.saved import load_or_diagnose
     from uberprof.analysis.tables.context import load_context
     from uberprof.analysis.tables.pool import keep_pandas_out
-    from uberprof.analysis.diagnosis.saved import load_or_diagnose
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.terminal.progress import ReadProgress
 
@@ -110,7 +111,7 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
 
 def _failures_only(path: Path, why: str) -> Diagnosis | None:
     """A run directory without traces still gets its hang and crash findings (None if none)."""
-    from uberprof.analysis.diagnosis.failures import failures_only_diagnosis
+    from uberprof.analysis.diagnosis.document import failures_only_diagnosis
     from uberprof.rundir import RunDir
 
     if not RunDir(path).is_run():

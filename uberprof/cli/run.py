@@ -112,7 +112,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     if agent is not None:
         _say(f"run directory {run_dir.root} (traces: {schedule.describe()})")
     if agent is not None and dashboard:
-        from uberprof.cli.live import start_dashboard
+        from uberprof.dashboards.live_server import start_dashboard
 
         _say(f"dashboard: {start_dashboard(run_dir.root, port)} (from the first steps on)")
     env = agent.child_env(os.environ) if agent else dict(os.environ)
@@ -138,7 +138,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
 def _hang_line(run_dir: RunDir, record: dict[str, object]) -> None:
     """The one line a hang costs the user's terminal: who is stuck, where the evidence is."""
     try:
-        from uberprof.analysis.diagnosis.failures import hang_summary
+        from uberprof.analysis.diagnosis.findings.failures import hang_summary
 
         what = hang_summary(run_dir.root)
     except Exception as exc:  # noqa: BLE001 - the evidence is saved; the summary is a courtesy

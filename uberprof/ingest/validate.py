@@ -5,16 +5,18 @@ Kineto writes `ts` and `dur` in µs as JSON numbers; a corrupt or hand-edited tr
 values whose nanoseconds overflow int64 (a median step of -9223372036854.775 ms, 100% idle) or
 that lie days away from the rest of the trace (one event stretching the window to years). Both
 readers of a trace, ingest and the export's scan, check their decoded columns here, once, before
-converting them to integer nanoseconds.
+converting them to integer nanoseconds, and share the conversions on either side: a JSON time
+value to float µs (`as_float`), float µs to int64 ns (`us_to_ns`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["LIMIT_NS", "MAX_SPAN_NS", "TimeCheck", "check_times"]
+__all__ = ["LIMIT_NS", "MAX_SPAN_NS", "TimeCheck", "as_float", "check_times", "us_to_ns"]
 
 LIMIT_NS = 1 << 62
 """|ts| and dur in ns stay below this (146 years), so that ts + dur never overflows int64."""
@@ -67,3 +69,21 @@ def check_times(ts_us: np.ndarray, dur_us: np.ndarray, base_ns: int = 0,
 
 def _num(v: float) -> str:
     return f"{v:.6g}"
+
+
+def as_float(v: Any) -> float:
+    """A `ts`/`dur` as the JSON has it (a number, a numeric string) as float; NaN otherwise."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return float("nan")
+    return float("nan")
+
+
+def us_to_ns(us: np.ndarray) -> np.ndarray:
+    """µs (float64) to integer ns without losing the sub-µs part of large epoch values."""
+    whole = np.floor(us)
+    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from uberprof.analysis.diagnosis.advisor import Diagnosis, Finding
 from uberprof.analysis.diagnosis.gaps import CAUSES
+from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.units import fmt_num
 
 __all__ = ["render_html", "write_html"]

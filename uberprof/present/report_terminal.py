@@ -14,9 +14,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from uberprof.analysis.diagnosis.advisor import Diagnosis, Finding
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
 from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES
+from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
 __all__ = ["MAX_RANK_ROWS", "render_report"]

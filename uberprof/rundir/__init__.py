@@ -2,7 +2,7 @@
 `nodes`, `counters`).
 
 The collect side writes a run through `layout`; every other part reads it through this
-package, never through `uberprof.collect` (tests/test_architecture.py holds that rule).
+package, never through `uberprof.collect` (tests/unit/test_architecture.py holds that rule).
 `counters` needs pyarrow and is imported on its own (`from uberprof.rundir.counters import
 ...`), so that the rank side, which imports this package, stays on the standard library.
 """

@@ -347,50 +347,6 @@ class RunFollower:
         )
 
 
-@dataclass(frozen=True)
-class SavedFindings:
-    """The diagnosis `uberprof report` (or the dashboard) saved under derived/: its findings,
-    each rank's median lateness at the collectives, and when it was saved."""
-
-    findings: list[dict[str, Any]]
-    lateness_ns: dict[int, float]
-    saved_ns: int
-
-    def fresh_for(self, state: LiveState) -> bool:
-        """Whether it was made after the job ended (a running job's inputs still change)."""
-        return state.end_ns is not None and self.saved_ns >= state.end_ns
-
-
-def read_saved_findings(run: RunDir | Path | str) -> SavedFindings | None:
-    """derived/diagnosis.json's findings and derived/diagnosis/rank_lateness.parquet, or None
-    when there is no saved diagnosis (or it is unreadable)."""
-    derived = as_run_dir(run).derived_dir
-    path = derived / "diagnosis.json"
-    try:
-        saved_ns = path.stat().st_mtime_ns
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    findings = doc.get("findings") if isinstance(doc, dict) else None
-    findings = [f for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
-    return SavedFindings(findings, _saved_lateness(derived), saved_ns)
-
-
-def _saved_lateness(derived: Path) -> dict[int, float]:
-    """rank -> median lateness (ns) from the saved diagnosis; {} when it holds none."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        t = pq.read_table(derived / "diagnosis" / "rank_lateness.parquet",
-                          columns=["rank", "median_ns"])
-    except (OSError, pa.ArrowInvalid, KeyError):  # a lateness table is a bonus
-        return {}
-    return {int(r): float(m) for r, m in zip(t.column("rank").to_pylist(),
-                                             t.column("median_ns").to_pylist())
-            if r is not None and m is not None}
-
-
 def steps_table(follower: RunFollower) -> Any:
     """Every step row read so far as a pyarrow Table (rank, step, host_start_ns, host_end_ns,
     step_time_ns, data_wait_ns): the step timelines of a run followed while its job runs."""

@@ -4,7 +4,7 @@ A 512-rank x 10,000-step run holds 10 M `steps.jsonl` rows; parsing and checking
 Python dict at a time took 18 ms per rank. Arrow's JSON reader parses a well-formed file in
 C++ and the row checks run on whole columns. "Well-formed" is decided conservatively, and any
 file that is not takes the row path (`read_step_timeline`), which names what is wrong with it,
-so both give the same table for every file (tests/test_step_table.py compares them):
+so both give the same table for every file (tests/unit/test_step_table.py compares them):
 
 - ASCII only, no `null` anywhere (an explicit null in a `gpu` row erases a step row's field on
   the row path; absent fields do not: columns cannot tell the two apart), no blank line, one

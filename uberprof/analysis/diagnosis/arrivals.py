@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.steptime import own_cost_steps, step_walls
-from uberprof.analysis.diagnosis.stragglers import lateness
 from uberprof.ingest.classify import canonical_collective
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.rundir.flight_log import Arrival, read_flight_log

@@ -42,9 +42,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES
 from uberprof.analysis.tables import intervals as iv
 from uberprof.analysis.tables.context import RunContext
-from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES
 from uberprof.rundir import CALIBRATION_FILE, read_json
 
 __all__ = [

@@ -33,11 +33,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from uberprof.analysis.diagnosis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
+from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness, rank_frequency, rank_lead
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.derived import TIMELINE_SCHEMA
-from uberprof.analysis.diagnosis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
-from uberprof.analysis.diagnosis.step_signals import Series
-from uberprof.analysis.diagnosis.stragglers import matrix_lateness, rank_frequency, rank_lead
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.rundir.ranks import StepTimeline
 from uberprof.rundir.step_table import read_step_table

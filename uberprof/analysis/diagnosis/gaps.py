@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.analysis.tables import intervals as iv
 from uberprof.analysis.tables import metrics as M
-from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.ingest import classify as K
 
 __all__ = [

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from uberprof.analysis.diagnosis.bandwidth import exposed_ns
+from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA, gap_context, idle_gaps
 from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables import metrics as M
-from uberprof.analysis.diagnosis.bandwidth import exposed_ns
 from uberprof.analysis.tables.context import RunContext
-from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA, gap_context, idle_gaps
 from uberprof.analysis.tables.pool import map_calls
 
 __all__ = ["TOP_GAPS", "RankResult", "rank_pass", "rank_passes"]

@@ -24,40 +24,49 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from uberprof import __version__
+from uberprof._version import __version__
 from uberprof.analysis.diagnosis import advisor
-from uberprof.analysis.diagnosis.advisor import Diagnosis, Finding
-from uberprof.analysis.tables.align import Alignment, HostClock
 from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
-from uberprof.analysis.tables.collectives import Matched
-from uberprof.analysis.tables.context import RunContext
-from uberprof.analysis.tables.derived import MANIFEST_FILE, write_parquet
 from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
+from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.analysis.diagnosis.stragglers import Straggler
 from uberprof.analysis.diagnosis.summaries import RankSummaries
+from uberprof.analysis.tables.align import Alignment, HostClock
+from uberprof.analysis.tables.collectives import Matched
+from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.derived import (
+    DIAGNOSIS_DIR,
+    DIAGNOSIS_FILE,
+    MANIFEST_FILE,
+    write_parquet,
+)
+from uberprof.analysis.tables.derived import DIAGNOSIS_STATE_FILE as STATE_FILE
+from uberprof.rundir import CALIBRATION_FILE, RANK_FILE, RunDir, write_json_atomic
+from uberprof.rundir.layout import FLIGHT_LOG_FILE
+
+if TYPE_CHECKING:
+    from uberprof.rundir.follow import LiveState
 
 __all__ = [
-    "DIAGNOSIS_DIR",
-    "DIAGNOSIS_FILE",
     "SAVED_VERSION",
+    "SavedFindings",
     "freshness_key",
     "load",
     "load_or_diagnose",
+    "read_saved_findings",
     "save",
 ]
 
 SAVED_VERSION = 4  # bump when what is saved changes: older saves are diagnosed again
-DIAGNOSIS_FILE = "diagnosis.json"
-DIAGNOSIS_DIR = "diagnosis"
-STATE_FILE = "state.json"
 _TABLES = ("instances", "unmatched", "lateness", "gaps", "bandwidth", "steps", "rank_lateness",
            "idle")
 
@@ -89,8 +98,6 @@ def _run_files(root: Path) -> list[Path]:
     """The files of a run directory besides the traces that the diagnosis reads: host names
     and clock estimates (rank.json), the Flight Recorder's arrivals, the run id, the
     calibration, the counters."""
-    from uberprof.rundir import CALIBRATION_FILE, RANK_FILE, RunDir
-    from uberprof.rundir.layout import FLIGHT_LOG_FILE
 
     run = RunDir(root)
     if not run.is_run():
@@ -115,7 +122,6 @@ def save(d: Diagnosis) -> Path | None:
     """Write `d` under its derived folder (see the module docstring); returns the path of
     diagnosis.json, None when `d` has no derived folder. Raises OSError when it is not
     writable."""
-    from uberprof.rundir import write_json_atomic
 
     if d.derived is None:
         return None
@@ -212,3 +218,46 @@ def load_or_diagnose(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS,
         if on_save_error is not None:
             on_save_error(exc)
     return d
+
+
+# --- what `uberprof watch` reads of it while a job runs ---------------------------------------
+
+@dataclass(frozen=True)
+class SavedFindings:
+    """The diagnosis `uberprof report` (or the dashboard) saved under derived/: its findings,
+    each rank's median lateness at the collectives, and when it was saved."""
+
+    findings: list[dict[str, Any]]
+    lateness_ns: dict[int, float]
+    saved_ns: int
+
+    def fresh_for(self, state: LiveState) -> bool:
+        """Whether it was made after the job ended (a running job's inputs still change)."""
+        return state.end_ns is not None and self.saved_ns >= state.end_ns
+
+
+def read_saved_findings(run: RunDir | Path | str) -> SavedFindings | None:
+    """derived/diagnosis.json's findings and derived/diagnosis/rank_lateness.parquet, or None
+    when there is no saved diagnosis (or it is unreadable)."""
+    derived = RunDir(Path(run)).derived_dir if not isinstance(run, RunDir) else run.derived_dir
+    path = derived / DIAGNOSIS_FILE
+    try:
+        saved_ns = path.stat().st_mtime_ns
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    findings = doc.get("findings") if isinstance(doc, dict) else None
+    findings = [f for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
+    return SavedFindings(findings, _saved_lateness(derived), saved_ns)
+
+
+def _saved_lateness(derived: Path) -> dict[int, float]:
+    """rank -> median lateness (ns) from the saved diagnosis; {} when it holds none."""
+    try:
+        t = pq.read_table(derived / DIAGNOSIS_DIR / "rank_lateness.parquet",
+                          columns=["rank", "median_ns"])
+    except (OSError, pa.ArrowInvalid, KeyError):  # a lateness table is a bonus
+        return {}
+    return {int(r): float(m) for r, m in zip(t.column("rank").to_pylist(),
+                                             t.column("median_ns").to_pylist())
+            if r is not None and m is not None}

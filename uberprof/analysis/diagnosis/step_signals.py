@@ -21,15 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["WINDOW", "Signal", "step_signals"]
+from uberprof.analysis.diagnosis.busy import followed_busy
+from uberprof.analysis.diagnosis.evidence import count_test
+from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness
+from uberprof.analysis.diagnosis.model import MIN_SHARE
+from uberprof.analysis.diagnosis.stragglers import BASIS_STEP_TIMELINE, straggler_test
+
+if TYPE_CHECKING:
+    from uberprof.rundir.follow import RunFollower
+
+__all__ = ["WINDOW", "Signal", "followed_signals", "step_signals"]
 
 WINDOW = 100  # the latest steps every rank finished: what "now" means for an indication
-
-Series = tuple[int, np.ndarray, np.ndarray]  # (rank, steps, values in ns)
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,6 @@ def _matrix(series: Sequence[Series], window: int) -> tuple[list[int], np.ndarra
 
 def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np.ndarray,
                busy: tuple[np.ndarray, np.ndarray] | None) -> Signal | None:
-    from uberprof.analysis.diagnosis.stragglers import BASIS_STEP_TIMELINE, matrix_lateness, straggler_test
 
     median_step = float(np.median(times))
     wall = float(times.max(axis=0).sum())  # the ranks run in parallel
@@ -79,8 +85,6 @@ def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np
 
 
 def _data_stall(ranks: list[int], times: np.ndarray, waits: np.ndarray) -> Signal | None:
-    from uberprof.analysis.diagnosis.advisor import MIN_SHARE
-    from uberprof.analysis.diagnosis.evidence import count_test
 
     share = waits.sum(axis=1) / np.maximum(times.sum(axis=1), 1)
     hit = np.flatnonzero(share >= MIN_SHARE)
@@ -121,3 +125,10 @@ def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int =
     out = [_straggler(ranks, steps, t, w, b) if len(ranks) > 1 else None,
            _data_stall(ranks, t, w)]
     return [s for s in out if s is not None]
+
+
+def followed_signals(follower: RunFollower, window: int = WINDOW) -> list[Signal]:
+    """The indications of a run followed while its job runs (`uberprof watch`, the live
+    dashboard): step time, data wait and, where the run has it, busy time per rank."""
+    return step_signals(follower.series("duration_ns"), follower.series("data_wait_ns"), window,
+                        busy=followed_busy(follower, window))

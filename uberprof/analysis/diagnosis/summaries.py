@@ -21,11 +21,12 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES
+from uberprof.analysis.tables import metrics as M
 
 __all__ = [
     "IDLE_SCHEMA",
+    "sql_rows",
     "RANK_LATENESS_SCHEMA",
     "RankSummaries",
     "idle_by_cause",
@@ -67,6 +68,12 @@ def sql_table(query: str, **tables: pa.Table) -> pa.Table:
         return con.sql(query).to_arrow_table()
     finally:
         con.close()
+
+
+def sql_rows(query: str, **tables: pa.Table) -> list[tuple[Any, ...]]:
+    """Rows of a DuckDB query over Arrow tables (aggregations over per-event tables)."""
+    t = sql_table(query, **tables)
+    return list(zip(*(c.to_pylist() for c in t.columns)))
 
 
 def rank_lateness(lat: pa.Table) -> pa.Table:

@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 
-from uberprof.analysis.diagnosis.advisor import Diagnosis
+from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.analysis.tables.context import RunContext
 
 __all__ = ["CollStat", "collective_stats"]

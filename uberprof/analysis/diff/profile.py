@@ -18,14 +18,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.diagnosis.advisor import Diagnosis
-from uberprof.analysis.tables.context import RunContext, load_context
+from uberprof.analysis.diagnosis.gaps import CAUSES, DEFAULT_THRESHOLD_NS
+from uberprof.analysis.diagnosis.model import Diagnosis
+from uberprof.analysis.diagnosis.saved import load_or_diagnose
 from uberprof.analysis.diff.comm import CollKey, CollStat, collective_stats
 from uberprof.analysis.diff.counters import CounterStat, counter_stats
 from uberprof.analysis.diff.metadata import run_metadata
 from uberprof.analysis.diff.operators import OpStat, rank_ops
-from uberprof.analysis.diagnosis.gaps import CAUSES, DEFAULT_THRESHOLD_NS
-from uberprof.analysis.diagnosis.saved import load_or_diagnose
+from uberprof.analysis.tables.context import RunContext, load_context
 
 __all__ = ["BREAKDOWN_PARTS", "RunProfile", "profile_run"]
 

@@ -88,6 +88,10 @@ STEPS_FILE = "steps.parquet"
 COLLECTIVES_FILE = "collectives.parquet"
 SUMMARY_FILE = "summary.json"
 RANKS_FILE = "ranks.parquet"
+REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each input's rank
+DIAGNOSIS_FILE = "diagnosis.json"  # the saved `uberprof report --json` document
+DIAGNOSIS_DIR = "diagnosis"  # the tables behind it, and its state (diagnosis/saved.py)
+DIAGNOSIS_STATE_FILE = "state.json"  # in DIAGNOSIS_DIR, written last
 
 # --- schemas ------------------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ __all__ = [
 # What counts as what on an accelerator. `device_other` (an unknown accelerator's activity) is
 # counted as compute, with a warning from ingest. `device_sync` records are the host waiting,
 # drawn on a stream: no work runs, so they are not activity (HTA 0.6 counts them as compute;
-# the difference is below 0.01 points on the shared traces, see tests/test_analysis_hta.py).
+# the difference is below 0.01 points on the shared traces, see tests/unit/test_analysis_hta.py).
 COMPUTE_KINDS = (K.KERNEL, K.DEVICE_OTHER)
 COMM_KINDS = (K.COMM_KERNEL,)
 MEMORY_KINDS = (K.MEMCPY, K.MEMSET)

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from uberprof.analysis.tables.derived import FORMAT_VERSION, SUMMARY_FILE
 from uberprof.analysis.tables.rank import analyze_input, timeline_table
-from uberprof.ingest.trace import json_size
+from uberprof.ingest.gz import json_size
 
 __all__ = ["Job", "analyze_shared", "keep_pandas_out", "map_calls", "map_jobs"]
 

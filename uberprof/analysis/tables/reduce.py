@@ -33,6 +33,7 @@ from uberprof.analysis.tables.derived import (
     FORMAT_VERSION,
     RANK_SCHEMA,
     RANKS_FILE,
+    REDUCE_FILE,
     RUN_COLLECTIVE_SCHEMA,
     RUN_STEP_SCHEMA,
     STEPS_FILE,
@@ -56,9 +57,8 @@ from uberprof.rundir import (
 )
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 
-__all__ = ["REDUCE_FILE", "reduce_run"]
+__all__ = ["reduce_run"]
 
-REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each input's rank
 _WRITES = (STEPS_FILE, COLLECTIVES_FILE, RANKS_FILE, SUMMARY_FILE)
 
 

@@ -21,10 +21,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from uberprof.analysis.diagnosis.advisor import Diagnosis
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
-from uberprof.analysis.diagnosis.failures import FAILURE_KINDS
-from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
+from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.units import fmt_bytes
 
 __all__ = ["FINDINGS_PROCESS", "GAP_LABEL", "Mark", "global_marks", "rank_marks"]
@@ -37,6 +35,13 @@ RANK_TRACKS = (TRACK_GAPS, TRACK_WAITS, TRACK_LINK)
 FINDINGS_PROCESS = "findings (uberprof)"  # the run-wide marks' process
 
 GAP_LABEL = {k: f"idle: {c.label}" for k, c in GAP_CAUSES.items()}
+# The findings of a moment (the diagnosis's failure kinds): an instant, not a range.
+MOMENT_KINDS = ("hang", "crash")
+
+
+def _ms(ns: float | None) -> float | None:
+    """ns -> ms rounded to the µs, as the diagnosis's JSON documents give durations."""
+    return None if ns is None else round(float(ns) / 1e6, 3)
 
 
 @dataclass
@@ -188,7 +193,7 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
             continue
         track = f"{n}. [{f.severity}] {f.kind}" + (f" ({f.cause})" if f.cause else "") + \
             ("" if f.confidence == "confirmed" else f" {f.confidence}")
-        moment = f.evidence.get("moment_ns") if f.kind in FAILURE_KINDS else None
+        moment = f.evidence.get("moment_ns") if f.kind in MOMENT_KINDS else None
         if isinstance(moment, int):
             out.append(_moment_mark(track, f, moment, window))
             continue

@@ -19,8 +19,8 @@ import numpy as np
 
 from uberprof.ingest import classify as K
 from uberprof.ingest.events import TraceEvent, decode_events
-from uberprof.ingest.trace import RawTrace, as_float, read_raw_trace, us_to_ns
-from uberprof.ingest.validate import check_times
+from uberprof.ingest.trace import RawTrace, read_raw_trace
+from uberprof.ingest.validate import as_float, check_times, us_to_ns
 
 __all__ = [
     "PH_ASYNC", "PH_C", "PH_FLOW", "PH_INSTANT", "PH_M", "PH_X",
@@ -118,30 +118,45 @@ def _is_device_cat(cat: Any) -> bool:
 def scan_file(path: str) -> FileScan:
     """Scan one trace file (see the module doc); raises ingest's `TraceError` when unusable."""
     raw = read_raw_trace(path)
-    n = len(raw.events)
-    ph = np.full(n, PH_OTHER, dtype=np.int8)
-    ts = np.zeros(n, dtype=np.float64)
-    dur = np.full(n, np.nan, dtype=np.float64)
-    track = np.zeros(n, dtype=np.int32)
-    tier = np.full(n, TIER_KEEP, dtype=np.int8)
-    flow = np.full(n, -1, dtype=np.int32)
-    flow_end = np.zeros(n, dtype=bool)
-    corr = np.full(n, -1, dtype=np.int64)
-    flow_int = np.full(n, -1, dtype=np.int64)
-    scope = np.zeros(n, dtype=np.int8)
-    size = np.fromiter(map(len, raw.events), np.int32, n)
+    sc = _Scanner(raw)
+    for start in range(0, len(raw.events), BATCH):
+        sc.batch(start, decode_events(raw.events[start:start + BATCH], _DECODER, _Event,
+                                      keep_place=True))
+    return sc.result()
 
-    tracks: dict[tuple[Any, Any], int] = {}
-    flows: dict[tuple[Any, Any], int] = {}
-    tiers: dict[tuple[Any, Any, int, bool], int] = {}
-    thread_names: dict[tuple[Any, Any], str] = {}
-    labels: dict[Any, str] = {}
-    device_tracks: set[int] = set()
-    step_counts: dict[int, int] = {}
 
-    for start in range(0, n, BATCH):
-        evs = decode_events(raw.events[start:start + BATCH], _DECODER, _Event,
-                            keep_place=True)
+class _Scanner:
+    """The arrays and lookup tables of one file's scan, filled a decoded batch at a time
+    (`batch`) and then turned into a `FileScan` with checked times (`result`)."""
+
+    def __init__(self, raw: RawTrace) -> None:
+        n = len(raw.events)
+        self.raw = raw
+        self.ph = np.full(n, PH_OTHER, dtype=np.int8)
+        self.ts = np.zeros(n, dtype=np.float64)
+        self.dur = np.full(n, np.nan, dtype=np.float64)
+        self.track = np.zeros(n, dtype=np.int32)
+        self.tier = np.full(n, TIER_KEEP, dtype=np.int8)
+        self.flow = np.full(n, -1, dtype=np.int32)
+        self.flow_end = np.zeros(n, dtype=bool)
+        self.corr = np.full(n, -1, dtype=np.int64)
+        self.flow_int = np.full(n, -1, dtype=np.int64)
+        self.scope = np.zeros(n, dtype=np.int8)
+        self.size = np.fromiter(map(len, raw.events), np.int32, n)
+        self.tracks: dict[tuple[Any, Any], int] = {}
+        self.flows: dict[tuple[Any, Any, int], int] = {}
+        self.tiers: dict[tuple[Any, Any, int, bool], int] = {}
+        self.thread_names: dict[tuple[Any, Any], str] = {}
+        self.labels: dict[Any, str] = {}
+        self.device_tracks: set[int] = set()
+        self.step_counts: dict[int, int] = {}
+
+    def batch(self, start: int, evs: list[_Event]) -> None:
+        """Events `start`... of the file: phase, track, time; then what each phase needs (a
+        complete event's duration, device, correlation and tier; a flow's key and end; an
+        instant's scope). One loop, its arrays and tables bound to locals: it runs per event."""
+        ph, ts, dur, track, tier = self.ph, self.ts, self.dur, self.track, self.tier
+        corr, scope, tracks, tiers = self.corr, self.scope, self.tracks, self.tiers
         for j, e in enumerate(evs):
             i = start + j
             p = _PH.get(e.ph, PH_OTHER) if isinstance(e.ph, str) else PH_OTHER
@@ -150,7 +165,7 @@ def scan_file(path: str) -> FileScan:
             ph[i] = p
             a = e.args
             if p == PH_M:
-                _metadata(e, thread_names, labels)
+                _metadata(e, self.thread_names, self.labels)
                 continue
             key = (_key(e.pid), _key(e.tid))
             t = tracks.get(key)
@@ -165,7 +180,7 @@ def scan_file(path: str) -> FileScan:
                 stream = a.stream if a is not None else None
                 on_device = type(stream) is int or _is_device_cat(e.cat)
                 if on_device:
-                    device_tracks.add(t)
+                    self.device_tracks.add(t)
                 c = a.correlation if a is not None else None
                 if type(c) is int:
                     corr[i] = c
@@ -176,41 +191,51 @@ def scan_file(path: str) -> FileScan:
                     tr = tiers[tk] = _tier(cat, name, p, on_device)
                 tier[i] = tr
                 if tr == TIER_KEEP and type(name) is str and name.startswith("ProfilerStep#"):
-                    step_counts[t] = step_counts.get(t, 0) + 1
+                    self.step_counts[t] = self.step_counts.get(t, 0) + 1
             elif p == PH_FLOW or p == PH_ASYNC:
-                fid = e.id if e.id is not None else e.bind_id
-                if fid is not None:
-                    fk = (e.cat, _key(fid), p)
-                    f = flows.get(fk)
-                    if f is None:
-                        f = flows[fk] = len(flows)
-                    flow[i] = f
-                flow_end[i] = e.ph in ("f", "t", "e", "F", "T")
-                if p == PH_FLOW:
-                    tier[i] = TIER_LAUNCH_FLOWS if e.cat == "ac2g" else TIER_MINOR
-                    if e.cat == "ac2g" and type(fid) is int:
-                        flow_int[i] = fid
+                self._flow(i, e, p)
             elif p == PH_INSTANT:
                 tier[i] = TIER_MINOR
                 scope[i] = 2 if e.s == "g" else 1 if e.s == "p" else 0
                 if scope[i]:
                     tier[i] = TIER_KEEP  # profiler-wide marks: few, and they frame the window
-        del evs
 
-    # out-of-range times: left out as ingest leaves them out (its problems name them)
-    checked = check_times(ts, dur, raw.base_time_ns or 0, timed=~np.isnan(ts) & (ph != PH_M))
-    ts, dur = checked.ts_us, checked.dur_us
-    ts_ok = ~np.isnan(ts) if checked.keep is None else ~np.isnan(ts) & checked.keep
-    ts_ns = np.zeros(n, dtype=np.int64)
-    ts_ns[ts_ok] = us_to_ns(ts[ts_ok]) + (raw.base_time_ns or 0)
-    dur_ns = np.full(n, -1, dtype=np.int64)
-    dok = ~np.isnan(dur) & (dur >= 0)
-    dur_ns[dok] = np.rint(dur[dok] * 1000.0).astype(np.int64)
-    return FileScan(raw=raw, ph=ph, ts_ns=ts_ns, ts_ok=ts_ok, dur_ns=dur_ns, track=track,
-                    tier=tier, size=size, flow=flow, flow_end=flow_end, correlation=corr,
-                    flow_int_id=flow_int, scope=scope, tracks=list(tracks),
-                    flow_keys=[(c, i) for c, i, _ in flows], thread_names=thread_names,
-                    process_labels=labels, device_tracks=device_tracks, step_counts=step_counts)
+    def _flow(self, i: int, e: _Event, p: int) -> None:
+        """A flow or async event: its key (category, id, phase kind) and whether it ends one;
+        a flow's tier, and a launch flow's integer id (to drop it with its kernel)."""
+        fid = e.id if e.id is not None else e.bind_id
+        if fid is not None:
+            fk = (e.cat, _key(fid), p)
+            f = self.flows.get(fk)
+            if f is None:
+                f = self.flows[fk] = len(self.flows)
+            self.flow[i] = f
+        self.flow_end[i] = e.ph in ("f", "t", "e", "F", "T")
+        if p == PH_FLOW:
+            self.tier[i] = TIER_LAUNCH_FLOWS if e.cat == "ac2g" else TIER_MINOR
+            if e.cat == "ac2g" and type(fid) is int:
+                self.flow_int[i] = fid
+
+    def result(self) -> FileScan:
+        """The scan, its times checked as ingest checks them and in integer ns: out-of-range
+        times are left out as ingest leaves them out (its problems name them)."""
+        raw, ph, n = self.raw, self.ph, len(self.ph)
+        base = raw.base_time_ns or 0
+        checked = check_times(self.ts, self.dur, base, timed=~np.isnan(self.ts) & (ph != PH_M))
+        ts, dur = checked.ts_us, checked.dur_us
+        ts_ok = ~np.isnan(ts) if checked.keep is None else ~np.isnan(ts) & checked.keep
+        ts_ns = np.zeros(n, dtype=np.int64)
+        ts_ns[ts_ok] = us_to_ns(ts[ts_ok]) + base
+        dur_ns = np.full(n, -1, dtype=np.int64)
+        dok = ~np.isnan(dur) & (dur >= 0)
+        dur_ns[dok] = np.rint(dur[dok] * 1000.0).astype(np.int64)
+        return FileScan(raw=raw, ph=ph, ts_ns=ts_ns, ts_ok=ts_ok, dur_ns=dur_ns,
+                        track=self.track, tier=self.tier, size=self.size, flow=self.flow,
+                        flow_end=self.flow_end, correlation=self.corr,
+                        flow_int_id=self.flow_int, scope=self.scope, tracks=list(self.tracks),
+                        flow_keys=[(c, i) for c, i, _ in self.flows],
+                        thread_names=self.thread_names, process_labels=self.labels,
+                        device_tracks=self.device_tracks, step_counts=self.step_counts)
 
 
 def _tier(cat: Any, name: Any, ph: int, on_device: bool) -> int:

@@ -21,7 +21,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from uberprof.rundir.follow import LiveState, RunFollower, SavedFindings, read_saved_findings
+from uberprof.analysis.read import SavedFindings, saved_findings as read_saved_findings
+from uberprof.rundir.follow import LiveState, RunFollower
 
 MAX_ROWS = 32  # ranks shown; the slowest first when there are more
 

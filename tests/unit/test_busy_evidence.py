@@ -1,0 +1,295 @@
+"""Busy time per step (the training thread's CPU time) in the straggler test, on synthetic
+tables: a compute straggler that is not alone last often enough is confirmed by its excess
+work; a rank the OS delayed, alone last as often, is cleared by its lack of one; a run without
+busy time is decided exactly as before. And the step timeline's `cpu_ns` itself."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.unit.test_diagnosis_units import _lateness
+from uberprof.analysis.diagnosis.busy import (
+    KIND_CPU,
+    BusyTimes,
+    busy_of_ranks,
+    busy_series,
+    busy_times,
+    table_busy,
+)
+from uberprof.analysis.diagnosis.stragglers import DECIDED_BY_BUSY, find_straggler, straggler_test
+from uberprof.analysis.tables.context import load_context
+from uberprof.analysis.tables.derived import TIMELINE_SCHEMA
+from uberprof.collect.rank.timeline import StepTimeline as Writer
+from uberprof.rundir.ranks import StepTimeline, read_step_timeline
+
+STEP = 200e6  # 200 ms steps
+N_STEPS = 38  # one gradient all-reduce per step, as the Flight Recorder basis of a 40-step run
+
+
+def _arrivals(rank: int, last_in: int, seed: int) -> np.ndarray:
+    """Lateness [instance, rank] of 4 ranks over N_STEPS all-reduces: `rank` arrives ~20 ms
+    late in every one, and is alone last in `last_in` of them (another rank is later, by 30 ms,
+    in the rest)."""
+    rng = np.random.default_rng(seed)
+    late = rng.exponential(1e6, size=(N_STEPS, 4))
+    late[:, rank] += 20e6
+    others = [r for r in range(4) if r != rank]
+    for i in range(last_in, N_STEPS):
+        late[i, others[i % 3]] += 30e6
+    return late - late.min(1, keepdims=True)
+
+
+def _busy(excess: dict[int, float], seed: int, data: dict[int, float] | None = None
+          ) -> BusyTimes:
+    """CPU time per step of 4 ranks (~90 ms, 1% noise), `excess[r]` more on rank r; data
+    wait 1 ms, `data[r]` more on rank r."""
+    rng = np.random.default_rng(seed)
+    busy = 90e6 * (1 + 0.01 * rng.standard_normal((4, N_STEPS)))
+    wait = np.full((4, N_STEPS), 1e6)
+    for r, x in excess.items():
+        busy[r] *= 1 + x
+    for r, x in (data or {}).items():
+        wait[r] += x
+    return BusyTimes(KIND_CPU, [0, 1, 2, 3], np.arange(N_STEPS), busy, wait)
+
+
+def _test(late: np.ndarray, busy: BusyTimes | None):  # type: ignore[no-untyped-def]
+    return straggler_test(_lateness(late, np.arange(N_STEPS)), STEP, N_STEPS * STEP, busy=busy)
+
+
+# --- (a) a compute straggler short of the last-fraction rule ---------------------------------
+
+def test_confirmed_excess_work_confirms_a_frequent_candidate_short_of_the_last_fraction() -> None:
+    late = _arrivals(2, 22, seed=1)  # 22 of 38 = 58% alone last: short of 62.5%
+    before = _test(late, None)
+    assert before is not None and before.rank == 2 and before.p_value < 0.01
+    assert before.decision == "none" and before.decided_by == "materiality"
+    t = _test(late, _busy({2: 0.25}, seed=1))  # computes 25% more every step
+    assert t is not None and t.rank == 2 and t.decision == "confirmed"
+    assert t.fraction_waived and t.busy is not None and t.busy.confirmed
+    assert t.busy.most == N_STEPS and t.busy.excess_pct == pytest.approx(25, abs=2)
+    sentence = t.as_test().sentence
+    assert "waived: its work is confirmed in excess" in sentence
+    assert "its CPU time per step is the others' +2" in sentence and "38 of 38 steps" in sentence
+    doc = t.as_dict()["test"]["busy_time"]
+    assert doc["decision"] == "confirmed" and doc["last_fraction_waived"] is True
+    assert doc["most_in"] == N_STEPS and doc["kind"] == "cpu"
+    s = find_straggler(_lateness(late, np.arange(N_STEPS)), STEP, N_STEPS * STEP, test=t)
+    assert s is not None and s.rank == 2 and s.confidence == "confirmed"
+    assert s.test["busy_time"]["excess_ms"] > 15  # in the finding's evidence too
+
+
+def test_the_lead_rule_stays_when_the_excess_waives_the_last_fraction() -> None:
+    late = _arrivals(2, 22, seed=1) / 100  # the same order, by 0.2 ms: not a material lead
+    t = _test(late, _busy({2: 0.25}, seed=1))
+    assert t is not None and t.decision == "none" and t.decided_by == "materiality"
+    assert t.median_lead_ns < t.need_lead_ns
+
+
+def test_confirmed_excess_work_waives_the_spread_rule_of_the_lead() -> None:
+    """4 ranks whose arrivals scatter by ~10 ms (an oversubscribed host): rank 2, 12 ms late
+    by its work, leads by less than twice the others' spread. Arrival order alone leaves it
+    unnamed; its confirmed extra CPU time says the lead is its work, not chance."""
+    rng = np.random.default_rng(4)
+    late = rng.normal(0, 10e6, size=(N_STEPS, 4))
+    late[:, 2] += 12e6
+    late -= late.min(1, keepdims=True)
+    before = _test(late, None)
+    assert before is not None and before.rank == 2 and before.p_value <= 0.01
+    assert before.decision == "none" and before.median_lead_ns < 2 * before.noise_ns
+    t = _test(late, _busy({2: 0.25}, seed=4))
+    assert t is not None and t.decision == "confirmed" and t.spread_waived
+    assert t.need_lead_ns == int(0.03 * STEP) <= t.median_lead_ns  # the floors remain
+    assert "waived: its work is confirmed in excess" in t.as_test().sentence
+    assert t.as_dict()["test"]["busy_time"]["spread_waived"] is True
+    # the floors still apply: the same order by a tenth of the lead is not material
+    small = _test(late / 10, _busy({2: 0.25}, seed=4))
+    assert small is not None and small.decision == "none"
+    assert small.median_lead_ns < small.need_lead_ns == int(0.03 * STEP)
+
+
+def test_confirmed_excess_work_takes_a_second_look_at_arrivals_after_most() -> None:
+    """Rank 2, 10 ms late by its work among arrivals scattered by ~10 ms, is alone last at 17
+    of 38 (chance 2.5% corrected: short of 1%), yet after most of the others at 31 of 38; the
+    second look is taken only with its extra work confirmed, and corrected for itself."""
+    rng = np.random.default_rng(4)
+    late = rng.normal(0, 10e6, size=(N_STEPS, 4))
+    late[:, 2] += 10e6
+    late -= late.min(1, keepdims=True)
+    before = _test(late, None)
+    assert before is not None and before.rank == 2 and 0.01 < before.p_value <= 0.05
+    assert before.decision == "none" and before.later_than_most is None
+    t = _test(late, _busy({2: 0.25}, seed=4))
+    assert t is not None and t.decision == "confirmed" and t.p_value == before.p_value
+    assert t.later_than_most is not None
+    k, p = t.later_than_most
+    assert k == int(((late[:, 2:3] > late[:, [0, 1, 3]]).sum(1) >= 2).sum()) == 31
+    assert p <= 0.01
+    assert f"after most of the others at {k} of {N_STEPS}" in t.as_test().sentence
+    assert t.as_dict()["test"]["later_than_most"]["instances"] == k
+    # no second look for a rank whose work is the others'
+    cleared = _test(late, _busy({}, seed=4))
+    assert cleared is not None and cleared.later_than_most is None
+    assert cleared.decision == "none"
+
+
+def test_excess_on_another_rank_waives_nothing() -> None:
+    t = _test(_arrivals(2, 22, seed=1), _busy({0: 0.25}, seed=1))
+    assert t is not None and t.decision == "none" and not t.fraction_waived
+    assert not t.spread_waived
+    assert t.busy is not None and t.busy.rank == 2 and not t.busy.confirmed
+
+
+# --- (b) a rank the OS delayed -------------------------------------------------------------------
+
+def test_a_frequent_material_candidate_without_excess_work_is_not_named() -> None:
+    late = _arrivals(1, 30, seed=2)  # 30 of 38 = 79%, 20 ms lead: a straggler by arrivals
+    before = _test(late, None)
+    assert before is not None and before.rank == 1 and before.decision == "confirmed"
+    busy = _busy({}, seed=2)  # every rank's CPU time the same
+    t = _test(late, busy)
+    assert t is not None and t.rank == 1 and t.decision == "none"
+    assert t.decided_by == DECIDED_BY_BUSY and t.busy is not None and t.busy.cleared
+    sentence = t.as_test().sentence
+    assert sentence.startswith("no straggler: rank 1 alone arrived last at 30 of 38")
+    assert "its CPU time per step is the others' " in sentence
+    assert "the OS delayed it, not its work" in sentence
+    assert abs(t.busy.excess_pct) < 3
+    assert t.as_dict()["test"]["busy_time"]["decision"] == "none"
+    assert find_straggler(_lateness(late, np.arange(N_STEPS)), STEP, N_STEPS * STEP,
+                          test=t) is None
+
+
+def test_a_rank_late_by_its_data_loading_is_not_cleared_by_its_cpu_time() -> None:
+    late = _arrivals(1, 30, seed=2)
+    t = _test(late, _busy({}, seed=2, data={1: 20e6}))  # sleeps 20 ms a step in its loader
+    assert t is not None and t.decision == "confirmed" and t.busy is not None
+    assert not t.busy.cleared and t.busy.data_excess_ns > 15e6
+    assert "its data wait +20 ms per step over the others'" in t.as_test().sentence
+
+
+def test_a_small_excess_clears_below_three_percent_of_the_step_and_not_above() -> None:
+    late = _arrivals(1, 30, seed=2)
+    # 90 ms of CPU in a 200 ms step: 3% of the step is 6 ms, 6.7% of the CPU time
+    low = _test(late, _busy({1: 0.05}, seed=2))
+    high = _test(late, _busy({1: 0.09}, seed=2))
+    assert low is not None and low.decision == "none" and low.decided_by == DECIDED_BY_BUSY
+    assert high is not None and high.decision == "confirmed"
+
+
+# --- no busy time: exactly as before ------------------------------------------------------------
+
+@pytest.mark.parametrize("rank,last_in", [(2, 22), (1, 30), (3, 12)])
+def test_without_busy_time_the_test_is_unchanged(rank: int, last_in: int) -> None:
+    late = _arrivals(rank, last_in, seed=rank)
+    lat = _lateness(late, np.arange(N_STEPS))
+    plain = straggler_test(lat, STEP, N_STEPS * STEP)
+    none = straggler_test(lat, STEP, N_STEPS * STEP, busy=None)
+    assert plain is not None and none is not None
+    assert plain.as_dict() == none.as_dict() and plain.busy is None
+    assert "busy_time" not in plain.as_dict()["test"]
+    assert "CPU time" not in plain.as_test().sentence
+
+
+def test_too_few_common_steps_is_no_busy_evidence() -> None:
+    busy = _busy({1: 0.5}, seed=0)
+    assert busy.excess(1, [0, 1], STEP) is None  # fewer than MIN_STEPS
+    assert busy.excess(7, None, STEP) is None  # a rank without busy time
+    assert busy.excess(1, [0, 1, 2], STEP) is not None
+
+
+def _timeline(rows: list[dict[str, int]]) -> StepTimeline:
+    return StepTimeline(steps=rows)
+
+
+def test_busy_series_reads_cpu_time_and_nothing_else() -> None:
+    old = _timeline([{"step": s, "host_start_ns": 0, "host_end_ns": 1} for s in range(5)])
+    assert busy_series(old) is None  # an agent from before cpu_ns
+    new = _timeline([{"step": s, "cpu_ns": 100 + s} for s in range(5)])
+    assert busy_series(new) == (KIND_CPU, {s: 100 + s for s in range(5)})
+    device = _timeline([{"step": s, "cpu_ns": 100, "gpu_time_ns": 900} for s in range(5)])
+    assert busy_series(device) is None  # device time between boundaries is not busy time
+    odd = _timeline([{"step": 0, "cpu_ns": True}, {"step": 1, "cpu_ns": "5"},
+                     {"step": 2, "cpu_ns": 7}])
+    assert busy_series(odd) == (KIND_CPU, {2: 7})
+
+
+def test_busy_of_ranks_needs_every_rank_and_keeps_common_steps() -> None:
+    def tl(r: int, steps: range, cpu: bool = True) -> pa.Table:
+        return pa.Table.from_pylist(
+            [{"step": s, "data_wait_ns": 10 * r, **({"cpu_ns": 1000 * (r + 1) + s} if cpu else {})}
+             for s in steps], TIMELINE_SCHEMA)
+
+    def busy_from_timelines(tables: dict[int, pa.Table]) -> BusyTimes | None:
+        return busy_of_ranks((r, table_busy(t)) for r, t in tables.items())
+
+    b = busy_from_timelines({0: tl(0, range(6)), 1: tl(1, range(2, 8))})
+    assert b is not None and b.ranks == [0, 1] and b.steps.tolist() == [2, 3, 4, 5]
+    assert b.busy[1].tolist() == [2002, 2003, 2004, 2005]
+    assert b.data_wait[1].tolist() == [10, 10, 10, 10]
+    assert busy_from_timelines({0: tl(0, range(6)), 1: tl(1, range(6), cpu=False)}) is None
+    assert busy_from_timelines({0: tl(0, range(6))}) is None
+
+
+def test_busy_times_of_a_run_directory(tmp_path: Path) -> None:
+    for r in range(2):
+        d = tmp_path / "ranks" / str(r)
+        d.mkdir(parents=True)
+        (d / "rank.json").write_text(json.dumps({"rank": r, "world_size": 2}))
+        rows = [{"kind": "step", "step": s, "host_start_ns": s, "host_end_ns": s + 1,
+                 "data_wait_ns": 0, "cpu_ns": 50 + r} for s in range(4)]
+        (d / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    # From the JSON lines (no analysis), and from the analysis's timeline tables: the same.
+    ctx = SimpleNamespace(is_run_dir=True, root=tmp_path, ranks={0: None, 1: None}, run=None)
+    b = busy_times(ctx)  # type: ignore[arg-type]
+    assert b is not None and b.ranks == [0, 1] and b.busy[:, 0].tolist() == [50, 51]
+    analysed = load_context(tmp_path, workers=1)
+    assert analysed.run.timeline(tmp_path / "ranks" / "0") is not None
+    b2 = busy_times(analysed)
+    assert b2 is not None and b2.ranks == b.ranks and b2.kind == b.kind
+    assert (b2.steps == b.steps).all() and (b2.busy == b.busy).all()
+    assert (b2.data_wait == b.data_wait).all()
+    assert busy_times(SimpleNamespace(is_run_dir=False)) is None  # type: ignore[arg-type]
+
+
+# --- the step timeline's cpu_ns -----------------------------------------------------------------
+
+def test_the_timeline_writes_the_training_threads_cpu_time_per_step(tmp_path: Path) -> None:
+    w = Writer(tmp_path / "steps.jsonl")
+    w.boundary(time.time_ns(), "explicit", None)
+    w.boundary(time.time_ns(), "explicit", None)  # steps 0 and 1: none (start-up)
+    t0 = time.thread_time_ns()
+    while time.thread_time_ns() - t0 < 20_000_000:  # 20 ms of work on this thread
+        pass
+    w.boundary(time.time_ns(), "explicit", None)
+    time.sleep(0.05)  # off the CPU: wall time, no CPU time
+    w.boundary(time.time_ns(), "explicit", None)
+    done = threading.Thread(target=w.boundary, args=(time.time_ns(), "explicit", None))
+    done.start()
+    done.join()  # a boundary from another thread (at exit): no CPU time to give
+    w.close(None)
+    tl = read_step_timeline(tmp_path)
+    cpu = tl.values("cpu_ns")
+    assert cpu[2] >= 20_000_000 and cpu[3] < 10_000_000, cpu
+    assert 4 not in cpu and [s["step"] for s in tl.steps] == [0, 1, 2, 3, 4], tl.steps
+
+
+def test_the_first_two_steps_have_no_cpu_time(tmp_path: Path) -> None:
+    # an optimizer-detected run: step 0's boundary comes one iteration late, with step 1's
+    w = Writer(tmp_path / "steps.jsonl")
+    t1 = time.time_ns()
+    time.sleep(0.01)
+    w.boundary(t1, "optimizer", None)
+    w.boundary(time.time_ns(), "optimizer", None)
+    w.boundary(time.time_ns(), "optimizer", None)
+    w.close(None)
+    cpu = read_step_timeline(tmp_path).values("cpu_ns")
+    assert 0 not in cpu and 1 not in cpu and 2 in cpu

@@ -1,0 +1,253 @@
+"""The hang and crash pieces on their own: faulthandler's text, the Flight Recorder default,
+the derived timeout, the watchdog on a fake rank, and the judgement of synthetic evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from uberprof.analysis.diagnosis.findings.failures import failure_findings
+from uberprof.analysis.tables.context import load_context
+from uberprof.collect.node_agent import FR_BUFFER_SIZE, flight_recorder_env
+from uberprof.collect.safety import AgentLog
+from uberprof.collect.watchdog import HangWatchdog, derived_timeout
+from uberprof.rundir import RunDir, write_json_atomic
+from uberprof.rundir.failures import parse_faulthandler, read_flight_recorder
+
+DUMP = """Fatal Python error: Aborted
+
+Thread 0x00007f1 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f2 (most recent call first):
+  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/job/train.py", line 58 in train
+  File "/job/train.py", line 101 in <module>
+
+Extension modules: numpy (total: 1)
+"""
+
+
+def test_faulthandler_text_is_parsed_innermost_last() -> None:
+    s = parse_faulthandler(DUMP)
+    assert s.fatal == "Aborted" and len(s.threads) == 2
+    main = s.threads[1]
+    assert main["current"] and [f["function"] for f in main["frames"]] == \
+        ["<module>", "train", "all_reduce"]
+    assert main["frames"][1] == {"file": "/job/train.py", "line": 58, "function": "train"}
+    assert parse_faulthandler("").threads == []
+
+
+def test_flight_recorder_is_on_unless_the_user_set_it() -> None:
+    assert flight_recorder_env({}) == {"TORCH_FR_BUFFER_SIZE": str(FR_BUFFER_SIZE)}
+    assert flight_recorder_env({"TORCH_FR_BUFFER_SIZE": "0"}) == {}
+    assert flight_recorder_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}) == {}
+
+
+def test_the_default_timeout_is_five_minutes_or_twenty_steps() -> None:
+    assert derived_timeout(None) == 300 and derived_timeout(1.0) == 300
+    assert derived_timeout(60.0) == 1200
+
+
+def _fake_rank(run: RunDir, node: str, rank: int, pid: int, steps: int) -> Path:
+    d = run.claim_rank_dir(rank)
+    write_json_atomic(d / "rank.json", {"rank": rank, "pid": pid, "node": node,
+                                        "world_size": 1, "start_ns": time.time_ns()})
+    now = time.time_ns()
+    with open(d / "steps.jsonl", "w") as f:
+        f.writelines(json.dumps({"kind": "step", "step": s, "host_start_ns": now - 10**8,
+                                 "host_end_ns": now}) + "\n" for s in range(steps))
+    return d
+
+
+def _sleeper(run: RunDir) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "UBERPROF_RUN_DIR": str(run.root)})
+
+
+def _watch(run: RunDir, node_dir: Path, action: str, pid: int, seen: list) -> HangWatchdog:
+    dog = HangWatchdog(run, node_dir, AgentLog("node"), timeout_s=1.0, action=action,
+                       on_hang=seen.append, poll_s=0.2)
+    dog.start(pid)
+    return dog
+
+
+def test_the_watchdog_waits_for_the_first_step_then_captures_and_stops(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    proc = _sleeper(run)
+    try:
+        rank_dir = _fake_rank(run, node_dir.name, 0, proc.pid, steps=0)
+        seen: list = []
+        dog = _watch(run, node_dir, "stop", proc.pid, seen)
+        time.sleep(2.5)
+        assert not seen and not (node_dir / "hang.json").exists()  # starting up: no hang
+        with open(rank_dir / "steps.jsonl", "a") as f:
+            f.write(json.dumps({"kind": "step", "step": 0, "host_start_ns": time.time_ns() - 1,
+                                "host_end_ns": time.time_ns()}) + "\n")
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        dog.stop()
+        assert proc.returncode == -15  # --on-hang stop: SIGTERM
+        rec = json.loads((node_dir / "hang.json").read_text())
+        assert seen and seen[0]["detected_ns"] == rec["detected_ns"]
+        assert rec["timeout_s"] == 1.0 and rec["timeout_source"] == "option"
+        assert rec["ranks"][0]["rank"] == 0 and rec["ranks"][0]["last_step"] == 0
+        assert rec["ranks"][0]["alive"] is True and dog.stopped_job
+    finally:
+        proc.kill()
+
+
+def test_a_pid_of_another_process_is_never_signalled(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        _fake_rank(run, node_dir.name, 0, other.pid, steps=1)  # its env names no run
+        seen: list = []
+        dog = _watch(run, node_dir, "stop", other.pid, seen)
+        time.sleep(2.5)
+        dog.stop()
+        assert other.poll() is None and not seen
+    finally:
+        other.kill()
+
+
+def test_a_rank_seen_before_it_armed_its_capture_is_asked_once_it_has(tmp_path: Path) -> None:
+    """The rank writes rank.json before it arms its capture and again after; a watchdog that
+    read the first only never asked that rank for its stacks (a hang without its stack)."""
+    from uberprof.collect.rank.capture import SIGNAL
+
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    d = _fake_rank(run, node_dir.name, 0, os.getpid(), steps=1)
+    dog = HangWatchdog(run, node_dir, AgentLog("node"), timeout_s=1.0)
+    dog._discover()
+    (r,) = dog._ranks.values()
+    assert (r.signal, r.helper, r.armed) == (None, False, False)
+    meta = json.loads((d / "rank.json").read_text())
+    write_json_atomic(d / "rank.json", {**meta, "capture": {"signal": SIGNAL, "helper": True}})
+    dog._discover()
+    assert dog._ranks[r.folder] is r and (r.signal, r.helper, r.armed) == (SIGNAL, True, True)
+
+
+def _fr(d: Path, entries: list[tuple[int, str, list, bool]]) -> None:
+    dump = {"entries": [{"collective_seq_id": s, "process_group": ["0", "default_pg"],
+                         "profiling_name": f"gloo:{op}", "input_sizes": [size],
+                         "input_dtypes": ["Float"], "retired": done, "state": "scheduled",
+                         "time_created_ns": 10**18 + s} for s, op, size, done in entries],
+            "pg_status": {"0": {"last_completed_collective": "-1"}}}
+    (d / "flight-recorder-hang.json").write_text(json.dumps({"time_ns": 1, "reason": "hang",
+                                                        "dump": dump}))
+
+
+def test_the_rank_behind_is_stuck_and_a_mismatch_is_named(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    dirs = [_fake_rank(run, node.name, r, 10**6 + r, steps=3) for r in range(3)]
+    _fr(dirs[0], [(1, "all_reduce", [4], True), (2, "all_reduce", [4], False)])
+    _fr(dirs[1], [(1, "all_reduce", [4], True), (2, "all_reduce", [8], False)])
+    _fr(dirs[2], [(1, "all_reduce", [4], True)])
+    write_json_atomic(node / "hang.json", {
+        "detected_ns": 2 * 10**18, "last_progress_ns": 10**18, "timeout_s": 5,
+        "timeout_source": "option", "action": "report",
+        "ranks": [{"rank": r, "alive": True} for r in range(3)]})
+    assert read_flight_recorder(dirs[2], "hang")[1][0].op == "all_reduce"
+    (hang,) = [f for f in failure_findings(run.root) if f.kind == "hang"]
+    assert hang.ranks == [2] and hang.cause == "mismatch"
+    (m,) = hang.evidence["mismatches"]
+    assert (m["seq"], m["differs_in"]) == (2, ["sizes"]) and len(m["calls"]) == 2
+    assert hang.evidence["waiting_in"]["seq"] == 2
+
+
+def test_the_first_failure_is_a_cause_even_when_a_victim_raised_earlier(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    write_json_atomic(node / "node.json", {"exit_code": 1, "end_ns": 5})
+    dirs = [_fake_rank(run, node.name, r, 10**6 + r, steps=2) for r in range(3)]
+    for r, (t, typ, msg) in enumerate([(100, "RuntimeError", "Connection reset by peer"),
+                                       (200, "ValueError", "bad batch"), (None, None, None)]):
+        if typ:
+            (dirs[r] / "exceptions.jsonl").write_text(json.dumps(
+                {"time_ns": t, "type": typ, "message": msg, "where": "excepthook",
+                 "frames": [{"file": "/job/train.py", "line": 7, "function": "step"}]}) + "\n")
+    (crash,) = failure_findings(run.root)
+    assert crash.kind == "crash" and crash.ranks == [1] and crash.cause == "exception"
+    roles = {x["rank"]: x["role"] for x in crash.evidence["failed"]}
+    assert roles == {1: "first", 0: "victim", 2: "victim"}  # rank 2: no end, no record
+    assert crash.evidence["first"]["exception"]["where"] == "/job/train.py:7 in step"
+    # The analysis's step tails (what its map read of each steps.jsonl) give the same finding.
+    ctx = load_context(run.root, workers=1)
+    assert all(ctx.run.timeline_entry(d) is not None for d in dirs)
+    asked: list[Path] = []
+
+    def tail(folder: Path) -> tuple[int, int | None, int | None]:
+        asked.append(folder)
+        e = ctx.run.timeline_entry(folder)
+        return e["rows"], e["last_step"], e["last_end_ns"]
+
+    (again,) = failure_findings(run.root, tail)
+    assert sorted(asked) == sorted(dirs) and again.evidence == crash.evidence
+
+
+def _crashed_before_its_traces(tmp_path: Path) -> RunDir:
+    """A run whose rank 0 raised KeyError in load() after one step, before any trace window."""
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    write_json_atomic(node / "node.json", {"exit_code": 1, "end_ns": 5})
+    d = _fake_rank(run, node.name, 0, 10**6, steps=1)
+    (d / "exceptions.jsonl").write_text(json.dumps(
+        {"time_ns": 1, "type": "KeyError", "message": "'x'", "where": "excepthook",
+         "frames": [{"file": "/job/train.py", "line": 3, "function": "load"}]}) + "\n")
+    return run
+
+
+def test_report_names_a_crash_of_a_run_without_traces(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from uberprof.analysis.diagnosis.document import failures_only_diagnosis
+    from uberprof.present.report_html import render_html
+    from uberprof.present.report_terminal import render_report
+
+    run = _crashed_before_its_traces(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "uberprof", "report", "--json", str(run.root)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    doc = json.loads(proc.stdout)
+    assert doc["findings"][0]["kind"] == "crash" and doc["findings"][0]["ranks"] == [0]
+    assert "KeyError" in doc["findings"][0]["title"]
+    # the same findings through every presenter, with no trace tables behind them
+    diag = failures_only_diagnosis(run.root, ["no traces"])
+    console = Console(record=True, width=120)
+    render_report(diag, console)
+    text = console.export_text()
+    assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 in load" in text
+    assert "Crash: rank 0 raised KeyError" in render_html(diag)
+
+
+def test_the_dashboard_overview_shows_a_crash_first_with_its_stack(tmp_path: Path) -> None:
+    """A run that crashed before its trace window: the overview opens on the crash (first, in
+    red), its exception and the failing rank's stack, from the run directory alone."""
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.pages import overview
+    from uberprof.dashboards.ui import Selection
+
+    run = _crashed_before_its_traces(tmp_path)
+    data = RunData(run.root).load()
+    assert not data.has_traces
+    page = overview.layout(data, Selection())
+    text = str(page)
+    first = page.children[0]
+    assert first is not None and first.id == "failures"  # before everything else
+    assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 load" in text

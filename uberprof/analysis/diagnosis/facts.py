@@ -1,0 +1,52 @@
+"""What the cross-rank stage of the diagnosis established, handed to every finding producer.
+
+The advisor computes these once (matched collectives, aligned clocks, lateness, idle gaps,
+bandwidth classes, GPU clocks, the straggler) and each producer in `findings/` reads them; none
+recomputes another's numbers. `found` holds the findings made so far, in registry order, so a
+producer can link the part of its time another finding already counts (`caused_by`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from uberprof.analysis.diagnosis.model import Finding
+
+if TYPE_CHECKING:
+    from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
+    from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks
+    from uberprof.analysis.diagnosis.stragglers import Straggler
+    from uberprof.analysis.diagnosis.summaries import RankSummaries
+    from uberprof.analysis.tables.context import RunContext
+
+__all__ = ["Facts"]
+
+
+@dataclass
+class Facts:
+    """One run's cross-rank facts (times in ns; `traced` in RUN_STEP_SCHEMA, `lateness` in
+    LATENESS_SCHEMA on aligned clocks, `gaps` in GAP_SCHEMA on each rank's own clock)."""
+
+    ctx: RunContext
+    traced: pa.Table  # the analysed (traced) steps of every rank
+    wall_ns: int  # wall time of the analysed steps: per step the longest rank's, summed
+    lateness: pa.Table
+    gaps: pa.Table
+    classes: list[BandwidthClass]
+    clocks: dict[int, GpuClocks]
+    straggler: Straggler | None
+    summaries: RankSummaries
+    device_type: str  # the run's accelerator type, "cpu" when no rank has one
+    window: tuple[int, int] | None  # the analysed window (padded by the clock offsets), ns
+    found: list[Finding] = field(default_factory=list)
+
+    def first(self, kind: str) -> Finding | None:
+        """The first finding of `kind` made so far, None when there is none."""
+        return next((f for f in self.found if f.kind == kind), None)
+
+    def of_kind(self, kind: str) -> list[Finding]:
+        """Every finding of `kind` made so far."""
+        return [f for f in self.found if f.kind == kind]

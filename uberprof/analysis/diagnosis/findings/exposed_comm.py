@@ -1,0 +1,100 @@
+"""The `exposed_comm` finding: communication not hidden under compute, that every rank pays.
+
+Per step the least exposed rank's time counts (what every rank pays), split into waiting for
+peers (linked to the straggler's finding) and transfer (linked to a latency- or
+bandwidth-bound class's finding), so that no millisecond is counted twice. Runs after the
+straggler and bandwidth producers, whose findings it links to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
+from uberprof.analysis.diagnosis.causes import EXPOSED_COMM_REMEDY
+from uberprof.analysis.diagnosis.evidence import count_test
+from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
+from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
+from uberprof.analysis.diagnosis.summaries import sql_rows
+
+__all__ = ["KINDS", "exposed_comm_findings"]
+
+KINDS = ("exposed_comm",)
+
+
+def exposed_comm_findings(facts: Facts) -> list[Finding]:
+    """At most one finding: the exposed communication of the analysed steps."""
+    return _exposed_comm_findings(facts.traced, facts.lateness, facts.wall_ns, facts.classes,
+                                  facts.first("straggler"), facts.of_kind("bandwidth"))
+
+
+def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
+                           classes: list[BandwidthClass], straggler_finding: Finding | None,
+                           bandwidth: list[Finding]) -> list[Finding]:
+    """Communication not hidden under compute that every rank pays (per step, the least
+    exposed rank's), so that waiting for a straggler is not counted twice. Split into waiting
+    for peers and transfer in the proportion of that rank's collective time before and after
+    the last arrival; the wait is a straggler's when there is one, the transfer a
+    latency- or bandwidth-bound class's when there is one (`caused_by`)."""
+    if traced.num_rows == 0 or not wall_ns:
+        return []
+    per_step: dict[int, list[tuple[int, int, int]]] = {}
+    for r, s, x, c in zip(*(traced.column(k).to_pylist()
+                            for k in ("rank", "step", "exposed_comm_ns", "comm_ns"))):
+        per_step.setdefault(s, []).append((r, x or 0, c or 0))
+    split: dict[tuple[int, int], tuple[float, float]] = {}
+    if lat.num_rows:
+        for r, st, w, t in sql_rows("SELECT rank, step, sum(wait_ns), sum(transfer_ns) FROM l "
+                                "GROUP BY rank, step", l=lat):
+            split[(r, st)] = (float(w or 0), float(t or 0))
+    stake = wait = 0.0
+    comm_total = 0
+    steps = []
+    for s, rows in per_step.items():
+        r_least, least, _ = min(rows, key=lambda x: x[1])
+        stake += least
+        w, t = split.get((r_least, s), (0.0, 0.0))
+        wait += least * w / (w + t) if w + t > 0 else 0.0
+        comm_total += min(c for _, _, c in rows)
+        if least > 0:
+            steps.append(s)
+    share = stake / wall_ns
+    if share < MIN_SHARE * 2:
+        return []
+    transfer = stake - wait
+    ranks = sorted({r for rows in per_step.values() for r, _, _ in rows})
+    bound = [c.as_dict() for c in classes if c.verdict in ("bandwidth-bound", "latency-bound")]
+    caused: list[dict[str, Any]] = []
+    if straggler_finding is not None and wait > 0:
+        caused.append({"_ref": straggler_finding, "kind": "straggler", "ms": _ms(wait),
+                       "part": "waiting for the straggler"})
+    left = transfer
+    for b in bandwidth:
+        take = min(left, b.time_at_stake_ms * 1e6)
+        if take > 0:
+            caused.append({"_ref": b, "kind": b.kind, "ms": _ms(take),
+                           "part": f"transfer of a {b.cause} class"})
+            left -= take
+    own = stake - sum(c["ms"] * 1e6 for c in caused)
+    n_steps = len(per_step)
+    ev = {"exposed_ms_all_ranks_pay": _ms(stake),
+          "wait_ms": _ms(wait), "transfer_ms": _ms(transfer),
+          "comm_ms_least_rank": _ms(comm_total),
+          "exposed_of_comm_pct": round(100 * stake / comm_total, 1) if comm_total else None,
+          "share_pct": round(100 * share, 1),
+          "limited_collectives": bound[:3]}
+    confidence, test = count_test(
+        f"communication not hidden under compute on every rank: {_ms(stake)} ms "
+        f"({ev['share_pct']}% of the analysed time; threshold {200 * MIN_SHARE:.0f}%), of which "
+        f"{_ms(wait)} ms waiting for peers and {_ms(transfer)} ms transfer",
+        len(steps), n_steps)
+    ev["test"] = test.as_dict()
+    title = (f"Communication not hidden under compute: {_ms(stake)} ms "
+             f"({ev['share_pct']}% of the analysed time) on every rank "
+             f"({_ms(wait)} ms waiting for peers, {_ms(transfer)} ms transfer)")
+    return [Finding("exposed_comm", severity_of(share), title, ranks, sorted(steps), None,
+                    max(own, 0.0) / 1e6, ev, EXPOSED_COMM_REMEDY, confidence=confidence,
+                    observed_ms=stake / 1e6, caused_by=caused)]

@@ -1,0 +1,60 @@
+"""The `straggler` finding: the rank that arrives last at the collectives, and why.
+
+The test that names it and its cause are `stragglers.py`'s (run by the advisor before any
+producer, since idle and communication findings link their time to it); this module turns the
+named straggler into a finding: its time at stake is the delay it alone adds to each analysed
+step, its remedy the one of its cause (`causes.py`).
+"""
+
+from __future__ import annotations
+
+from uberprof.analysis.diagnosis.causes import STRAGGLER_CAUSES, remedy_for
+from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.model import Finding, severity_of
+from uberprof.analysis.diagnosis.stragglers import BASIS_FLIGHT_RECORDER, Straggler
+from uberprof.analysis.diagnosis.summaries import RankSummaries
+from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
+from uberprof.analysis.tables.context import RunContext
+
+__all__ = ["KINDS", "straggler_findings"]
+
+KINDS = ("straggler",)
+
+
+def straggler_findings(facts: Facts) -> list[Finding]:
+    """The straggler the advisor's test named, as one finding (none when it named none)."""
+    if facts.straggler is None:
+        return []
+    return [_straggler_finding(facts.straggler, facts.wall_ns, facts.ctx, facts.summaries,
+                               facts.device_type)]
+
+
+def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
+                       summaries: RankSummaries, device_type: str) -> Finding:
+    share = s.delay_ns / wall_ns if wall_ns else 0.0
+    late = summaries.lateness_of(s.rank)  # the rank row's (traced window); `basis`: the test's
+    ev = {
+        "last_in": late["last_in"], "instances": late["instances"],
+        "last_pct": round(100 * s.last_fraction, 1),
+        "median_lateness_ms": _ms(s.median_lateness_ns),
+        "median_lead_ms": _ms(s.median_lead_ns),
+        "others_spread_ms": _ms(s.noise_ns),
+        "delay_ms": _ms(s.delay_ns), "others_wait_ms": _ms(s.others_wait_ns),
+        "steps_analysed": s.steps_analysed,
+        "excess_per_step_ms": {k: _ms(v) for k, v in s.factors.items()},
+        "host": ctx.host_of(s.rank),
+        "share_pct": round(100 * share, 1),
+        "test": s.test,
+        "basis": {"source": s.basis, "last_in": s.last, "instances": s.instances,
+                  "steps": s.steps_analysed},
+    }
+    if s.counters.get("available"):
+        ev["gpu"] = {k: v for k, v in s.counters.items() if k != "available"}
+    cause = s.cause or "compute"
+    verb = "is a straggler" if s.confidence == "confirmed" else "may be a straggler (suspected)"
+    where = " (Flight Recorder, untraced steps)" if s.basis == BASIS_FLIGHT_RECORDER else ""
+    title = (f"Rank {s.rank} {verb} ({cause}): last at {s.last}/{s.instances} "
+             f"collectives{where}, {ev['median_lead_ms']} ms behind the others' median")
+    remedy = remedy_for(STRAGGLER_CAUSES[cause], device_type).format(r=s.rank)
+    return Finding("straggler", severity_of(share), title, [s.rank], s.steps, cause,
+                   s.delay_ns / 1e6, ev, remedy, confidence=s.confidence)

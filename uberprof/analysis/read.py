@@ -1,0 +1,136 @@
+"""The read side of the analysis: the one way a view opens a run.
+
+Views (`uberprof/present/`, `dashboards/`) compute nothing. The CLI calls `open_run` and hands
+the result to a presenter: the run's tables (the analysis, brought up to date when stale) and
+its diagnosis (the saved one when fresh, else made once and saved). Everything a view shows is
+read from an `OpenedRun`; a number it lacks is added to the analysis or the diagnosis, never
+worked out in the view. While a job runs, `live_signals` is the one function that turns its step
+timelines into indications (for `uberprof watch` and the live dashboard), and `saved_findings`
+reads what the last saved diagnosis said.
+
+`tests/test_architecture.py` holds views to this module, the diagnosis's model and its causes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
+from uberprof.analysis.diagnosis.model import Diagnosis, Progress
+
+if TYPE_CHECKING:
+    from uberprof.analysis.diagnosis.saved import SavedFindings
+    from uberprof.analysis.diagnosis.step_signals import Signal
+    from uberprof.analysis.diff.compare import Comparison
+    from uberprof.analysis.tables.context import RunContext
+    from uberprof.rundir.follow import RunFollower
+
+__all__ = ["DEFAULT_THRESHOLD_NS", "OpenedRun", "compare_runs", "diagnose_opened",
+           "live_signals", "open_run", "open_tables", "saved_findings"]
+
+
+@dataclass
+class OpenedRun:
+    """A run as every view reads it: its tables, its diagnosis and what went wrong reading it.
+
+    `ctx` is None for a path without traces (a job that hung or crashed before its trace
+    window); its `diagnosis` then holds the hang and crash findings read from the run directory
+    alone, or is None when there are none."""
+
+    root: Path
+    ctx: RunContext | None
+    diagnosis: Diagnosis | None = None
+    problems: list[str] = field(default_factory=list)  # one line each, the file named
+    no_traces: str | None = None  # why there is nothing to analyse, when there is not
+
+    @property
+    def has_traces(self) -> bool:
+        return self.ctx is not None
+
+    @property
+    def derived(self) -> Path | None:
+        return self.ctx.derived if self.ctx is not None else None
+
+    def activity(self, rank: int) -> pa.Table | None:
+        """Rank `rank`'s device activity as the analysis saved it (role, start_ns, end_ns on
+        its own clock: compute, comm and memory intervals), None when it has none."""
+        if self.ctx is None:
+            return None
+        return self.ctx.activity(rank)
+
+
+def open_tables(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+                workers: int | None = None, progress: Progress | None = None,
+                executor: Executor | None = None) -> OpenedRun:
+    """The run's tables, analysed first where missing or stale; no diagnosis yet (a view that
+    shows progress in stages calls `diagnose_opened` next)."""
+    from uberprof.analysis.tables.context import load_context
+    from uberprof.ingest.discover import NoTraces
+
+    try:
+        ctx = load_context(path, out=out, workers=workers, progress=progress, executor=executor)
+    except NoTraces as exc:
+        return OpenedRun(Path(path), None, problems=[str(exc)], no_traces=str(exc))
+    return OpenedRun(Path(path), ctx, problems=list(ctx.problems))
+
+
+def diagnose_opened(opened: OpenedRun, threshold_ns: int = DEFAULT_THRESHOLD_NS,
+                    on_save_error: Callable[[OSError], None] | None = None) -> OpenedRun:
+    """`opened` with its diagnosis: the saved one when fresh, else a new one (saved; a folder
+    that cannot be written is told to `on_save_error`). Without traces, the hang and crash
+    findings of a run directory."""
+    from uberprof.analysis.diagnosis.saved import load_or_diagnose
+
+    if opened.ctx is not None:
+        opened.diagnosis = load_or_diagnose(opened.ctx, threshold_ns=threshold_ns,
+                                            on_save_error=on_save_error)
+    else:
+        from uberprof.analysis.diagnosis.document import failures_only_diagnosis
+        from uberprof.rundir import RunDir
+
+        if RunDir(opened.root).is_run():
+            d = failures_only_diagnosis(opened.root, list(opened.problems))
+            opened.diagnosis = d if d.findings else None
+    return opened
+
+
+def open_run(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+             threshold_ns: int = DEFAULT_THRESHOLD_NS, workers: int | None = None,
+             progress: Progress | None = None, executor: Executor | None = None,
+             on_save_error: Callable[[OSError], None] | None = None) -> OpenedRun:
+    """Open `path` (a run directory, a folder of Kineto traces or one trace) for a view: its
+    tables and its diagnosis (`open_tables`, then `diagnose_opened`)."""
+    opened = open_tables(path, out=out, workers=workers, progress=progress, executor=executor)
+    return diagnose_opened(opened, threshold_ns=threshold_ns, on_save_error=on_save_error)
+
+
+def live_signals(follower: RunFollower) -> list[Signal]:
+    """What the step timelines of a running job already show, under the diagnosis's own tests
+    (`analysis/diagnosis/step_signals.py`): the one computation behind `uberprof watch` and the
+    live dashboard."""
+    from uberprof.analysis.diagnosis.step_signals import followed_signals
+
+    return followed_signals(follower)
+
+
+def saved_findings(run: Any) -> SavedFindings | None:
+    """The findings and per-rank lateness of the diagnosis last saved for `run` (a run
+    directory), None when there is none."""
+    from uberprof.analysis.diagnosis.saved import read_saved_findings
+
+    return read_saved_findings(run)
+
+
+def compare_runs(a: str | os.PathLike[str], b: str | os.PathLike[str],
+                 **kwargs: Any) -> Comparison:
+    """Run B against run A (`uberprof diff A B`, the dashboard's /compare page)."""
+    from uberprof.analysis.diff import compare, profile_run
+
+    return compare(profile_run(a, **kwargs), profile_run(b, **kwargs))

@@ -1,0 +1,136 @@
+"""The planning stage: everything decided before the first byte is written.
+
+- the counter sources: which nodes have counters, and which rank owns which of their GPUs;
+- the layout: the processes' order (findings, then each host's ranks followed by its node's
+  counters), their pids, and the id space of tracks and flows;
+- uberprof's marks: per rank and run-wide, from the diagnosis (findings.py);
+- the size budget's cut: measured, only when the inputs could exceed the budget, by a first
+  pass over the selected files (budget.py says what goes first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from uberprof.analysis.diagnosis.model import Diagnosis
+from uberprof.ingest.gz import json_size
+from uberprof.present.export import counters as C
+from uberprof.present.export.budget import Budget, Cut
+from uberprof.present.export.events import keep_by_rule, output_ratio, read_scan
+from uberprof.present.export.findings import Mark, global_marks, rank_marks
+from uberprof.present.export.layout import IdSpace, sort_processes
+from uberprof.present.export.options import ExportOptions
+from uberprof.present.export.window import Selection
+
+if TYPE_CHECKING:
+    from uberprof.analysis.read import RunContext  # OpenedRun.ctx
+
+__all__ = ["PERFETTO_PER_JSON_BYTE", "Plan", "plan_cut", "plan_layout"]
+
+# Protobuf bytes per JSON byte of the same events (measured on CPU Kineto traces: 32.1 MB against
+# 60.7 MB); the budget of a perfetto export is applied through it.
+PERFETTO_PER_JSON_BYTE = 0.55
+
+
+@dataclass
+class Plan:
+    """The export's layout: counter nodes (name, host) and each rank's (node, GPU), the
+    processes' sort order and pids, the id space, and uberprof's marks."""
+
+    nodes: list[tuple[str, str | None]]
+    gpu_of: dict[int, tuple[str, str]]
+    order: dict[tuple[str, Any], int]
+    findings_pid: int
+    node_pid: dict[str, int]
+    ids: IdSpace
+    marks: dict[int, list[Mark]]
+    global_marks: list[Mark]
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What uberprof's own marks weigh in the output, roughly: the budget's fixed part."""
+        return sum(len(m) for m in self.marks.values()) * 300 + len(self.global_marks) * 2000
+
+
+def plan_layout(ctx: RunContext, d: Diagnosis, sel: Selection, opts: ExportOptions,
+                notes: list[str]) -> Plan:
+    """The layout of the selection: processes, pids and marks (see the module doc)."""
+    nodes, gpu_of = _counter_sources(ctx, sel, opts, notes)
+    host_of = {r: ctx.host_of(r) for r in sel.ranks}
+    order = sort_processes(sel.ranks, host_of, nodes)
+    findings_pid = max(sel.ranks) + 1
+    node_pid = {n: findings_pid + 1 + i for i, (n, _) in enumerate(nodes)}
+    frame = sel.frame
+    return Plan(nodes=nodes, gpu_of=gpu_of, order=order, findings_pid=findings_pid,
+                node_pid=node_pid, ids=IdSpace(max_pid=findings_pid + len(nodes)),
+                marks=rank_marks(d, sel.ranks, opts.steps),
+                global_marks=global_marks(d, frame, opts.steps, sel.ranks)
+                if frame is not None else [])
+
+
+def _counter_sources(ctx: RunContext, sel: Selection, opts: ExportOptions,
+                     notes: list[str]) -> tuple[list[tuple[str, str | None]],
+                                                dict[int, tuple[str, str]]]:
+    """The nodes with counters (and each one's host, when its meta names it) and which rank
+    owns which GPU: none without `counters`, outside a run directory, or without a window
+    (a note says so: counters are read over the export's window)."""
+    nodes: list[tuple[str, str | None]] = []
+    gpu_of: dict[int, tuple[str, str]] = {}
+    if not opts.counters or not ctx.is_run_dir:
+        return nodes, gpu_of
+    if sel.lo is None:
+        notes.append("counters left out: the traces give no time window")
+        return nodes, gpu_of
+    run_root = Path(ctx.root)
+    for n in C.counter_nodes_of(run_root):
+        try:
+            from uberprof.rundir.counters import counter_meta
+
+            h = counter_meta(run_root, n).get("host")
+        except Exception:  # noqa: BLE001 - unreadable meta: the node keeps its name only
+            h = None
+        nodes.append((n, h if isinstance(h, str) else None))
+    return nodes, C.rank_gpu_labels(run_root)
+
+
+def plan_cut(sel: Selection, opts: ExportOptions, fixed_bytes: int, notes: list[str]) -> Cut:
+    """What the size budget drops: nothing without a budget or when the inputs' JSON text
+    cannot exceed it, else what a measuring pass over the selected files decides."""
+    if not opts.max_bytes:
+        return Cut()
+    bound = sum(json_size(p) for r in sel.ranks for p in sel.files[r])
+    if bound <= opts.max_bytes * 0.9:
+        return Cut()
+    budget, ratio = _measure(sel, opts, opts.max_bytes, notes)
+    if budget is None:
+        return Cut()
+    budget.add_fixed(fixed_bytes)
+    cut = budget.decide()
+    cut.estimate_bytes = int(cut.estimate_bytes * ratio)
+    cut.limit_bytes = opts.max_bytes
+    return cut
+
+
+def _measure(sel: Selection, opts: ExportOptions, limit: int,
+             notes: list[str]) -> tuple[Budget | None, float]:
+    """The budget's measuring pass: what each kind of event the rules keep weighs, file by
+    file (one in memory at a time). Sizes are the source's text, so `limit` is scaled by
+    the output's bytes per source byte, sampled on the first readable file (and by the
+    protobuf's size per JSON byte for perfetto)."""
+    budget: Budget | None = None
+    ratio = 1.0
+    for r in sel.ranks:
+        for p in sel.files[r]:
+            scan = read_scan(p, notes)
+            if scan is None:
+                continue
+            keep, _ = keep_by_rule(scan, sel.event_window(r), opts.python)
+            if budget is None:
+                ratio = output_ratio(scan, keep) * (
+                    PERFETTO_PER_JSON_BYTE if opts.fmt == "perfetto" else 1.0)
+                budget = Budget(int(limit / ratio))
+            budget.add(scan, keep)
+            del scan
+    return budget, ratio
