@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fmt_bytes", "fmt_count", "fmt_ms", "fmt_num", "fmt_pct", "shorten"]
+__all__ = ["fmt_bytes", "fmt_count", "fmt_ms", "fmt_num", "fmt_pct", "ns_to_ms", "shorten"]
 
 _BINARY = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
@@ -54,3 +54,8 @@ def shorten(text: Any, n: int = 48, missing: str = "") -> str:
         return missing
     s = str(text)
     return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def ns_to_ms(ns: float | None) -> float | None:
+    """ns -> ms rounded to the µs, the unit of every duration in the JSON documents."""
+    return None if ns is None else round(float(ns) / 1e6, 3)

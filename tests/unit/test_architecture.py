@@ -97,3 +97,175 @@ def test_analysis_does_not_import_presenters() -> None:
 def test_moved_readers_are_gone(gone: str) -> None:
     """One definition: the counter readers and the layout live in uberprof/rundir/ only."""
     assert not (ROOT / gone).exists()
+
+
+# --- no import circle --------------------------------------------------------------------------
+
+def module_name(path: Path) -> str:
+    """The dotted name a source file is imported under (dashboards/ is uberprof.dashboards)."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] == "dashboards":
+        parts = ["uberprof", *parts]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imported_modules(source: str, name: str, known: set[str], is_package: bool,
+                     filename: str = "<source>") -> set[str]:
+    """The modules of `known` that `source` (module `name`) imports, at any depth, type-only
+    imports included: `from pkg import sub` names the submodule, `from pkg import obj` the
+    package. Relative imports are resolved against `name`."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_package else name.split(".")[:-1]
+                pkg = pkg[:len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in known else base)
+    return out & known
+
+
+def import_graph(folders: tuple[str, ...] = ("uberprof", "dashboards")) -> dict[str, set[str]]:
+    files = [f for d in folders for f in sorted((ROOT / d).rglob("*.py"))]
+    names = {module_name(f): f for f in files}
+    known = set(names)
+    return {n: imported_modules(f.read_text(), n, known, f.name == "__init__.py", str(f)) - {n}
+            for n, f in names.items()}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    import sys
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return out
+
+
+def test_the_circle_check_finds_a_circle_through_a_lazy_type_only_import() -> None:
+    known = {"p", "p.a", "p.b", "p.c"}
+    graph = {
+        "p.a": imported_modules("from p.b import x\n", "p.a", known, False),
+        "p.b": imported_modules("def f():\n    from p import c\n", "p.b", known, False),
+        "p.c": imported_modules("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from .a import y\n", "p.c", known, False),
+        "p": set(),
+    }
+    assert graph["p.b"] == {"p.c"} and graph["p.c"] == {"p.a"}
+    assert import_circles(graph) == [["p.a", "p.b", "p.c"]]
+    graph["p.c"] = set()
+    assert import_circles(graph) == []
+
+
+def test_no_import_circle_in_uberprof() -> None:
+    graph = import_graph()
+    assert "uberprof.analysis.diagnosis.advisor" in graph
+    assert "uberprof.dashboards.app" in graph
+    circles = import_circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+# --- views only read ---------------------------------------------------------------------------
+
+VIEWS = ("uberprof/present", "dashboards")
+# What a view may take from the analysis: the one way to open a run and read it, the
+# diagnosis's model, the vocabulary of causes, and the comparison's type for `diff`.
+VIEW_MAY_IMPORT = ("uberprof.analysis.read", "uberprof.analysis.diagnosis.model",
+                   "uberprof.analysis.diagnosis.causes")
+VIEW_MAY_IMPORT_NAMES = {("uberprof.analysis.diff", "Comparison")}
+
+
+def analysis_imports(source: str, filename: str = "<source>") -> list[tuple[int, str, str]]:
+    """(line, module, name) of every import from `uberprof.analysis` in `source` that a view
+    may not make (name "" for `import module`)."""
+    def allowed(module: str, name: str) -> bool:
+        full = f"{module}.{name}" if name else module
+        return any(full == m or full.startswith(m + ".") or module == m
+                   for m in VIEW_MAY_IMPORT) or (module, name) in VIEW_MAY_IMPORT_NAMES
+
+    out = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, "") for a in node.names
+                    if a.name.startswith("uberprof.analysis") and not allowed(a.name, "")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                (node.module == "uberprof" or node.module.startswith("uberprof.analysis")):
+            for a in node.names:
+                if node.module == "uberprof" and a.name != "analysis":
+                    continue
+                if not allowed(node.module, a.name):
+                    out.append((node.lineno, node.module, a.name))
+    return sorted(out)
+
+
+def test_the_view_check_sees_an_analysis_function() -> None:
+    src = ("from uberprof.analysis.read import open_run, OpenedRun\n"
+           "from uberprof.analysis.diagnosis.model import Diagnosis\n"
+           "def f():\n    from uberprof.analysis.tables import metrics as M\n"
+           "from uberprof.analysis.diff import Comparison, compare\n"
+           "import uberprof.analysis.diagnosis.saved\n"
+           "from uberprof import analysis\n")
+    assert [(line, name) for line, _, name in analysis_imports(src)] == \
+        [(4, "metrics"), (5, "compare"), (6, ""), (7, "analysis")]
+    assert analysis_imports("from uberprof.analysis.read import OpenedRun, sql_table\n") == []
+
+
+def test_views_call_no_analysis_or_diagnosis_function() -> None:
+    """present/ and dashboards/ read what the analysis saved (uberprof.analysis.read):
+    they never run a metric, a finding producer or the advisor themselves."""
+    files = reader_files(list(VIEWS))
+    assert ROOT / "dashboards/queries/steps.py" in files
+    bad = [f"{f.relative_to(ROOT)}:{line}: from {mod} import {name or '*'}" for f in files
+           for line, mod, name in analysis_imports(f.read_text(), str(f))]
+    assert not bad, "views read through uberprof.analysis.read:\n" + "\n".join(bad)
+
+
+def test_the_run_directory_reader_knows_nothing_of_derived() -> None:
+    """rundir/ names the derived folder in its layout (the run directory's format) and reads
+    nothing inside it: what the analysis writes there is the analysis's to read."""
+    files = [f for f in reader_files(["uberprof/rundir"]) if f.name not in ("layout.py",
+                                                                           "__init__.py")]
+    assert ROOT / "uberprof/rundir/follow.py" in files
+    bad = [f"{f.relative_to(ROOT)}" for f in files
+           if any(w in f.read_text() for w in ("derived_dir", "DERIVED_DIR", "diagnosis.json"))]
+    assert not bad, bad

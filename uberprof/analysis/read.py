@@ -8,7 +8,10 @@ worked out in the view. While a job runs, `live_signals` is the one function tha
 timelines into indications (for `uberprof watch` and the live dashboard), and `saved_findings`
 reads what the last saved diagnosis said.
 
-`tests/test_architecture.py` holds views to this module, the diagnosis's model and its causes.
+Views select and group the saved tables with `sql_table` (DuckDB over Arrow); that is reading,
+not computing: a metric, a threshold or a verdict never comes from a view.
+`tests/unit/test_architecture.py` holds views to this module, the diagnosis's model and its
+causes.
 """
 
 from __future__ import annotations
@@ -21,19 +24,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES
 from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
 from uberprof.analysis.diagnosis.model import Diagnosis, Progress
+from uberprof.analysis.diagnosis.saved import SavedFindings
+from uberprof.analysis.diagnosis.summaries import sql_table
 
 if TYPE_CHECKING:
-    from uberprof.analysis.diagnosis.saved import SavedFindings
     from uberprof.analysis.diagnosis.step_signals import Signal
     from uberprof.analysis.diff.compare import Comparison
     from uberprof.analysis.tables.context import RunContext
     from uberprof.rundir.follow import RunFollower
 
-__all__ = ["DEFAULT_THRESHOLD_NS", "OpenedRun", "compare_runs", "diagnose_opened",
-           "live_signals", "open_run", "open_tables", "saved_findings"]
+__all__ = ["DEFAULT_THRESHOLD_NS", "MIN_INSTANCES", "OpenedRun", "SavedFindings", "compare_runs",
+           "diagnose_opened", "empty_report", "live_signals", "open_run", "open_tables",
+           "saved_findings", "sql_table"]
 
 
 @dataclass
@@ -58,12 +65,20 @@ class OpenedRun:
     def derived(self) -> Path | None:
         return self.ctx.derived if self.ctx is not None else None
 
-    def activity(self, rank: int) -> pa.Table | None:
-        """Rank `rank`'s device activity as the analysis saved it (role, start_ns, end_ns on
-        its own clock: compute, comm and memory intervals), None when it has none."""
-        if self.ctx is None:
-            return None
-        return self.ctx.activity(rank)
+    def activity(self, rank: int, lo: int | None = None, hi: int | None = None
+                 ) -> pa.Table | None:
+        """Rank `rank`'s device activity as the analysis counted it (ACTIVITY_SCHEMA: role,
+        start_ns, end_ns on its own clock, intervals disjoint per role), clipped to [lo, hi)
+        when given; None when it has none."""
+        t = self.ctx.activity(rank) if self.ctx is not None else None
+        if t is None or (lo is None and hi is None):
+            return t
+        lo = lo if lo is not None else -(2**63)
+        hi = hi if hi is not None else 2**63 - 1
+        t = t.filter(pc.and_(pc.less(t.column("start_ns"), hi),
+                             pc.greater(t.column("end_ns"), lo)))
+        return t.set_column(1, "start_ns", pc.max_element_wise(t.column("start_ns"), lo)) \
+                .set_column(2, "end_ns", pc.min_element_wise(t.column("end_ns"), hi))
 
 
 def open_tables(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
@@ -109,6 +124,14 @@ def open_run(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = 
     tables and its diagnosis (`open_tables`, then `diagnose_opened`)."""
     opened = open_tables(path, out=out, workers=workers, progress=progress, executor=executor)
     return diagnose_opened(opened, threshold_ns=threshold_ns, on_save_error=on_save_error)
+
+
+def empty_report(path: str | os.PathLike[str], problems: list[str]) -> dict[str, Any]:
+    """The report document of a path with nothing to diagnose (docs/json.md): the same fields
+    as any report, empty, with the problems under `run`."""
+    from uberprof.analysis.diagnosis.document import empty_diagnosis
+
+    return empty_diagnosis(Path(path), problems).to_json()
 
 
 def live_signals(follower: RunFollower) -> list[Signal]:

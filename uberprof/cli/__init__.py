@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from uberprof import __version__
+from uberprof._version import __version__
 from uberprof.cli.analyze import analyze
 from uberprof.cli.calibrate import calibrate
 from uberprof.cli.dashboard import dashboard

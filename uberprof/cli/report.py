@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -18,9 +17,6 @@ from uberprof.cli.options import (
     workers_option,
 )
 from uberprof.cli.output import cannot_write, unwritable
-
-if TYPE_CHECKING:
-    from uberprof.analysis.diagnosis.model import Diagnosis
 
 EPILOG = """\
 \b
@@ -35,7 +31,7 @@ Examples:
                short_help="Diagnose what holds a run back, with evidence and remedies.")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the diagnosis as JSON (stable; see README).")
+              help="Print the diagnosis as JSON (stable; docs/json.md).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML report to this file.")
 @gap_threshold_option("reported")
@@ -53,10 +49,8 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
     """
     import orjson
 
-    from uberprof.analysis.diagnosis.saved import load_or_diagnose
-    from uberprof.analysis.tables.context import load_context
+    from uberprof.analysis.read import empty_report, open_run
     from uberprof.analysis.tables.pool import keep_pandas_out
-    from uberprof.ingest.discover import NoTraces
     from uberprof.present.terminal.progress import ReadProgress
 
     if html_file is None:
@@ -70,23 +64,20 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         # kept for the dashboard, export and notebooks; a read-only place only costs a notice
         err.print(f"uberprof report: could not save the diagnosis tables ({exc})", markup=False)
 
-    try:
-        with ExitStack() as stack:
-            executor = dask_executor_or_exit(stack, dask_address, workers, "report")
-            with ReadProgress(err) as update:
-                ctx = load_context(path, out=out, workers=workers, progress=update,
-                                   executor=executor)
-            d = load_or_diagnose(ctx, threshold_ns=int(gap_threshold_us * 1000),
-                                 on_save_error=unsaved)
-    except NoTraces as exc:
-        d = _failures_only(path, str(exc))
-        if d is None:
-            if as_json:
-                sys.stdout.buffer.write(orjson.dumps({"run": {"path": str(path)}, "ranks": [],
-                                                      "findings": [], "problems": [str(exc)]},
-                                                     option=orjson.OPT_INDENT_2) + b"\n")
-            err.print(f"uberprof report: {exc}", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(1)
+    with ExitStack() as stack:
+        executor = dask_executor_or_exit(stack, dask_address, workers, "report")
+        with ReadProgress(err) as update:
+            opened = open_run(path, out=out, threshold_ns=int(gap_threshold_us * 1000),
+                              workers=workers, progress=update, executor=executor,
+                              on_save_error=unsaved)
+    d = opened.diagnosis
+    if d is None:  # nothing to diagnose: no trace, and no hang or crash recorded
+        if as_json:
+            sys.stdout.buffer.write(orjson.dumps(empty_report(path, opened.problems),
+                                                 option=orjson.OPT_INDENT_2) + b"\n")
+        err.print(f"uberprof report: {opened.no_traces}", markup=False, highlight=False,
+                  soft_wrap=True)
+        sys.exit(1)
     failed = False
     if html_file is not None:
         from uberprof.present.report_html import write_html
@@ -107,14 +98,3 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         render_report(d, Console())
     if failed or not d.ranks:
         sys.exit(1)
-
-
-def _failures_only(path: Path, why: str) -> Diagnosis | None:
-    """A run directory without traces still gets its hang and crash findings (None if none)."""
-    from uberprof.analysis.diagnosis.document import failures_only_diagnosis
-    from uberprof.rundir import RunDir
-
-    if not RunDir(path).is_run():
-        return None
-    d = failures_only_diagnosis(path, [why])
-    return d if d.findings else None

@@ -19,7 +19,7 @@ import pyarrow as pa
 from uberprof.ingest import classify as K
 
 if TYPE_CHECKING:
-    from uberprof.ingest.columns import IngestArgs
+    from uberprof.ingest.events import IngestArgs
 
 __all__ = ["CommArgs", "collective_columns", "comm_args_of"]
 

@@ -20,36 +20,11 @@ import numpy as np
 
 from uberprof.ingest.classify import is_device_category
 from uberprof.ingest.collectives import CommArgs, comm_args_of
-from uberprof.ingest.events import TraceArgs, TraceEvent, decode_events
+from uberprof.ingest.events import IngestArgs, IngestEvent, decode_events
 from uberprof.ingest.validate import as_float
 from uberprof.ingest.values import Coder, id_column, int_column, stream_column, stream_from_tid
 
-__all__ = ["BATCH", "Columns", "IngestArgs", "IngestEvent", "decode_columns"]
-
-
-class IngestArgs(TraceArgs, gc=False):
-    """What analysis needs beyond the common fields: operator links and collective metadata."""
-
-    device: Any = None
-    external_id: Any = msgspec.field(default=None, name="External id")
-    external_id_old: Any = msgspec.field(default=None, name="external id")  # 2021 traces
-    coll_name: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
-    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    # Shapes are kept as raw JSON text and decoded only for the few collective events.
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-    bytes: Any = None
-
-
-class IngestEvent(TraceEvent, gc=False):
-    args: IngestArgs | None = None
+__all__ = ["BATCH", "Columns", "decode_columns"]
 
 
 _BATCH_DECODER = msgspec.json.Decoder(list[IngestEvent])

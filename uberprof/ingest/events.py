@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-__all__ = ["TraceArgs", "TraceEvent", "decode_events"]
+__all__ = ["IngestArgs", "IngestEvent", "TraceArgs", "TraceEvent", "decode_events"]
 
 
 class TraceArgs(msgspec.Struct, gc=False):
@@ -83,3 +83,28 @@ def decode_events(chunk: list[msgspec.Raw], decoder: msgspec.json.Decoder[list[E
         elif keep_place:
             out.append(struct())
     return out
+
+
+class IngestArgs(TraceArgs, gc=False):
+    """What analysis needs beyond the common fields: operator links and collective metadata."""
+
+    device: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_old: Any = msgspec.field(default=None, name="external id")  # 2021 traces
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    # Shapes are kept as raw JSON text and decoded only for the few collective events.
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    bytes: Any = None
+
+
+class IngestEvent(TraceEvent, gc=False):
+    args: IngestArgs | None = None

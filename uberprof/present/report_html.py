@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from uberprof.analysis.diagnosis.gaps import CAUSES
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.units import fmt_num
 
@@ -122,14 +122,14 @@ def _ranks_html(d: Diagnosis) -> str:
     strag = d.straggler.rank if d.straggler else None
     head = ("<tr><th>rank</th><th class='l'>host</th><th>step ms</th><th>p90</th>"
             "<th>compute %</th><th>exposed comm %</th><th>idle %</th><th>overlap %</th>"
-            + "".join(f"<th>{c} idle ms</th>" for c in CAUSES)
+            + "".join(f"<th>{c} idle ms</th>" for c in GAP_CAUSES)
             + "<th>lateness ms</th><th>last</th></tr>")
     rows = []
     for x in d.ranks:
         b, g, lt = x["breakdown_pct"], x["idle_gaps"]["ms_by_cause"], x["lateness_ms"]
         cells = [x["rank"], x["host"], x["step_time_ms"]["median"], x["step_time_ms"]["p90"],
                  b["compute"], b["exposed_comm"], b["idle"], b["overlap"],
-                 *(g.get(c) for c in CAUSES), lt["median"],
+                 *(g.get(c) for c in GAP_CAUSES), lt["median"],
                  f"{lt['last_in']}/{lt['instances']}" if lt["instances"] else None]
         tds = "".join(f"<td{' class=l' if i == 1 else ''}>{e(_fmt(v))}</td>"
                       for i, v in enumerate(cells))
@@ -227,7 +227,7 @@ def _gaps_fig(d: Diagnosis) -> Any:
     go = _go()
     ranks = [str(x["rank"]) for x in d.ranks]
     fig = go.Figure()
-    for c in CAUSES:
+    for c in GAP_CAUSES:
         ys = [x["idle_gaps"]["ms_by_cause"].get(c) or 0 for x in d.ranks]
         if any(ys):
             fig.add_trace(go.Bar(x=ranks, y=ys, name=c))

@@ -15,8 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
-from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.analysis.read import MIN_INSTANCES
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
 __all__ = ["MAX_RANK_ROWS", "render_report"]

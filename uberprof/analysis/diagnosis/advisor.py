@@ -48,7 +48,7 @@ from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS, GAP_SCHEMA
 from uberprof.analysis.diagnosis.gpu_clocks import gpu_clocks, throttled_vs_others
 from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
-from uberprof.analysis.diagnosis.rank_diagnosis import TOP_GAPS, rank_passes
+from uberprof.analysis.diagnosis.rank_diagnosis import rank_passes
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
     Straggler,
@@ -57,12 +57,12 @@ from uberprof.analysis.diagnosis.stragglers import (
     straggler_cause,
     straggler_test,
 )
-from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
 from uberprof.analysis.diagnosis.summaries import sql_rows, summarise
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
 from uberprof.analysis.tables.steptime import step_time_doc
+from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["account", "analysed_steps", "diagnose", "diagnose_context"]
 
@@ -154,7 +154,7 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     return Diagnosis(run=run, ranks=ranks, findings=findings, alignment=alignment,
                      matched=matched, lateness=lat, gaps=gaps, bandwidth=bw, classes=classes,
                      straggler=straggler, steps=traced, summaries=summaries,
-                     top_gaps=top[:TOP_GAPS * 2], derived=Path(ctx.run.derived),
+                     top_gaps=top, derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs))
 
 

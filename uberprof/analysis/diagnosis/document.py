@@ -17,12 +17,12 @@ from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA
 from uberprof.analysis.diagnosis.lateness import LATENESS_SCHEMA
 from uberprof.analysis.diagnosis.model import SCHEMA_VERSION, Diagnosis, Finding
 from uberprof.analysis.diagnosis.summaries import RankSummaries, summarise
-from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
 from uberprof.analysis.tables.align import Alignment
 from uberprof.analysis.tables.collectives import INSTANCE_SCHEMA, Matched
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.derived import RUN_STEP_SCHEMA
 from uberprof.rundir import RunDir, ranks_by_id
+from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["empty_diagnosis", "failures_only_diagnosis", "ranks_doc", "run_doc", "run_doc_of"]
 

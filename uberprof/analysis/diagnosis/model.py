@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.align import Alignment
     from uberprof.analysis.tables.collectives import Matched
 
-__all__ = ["MIN_SHARE", "SCHEMA_VERSION", "Diagnosis", "Finding", "Progress", "ranks_text",
+__all__ = ["FAILURE_KINDS", "MIN_SHARE", "SCHEMA_VERSION", "Diagnosis", "Finding", "Progress", "ranks_text",
            "severity_of"]
 
 SCHEMA_VERSION = 1
+FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked first
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
 
 Progress = Callable[[int, int, str], None]  # (done, total, what): long work tells a progress bar
@@ -89,7 +90,7 @@ class Diagnosis:
     straggler: Straggler | None
     steps: pa.Table  # the analysed (traced) steps, RUN_STEP_SCHEMA
     summaries: RankSummaries  # per-rank lateness and idle by cause: every view reads these
-    top_gaps: list[dict[str, Any]] = field(default_factory=list)
+    top_gaps: list[dict[str, Any]] = field(default_factory=list)  # each rank's TOP_GAPS longest
     derived: Path | None = None  # the run's derived-tables folder
     inputs: list[str] = field(default_factory=list)  # the traces diagnosed (relative paths)
 

@@ -66,7 +66,7 @@ __all__ = [
     "save",
 ]
 
-SAVED_VERSION = 4  # bump when what is saved changes: older saves are diagnosed again
+SAVED_VERSION = 5  # bump when what is saved changes: older saves are diagnosed again
 _TABLES = ("instances", "unmatched", "lateness", "gaps", "bandwidth", "steps", "rank_lateness",
            "idle")
 

@@ -30,8 +30,7 @@ __all__ = [
     "RANK_LATENESS_SCHEMA",
     "RankSummaries",
     "idle_by_cause",
-    "ns_to_ms",
-    "rank_lateness",
+        "rank_lateness",
     "sql_table",
     "summarise",
     "time_shares",
@@ -52,11 +51,6 @@ IDLE_SCHEMA = pa.schema([
     ("idle_ns", pa.int64()),  # time in gaps over the threshold
     ("gaps", pa.int64()),
 ])
-
-
-def ns_to_ms(ns: float | None) -> float | None:
-    """ns -> ms rounded to the µs, the unit of every duration in the JSON documents."""
-    return None if ns is None else round(float(ns) / 1e6, 3)
 
 
 def sql_table(query: str, **tables: pa.Table) -> pa.Table:

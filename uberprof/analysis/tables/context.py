@@ -91,6 +91,14 @@ class RunContext:
         """Every event of one rank (not cached: a rank's table at a time bounds memory)."""
         return D.read_rank_events(self.derived, self.run.inputs, rank)
 
+    def activity(self, rank: int) -> pa.Table | None:
+        """One rank's device activity as the analysis counted it (ACTIVITY_SCHEMA), None when
+        it has none."""
+        try:
+            return D.read_rank_activity(self.derived, self.run.inputs, rank)
+        except (KeyError, OSError):
+            return None
+
     def host_of(self, rank: int) -> str | None:
         info = self.ranks.get(rank)
         return info.host if info else None

@@ -77,13 +77,14 @@ __all__ = [
     "write_parquet",
 ]
 
-FORMAT_VERSION = 4  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 5  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"
 # One input's tables (inputs/<key>/), and the run-level ones beside the manifest; summary.json
 # is both: an input's summary and the run's --json document.
 EVENTS_FILE = "events.parquet"
+ACTIVITY_FILE = "activity.parquet"  # a trace's device activity as interval sets, by role
 STEPS_FILE = "steps.parquet"
 COLLECTIVES_FILE = "collectives.parquet"
 SUMMARY_FILE = "summary.json"
@@ -149,6 +150,12 @@ RUN_STEP_SCHEMA = pa.schema([
 
 RUN_COLLECTIVE_SCHEMA = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA,
                                    ("trace", pa.string())])
+
+ACTIVITY_SCHEMA = pa.schema([  # merged intervals of one trace's activity, its own clock
+    ("role", pa.dictionary(pa.int8(), pa.string())),  # compute | comm | memory
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+])
 
 RANK_SCHEMA = pa.schema([
     ("rank", pa.int64()),
@@ -436,6 +443,17 @@ def read_rank_events(derived: Path, inputs: Mapping[str, Mapping[str, Any]],
     if not keys:
         raise KeyError(rank)
     return read_input_events(derived, keys)
+
+
+def read_rank_activity(derived: Path, inputs: Mapping[str, Mapping[str, Any]],
+                       rank: int) -> pa.Table:
+    """One rank's device activity (ACTIVITY_SCHEMA, all its inputs), what the analysis
+    counted as compute, communication and memory. KeyError when no input belongs to it."""
+    keys = rank_input_keys(inputs).get(rank)
+    if not keys:
+        raise KeyError(rank)
+    parts = [read_input_table(derived, k, ACTIVITY_FILE) for k in keys]
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def rank_input_keys(inputs: Mapping[str, Mapping[str, Any]]) -> dict[int, list[str]]:

@@ -24,6 +24,8 @@ import pyarrow as pa
 
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
+    ACTIVITY_FILE,
+    ACTIVITY_SCHEMA,
     BREAKDOWN_FIELDS,
     COLLECTIVE_SCHEMA,
     COLLECTIVES_FILE,
@@ -64,6 +66,7 @@ class TraceTables:
     steps: pa.Table  # STEP_SCHEMA
     collectives: pa.Table  # COLLECTIVE_SCHEMA
     summary: dict[str, Any]  # whole-trace breakdown (HTA-compatible) and trace metadata
+    activity: pa.Table  # ACTIVITY_SCHEMA: what the breakdown counted, for the views to draw
     problems: list[str] = field(default_factory=list)
 
 
@@ -133,7 +136,22 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
         problems.append(f"{t.path}: no device activity and no operators on a training thread: "
                         "nothing to break down")
     return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
-                       summary=summary, problems=problems)
+                       summary=summary, activity=activity_table(act), problems=problems)
+
+
+def activity_table(act: M.Activity) -> pa.Table:
+    """The interval sets of a trace's activity as rows (ACTIVITY_SCHEMA): what the breakdown
+    counted as compute, communication and memory, saved so a view draws it without
+    recomputing it from the events."""
+    parts = [(name, s) for name, s in (("compute", act.compute), ("comm", act.comm),
+                                       ("memory", act.memory))]
+    roles = np.concatenate([np.full(len(s), i, np.int8) for i, (_, s) in enumerate(parts)])
+    return pa.table({
+        "role": pa.DictionaryArray.from_arrays(pa.array(roles, pa.int8()),
+                                               pa.array([n for n, _ in parts])),
+        "start_ns": pa.array(np.concatenate([s.starts for _, s in parts]), pa.int64()),
+        "end_ns": pa.array(np.concatenate([s.ends for _, s in parts]), pa.int64()),
+    }, schema=ACTIVITY_SCHEMA)
 
 
 def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
@@ -147,6 +165,7 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
         write_parquet(tables.events, out / EVENTS_FILE, compression="zstd")
         write_parquet(tables.steps, out / STEPS_FILE)
         write_parquet(tables.collectives, out / COLLECTIVES_FILE)
+        write_parquet(tables.activity, out / ACTIVITY_FILE)
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
             tmp.write_bytes(orjson.dumps(doc))

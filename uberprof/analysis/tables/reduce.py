@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from uberprof import __version__
+from uberprof._version import __version__
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
     BREAKDOWN_FIELDS,

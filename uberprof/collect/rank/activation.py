@@ -125,7 +125,7 @@ def install_hooks() -> None:
     _wrap_profiler(torch)
     _wrap_dataloader(_BaseDataLoaderIter)
     _watch_first_forward(torch)
-    exits.install(log)
+    exits.install(log, on_exception=_spawned_rank_exception)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     atexit.register(_at_exit)
 
@@ -135,6 +135,16 @@ def _mine() -> bool:
 
 
 # ---- activation ------------------------------------------------------------------------------
+
+
+def _spawned_rank_exception(exc: BaseException) -> None:
+    """An exception of a rank started by mp.spawn, to this process's crash capture."""
+    try:
+        agent = current_agent(activate=False)
+        if agent is not None:
+            agent.capture.exception(exc, "mp.spawn")
+    except Exception as e:  # noqa: BLE001
+        log.error("recording a spawned rank's exception", e)
 
 
 def current_agent(activate: bool = True) -> Any:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from uberprof import __version__
+from uberprof._version import __version__
 from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank import clock

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,14 @@ from uberprof.collect.config import ENV_NODE, ENV_RUN_DIR
 from uberprof.collect.safety import AgentLog, swallowing
 from uberprof.rundir.layout import EXITS_PREFIX
 
+_on_exception: Callable[[BaseException], None] | None = None  # set by `install`
 
-def install(log: AgentLog) -> None:
+
+def install(log: AgentLog, on_exception: Callable[[BaseException], None] | None = None) -> None:
+    """Record the exits the launchers see; `on_exception` is told a spawned rank's exception
+    (the rank agent's capture: this module never imports the agent's activation)."""
+    global _on_exception
+    _on_exception = on_exception
     for name, patch in (("mp.spawn", _wrap_spawn), ("torchrun", _wrap_torchrun)):
         try:
             patch(log)
@@ -100,14 +107,8 @@ def _recording(fn: Any) -> Any:
 
 
 def _rank_exception(exc: BaseException) -> None:
-    from uberprof.collect.rank import activation
-
-    try:
-        agent = activation.current_agent(activate=False)
-        if agent is not None:
-            agent.capture.exception(exc, "mp.spawn")
-    except Exception as e:  # noqa: BLE001
-        activation.log.error("recording a spawned rank's exception", e)
+    if _on_exception is not None:
+        _on_exception(exc)
 
 
 def _wrap_torchrun(log: AgentLog) -> None:

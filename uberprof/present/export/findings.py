@@ -22,8 +22,8 @@ from typing import Any
 import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
-from uberprof.analysis.diagnosis.model import Diagnosis
-from uberprof.units import fmt_bytes
+from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Diagnosis
+from uberprof.units import fmt_bytes, ns_to_ms
 
 __all__ = ["FINDINGS_PROCESS", "GAP_LABEL", "Mark", "global_marks", "rank_marks"]
 
@@ -36,12 +36,7 @@ FINDINGS_PROCESS = "findings (uberprof)"  # the run-wide marks' process
 
 GAP_LABEL = {k: f"idle: {c.label}" for k, c in GAP_CAUSES.items()}
 # The findings of a moment (the diagnosis's failure kinds): an instant, not a range.
-MOMENT_KINDS = ("hang", "crash")
 
-
-def _ms(ns: float | None) -> float | None:
-    """ns -> ms rounded to the µs, as the diagnosis's JSON documents give durations."""
-    return None if ns is None else round(float(ns) / 1e6, 3)
 
 
 @dataclass
@@ -72,7 +67,7 @@ def rank_marks(d: Diagnosis, ranks: Iterable[int],
             continue
         out[r].append(Mark(TRACK_GAPS, g["start_ns"] + offsets.get(r, 0), g["dur_ns"],
                            f"idle: {gap_cause(g['cause']).label}",
-                           {"cause": g["cause"], "step": g["step"], "idle_ms": _ms(g["dur_ns"]),
+                           {"cause": g["cause"], "step": g["step"], "idle_ms": ns_to_ms(g["dur_ns"]),
                             "before": g["before"], "after": g["after"],
                             "what": "device idle longer than the gap threshold (uberprof)"},
                            g["step"]))
@@ -115,14 +110,14 @@ def _straggler_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]],
             out[r].append(Mark(TRACK_WAITS, x["start_ns"], end - x["start_ns"],
                                f"waiting for rank {s.rank}",
                                {"collective": what, "instance": iid, "wait_ms":
-                                _ms(end - x["start_ns"]), "straggler": s.rank,
+                                ns_to_ms(end - x["start_ns"]), "straggler": s.rank,
                                 "straggler_cause": cause, "confidence": s.confidence,
                                 "test": (s.test or {}).get("sentence")}, step))
         if s.rank in want and last["start_ns"] > first:
             out[s.rank].append(Mark(TRACK_WAITS, first, last["start_ns"] - first,
                                     f"late: the others wait (straggler, {cause})",
                                     {"collective": what, "instance": iid,
-                                     "late_ms": _ms(last["start_ns"] - first),
+                                     "late_ms": ns_to_ms(last["start_ns"] - first),
                                      "cause": cause, "confidence": s.confidence,
                                      "test": (s.test or {}).get("sentence")}, step))
 
@@ -145,7 +140,7 @@ def _link_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want
                 "class_busbw_gbit_s": cd["busbw_gbit_s"], "peak_gbit_s": cd["peak_gbit_s"],
                 "peak_source": cd["peak_source"], "class_of_peak_pct": cd["busbw_of_peak_pct"],
                 "instance": b["instance"], "step": b["step"],
-                "transfer_ms": _ms(b["t_ns"]) if b.get("t_ns") is not None else None,
+                "transfer_ms": ns_to_ms(b["t_ns"]) if b.get("t_ns") is not None else None,
                 "transfer_basis": b.get("t_basis"), "confidence": cd.get("confidence")}
         label = f"{c.verdict}: {b['name']} {fmt_bytes(b['bytes'], missing='? B')}"
         if busbw is not None:
@@ -193,7 +188,7 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
             continue
         track = f"{n}. [{f.severity}] {f.kind}" + (f" ({f.cause})" if f.cause else "") + \
             ("" if f.confidence == "confirmed" else f" {f.confidence}")
-        moment = f.evidence.get("moment_ns") if f.kind in MOMENT_KINDS else None
+        moment = f.evidence.get("moment_ns") if f.kind in FAILURE_KINDS else None
         if isinstance(moment, int):
             out.append(_moment_mark(track, f, moment, window))
             continue
@@ -217,7 +212,7 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
         out.append(Mark("analysed steps (all ranks)", a, b - a,
                         f"step {s}" if s >= 0 else "whole trace",
                         {"step": s, "ranks": len(rs), "slowest_rank": slowest["rank"],
-                         "slowest_ms": _ms(slowest["host_end_ns"] - slowest["host_start_ns"])},
+                         "slowest_ms": ns_to_ms(slowest["host_end_ns"] - slowest["host_start_ns"])},
                         s))
     for h in d.alignment.hosts:
         label = (f"{h.host}: reference clock" if h.method == "reference" else

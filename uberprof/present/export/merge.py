@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from uberprof import __version__
+from uberprof._version import __version__
 from uberprof.analysis.diagnosis.model import Diagnosis, Progress
 from uberprof.analysis.read import OpenedRun
 from uberprof.present.export.budget import Cut
@@ -48,7 +48,7 @@ from uberprof.present.export.overlay import (
 from uberprof.present.export.plan import Plan, plan_cut, plan_layout
 from uberprof.present.export.tracks import RankState, rank_name, write_file
 from uberprof.present.export.window import Selection, select_window
-from uberprof.present.export.writer import TraceWriter, open_writer
+from uberprof.present.export.writer import TraceWriter
 
 if TYPE_CHECKING:
     from uberprof.analysis.read import RunContext  # OpenedRun.ctx
@@ -182,3 +182,23 @@ def _summary(d: Diagnosis, ctx: RunContext, opts: ExportOptions, sel: Selection,
         "findings": [f.title for f in d.findings],
         "notes": notes,
     }
+
+
+def open_writer(fmt: str, out: Path, gzipped: bool, base: int) -> TraceWriter:
+    """The writer of format `fmt` (chrome or perfetto) for `out` (".gz" added when
+    compressing), timestamps relative to `base` ns."""
+    out = Path(out)
+    if gzipped and not out.name.endswith(".gz"):
+        out = out.with_name(out.name + ".gz")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "perfetto":
+        from uberprof.present.export.perfetto import PerfettoWriter
+
+        return PerfettoWriter(out, gzipped, base)
+    if fmt != "chrome":
+        raise ValueError(f"format must be chrome or perfetto, not {fmt!r}")
+    from uberprof.present.export.chrome import ChromeWriter
+
+    header = {"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": base,
+              "traceName": "uberprof export"}
+    return ChromeWriter(out, gzipped, header)

@@ -6,7 +6,8 @@ where events go, `events()` hands over a batch (Chrome-shaped dicts, ts/dur in i
 the file's time base), `end_unit()` closes a rank's file (a writer may buffer that much, never
 more), then `finish(summary)` or, on any error, `abort()`. Both formats write through
 `AtomicOutput`: a temporary file renamed into place, so a failed or interrupted export never
-leaves a truncated trace under the final name. `open_writer` picks the format's writer.
+leaves a truncated trace under the final name. `merge.open_writer` picks the
+format's writer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO
 
 from uberprof.present.export.layout import ProcessInfo, TrackInfo
 
-__all__ = ["FLUSH_BYTES", "AtomicOutput", "TraceWriter", "open_writer"]
+__all__ = ["FLUSH_BYTES", "AtomicOutput", "TraceWriter"]
 
 FLUSH_BYTES = 1 << 20  # handed on in ~1 MB chunks: one gzip write per event would double the time
 
@@ -121,23 +122,3 @@ class TraceWriter(ABC):
     def abort(self) -> None:
         """Leave nothing behind: the temporary file is deleted, the final name never written."""
         self._file.discard()
-
-
-def open_writer(fmt: str, out: Path, gzipped: bool, base: int) -> TraceWriter:
-    """The writer of format `fmt` (chrome or perfetto) for `out` (".gz" added when
-    compressing), timestamps relative to `base` ns."""
-    out = Path(out)
-    if gzipped and not out.name.endswith(".gz"):
-        out = out.with_name(out.name + ".gz")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "perfetto":
-        from uberprof.present.export.perfetto import PerfettoWriter
-
-        return PerfettoWriter(out, gzipped, base)
-    if fmt != "chrome":
-        raise ValueError(f"format must be chrome or perfetto, not {fmt!r}")
-    from uberprof.present.export.chrome import ChromeWriter
-
-    header = {"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": base,
-              "traceName": "uberprof export"}
-    return ChromeWriter(out, gzipped, header)

@@ -15,14 +15,18 @@ import select
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from uberprof.analysis.read import SavedFindings, saved_findings as read_saved_findings
+from uberprof.analysis.read import live_signals, saved_findings
 from uberprof.rundir.follow import LiveState, RunFollower
+
+if TYPE_CHECKING:
+    from uberprof.analysis.read import SavedFindings
 
 MAX_ROWS = 32  # ranks shown; the slowest first when there are more
 
@@ -32,15 +36,9 @@ def _ms(ns: float | None) -> str:
 
 
 def live_notes(follower: RunFollower) -> list[str]:
-    """What the step timelines already show, before any diagnosis: stragglers and data stalls
-    under the diagnosis's own tests (`uberprof.analysis.diagnosis.step_signals`), "suspected" when the
-    evidence is thin."""
-    from uberprof.analysis.diagnosis.busy import followed_busy
-    from uberprof.analysis.diagnosis.step_signals import WINDOW, step_signals
-
-    return [s.title for s in step_signals(follower.series("duration_ns"),
-                                          follower.series("data_wait_ns"),
-                                          busy=followed_busy(follower, WINDOW))]
+    """What the step timelines already show, before any diagnosis: the indications of
+    `uberprof.analysis.read.live_signals`, the same as the live dashboard's."""
+    return [s.title for s in live_signals(follower)]
 
 
 def render(state: LiveState, saved: SavedFindings | None, title: str,
@@ -116,7 +114,7 @@ def watch(run: Path, console: Console, interval: float = 2.0, once: bool = False
     follower = RunFollower(run)
     title = run.resolve().name
     state = follower.poll()
-    saved = read_saved_findings(run)
+    saved = saved_findings(run)
     if once:
         console.print(render(state, saved, title, following=False,
                              notes=live_notes(follower)))
@@ -129,7 +127,7 @@ def watch(run: Path, console: Console, interval: float = 2.0, once: bool = False
                 if key in ("q", "Q"):
                     break
                 state = follower.poll()
-                saved = read_saved_findings(run)
+                saved = saved_findings(run)
                 live.update(render(state, saved, title, notes=live_notes(follower)),
                             refresh=True)
         except KeyboardInterrupt:

@@ -17,8 +17,8 @@ from uberprof.analysis.diagnosis.causes import EXPOSED_COMM_REMEDY
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
-from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
 from uberprof.analysis.diagnosis.summaries import sql_rows
+from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["KINDS", "exposed_comm_findings"]
 

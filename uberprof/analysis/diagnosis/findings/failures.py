@@ -37,7 +37,7 @@ from uberprof.analysis.diagnosis.failure_evidence import (
     main_of,
     where,
 )
-from uberprof.analysis.diagnosis.model import Finding
+from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Finding
 from uberprof.rundir import RunDir, list_nodes
 from uberprof.rundir.failures import (
     Collective,
@@ -46,7 +46,6 @@ from uberprof.rundir.step_table import StepTail
 
 __all__ = ["FAILURE_KINDS", "KINDS", "failure_findings", "hang_summary", "run_failure_findings"]
 
-FAILURE_KINDS = ("hang", "crash")
 KINDS = FAILURE_KINDS
 VICTIM_PATTERNS = re.compile(
     r"connection reset by peer|connection closed by peer|broken pipe|connection refused|"

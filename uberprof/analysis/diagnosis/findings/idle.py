@@ -17,8 +17,8 @@ from uberprof.analysis.diagnosis.evidence import count_test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.gaps import CAUSES
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
-from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
 from uberprof.analysis.diagnosis.summaries import sql_rows
+from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["KINDS", "idle_findings"]
 

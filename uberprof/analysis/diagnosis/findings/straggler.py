@@ -13,8 +13,8 @@ from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.model import Finding, severity_of
 from uberprof.analysis.diagnosis.stragglers import BASIS_FLIGHT_RECORDER, Straggler
 from uberprof.analysis.diagnosis.summaries import RankSummaries
-from uberprof.analysis.diagnosis.summaries import ns_to_ms as _ms
 from uberprof.analysis.tables.context import RunContext
+from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["KINDS", "straggler_findings"]
 
