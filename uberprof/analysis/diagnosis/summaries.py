@@ -26,11 +26,11 @@ from uberprof.analysis.tables import metrics as M
 
 __all__ = [
     "IDLE_SCHEMA",
-    "sql_rows",
     "RANK_LATENESS_SCHEMA",
     "RankSummaries",
     "idle_by_cause",
-        "rank_lateness",
+    "rank_lateness",
+    "sql_rows",
     "sql_table",
     "summarise",
     "time_shares",
