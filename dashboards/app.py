@@ -81,6 +81,44 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
     Host header values accepted (the loopback names when listening on 127.0.0.1, so that a web
     page cannot reach the dashboard through DNS rebinding); None accepts any.
     """
+    server = _server(auth, allowed_hosts)
+    app = _dash_app(server, data.label)
+    pages = _pages()
+    from uberprof.dashboards.live import live_for
+
+    live = live_for(data)
+    app.layout = html.Div([
+        dcc.Location(id="url", refresh="callback-nav"),
+        html.Div(id="nav"),
+        *(live.layout() if live is not None else []),
+        dcc.Loading(html.Main(id="page"), type="dot", delay_show=400),
+    ], className="app")
+
+    def data_of() -> RunData:
+        """The run as shown now (grows while its job runs: `dashboards/live.py`)."""
+        return live.current() if live is not None else data
+
+    _route_urls(app, pages, data_of, live is not None)
+    for m in pages.values():
+        if hasattr(m, "register"):
+            m.register(app, data_of)
+    if live is not None:
+        from uberprof.dashboards.live import EXTENSION
+
+        live.register(app)
+        server.extensions[EXTENSION] = live
+    if warm:  # the first visitor should not pay for caches and plotly's templates
+        try:
+            pages["/"].layout(data_of(), Selection())
+        except Exception as exc:  # noqa: BLE001 - the page shows the error when visited
+            server.logger.warning("warming the overview failed: %s", exc)
+    return app
+
+
+def _server(auth: tuple[str, str] | None, allowed_hosts: tuple[str, ...] | None
+            ) -> flask.Flask:
+    """The Flask server behind the app: the gate (`gate.secure`), no /static route, a 404 for
+    a component file that does not exist, and the light plotly.js where it can be served."""
     server = flask.Flask("uberprof-dashboard", static_folder=None)  # no /static route
     secure(server, auth, allowed_hosts)
 
@@ -97,8 +135,14 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
             if flask.request.path == PLOTLY_JS_PATH:
                 return flask.send_file(light, mimetype="application/javascript", max_age=86400)
             return None
+    return server
+
+
+def _dash_app(server: flask.Flask, label: str) -> dash.Dash:
+    """The Dash app on `server`, its scripts served from the package, fetching what the first
+    graph will ask for while the page starts."""
     app = dash.Dash(
-        "uberprof-dashboard", server=server, title=f"uberprof · {data.label}",
+        "uberprof-dashboard", server=server, title=f"uberprof · {label}",
         assets_folder=str(ASSETS),
         suppress_callback_exceptions=True, serve_locally=True,
         update_title=None, compress=False, enable_mcp=False,
@@ -107,23 +151,14 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
     app.index_string = app.index_string.replace("{%css%}", "{%css%}" + "".join(
         f'\n        <link rel="preload" as="script" href="{p}">'
         for p in (PLOTLY_JS_PATH, GRAPH_JS_PATH)), 1)
-    pages = _pages()
-    from uberprof.dashboards.live import live_for
+    return app
 
-    live = live_for(data)
-    app.layout = html.Div([
-        dcc.Location(id="url", refresh="callback-nav"),
-        html.Div(id="nav"),
-        *(live.layout() if live is not None else []),
-        dcc.Loading(html.Main(id="page"), type="dot", delay_show=400),
-    ], className="app")
 
-    def data_of() -> RunData:
-        """The run as shown now (grows while its job runs: `dashboards/live.py`)."""
-        return live.current() if live is not None else data
-
-    # A run followed while its job runs is rebuilt in place when it was analysed again.
-    again = [Input("live-generation", "data")] if live is not None else []
+def _route_urls(app: dash.Dash, pages: dict[str, ModuleType], data_of: Any,
+                live: bool) -> None:
+    """The one callback from the URL to the navigation bar and the page's layout; a run
+    followed while its job runs is rebuilt in place when it was analysed again."""
+    again = [Input("live-generation", "data")] if live else []
 
     @app.callback(Output("nav", "children"), Output("page", "children"),
                   Input("url", "pathname"), Input("url", "search"), *again)
@@ -146,27 +181,12 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
         try:
             body = page.layout(data, sel)
         except Exception as exc:
-            server.logger.exception("page %s%s failed", path, search or "")
+            app.server.logger.exception("page %s%s failed", path, search or "")
             body = ui.page("page-error", html.H2("This page failed"),
                            ui.notice(f"{type(exc).__name__} while building {path}: the "
                                      "details are in the log of `uberprof dashboard`.", "bad"),
                            dcc.Link("Back to the overview", href="/"))
         return nav, body
-
-    for m in pages.values():
-        if hasattr(m, "register"):
-            m.register(app, data_of)
-    if live is not None:
-        from uberprof.dashboards.live import EXTENSION
-
-        live.register(app)
-        server.extensions[EXTENSION] = live
-    if warm:  # the first visitor should not pay for caches and plotly's templates
-        try:
-            pages["/"].layout(data_of(), Selection())
-        except Exception as exc:  # noqa: BLE001 - the page shows the error when visited
-            server.logger.warning("warming the overview failed: %s", exc)
-    return app
 
 
 def _bad_selection(data: RunData, sel: Selection, path: str) -> html.Div | None:

@@ -1,13 +1,14 @@
 """The dashboard following a running job. Above every page: a status line ("running · N steps ·
 last step 2 s ago") and the straggler and data-stall indications of the step timelines
-(`uberprof.analysis.diagnosis.step_signals`). Every few seconds the open page asks what is new; what the
-job appended is read incrementally (`uberprof.rundir.follow`), and the page's growing parts are
-redrawn in place, without a reload: the overview's step-time heat map, the steps page's recent
-step times and step picker, the counters page's figure.
+(`uberprof.analysis.read.live_signals`, the same as `uberprof watch`'s). Every few seconds the
+open page asks what is new; what the job appended is read incrementally
+(`uberprof.rundir.follow`), and the page's growing parts are redrawn in place, without a
+reload: the overview's step-time heat map, the steps page's recent step times and step picker,
+the counters page's figure.
 
 Heavier news is handled in a background thread, then shown by rebuilding the open page in place:
-- a new trace window: the run is analysed again (only the new inputs: `uberprof.analysis`'s
-  derived tables are reused when fresh), so its steps become selectable;
+- a new trace window: the run is opened again (`read.open_tables`: only the new inputs are
+  analysed, the derived tables are reused when fresh), so its steps become selectable;
 - the end of the job: the whole run is analysed and diagnosed as `uberprof report` would (the
   saved diagnosis is reused when fresh); the status says so, then the timer stops.
 Runs whose job has ended get none of this.
@@ -23,6 +24,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
+from uberprof.analysis.read import live_signals, open_tables
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.ui import Selection
@@ -85,10 +87,12 @@ class Live:
         self._worker.start()
 
     def _analyse(self, final: bool, traces: frozenset[str]) -> None:
-        """Analyse the run again (new inputs only) and diagnose it, then swap it in."""
+        """Open the run again (new inputs only) and diagnose it, then swap it in."""
         old = self._base
         try:
-            new = RunData(root=old.root, out=old.out, workers=old.workers).load()
+            new = RunData.of(open_tables(old.root, out=old.out, workers=old.workers),
+                             out=old.out, workers=old.workers, baseline=old.baseline,
+                             comparison=old.comparison)
             new.warm()  # the diagnosis: read back when fresh, else made (and saved)
             news = "" if new.diagnosis_error is None else \
                 f"the diagnosis failed: {new.diagnosis_error}"
@@ -124,16 +128,11 @@ class Live:
         return line
 
     def signals(self) -> Any:
-        """The indications of the step timelines, recomputed when steps arrived."""
-        from uberprof.analysis.diagnosis.busy import followed_busy
-        from uberprof.analysis.diagnosis.step_signals import WINDOW, step_signals
-
+        """The indications of the step timelines (`read.live_signals`), asked again when
+        steps arrived."""
         with self._lock:
             if self._signals[0] != self._rows:
-                found = step_signals(self.follower.series("duration_ns"),
-                                     self.follower.series("data_wait_ns"),
-                                     busy=followed_busy(self.follower, WINDOW))
-                self._signals = (self._rows, found)
+                self._signals = (self._rows, live_signals(self.follower))
             found = self._signals[1]
         return [html.Div([html.Span(s.kind.replace("_", " ")
                                     + (" · suspected" if s.confidence == "suspected" else ""),

@@ -21,7 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["FINAL_S", "GRACE_S", "HOST", "MODULE", "NICE", "free_port", "serve_beside", "start_dashboard"]
+__all__ = ["FINAL_S", "GRACE_S", "HOST", "MODULE", "NICE", "free_port", "serve_beside",
+           "start_dashboard"]
 
 NICE = 10  # below the job's processes: the dashboard yields the CPU to training
 GRACE_S = 10.0  # served this long after the job ends, so that open pages show the end
@@ -66,12 +67,14 @@ def serve_beside(run_dir: Path, port: int, parent: int, poll_s: float = 1.0) -> 
         state = follower.poll()
     if state.ended:
         return 0
+    from uberprof.analysis.read import open_tables
     from uberprof.dashboards.app import create_app, loopback_hosts
     from uberprof.dashboards.data import RunData
     from uberprof.dashboards.live import EXTENSION
     from uberprof.dashboards.server import ServeError, make_server
 
-    data = RunData(root=run_dir).load()
+    data = RunData.of(open_tables(run_dir))
+    data.diagnose()  # read.diagnose_opened: the saved one when fresh, else made (and saved)
     app = create_app(data, allowed_hosts=loopback_hosts(HOST))
     try:
         server = make_server(HOST, port, app.server)

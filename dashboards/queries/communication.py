@@ -1,5 +1,6 @@
 """What `/communication` shows: the diagnosis's bandwidth per collective class and per matched
-instance (`uberprof.analysis.diagnosis.bandwidth`), and time per collective kind and message size."""
+instance (`Diagnosis.classes`, `Diagnosis.bandwidth`), and time per collective kind and message
+size (the analysis's collectives table, grouped)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis.diagnosis.summaries import sql_table
+from uberprof.analysis.read import sql_table
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import evenly
 

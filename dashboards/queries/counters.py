@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from uberprof.analysis.diagnosis.summaries import sql_table
+from uberprof.analysis.read import sql_table
 from uberprof.dashboards.data import RunData
 
 __all__ = ["merge_spans", "rank_on_node", "step_boundaries", "throttle_spans"]

@@ -1,6 +1,6 @@
 """What `/gaps` shows: idle time by rank and cause (the diagnosis's summaries), gap durations
-for a histogram, and the longest gaps with what the host was doing
-(`uberprof.analysis.diagnosis.gaps.gap_context`)."""
+for a histogram, and the longest gaps with what the host was doing (the diagnosis's
+`top_gaps`: each rank's longest, with their host context)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.diagnosis.summaries import sql_table
+from uberprof.analysis.read import sql_table
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import evenly
 
@@ -42,24 +42,10 @@ def gap_durations(run: RunData, rank: int | None = None, limit: int = 20_000
 
 
 def largest_gaps(run: RunData, rank: int | None = None, limit: int = 15) -> list[dict[str, Any]]:
-    """The longest gaps with what the host was doing (of one rank, or of the whole run)."""
+    """The longest gaps with what the host was doing, longest first: of the whole run, or of
+    one rank (the diagnosis keeps each rank's 5 longest: `Diagnosis.top_gaps`)."""
     d = run.diagnose()
-    if _gaps_of(run, None) is None:
+    if d is None or _gaps_of(run, None) is None:
         return []
-    if rank is None:
-        return run.once("largest_gaps", lambda: sorted(d.top_gaps,
-                                                       key=lambda g: -g["dur_ns"])[:limit])
-
-    def build() -> list[dict[str, Any]]:
-        from uberprof.analysis.diagnosis.gaps import gap_context
-
-        mine = _gaps_of(run, rank)
-        if mine is None or mine.num_rows == 0:
-            return []
-        try:
-            events = run.ctx.events(rank)
-        except (KeyError, OSError):
-            return [{**g, "host": None} for g in mine.sort_by(
-                [("dur_ns", "descending")]).slice(0, limit).to_pylist()]
-        return [{**g, "rank": rank} for g in gap_context(events, mine, limit)]
-    return run.once(f"largest_gaps:{rank}:{limit}", build)
+    mine = [g for g in d.top_gaps if rank is None or g["rank"] == rank]
+    return sorted(mine, key=lambda g: -g["dur_ns"])[:limit]

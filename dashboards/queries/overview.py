@@ -6,20 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from uberprof.analysis.diagnosis.summaries import sql_table
-from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.read import sql_table
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import Heatmap, heatmap_of_series
 
 __all__ = ["health", "step_heatmap"]
 
-_TOTALS = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
-
 
 def health(run: RunData) -> dict[str, Any]:
     """The numbers behind the overview's cards: ranks, hosts, steps, host step time over every
-    step of every rank (median, p90), the run's breakdown (metrics.percentages of the ranks'
-    totals), the straggler and the findings by severity."""
+    step of every rank (median, p90), the run's breakdown (`read.OpenedRun.run_breakdown`: the
+    ranks' totals together), the straggler and the findings by severity."""
     return run.once("health", lambda: _health(run))
 
 
@@ -43,9 +40,8 @@ def _health(run: RunData) -> dict[str, Any]:
         "straggler": None, "diagnosis_error": run.diagnosis_error,
     }
     rt = run.rank_table()
-    if rt is not None and rt.num_rows:
-        tot = {f: sum(x or 0 for x in rt.column(f"{f}_ns").to_pylist()) for f in _TOTALS}
-        out["breakdown"] = M.percentages(**tot)
+    if rt is not None and run.opened is not None:
+        out["breakdown"] = run.opened.run_breakdown()
         modes = set(rt.column("mode").to_pylist())
         out["device"] = next((d for d, m in zip(rt.column("device_type").to_pylist(),
                                                 rt.column("mode").to_pylist())

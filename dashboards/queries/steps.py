@@ -1,8 +1,8 @@
-"""What `/steps` shows of one step: every rank's device activity on aligned clocks (the sets of
-`uberprof.analysis.tables.metrics.device_activity`, clipped to the rank's device window of the step
-and merged to about a pixel), its idle gaps, each rank's arrival at every collective, the
-step's per-rank lateness summary (`uberprof.analysis.diagnosis.summaries.rank_lateness`), and every
-rank's host step time and data wait."""
+"""What `/steps` shows of one step: every rank's device activity on aligned clocks (what the
+analysis counted, `read.OpenedRun.activity`, clipped to the rank's device window of the step
+and merged to about a pixel for drawing), its idle gaps, each rank's arrival at every
+collective, the step's per-rank lateness (the diagnosis's lateness table, grouped by rank), and
+every rank's host step time and data wait."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.diagnosis.summaries import rank_lateness, sql_table
-from uberprof.analysis.tables import intervals as iv
-from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.read import sql_table
 from uberprof.dashboards.data import RunData
 
 __all__ = ["RankTimeline", "StepTimeline", "step_lateness", "step_ranks", "step_timeline"]
@@ -52,20 +50,21 @@ def step_ranks(run: RunData, step: int) -> pa.Table:
 
 
 def step_lateness(run: RunData, step: int) -> list[dict[str, Any]]:
-    """Per rank, its lateness at this step's matched collectives: the diagnosis's per-rank
-    summary (median, p90, times alone last, instances) restricted to the step, and its worst
-    (ms); latest first."""
+    """Per rank, its lateness at this step's matched collectives: the diagnosis's lateness
+    rows of the step grouped by rank (median, p90, times alone last, instances, and its worst,
+    in ms); latest first."""
     d = run.diagnose()
     if d is None or d.lateness.num_rows == 0:
         return []
-    lat = d.lateness.filter(pc.equal(d.lateness.column("step"), step))
-    if lat.num_rows == 0:
-        return []
-    worst = sql_table("SELECT rank, max(lateness_ns) AS m FROM l GROUP BY rank", l=lat)
-    worst_of = dict(zip(worst.column("rank").to_pylist(), worst.column("m").to_pylist()))
-    rows = [{"rank": r["rank"], "instances": r["instances"], "last_in": r["last_in"],
-             "median_ms": (r["median_ns"] or 0) / 1e6, "p90_ms": (r["p90_ns"] or 0) / 1e6,
-             "max_ms": worst_of[r["rank"]] / 1e6} for r in rank_lateness(lat).to_pylist()]
+    rows = sql_table(f"""
+        SELECT rank, count(*) AS instances, count(*) FILTER (WHERE sole_last) AS last_in,
+               quantile_cont(lateness_ns, 0.5) / 1e6 AS median_ms,
+               quantile_cont(lateness_ns, 0.9) / 1e6 AS p90_ms,
+               max(lateness_ns) / 1e6 AS max_ms
+        FROM l WHERE step = {int(step)} GROUP BY rank
+    """, l=d.lateness).to_pylist()
+    for r in rows:
+        r["median_ms"], r["p90_ms"] = r["median_ms"] or 0.0, r["p90_ms"] or 0.0
     return sorted(rows, key=lambda r: (-r["median_ms"], r["rank"]))
 
 
@@ -118,28 +117,39 @@ def _step_timeline(run: RunData, step: int, focus: int | None, max_ranks: int
     out = []
     for r in rows:
         rank, lo, hi = r["rank"], r["device_start_ns"], r["device_end_ns"]
-        try:
-            act = M.device_activity(run.ctx.events(rank))
-        except (KeyError, OSError):
+        act = run.opened.activity(rank, lo, hi) if run.opened is not None else None
+        if act is None:
             continue
         off = offset(rank) - t0
-        parts = {}
-        for role, s in (("compute", act.compute), ("comm", act.comm), ("memory", act.memory)):
-            c = iv.clip(s, lo, hi)
-            if len(c):
-                m = iv.union(c.starts, c.ends + res)  # merge what a pixel cannot split
-                parts[role] = ((m.starts + off) / 1e6, (m.ends - res + off) / 1e6)
         g = []
         if gaps is not None and gaps.num_rows:
             for x in gaps.filter(pc.equal(gaps.column("rank"), rank)).to_pylist():
                 g.append({"start": (x["start_ns"] + off) / 1e6, "end": (x["end_ns"] + off) / 1e6,
                           "cause": x["cause"], "before": x["before"], "after": x["after"],
                           "ms": x["dur_ns"] / 1e6})
-        out.append(RankTimeline(rank=rank, host=run.host_of(rank), parts=parts,
+        out.append(RankTimeline(rank=rank, host=run.host_of(rank), parts=_drawn(act, res, off),
                                 window=((lo + off) / 1e6, (hi + off) / 1e6), gaps=g))
     return StepTimeline(step=step, ranks=out, arrivals=_arrivals(run, step, {r.rank for r in out},
                                                                  t0),
                         resolution_ms=res / 1e6, left_out=left_out)
+
+
+def _drawn(act: pa.Table, res: int, off: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per role, the intervals of `act` as bars (starts, ends in ms, `off` ns onto the aligned
+    clock), those less than a pixel (`res` ns) apart drawn as one."""
+    parts = {}
+    for role in ("compute", "comm", "memory"):
+        mine = act.filter(pc.equal(act.column("role"), role))
+        if mine.num_rows == 0:
+            continue
+        s = mine.column("start_ns").to_numpy()
+        order = np.argsort(s, kind="stable")
+        s = s[order]
+        reach = np.maximum.accumulate(mine.column("end_ns").to_numpy()[order] + res)
+        first = np.flatnonzero(np.concatenate(([True], s[1:] > reach[:-1])))
+        last = np.append(first[1:] - 1, s.size - 1)
+        parts[role] = ((s[first] + off) / 1e6, (reach[last] - res + off) / 1e6)
+    return parts
 
 
 def _arrivals(run: RunData, step: int, shown: set[int], t0: int) -> list[dict[str, Any]]:

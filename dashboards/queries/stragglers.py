@@ -1,12 +1,12 @@
 """What `/stragglers` shows: lateness per rank and step, the ranks ordered by lateness (the
-diagnosis's per-rank summaries, `uberprof.analysis.diagnosis.summaries`), the rank of median lateness
-that the straggler is set beside, and the straggler's excess per step by factor."""
+diagnosis's per-rank summaries, `Diagnosis.summaries`), the rank of median lateness that the
+straggler is set beside, and the straggler's excess per step by factor."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from uberprof.analysis.diagnosis.summaries import sql_table
+from uberprof.analysis.read import sql_table
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import Heatmap, dense_heatmap
 

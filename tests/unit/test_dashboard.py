@@ -695,6 +695,41 @@ def test_without_a_saved_diagnosis_nothing_is_read(tmp_path: Path) -> None:
     assert again.read_saved_diagnosis() is True
 
 
+def test_the_pages_read_the_run_as_it_was_opened(synth_run: Path, synth_data: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunData holds the OpenedRun its caller made (`read.open_run`) and the comparison it was
+    given: no page diagnoses or compares again; a rank's largest gaps are the diagnosis's own
+    (`Diagnosis.top_gaps`), its longest gaps, longest first."""
+    from uberprof.analysis import read
+    from uberprof.analysis.diagnosis import advisor
+    from uberprof.dashboards.data import RunData
+    from uberprof.dashboards.queries import gaps as gaps_q
+    from uberprof.dashboards.queries.compare import Compared, comparison
+    from uberprof.dashboards.ui import Selection
+
+    opened = read.open_run(synth_run, workers=1)
+
+    def fail(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("computed again")
+
+    monkeypatch.setattr(advisor, "diagnose_context", fail)
+    monkeypatch.setattr(read, "compare_runs", fail)
+    given = Compared(None, "the comparison it was given")
+    data = RunData.of(opened, workers=1, baseline=synth_run, comparison=given)
+    assert data.diagnose() is opened.diagnosis and comparison(data) is given
+    for path, page in _pages().items():
+        assert "page-error" not in _ids(page.layout(data, Selection())), path
+    d = opened.diagnosis
+    for rank in range(8):
+        durs = sorted((g for g in d.gaps.to_pylist() if g["rank"] == rank),
+                      key=lambda g: -g["dur_ns"])
+        top = gaps_q.largest_gaps(data, rank)
+        assert [g["dur_ns"] for g in top] == [g["dur_ns"] for g in durs[:5]]
+        assert all(g["rank"] == rank and "host" in g for g in top)
+    whole = [g["dur_ns"] for g in gaps_q.largest_gaps(data)]
+    assert whole == sorted(whole, reverse=True) and len(whole) == min(15, len(d.top_gaps))
+
+
 # --- comparing two runs ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -74,3 +74,28 @@ def test_calibrate_needs_a_launcher(tmp_path: Path) -> None:
     (run / "run.json").write_text("{}")
     res = CliRunner().invoke(main, ["calibrate", str(run)])
     assert res.exit_code == 2 and "launcher" in res.output
+
+
+def test_every_report_document_has_the_same_run_fields_problems_under_run(tmp_path: Path
+                                                                          ) -> None:
+    """One builder (analysis/diagnosis/document.py): a path with nothing to diagnose and a run
+    directory that crashed before its trace window give the same `run` fields as a full report,
+    with `run_id`, `clock_alignment` and the problems under `run` (docs/json.md)."""
+    from tests.unit.test_hangs_units import _crashed_before_its_traces
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = CliRunner().invoke(main, ["report", str(empty), "--json"])
+    assert res.exit_code == 1
+    doc = json.loads(res.stdout)
+    assert set(doc) == {"run", "ranks", "findings"}
+    assert RUN_KEYS <= set(doc["run"]) and doc["findings"] == [] and doc["ranks"] == []
+    assert doc["run"]["problems"] and str(empty) in doc["run"]["path"]
+
+    run = _crashed_before_its_traces(tmp_path)
+    res = CliRunner().invoke(main, ["report", str(run.root), "--json"])
+    doc = json.loads(res.stdout)
+    assert RUN_KEYS <= set(doc["run"]) and set(doc) == {"run", "ranks", "findings"}
+    assert doc["run"]["run_id"] == "r" and doc["run"]["kind"] == "run"
+    assert doc["run"]["clock_alignment"] is not None and doc["run"]["problems"]
+    assert doc["findings"][0]["kind"] == "crash"

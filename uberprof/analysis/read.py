@@ -80,6 +80,38 @@ class OpenedRun:
         return t.set_column(1, "start_ns", pc.max_element_wise(t.column("start_ns"), lo)) \
                 .set_column(2, "end_ns", pc.min_element_wise(t.column("end_ns"), hi))
 
+    def time_shares(self) -> pa.Table | None:
+        """Per rank with an analysed trace, the parts that tile its traced window
+        (`diagnosis.summaries.time_shares`: `<part>_ns`, `<part>_pct`, `overlap_pct`), by rank;
+        None without traces. Not saved: made from the whole-trace breakdown when asked."""
+        from uberprof.analysis.diagnosis.summaries import time_shares
+
+        rt = self._traced_breakdown()
+        return time_shares(rt) if rt is not None else None
+
+    def run_breakdown(self) -> dict[str, Any] | None:
+        """The whole run's breakdown: `metrics.percentages` of its traced ranks' whole-trace
+        totals together (compute_pct, exposed_comm_pct, idle_pct, ...); None without traces.
+        Not saved: made from the whole-trace breakdown when asked."""
+        from uberprof.analysis.tables.metrics import percentages
+
+        rt = self._traced_breakdown()
+        if rt is None:
+            return None
+        parts = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
+        return percentages(**{p: sum(x or 0 for x in rt.column(f"{p}_ns").to_pylist())
+                              for p in parts})
+
+    def _traced_breakdown(self) -> pa.Table | None:
+        """The whole-trace breakdown (RANK_SCHEMA) of the ranks with an analysed trace, None
+        when there is none."""
+        if self.ctx is None:
+            return None
+        rt = self.ctx.breakdown()
+        if "traces" in rt.schema.names:
+            rt = rt.filter(pc.greater(pc.fill_null(rt.column("traces"), 0), 0))
+        return rt if rt.num_rows else None
+
 
 def open_tables(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
                 workers: int | None = None, progress: Progress | None = None,
@@ -97,13 +129,18 @@ def open_tables(path: str | os.PathLike[str], out: str | os.PathLike[str] | None
 
 
 def diagnose_opened(opened: OpenedRun, threshold_ns: int = DEFAULT_THRESHOLD_NS,
-                    on_save_error: Callable[[OSError], None] | None = None) -> OpenedRun:
+                    on_save_error: Callable[[OSError], None] | None = None,
+                    make: bool = True) -> OpenedRun:
     """`opened` with its diagnosis: the saved one when fresh, else a new one (saved; a folder
-    that cannot be written is told to `on_save_error`). Without traces, the hang and crash
-    findings of a run directory."""
-    from uberprof.analysis.diagnosis.saved import load_or_diagnose
+    that cannot be written is told to `on_save_error`). `make=False` only reads a fresh saved
+    one (cheap), leaving `diagnosis` None when there is none: a view that shows progress says
+    "diagnosing" only when it must. Without traces, the hang and crash findings of a run
+    directory."""
+    from uberprof.analysis.diagnosis.saved import load, load_or_diagnose
 
-    if opened.ctx is not None:
+    if opened.ctx is not None and not make:
+        opened.diagnosis = load(opened.ctx, threshold_ns=threshold_ns)
+    elif opened.ctx is not None:
         opened.diagnosis = load_or_diagnose(opened.ctx, threshold_ns=threshold_ns,
                                             on_save_error=on_save_error)
     else:
@@ -152,8 +189,10 @@ def saved_findings(run: Any) -> SavedFindings | None:
 
 
 def compare_runs(a: str | os.PathLike[str], b: str | os.PathLike[str],
-                 **kwargs: Any) -> Comparison:
-    """Run B against run A (`uberprof diff A B`, the dashboard's /compare page)."""
+                 out: str | os.PathLike[str] | None = None, **kwargs: Any) -> Comparison:
+    """Run B against run A (`uberprof diff A B`, the dashboard's /compare page). `out`: where
+    B's tables are (`uberprof dashboard B --out`; A's are in their default place); `kwargs`
+    go to both (`profile_run`: workers, ranks, steps, threshold_ns)."""
     from uberprof.analysis.diff import compare, profile_run
 
-    return compare(profile_run(a, **kwargs), profile_run(b, **kwargs))
+    return compare(profile_run(a, **kwargs), profile_run(b, out=out, **kwargs))

@@ -112,9 +112,11 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
 def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path | None,
              auth: tuple[str, str] | None, allowed: tuple[str, ...] | None, stage: list[str],
              err: Console) -> tuple[Any, Any] | None:
-    """Load, diagnose and warm the run while the server already answers (with the page of
+    """Open, diagnose and warm the run while the server already answers (with the page of
     dashboards/preparing.py, `stage[0]` saying how far): (the dashboard's app, the run's
-    RunData), or None when there is nothing to show (said)."""
+    RunData), or None when there is nothing to show (said). The run is opened the one way a
+    view opens it (`uberprof.analysis.read`: `open_tables`, then `diagnose_opened`, through
+    RunData, which shows a failed diagnosis on its pages instead of stopping)."""
     from uberprof.dashboards.app import create_app
     from uberprof.dashboards.data import RunData
 
@@ -123,20 +125,9 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
         stage[0] = what
         return err.status(f"{what}…", spinner="dots")
 
-    data = RunData(root=path.resolve(), out=out, workers=workers,
-                   baseline=baseline.resolve() if baseline is not None else None)
-    stage[0] = "reading the run"
-    try:  # the same progress bar as `uberprof analyze`
-        from uberprof.present.terminal.progress import ReadProgress
-    except ImportError:  # pragma: no cover - it moved: no bar, same work
-        data.load()
-    else:
-        with ReadProgress(err) as update:
-            def progress(done: int, total: int, label: str) -> None:
-                stage[0] = f"reading traces: {done} of {total}"
-                update(done, total, label)
-
-            data.load(progress=progress)
+    root = path.resolve()
+    data = RunData.of(_open_tables(root, out, workers, stage, err), out=out, workers=workers,
+                      baseline=baseline.resolve() if baseline is not None else None)
     for n in data.notices:
         err.print(f"uberprof dashboard: {n}", markup=False, highlight=False)
     if not data.has_traces and data.steps.num_rows == 0:
@@ -147,19 +138,19 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
     ranks = len(data.ranks())
     if data.has_traces:
         with step("reading the saved diagnosis"):
-            saved = data.read_saved_diagnosis()
+            saved = data.read_saved_diagnosis()  # read.diagnose_opened(make=False)
         if not saved:
             with step(f"diagnosing {ranks} rank(s)"):
-                data.diagnose()
+                data.diagnose()  # read.diagnose_opened; a failure is said on the pages
     with step("reading the counters"):
         data.warm()
     if data.baseline is not None:
-        from uberprof.dashboards.queries.compare import comparison
+        from uberprof.dashboards.queries.compare import compare_with
 
         with step(f"comparing with {baseline}"):
-            compared = comparison(data)
-        if compared is not None and compared.error:
-            err.print(f"uberprof dashboard: --compare: {compared.error}", markup=False,
+            data.comparison = compare_with(data.baseline, root, out=out, workers=workers)
+        if data.comparison.error:
+            err.print(f"uberprof dashboard: --compare: {data.comparison.error}", markup=False,
                       highlight=False)
     for p in data.problems[:5]:
         err.print(f"uberprof dashboard: {p}", markup=False, highlight=False)
@@ -167,3 +158,21 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
         app = create_app(data, auth=auth, allowed_hosts=allowed)
     return app, data
 
+
+def _open_tables(root: Path, out: Path | None, workers: int | None, stage: list[str],
+                 err: Console) -> Any:
+    """`read.open_tables` of the run, with the same progress bar as `uberprof analyze` (and
+    `stage[0]` saying how far)."""
+    from uberprof.analysis.read import open_tables
+
+    stage[0] = "reading the run"
+    try:
+        from uberprof.present.terminal.progress import ReadProgress
+    except ImportError:  # pragma: no cover - it moved: no bar, same work
+        return open_tables(root, out=out, workers=workers)
+    with ReadProgress(err) as update:
+        def progress(done: int, total: int, label: str) -> None:
+            stage[0] = f"reading traces: {done} of {total}"
+            update(done, total, label)
+
+        return open_tables(root, out=out, workers=workers, progress=progress)
