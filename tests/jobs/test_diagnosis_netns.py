@@ -11,7 +11,7 @@ import pytest
 from tests._jobs import PY, SAMPLES
 from tests.netns import Node, requires_netns, two_nodes, wait_ok
 from uberprof.analysis.diagnosis.advisor import diagnose
-from uberprof.analysis.diagnosis.bandwidth import read_calibration
+from uberprof.analysis.diagnosis.links import read_calibration
 
 pytestmark = [pytest.mark.netns, requires_netns]
 

@@ -26,7 +26,7 @@ from uberprof.analysis.diagnosis.busy import (
 )
 from uberprof.analysis.diagnosis.stragglers import DECIDED_BY_BUSY, find_straggler, straggler_test
 from uberprof.analysis.tables.context import load_context
-from uberprof.analysis.tables.derived import TIMELINE_SCHEMA
+from uberprof.analysis.tables.schemas import TIMELINE_SCHEMA
 from uberprof.collect.rank.timeline import StepTimeline as Writer
 from uberprof.rundir.ranks import StepTimeline, read_step_timeline
 

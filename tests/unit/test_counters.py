@@ -15,12 +15,8 @@ import numpy as np
 import pytest
 
 from uberprof.collect.counters import CounterSettings, NodeSampler, read_counters
-from uberprof.collect.counters.host import (
-    InfinibandSource,
-    parse_ib_rate,
-    parse_tc_qdiscs,
-    parse_tc_rate,
-)
+from uberprof.collect.counters.infiniband import InfinibandSource, parse_ib_rate
+from uberprof.collect.counters.nic import parse_tc_qdiscs, parse_tc_rate
 from uberprof.collect.counters.store import CounterStore
 from uberprof.collect.safety import AgentLog
 from uberprof.inventory import node_counters

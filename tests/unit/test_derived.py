@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from uberprof.analysis.tables import derived as D
+from uberprof.analysis.tables.schemas import RUN_STEP_SCHEMA
 
 
 def test_replacing_keeps_the_old_file_until_the_new_one_is_whole(tmp_path: Path) -> None:
@@ -109,7 +110,7 @@ def _row_path_steps(ctx: Any, rank: int) -> list[dict[str, Any]]:
         r = by_step[step]
         s, e = r.get("host_start_ns"), r.get("host_end_ns")
         r["step_time_ns"] = e - s if s is not None and e is not None else None
-        rows.append({f: r.get(f) for f in D.RUN_STEP_SCHEMA.names})
+        rows.append({f: r.get(f) for f in RUN_STEP_SCHEMA.names})
     return rows
 
 

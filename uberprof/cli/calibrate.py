@@ -47,7 +47,7 @@ def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float, yes: boo
     """
     from rich.console import Console
 
-    from uberprof.analysis.diagnosis.bandwidth import CALIBRATION_FILE, read_calibration
+    from uberprof.analysis.diagnosis.links import CALIBRATION_FILE, read_calibration
     from uberprof.collect import calibrate as sweep
     from uberprof.present.terminal.calibrate import render_calibration
     from uberprof.rundir import NODE_FILE, RunDir, read_json

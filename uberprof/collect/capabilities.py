@@ -135,7 +135,8 @@ def _listening(host: str, port: int) -> bool:
 
 def _network() -> list[Check]:
     """NICs with their speed and tc cap, and InfiniBand ports: the links the counters watch."""
-    from uberprof.collect.counters.host import InfinibandSource, NicSource
+    from uberprof.collect.counters.infiniband import InfinibandSource
+    from uberprof.collect.counters.nic import NicSource
 
     nic = NicSource()
     try:

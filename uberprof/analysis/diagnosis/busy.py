@@ -5,8 +5,9 @@ scheduler keeps off a core is alone last as often as a rank that computes 1.3x a
 22 of the accuracy benchmark: 23 of 38, chance 1.5e-5). What differs is the work: a compute
 straggler's training thread spends more CPU time per step, a delayed one the same.
 
-- **Busy time** (`busy_kind`, the one rule of what it is, for rows, tables and followers): the training thread's
-  CPU time per step (`cpu_ns` of steps.jsonl, `time.thread_time_ns` at each step boundary).
+- **Busy time** (`busy_kind`, the one rule of what it is, for rows, tables and followers): the
+  training thread's CPU time per step (`cpu_ns` of steps.jsonl, `time.thread_time_ns` at each
+  step boundary).
   Device runs have no busy time here: their `gpu_time_ns` is the device time between two step
   boundaries, which includes the collectives' wait for a late peer (the same on every rank of a
   synchronous job), and a host thread that waits on the device may spin (CPU time that is no
@@ -36,7 +37,7 @@ import pyarrow.compute as pc
 from uberprof.analysis.diagnosis.evidence import FALSE_ALARM_RATE, MIN_STEPS, chance_words
 from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness, rank_frequency, rank_lead
 from uberprof.analysis.tables.context import RunContext
-from uberprof.analysis.tables.derived import TIMELINE_SCHEMA
+from uberprof.analysis.tables.schemas import TIMELINE_SCHEMA
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.rundir.ranks import StepTimeline
 from uberprof.rundir.step_table import read_step_table

@@ -20,7 +20,7 @@ from uberprof.analysis.diagnosis.summaries import RankSummaries, summarise
 from uberprof.analysis.tables.align import Alignment
 from uberprof.analysis.tables.collectives import INSTANCE_SCHEMA, Matched
 from uberprof.analysis.tables.context import RunContext
-from uberprof.analysis.tables.derived import RUN_STEP_SCHEMA
+from uberprof.analysis.tables.schemas import RUN_STEP_SCHEMA
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.units import ns_to_ms as _ms
 

@@ -47,6 +47,7 @@ from uberprof.analysis.tables.derived import (
     DIAGNOSIS_DIR,
     DIAGNOSIS_FILE,
     MANIFEST_FILE,
+    diagnosis_table_file,
     write_parquet,
 )
 from uberprof.analysis.tables.derived import DIAGNOSIS_STATE_FILE as STATE_FILE
@@ -134,7 +135,7 @@ def save(d: Diagnosis) -> Path | None:
               "bandwidth": d.bandwidth, "steps": d.steps,
               "rank_lateness": d.summaries.lateness, "idle": d.summaries.idle}
     for name, table in tables.items():
-        write_parquet(table, folder / f"{name}.parquet")
+        write_parquet(table, diagnosis_table_file(d.derived, name))
     write_json_atomic(d.derived / DIAGNOSIS_FILE, orjson.loads(_dumps(d.to_json())))
     state = {
         "key": key,
@@ -162,7 +163,7 @@ def load(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) -> Diagnosis
         if key is None or state.get("key") != key:
             return None
         doc = orjson.loads((derived / DIAGNOSIS_FILE).read_bytes())
-        t = {name: pq.read_table(folder / f"{name}.parquet") for name in _TABLES}
+        t = {name: pq.read_table(diagnosis_table_file(derived, name)) for name in _TABLES}
     except (OSError, orjson.JSONDecodeError, pa.ArrowInvalid):
         return None
     try:
@@ -254,7 +255,7 @@ def read_saved_findings(run: RunDir | Path | str) -> SavedFindings | None:
 def _saved_lateness(derived: Path) -> dict[int, float]:
     """rank -> median lateness (ns) from the saved diagnosis; {} when it holds none."""
     try:
-        t = pq.read_table(derived / DIAGNOSIS_DIR / "rank_lateness.parquet",
+        t = pq.read_table(diagnosis_table_file(derived, "rank_lateness"),
                           columns=["rank", "median_ns"])
     except (OSError, pa.ArrowInvalid, KeyError):  # a lateness table is a bonus
         return {}

@@ -12,9 +12,9 @@
   lateness is at least 100 µs and 3% of the median step and, with 3 or more participants,
   twice the others' own spread (robust sigma of their lateness around each instance's median;
   with 2 ranks there are no others to take a spread from, and the suspect's own lead is not
-  one), and the delay it alone adds is at least 2% of the analysed wall time. Frequency alone is not enough: on oversubscribed cores
-  one healthy rank can be last more often than chance (12 of 20 with 4 ranks) without being
-  the one that holds the job back. Every traced
+  one), and the delay it alone adds is at least 2% of the analysed wall time. Frequency alone
+  is not enough: on oversubscribed cores one healthy rank can be last more often than chance
+  (12 of 20 with 4 ranks) without being the one that holds the job back. Every traced
   collective instance counts, not one per step.
 - The test's *basis* is one source per run, no instance counted twice: the Flight
   Recorder's arrivals over every untraced step (analysis/diagnosis/arrivals.py: the profiler slows
@@ -86,8 +86,8 @@ REL_MIN_LEAD = 0.03  # of the median step time
 MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must add
 SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 BASIS_TRACES = "traces"  # the traced window's matched collectives
-BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (analysis/diagnosis/arrivals.py)
-BASIS_STEP_TIMELINE = "step_timeline"  # live: per step, the longest (analysis/diagnosis/step_signals.py)
+BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (diagnosis/arrivals.py)
+BASIS_STEP_TIMELINE = "step_timeline"  # live: per step, the longest (diagnosis/step_signals.py)
 DECIDED_BY_BUSY = "busy time"  # no excess of its own time cleared the candidate
 _BASIS_WORDS = {BASIS_TRACES: "traced window",
                 BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)",
@@ -249,7 +249,9 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     """The straggler test of a run (module docstring; `uberprof.analysis.diagnosis.evidence`): the
     candidate rank, both criteria and the decision. None without matched collectives.
     `median_step_ns` and `wall_ns` are those of the steps `lat` covers; `busy`, the ranks'
-    busy time per step (analysis/diagnosis/busy.py), is read over those steps."""
+    busy time per step (analysis/diagnosis/busy.py), is read over those steps. In stages: the
+    candidate, its lead and the lead it needs, the delay it adds, the frequency (with the
+    second look), then materiality and the decision."""
     if lat.num_rows == 0:
         return None
     iid = lat.column("instance").to_numpy()
@@ -260,6 +262,41 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     delay = lat.column("delay_ns").to_numpy()
     sole_last = lat.column("sole_last").to_numpy(zero_copy_only=False).astype(bool)
     ranks = np.unique(rank).tolist()
+    r, p_raw = _candidate(ranks, rank, late, sole_last, n_part)
+    mine = rank == r
+    k, n, _ = sole_last_frequency(mine, sole_last, n_part)
+    p_adj = min(1.0, p_raw * len(ranks))
+    lead, noise = lead_and_noise(iid, rank, late, n_part, r)
+    med_lead = float(np.median(lead)) if lead.size else 0.0
+    steps = sorted({int(s) for s in step[mine].tolist()})
+    work = busy.excess(r, set(step.tolist()), median_step_ns) if busy is not None else None
+    more_work = work is not None and work.confirmed
+    need_lead, spread_waived = _needed_lead(median_step_ns, n_part[mine], noise, med_lead,
+                                            more_work)
+    per_step = _delay_per_step(step[mine], delay[mine], n_part[mine])
+    delay_wall = sum(d for d, _ in per_step.values())
+    share = delay_wall / wall_ns if wall_ns else None
+    frequent, maybe, later = _frequency(p_adj, more_work, iid, rank, late, n_part, r, len(ranks))
+    big_lead = med_lead >= need_lead
+    big_share = share is None or share >= MATERIAL_SHARE
+    need_frac = 0.5 + 0.5 / max(float(np.median(n_part[mine])), 2.0)
+    waived = k < need_frac * n and frequent and more_work
+    material = big_lead and big_share and (k >= need_frac * n or waived)
+    decision, decided = _decision(frequent, maybe, material, work)
+    return StragglerTest(
+        rank=r, last=k, instances=n, steps=len(steps), ranks_tested=len(ranks),
+        p_value=p_adj, p_uncorrected=p_raw, median_lead_ns=int(med_lead), noise_ns=int(noise),
+        need_lead_ns=int(need_lead), delay_ns=int(delay_wall), share=share,
+        decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
+        need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived,
+        spread_waived=spread_waived, later_than_most=later)
+
+
+def _candidate(ranks: list[int], rank: np.ndarray, late: np.ndarray, sole_last: np.ndarray,
+               n_part: np.ndarray) -> tuple[int, float]:
+    """The candidate: the rank least likely to be alone last so often by chance (then the one
+    alone last in the largest share of its instances, then the latest by median), with that
+    chance, uncorrected."""
     best: tuple[tuple[float, float, float], int, float] | None = None
     for r in ranks:
         mine = rank == r
@@ -269,25 +306,29 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
             best = (key, int(r), p)
     assert best is not None
     _, r, p_raw = best
-    mine = rank == r
-    k, n, _ = sole_last_frequency(mine, sole_last, n_part)
-    p_adj = min(1.0, p_raw * len(ranks))
-    lead, noise = lead_and_noise(iid, rank, late, n_part, r)
-    med_lead = float(np.median(lead)) if lead.size else 0.0
-    steps = sorted({int(s) for s in step[mine].tolist()})
-    work = busy.excess(r, set(step.tolist()), median_step_ns) if busy is not None else None
-    more_work = work is not None and work.confirmed
+    return r, p_raw
+
+
+def _needed_lead(median_step_ns: float | None, n_part: np.ndarray, noise: float,
+                 med_lead: float, more_work: bool) -> tuple[float, bool]:
+    """The median lead the candidate needs to be material (its floors, and with 3 or more
+    participants twice the others' spread), and whether the spread rule was waived for it."""
     need_lead = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0))
     spread_waived = False
-    if float(np.median(n_part[mine])) >= 3 and SIGMA_FACTOR * noise > need_lead:
+    if float(np.median(n_part)) >= 3 and SIGMA_FACTOR * noise > need_lead:
         # the spread rule tells a lead of chance from one of cause; confirmed extra work
         # is the cause, so the floors alone remain (said only where it decides)
         spread_waived = more_work and med_lead < SIGMA_FACTOR * noise
         if not spread_waived:
             need_lead = SIGMA_FACTOR * noise
-    per_step = _delay_per_step(step[mine], delay[mine], n_part[mine])
-    delay_wall = sum(d for d, _ in per_step.values())
-    share = delay_wall / wall_ns if wall_ns else None
+    return need_lead, spread_waived
+
+
+def _frequency(p_adj: float, more_work: bool, iid: np.ndarray, rank: np.ndarray,
+               late: np.ndarray, n_part: np.ndarray, r: int, n_ranks: int
+               ) -> tuple[bool, bool, tuple[int, float] | None]:
+    """The frequency criterion: (confirmed, suspected, the second look's instances and
+    corrected chance, or None where it was not taken)."""
     frequent = p_adj <= FALSE_ALARM_RATE
     maybe = p_adj <= SUSPECT_RATE
     later: tuple[int, float] | None = None
@@ -296,14 +337,16 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
         # correction): on oversubscribed cores the others' scatter makes it alone last in
         # fewer than half of the collectives, but it still comes after most of them
         k_later, p_later = later_than_most(iid, rank, late, n_part, r)
-        later = (k_later, min(1.0, 2 * p_later * len(ranks)))
+        later = (k_later, min(1.0, 2 * p_later * n_ranks))
         frequent = later[1] <= FALSE_ALARM_RATE
         maybe = maybe or later[1] <= SUSPECT_RATE
-    big_lead = med_lead >= need_lead
-    big_share = share is None or share >= MATERIAL_SHARE
-    need_frac = 0.5 + 0.5 / max(float(np.median(n_part[mine])), 2.0)
-    waived = k < need_frac * n and frequent and more_work
-    material = big_lead and big_share and (k >= need_frac * n or waived)
+    return frequent, maybe, later
+
+
+def _decision(frequent: bool, maybe: bool, material: bool,
+              work: BusyExcess | None) -> tuple[str, str]:
+    """(decision, decided_by) from both criteria; a candidate the busy time cleared (no excess
+    of its own time) is no straggler."""
     if frequent and material:
         decision, decided = "confirmed", "both"
     elif maybe and material:
@@ -313,13 +356,7 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
         decided = "frequency" if not maybe else "materiality"
     if decision != "none" and work is not None and work.cleared:
         decision, decided = "none", DECIDED_BY_BUSY
-    return StragglerTest(
-        rank=r, last=k, instances=n, steps=len(steps), ranks_tested=len(ranks),
-        p_value=p_adj, p_uncorrected=p_raw, median_lead_ns=int(med_lead), noise_ns=int(noise),
-        need_lead_ns=int(need_lead), delay_ns=int(delay_wall), share=share,
-        decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
-        need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived,
-        spread_waived=spread_waived, later_than_most=later)
+    return decision, decided
 
 
 def find_straggler(lat: pa.Table, median_step_ns: float | None,
@@ -360,8 +397,9 @@ def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],
     `host_launch` and `network` (its time inside collectives after the last arrival). The
     factor with the largest excess wins; `compute` becomes `clock_throttle` when `clocks`
     says the rank's GPU ran slower clocks or had throttle reasons set and the others did not.
-    `busy_excess_ns`, its confirmed busy-time excess (analysis/diagnosis/busy.py: every step, where the
-    traced steps are a few), weighs for `compute` where it is larger than the traced excess.
+    `busy_excess_ns`, its confirmed busy-time excess (analysis/diagnosis/busy.py: every step,
+    where the traced steps are a few), weighs for `compute` where it is larger than the traced
+    excess.
     """
     names = ("compute", "data", "host_launch", "network")
     excess: dict[str, list[float]] = {f: [] for f in names}

@@ -62,13 +62,31 @@ class Matched:
 
 
 def match_collectives(ctx: RunContext) -> Matched:
-    """Match the run's collective rows across ranks (see the module docstring)."""
+    """Match the run's collective rows across ranks (see the module docstring), in stages on
+    one DuckDB connection: the rows with their group key, each group's method (sequence
+    numbers or order) and expected ranks, each row's occurrence key, then the instances found
+    on every expected rank (matched) and the others (unmatched)."""
     coll = ctx.collectives()
     sizes = group_sizes(ctx)
     if coll.num_rows == 0:
         return Matched(INSTANCE_SCHEMA.empty_table(), _empty_unmatched(), {}, {})
     con = duckdb.connect()
     con.register("coll", coll)
+    _load_rows(con)
+    seq_groups = _seq_groups(con)
+    groups = _expected_ranks(con)
+    _register_groups(con, groups, sizes, seq_groups)
+    _key_rows(con)
+    matched, unmatched = _instances(con)
+    con.close()
+    return Matched(instances=_renumbered(matched).cast(INSTANCE_SCHEMA), unmatched=unmatched,
+                   groups=groups, method={g: ("seq" if g in seq_groups else "order")
+                                          for g in groups})
+
+
+def _load_rows(con: duckdb.DuckDBPyConnection) -> None:
+    """Table `c`: the rows of `coll` with their name, group key and, for the collectives of
+    equal size on every rank, the size that is part of the key."""
     con.execute(f"""
         CREATE TEMP TABLE c AS
         SELECT rank, coalesce(name, event) AS name, start_ns, end_ns, step, in_bytes,
@@ -77,9 +95,17 @@ def match_collectives(ctx: RunContext) -> Matched:
                    AS size_key
         FROM coll
     """)
-    seq_groups = {g for g, all_seq in con.execute(
+
+
+def _seq_groups(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The groups matched by sequence number: those where every row has one."""
+    return {g for g, all_seq in con.execute(
         "SELECT grp, bool_and(seq IS NOT NULL) FROM c GROUP BY grp").fetchall() if all_seq}
-    # Expected participants of a group: its ranks present in the traces (pg_ranks narrows it).
+
+
+def _expected_ranks(con: duckdb.DuckDBPyConnection) -> dict[str, list[int]]:
+    """Expected participants of each group: its ranks present in the traces (pg_ranks narrows
+    it)."""
     groups: dict[str, list[int]] = {}
     # (from `coll`, not `c`: the long rank lists are not copied into a table per row)
     for grp, ranks, pg_ranks in con.execute(
@@ -88,12 +114,25 @@ def match_collectives(ctx: RunContext) -> Matched:
             "GROUP BY grp").fetchall():
         listed = _parse_ranks(pg_ranks)
         groups[grp] = [r for r in ranks if not listed or r in listed]
+    return groups
+
+
+def _register_groups(con: duckdb.DuckDBPyConnection, groups: dict[str, list[int]],
+                     sizes: dict[str, int], seq_groups: set[str]) -> None:
+    """Tables `expected` (per group: the ranks expected, and its real size) and `seqgrp` (the
+    groups matched by sequence number), for the queries that follow."""
     con.register("expected", pa.table({
         "grp": pa.array(list(groups), pa.string()),
         "expected": pa.array([len(v) for v in groups.values()], pa.int64()),
         "gsize": pa.array([sizes.get(g) or len(v) for g, v in groups.items()], pa.int64()),
     }))
     con.register("seqgrp", pa.table({"grp": pa.array(sorted(seq_groups), pa.string())}))
+
+
+def _key_rows(con: duckdb.DuckDBPyConnection) -> None:
+    """Tables `keyed` (each row's instance key: its sequence number in a seq group, else its
+    occurrence within (step, collective, dtype, size) with those four) and `inst` (one row per
+    key: the ranks present, the rows, and an instance id in order of first start)."""
     con.execute("""
         CREATE TEMP TABLE k AS
         SELECT c.*,
@@ -118,6 +157,11 @@ def match_collectives(ctx: RunContext) -> Matched:
                row_number() OVER (ORDER BY min(start_ns), grp, name) - 1 AS instance
         FROM keyed GROUP BY grp, kstep, name, kdtype, ksize, occ
     """)
+
+
+def _instances(con: duckdb.DuckDBPyConnection) -> tuple[pa.Table, pa.Table]:
+    """The rows of the instances found once on every expected rank (two or more), and the
+    rows of the others, where the group expects two or more ranks (never guessed)."""
     join = """
         FROM keyed k JOIN inst i
           ON k.grp = i.grp AND k.name = i.name AND k.occ IS NOT DISTINCT FROM i.occ
@@ -140,14 +184,14 @@ def match_collectives(ctx: RunContext) -> Matched:
           AND e.expected >= 2
         ORDER BY k.start_ns, k.rank
     """).to_arrow_table()
-    con.close()
-    # Renumber instances densely so that ids are 0..n-1 in time order.
+    return matched, unmatched
+
+
+def _renumbered(matched: pa.Table) -> pa.Table:
+    """Instances renumbered densely, so that ids are 0..n-1 in time order."""
     ids = matched.column("instance").to_pylist()
     remap = {v: i for i, v in enumerate(sorted(set(ids)))}
-    matched = matched.set_column(0, "instance", pa.array([remap[v] for v in ids], pa.int64()))
-    return Matched(instances=matched.cast(INSTANCE_SCHEMA), unmatched=unmatched,
-                   groups=groups, method={g: ("seq" if g in seq_groups else "order")
-                                          for g in groups})
+    return matched.set_column(0, "instance", pa.array([remap[v] for v in ids], pa.int64()))
 
 
 def group_sizes(ctx: RunContext) -> dict[str, int]:

@@ -13,6 +13,7 @@ Paths stored here are relative to the source's root (the run directory, the trac
 the folder of a single trace), so the folder reads the same from any working directory. Every
 file is written under a unique temporary name in its folder and renamed into place, so two
 analyses of one run at once each leave whole files and a reader never sees half of one.
+What each table holds, column by column, is schemas.py's.
 """
 
 from __future__ import annotations
@@ -32,29 +33,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from uberprof.analysis.tables.schemas import TIMELINE_SCHEMA
 from uberprof.ingest.discover import Source
 from uberprof.rundir import DERIVED_DIR, write_json_atomic
 
 __all__ = [
-    "BREAKDOWN_FIELDS",
     "COLLECTIVES_FILE",
-    "COLLECTIVE_SCHEMA",
     "EVENTS_FILE",
     "FORMAT_VERSION",
     "INPUTS_DIR",
     "MANIFEST_FILE",
     "RANKS_FILE",
-    "RANK_SCHEMA",
-    "RUN_COLLECTIVE_SCHEMA",
-    "RUN_STEP_SCHEMA",
     "STEPS_FILE",
-    "STEP_SCHEMA",
     "SUMMARY_FILE",
     "TIMELINES_DIR",
-    "TIMELINE_SCHEMA",
     "Analysis",
     "ParquetOut",
     "derived_dir_for",
+    "diagnosis_table_file",
     "entry_key",
     "input_dir",
     "input_entry",
@@ -93,87 +89,6 @@ REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each in
 DIAGNOSIS_FILE = "diagnosis.json"  # the saved `uberprof report --json` document
 DIAGNOSIS_DIR = "diagnosis"  # the tables behind it, and its state (diagnosis/saved.py)
 DIAGNOSIS_STATE_FILE = "state.json"  # in DIAGNOSIS_DIR, written last
-
-# --- schemas ------------------------------------------------------------------------------------
-
-BREAKDOWN_FIELDS = ("window_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
-                    "memory_ns", "idle_ns")
-
-STEP_SCHEMA = pa.schema([
-    ("step", pa.int64()),
-    ("host_start_ns", pa.int64()),  # the ProfilerStep#N span on the host
-    ("host_end_ns", pa.int64()),
-    ("device_start_ns", pa.int64()),  # the step's device window (docs/DESIGN.md)
-    ("device_end_ns", pa.int64()),
-    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
-    ("data_wait_ns", pa.int64()),  # host inside data-loader fetches during the host window
-    ("optimizer_ns", pa.int64()),  # host inside Optimizer.step during the host window
-    ("comm_bytes", pa.int64()),  # bytes of the collectives launched in the step
-    ("collectives", pa.int64()),
-    ("device_incomplete", pa.bool_()),  # launches whose device work the trace lacks (cut off)
-])
-
-COLLECTIVE_SCHEMA = pa.schema([
-    ("name", pa.string()),  # canonical: allreduce, allgather, reducescatter, alltoall, ...
-    ("event", pa.string()),  # the kernel or span it comes from
-    ("start_ns", pa.int64()),
-    ("end_ns", pa.int64()),
-    ("launch_ns", pa.int64()),
-    ("step", pa.int64()),
-    ("in_bytes", pa.int64()),
-    ("out_bytes", pa.int64()),
-    ("dtype", pa.string()),
-    ("group_size", pa.int32()),
-    ("pg_name", pa.string()),
-    ("pg_ranks", pa.string()),
-    ("seq", pa.int64()),
-    ("stream", pa.int64()),
-    ("tid", pa.int64()),
-])
-
-TIMELINE_SCHEMA = pa.schema([
-    ("step", pa.int64()),
-    ("host_start_ns", pa.int64()),
-    ("host_end_ns", pa.int64()),
-    ("data_wait_ns", pa.int64()),
-    ("cpu_ns", pa.int64()),  # the training thread's CPU time (busy time: analysis/diagnosis/busy.py)
-    ("gpu_time_ns", pa.int64()),  # device time between step boundaries (device runs)
-])
-
-RUN_STEP_SCHEMA = pa.schema([
-    ("rank", pa.int64()),
-    *STEP_SCHEMA,
-    ("traced", pa.bool_()),  # False: the step is known from the step timeline only
-    ("step_time_ns", pa.int64()),  # host window length
-    ("trace", pa.string()),  # the input it comes from (relative path)
-])
-
-RUN_COLLECTIVE_SCHEMA = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA,
-                                   ("trace", pa.string())])
-
-ACTIVITY_SCHEMA = pa.schema([  # merged intervals of one trace's activity, its own clock
-    ("role", pa.dictionary(pa.int8(), pa.string())),  # compute | comm | memory
-    ("start_ns", pa.int64()),
-    ("end_ns", pa.int64()),
-])
-
-RANK_SCHEMA = pa.schema([
-    ("rank", pa.int64()),
-    ("mode", pa.string()),  # device or cpu
-    ("device_type", pa.string()),
-    ("host", pa.string()),
-    ("traces", pa.int64()),
-    ("steps", pa.int64()),
-    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
-    ("idle_pct", pa.float64()),
-    ("compute_pct", pa.float64()),
-    ("non_compute_pct", pa.float64()),
-    ("overlap_pct", pa.float64()),
-    ("exposed_comm_pct", pa.float64()),
-    ("memory_pct", pa.float64()),
-    ("step_time_median_ms", pa.float64()),
-    ("step_time_p90_ms", pa.float64()),
-])
 
 
 @dataclass
@@ -271,6 +186,11 @@ def entry_key(rel: str) -> str:
 def input_dir(derived: Path, key: str) -> Path:
     """Where one trace's tables go."""
     return derived / INPUTS_DIR / key
+
+
+def diagnosis_table_file(derived: Path, name: str) -> Path:
+    """Where the saved diagnosis keeps its table `name` (diagnosis/saved.py)."""
+    return derived / DIAGNOSIS_DIR / f"{name}.parquet"
 
 
 def timeline_file(derived: Path, key: str) -> Path:

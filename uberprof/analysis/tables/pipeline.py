@@ -1,10 +1,10 @@
 """`uberprof analyze`: map every trace file to its tables (in parallel), then reduce across ranks.
 
-The map is `uberprof.analysis.tables.rank.analyze_input` per trace and `timeline_table` per rank folder
-of a run directory, run by `pool` (forked workers, or any `concurrent.futures` executor such as a
-Dask cluster's: `analyze_shared`); each writes its tables under the derived folder and returns
-only a status. `reduce` then writes the run-level tables. Layout, manifest and freshness of the
-derived folder are `derived`'s.
+The map is `uberprof.analysis.tables.rank.analyze_input` per trace and `timeline_table` per
+rank folder of a run directory, run by `pool` (forked workers, or any `concurrent.futures`
+executor such as a Dask cluster's: `analyze_shared`); each writes its tables under the derived
+folder and returns only a status. `reduce` then writes the run-level tables. Layout, manifest
+and freshness of the derived folder are `derived`'s.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from uberprof.analysis.tables.derived import (
     FORMAT_VERSION,
     INPUTS_DIR,
     MANIFEST_FILE,
-    RANK_SCHEMA,
-    RUN_STEP_SCHEMA,
     SUMMARY_FILE,
     TIMELINES_DIR,
     Analysis,
@@ -37,6 +35,7 @@ from uberprof.analysis.tables.derived import (
 from uberprof.analysis.tables.pool import Job, analyze_shared, keep_pandas_out, map_jobs
 from uberprof.analysis.tables.rank import analyze_input, timeline_table
 from uberprof.analysis.tables.reduce import reduce_run
+from uberprof.analysis.tables.schemas import RANK_SCHEMA, RUN_STEP_SCHEMA
 from uberprof.ingest.discover import Source, discover
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 from uberprof.rundir import is_utf8

@@ -25,24 +25,26 @@ import pyarrow as pa
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
     ACTIVITY_FILE,
+    COLLECTIVES_FILE,
+    EVENTS_FILE,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    replacing,
+    write_parquet,
+)
+from uberprof.analysis.tables.schemas import (
     ACTIVITY_SCHEMA,
     BREAKDOWN_FIELDS,
     COLLECTIVE_SCHEMA,
-    COLLECTIVES_FILE,
-    EVENTS_FILE,
     STEP_SCHEMA,
-    STEPS_FILE,
-    SUMMARY_FILE,
     TIMELINE_SCHEMA,
-    replacing,
-    write_parquet,
 )
 from uberprof.ingest import classify as K
 from uberprof.ingest.trace import TraceError, ingest_trace
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 from uberprof.rundir.step_table import read_step_table
 
-__all__ = [  # the table names and schemas are derived.py's, kept importable from here
+__all__ = [  # the table names (derived.py's) and schemas (schemas.py's), importable here
     "BREAKDOWN_FIELDS",
     "COLLECTIVES_FILE",
     "COLLECTIVE_SCHEMA",

@@ -28,14 +28,10 @@ import pyarrow.parquet as pq
 from uberprof._version import __version__
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
-    BREAKDOWN_FIELDS,
     COLLECTIVES_FILE,
     FORMAT_VERSION,
-    RANK_SCHEMA,
     RANKS_FILE,
     REDUCE_FILE,
-    RUN_COLLECTIVE_SCHEMA,
-    RUN_STEP_SCHEMA,
     STEPS_FILE,
     SUMMARY_FILE,
     Analysis,
@@ -43,6 +39,12 @@ from uberprof.analysis.tables.derived import (
     read_input_summary,
     read_input_table,
     read_timeline,
+)
+from uberprof.analysis.tables.schemas import (
+    BREAKDOWN_FIELDS,
+    RANK_SCHEMA,
+    RUN_COLLECTIVE_SCHEMA,
+    RUN_STEP_SCHEMA,
 )
 from uberprof.ingest.discover import Source, TraceInput
 from uberprof.rundir import (
@@ -123,14 +125,44 @@ def _reduced_before(source: Source, derived: Path, entries: dict[str, dict[str, 
                     inputs=inputs)
 
 
+Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entry, summary
+Ranked = tuple[int, TraceInput, dict[str, Any], dict[str, Any]]  # rank, then as Item
+
+
 def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
             timelines: dict[str, dict[str, Any]]) -> Analysis:
+    """The reduce, in stages: choose the rank folders to read (one per rank), read the inputs'
+    summaries, decide each trace's rank and drop duplicates, write the per-rank steps and
+    collectives, then the rank table and the summary document. Every stage adds its problems
+    to one list, in this order: the order the summary gives them in."""
     problems: list[str] = []
     metas = list_ranks(source.root) if source.kind == "run" else []
     problems.extend(folder_problems(metas))
     read = {m.folder for m in ranks_by_id(metas).values()}
     left_out = {rd for _, rd in source.rank_dirs if rd not in read}
-    loaded: list[tuple[TraceInput, dict[str, Any], dict[str, Any]]] = []
+    loaded = _read_summaries(source, derived, entries, left_out, problems)
+    kept = _drop_duplicates(_assign_ranks(source, loaded, problems), problems)
+    rank_rows = _write_rank_steps(source, derived, timelines, kept, left_out, metas, problems)
+    if not rank_rows and not problems:
+        problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
+    _write_ranks(derived, rank_rows)
+    summary = _write_summary(derived, rank_rows, problems)
+    rank_of = {inp.rel: rank for rank, inp, _, _ in kept}
+    inputs = {}
+    for inp in source.inputs:
+        if inp.rel in entries:
+            inputs[inp.rel] = {**entries[inp.rel], "rank": rank_of.get(inp.rel)}
+    return Analysis(source=source.root, derived=derived, summary=summary, ranks=rank_rows,
+                    inputs=inputs)
+
+
+def _read_summaries(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
+                    left_out: set[Path], problems: list[str]) -> list[Item]:
+    """Stage 1: the summary of each input the reduce can use, with its manifest entry. An
+    input of a rank folder left out, with a file name that is not UTF-8, that failed or whose
+    tables cannot be read is left out (the last three named in `problems`); the problems the
+    map found in an input are the analysis' too."""
+    loaded: list[Item] = []
     for inp in source.inputs:
         if left_out and inp.path.parents[1] in left_out:  # ranks/<r>/traces/<file>
             continue
@@ -155,9 +187,14 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
         # Only what the reduce uses: a summary's process groups list every rank of each group,
         # and keeping them for every input would grow with ranks squared.
         loaded.append((inp, e, {k: summary.get(k) for k in _REDUCE_KEYS}))
+    return loaded
 
-    # Which rank each trace belongs to: the trace itself, then the run directory, then its name.
-    assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
+
+def _assign_ranks(source: Source, loaded: list[Item], problems: list[str]) -> list[Ranked]:
+    """Stage 2: which rank each trace belongs to: the trace itself, then the run directory,
+    then its name. Where the trace and its folder disagree, the trace's rank wins (said in
+    `problems`); a lone trace with none is rank 0; other traces without one are left out."""
+    assigned: list[Ranked] = []
     unranked = []
     for inp, e, s in loaded:
         rank = s.get("trace_rank")
@@ -183,14 +220,20 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
                             "in the trace, not under ranks/<rank>/ of a run directory, and no "
                             "rank in its name (such as rank-3.json or worker3.pt.trace.json); "
                             "left out")
+    return assigned
 
-    kept = _drop_duplicates(assigned, problems)
-    ranks_info: dict[int, list[tuple[TraceInput, dict[str, Any], dict[str, Any]]]] = {}
+
+def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[str, Any]],
+                      kept: list[Ranked], left_out: set[Path], metas: list[RankMeta],
+                      problems: list[str]) -> list[dict[str, Any]]:
+    """Stage 3: the run's steps and collectives tables (through ParquetOut), one rank at a
+    time: its step rows and collectives are written out before the next rank's are read, so
+    memory holds one rank's tables (plus one small row per rank), however many. A rank counts
+    with a trace or a step timeline. Returns the ranks' rows (RANK_SCHEMA); cut-off timelines
+    and ranks without a trace go to `problems`."""
+    ranks_info: dict[int, list[Item]] = {}
     for rank, inp, e, s in kept:
         ranks_info.setdefault(rank, []).append((inp, e, s))
-
-    # One rank at a time: its step rows and collectives are written out before the next rank's
-    # are read, so memory holds one rank's tables (plus one small row per rank), however many.
     dirs: dict[int, list[Path]] = {}
     for rank, rd in source.rank_dirs:
         if rank is not None and rd not in left_out:
@@ -219,11 +262,19 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
     elif untraced:
         problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
                         "step times only")
+    return rank_rows
 
-    if not rank_rows and not problems:
-        problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
+
+def _write_ranks(derived: Path, rank_rows: list[dict[str, Any]]) -> None:
+    """Stage 4: the rank table (RANK_SCHEMA), one row per rank, HTA's whole-trace breakdown."""
     with ParquetOut(derived / RANKS_FILE, RANK_SCHEMA) as out:
         out.write(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA))
+
+
+def _write_summary(derived: Path, rank_rows: list[dict[str, Any]],
+                   problems: list[str]) -> dict[str, Any]:
+    """Stage 5: summary.json, the `uberprof analyze --json` document: per rank its steps,
+    breakdown shares and step times, then every problem the stages found; returned too."""
     summary = {
         "ranks": [
             {
@@ -242,13 +293,7 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
         "problems": problems,
     }
     write_json_atomic(derived / SUMMARY_FILE, summary)
-    rank_of = {inp.rel: rank for rank, inp, _, _ in kept}
-    inputs = {}
-    for inp in source.inputs:
-        if inp.rel in entries:
-            inputs[inp.rel] = {**entries[inp.rel], "rank": rank_of.get(inp.rel)}
-    return Analysis(source=source.root, derived=derived, summary=summary, ranks=rank_rows,
-                    inputs=inputs)
+    return summary
 
 
 def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]]) -> str:
@@ -277,13 +322,11 @@ _REDUCE_KEYS = ("trace_rank", "first_ns", "last_ns", "mode", "device_type", "hos
                 *BREAKDOWN_FIELDS)
 
 
-def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]],
-                     problems: list[str]) -> list[tuple[int, TraceInput, dict[str, Any],
-                                                        dict[str, Any]]]:
+def _drop_duplicates(assigned: list[Ranked], problems: list[str]) -> list[Ranked]:
     """Several traces of one rank are fine when they cover different times (several windows);
     traces of one rank over the same time come from two jobs or copies: keep the first."""
-    kept: list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]] = []
-    of_rank: dict[int, list[tuple[int, TraceInput, dict[str, Any], dict[str, Any]]]] = {}
+    kept: list[Ranked] = []
+    of_rank: dict[int, list[Ranked]] = {}
     for rank, inp, e, s in sorted(assigned, key=lambda x: (x[0], x[1].rel)):
         clash = next((k for k in of_rank.get(rank, [])  # per rank: linear in ranks
                       if s["first_ns"] < k[3]["last_ns"] and k[3]["first_ns"] < s["last_ns"]),
@@ -296,9 +339,6 @@ def _drop_duplicates(assigned: list[tuple[int, TraceInput, dict[str, Any], dict[
         kept.append((rank, inp, e, s))
         of_rank.setdefault(rank, []).append(kept[-1])
     return kept
-
-
-Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entry, summary
 
 
 def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
@@ -378,8 +418,9 @@ def _collectives(derived: Path, rank: int, items: list[Item]) -> list[pa.Table]:
     return parts
 
 
-
 def _rank_row(rank: int, items: list[Item], steps: pa.Table) -> dict[str, Any]:
+    """One rank's RANK_SCHEMA row: its traces' breakdown summed, with its shares (none for a
+    rank known from its step timeline only), and the median and p90 of its step times."""
     totals: dict[str, int | None] = {f: sum(int(s[f]) for _, _, s in items)
                                       for f in BREAKDOWN_FIELDS}
     pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))  # type: ignore[arg-type]

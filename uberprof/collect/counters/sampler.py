@@ -145,12 +145,10 @@ class NodeSampler:
         return True
 
     def _start_threads(self) -> None:
-        from uberprof.collect.counters.host import (
-            HostSource,
-            InfinibandSource,
-            NicSource,
-            ProcessSource,
-        )
+        from uberprof.collect.counters.host import HostSource
+        from uberprof.collect.counters.infiniband import InfinibandSource
+        from uberprof.collect.counters.nic import NicSource
+        from uberprof.collect.counters.processes import ProcessSource
         from uberprof.collect.counters.store import CounterStore
 
         self._store = CounterStore(self.node_dir / COUNTERS_DIR)
@@ -331,7 +329,8 @@ class NodeSampler:
             self._slow.append(_Task(gpm.name, gpm.sample))
         if self.settings.mode == "dcgm":
             self._setup_dcgm(nvml)
-        self._fast.append(_Task(source.name, source.sample))  # last: the list is read by the fast thread
+        # last: the list is read by the fast thread
+        self._fast.append(_Task(source.name, source.sample))
 
     def _setup_dcgm(self, nvml: Any) -> None:
         from uberprof.collect.counters.dcgm import DcgmSource, DcgmUnavailable

@@ -173,65 +173,24 @@ def _shape(v: list[Any]) -> str:
 
 def _hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
                   ) -> Finding | None:
+    """The `hang` finding of the watchdog's records (module docstring), or None without one.
+    In stages: the first record and each rank's state in it, the Flight Recorder's frontier,
+    the stuck ranks, each rank's document, then the title and the cause."""
     if not hangs:
         return None
     rec = min(hangs, key=lambda h: h.get("detected_ns") or 0)
     state = {int(x["rank"]): x for h in hangs for x in h.get("ranks") or []
              if isinstance(x, dict) and isinstance(x.get("rank"), int)}
     fr = _frontier(ranks, "hang")
-    stuck = sorted(fr["behind"])
     in_hang = [r for r in ranks if r in state]
-    if not stuck:
-        stuck = sorted(r for r in in_hang if not state[r].get("alive"))
-    if not stuck:
-        stacks = {r: ranks[r].main_stack() for r in in_hang}
-        inside = {r for r, s in stacks.items() if s and in_distributed(s)}
-        if inside and len(inside) < len(stacks):
-            stuck = sorted(set(stacks) - inside)
-    if not stuck and in_hang:
-        least = min(ranks[r].steps for r in in_hang)
-        if any(ranks[r].steps != least for r in in_hang):
-            stuck = sorted(r for r in in_hang if ranks[r].steps == least)
-    rank_docs = []
-    for r in sorted(in_hang or ranks):
-        ev = ranks[r]
-        stack = ev.main_stack()
-        calls = ev.flight.get("hang", [])
-        pending = next((c for c in calls if not c.completed), None)
-        rank_docs.append({
-            "rank": r, "alive": state.get(r, {}).get("alive"), "last_step": ev.last_step,
-            "last_step_end_ns": ev.last_step_end_ns,
-            "state": "stuck" if r in stuck else "waiting" if pending else "unknown",
-            "where": where(stack), "stack": stack,
-            "collective": pending.as_dict() if pending is not None else None,
-            "recent_collectives": [c.as_dict() for c in calls[-RECENT:]],
-            "stacks_from": "helper" if ev.hang else "signal" if ev.stacks else None,
-        })
+    stuck = _stuck_ranks(ranks, state, fr, in_hang)
+    rank_docs = _hang_rank_docs(ranks, state, in_hang, stuck)
     waits = fr["waits"]
     waiting_in = max(waits, key=lambda w: len(w["ranks"])) if waits else None
     since = (waiting_in or {}).get("since_ns") or rec.get("last_progress_ns")
     detected = rec.get("detected_ns")
-    stuck_where = {r: where(ranks[r].main_stack()) for r in stuck}
-    parts = []
-    if stuck:
-        parts.append(", ".join(f"rank {r}" + (f" stopped in {stuck_where[r]}"
-                                              if stuck_where[r] else "") for r in stuck))
-    if waiting_in is not None:
-        others = [r for r in waiting_in["ranks"] if r not in stuck]
-        parts.append(f"{_ranks_word(others)} wait in {_collective_text(waiting_in)}"
-                     + (f" since {_clock(since)}" if since else ""))
-    for r in stuck:
-        elsewhere = fr["behind"].get(r, {}).get("pending_elsewhere")
-        if elsewhere:
-            parts.append(f"rank {r} skipped it and waits in {_collective_text(elsewhere)}")
-    if fr["mismatches"]:
-        m = fr["mismatches"][0]
-        parts.append(f"mismatch at #{m['seq']} of {m['process_group']}: "
-                     f"{_ranks_word(m['ranks'])} issued a different {'/'.join(m['differs_in'])}")
     resumed = rec.get("resumed_ns")
-    title = "Hang: " + ("; ".join(parts) if parts else "no rank finished a step") + \
-        (f" (resumed after {(resumed - rec['last_progress_ns']) / 1e9:.0f} s)"
-         if isinstance(resumed, int) and isinstance(rec.get("last_progress_ns"), int) else "")
+    title = _hang_title(ranks, rec, fr, stuck, waiting_in, since)
     cause = "mismatch" if fr["mismatches"] else \
         "skipped_collective" if any(fr["behind"].get(r, {}).get("pending_elsewhere")
                                     for r in stuck) else "stuck_rank" if stuck else "unknown"
@@ -256,6 +215,75 @@ def _hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
             "ranks": rank_docs,
         },
         remedy=MISMATCH_REMEDY if fr["mismatches"] else HANG_REMEDY)
+
+
+def _stuck_ranks(ranks: dict[int, RankEvidence], state: dict[int, dict[str, Any]],
+                 fr: dict[str, Any], in_hang: list[int]) -> list[int]:
+    """The stuck ranks, from the best evidence there is: behind the Flight Recorder's frontier;
+    else dead in the watchdog's record; else outside torch.distributed while others are
+    inside it; else those with the fewest steps (when not all have as few)."""
+    stuck = sorted(fr["behind"])
+    if not stuck:
+        stuck = sorted(r for r in in_hang if not state[r].get("alive"))
+    if not stuck:
+        stacks = {r: ranks[r].main_stack() for r in in_hang}
+        inside = {r for r, s in stacks.items() if s and in_distributed(s)}
+        if inside and len(inside) < len(stacks):
+            stuck = sorted(set(stacks) - inside)
+    if not stuck and in_hang:
+        least = min(ranks[r].steps for r in in_hang)
+        if any(ranks[r].steps != least for r in in_hang):
+            stuck = sorted(r for r in in_hang if ranks[r].steps == least)
+    return stuck
+
+
+def _hang_rank_docs(ranks: dict[int, RankEvidence], state: dict[int, dict[str, Any]],
+                    in_hang: list[int], stuck: list[int]) -> list[dict[str, Any]]:
+    """One document per rank of the hang (every rank where the record names none): its
+    state, last step, stack and where it stopped, and its pending and recent collectives."""
+    rank_docs = []
+    for r in sorted(in_hang or ranks):
+        ev = ranks[r]
+        stack = ev.main_stack()
+        calls = ev.flight.get("hang", [])
+        pending = next((c for c in calls if not c.completed), None)
+        rank_docs.append({
+            "rank": r, "alive": state.get(r, {}).get("alive"), "last_step": ev.last_step,
+            "last_step_end_ns": ev.last_step_end_ns,
+            "state": "stuck" if r in stuck else "waiting" if pending else "unknown",
+            "where": where(stack), "stack": stack,
+            "collective": pending.as_dict() if pending is not None else None,
+            "recent_collectives": [c.as_dict() for c in calls[-RECENT:]],
+            "stacks_from": "helper" if ev.hang else "signal" if ev.stacks else None,
+        })
+    return rank_docs
+
+
+def _hang_title(ranks: dict[int, RankEvidence], rec: dict[str, Any], fr: dict[str, Any],
+                stuck: list[int], waiting_in: dict[str, Any] | None, since: int | None) -> str:
+    """The hang in one line: where the stuck ranks stopped, the collective the others wait in
+    and since when, a collective skipped, the first mismatch, and how long until it resumed."""
+    stuck_where = {r: where(ranks[r].main_stack()) for r in stuck}
+    parts = []
+    if stuck:
+        parts.append(", ".join(f"rank {r}" + (f" stopped in {stuck_where[r]}"
+                                              if stuck_where[r] else "") for r in stuck))
+    if waiting_in is not None:
+        others = [r for r in waiting_in["ranks"] if r not in stuck]
+        parts.append(f"{_ranks_word(others)} wait in {_collective_text(waiting_in)}"
+                     + (f" since {_clock(since)}" if since else ""))
+    for r in stuck:
+        elsewhere = fr["behind"].get(r, {}).get("pending_elsewhere")
+        if elsewhere:
+            parts.append(f"rank {r} skipped it and waits in {_collective_text(elsewhere)}")
+    if fr["mismatches"]:
+        m = fr["mismatches"][0]
+        parts.append(f"mismatch at #{m['seq']} of {m['process_group']}: "
+                     f"{_ranks_word(m['ranks'])} issued a different {'/'.join(m['differs_in'])}")
+    resumed = rec.get("resumed_ns")
+    return "Hang: " + ("; ".join(parts) if parts else "no rank finished a step") + \
+        (f" (resumed after {(resumed - rec['last_progress_ns']) / 1e9:.0f} s)"
+         if isinstance(resumed, int) and isinstance(rec.get("last_progress_ns"), int) else "")
 
 
 def _ranks_word(ranks: list[int]) -> str:

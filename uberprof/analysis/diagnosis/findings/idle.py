@@ -8,6 +8,7 @@ the straggler's finding counts: only the worst other rank's is this finding's ow
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -35,73 +36,101 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
                   s_finding: Finding | None, device_type: str) -> list[Finding]:
     """Idle gaps by cause: the worst rank's time (ranks run in parallel). Idle on the
     straggler is inside the delay its finding counts: only the worst other rank's is this
-    finding's own, the rest links to the straggler."""
+    finding's own, the rest links to the straggler. In stages: each rank's analysed time, the
+    gaps summed by cause and rank, then one finding per cause."""
     if gaps.num_rows == 0 or not wall_ns:
         return []
-    # per rank analysed wall time: the share is of each rank's own analysed time
+    rank_time = _rank_time(traced)
+    totals = _gap_totals(gaps)
+    out = []
+    for cause in CAUSES:
+        f = _cause_finding(cause, totals, rank_time, wall_ns, s_finding, device_type)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _rank_time(traced: pa.Table) -> dict[int, int]:
+    """Per rank, its analysed wall time: the share is of each rank's own analysed time."""
     rank_time: dict[int, int] = {}
     for r, t in zip(traced.column("rank").to_pylist(), traced.column("step_time_ns").to_pylist()):
         rank_time[r] = rank_time.get(r, 0) + (t or 0)
-    by: dict[str, dict[int, int]] = {c: {} for c in CAUSES}
-    steps_of: dict[str, dict[int, set[int]]] = {c: {} for c in CAUSES}
-    counts: dict[str, int] = {c: 0 for c in CAUSES}
-    n_of: dict[tuple[str, int], int] = {}
-    largest: dict[str, dict[str, Any]] = {}
+    return rank_time
+
+
+@dataclass
+class _GapTotals:
+    """The idle gaps summed by cause and rank, and each cause's largest gap."""
+
+    by: dict[str, dict[int, int]]  # cause -> rank -> idle time (ns)
+    steps_of: dict[str, dict[int, set[int]]]  # cause -> rank -> steps with such a gap
+    counts: dict[str, int]  # cause -> gaps
+    n_of: dict[tuple[str, int], int]  # (cause, rank) -> gaps
+    largest: dict[str, dict[str, Any]]  # cause -> its largest gap (rank, step, ...)
+
+
+def _gap_totals(gaps: pa.Table) -> _GapTotals:
+    """The gaps of the run summed by cause and rank (one query), and each cause's largest."""
+    t = _GapTotals(by={c: {} for c in CAUSES}, steps_of={c: {} for c in CAUSES},
+                   counts={c: 0 for c in CAUSES}, n_of={}, largest={})
     for c, r, total, n, steps in sql_rows(
             "SELECT cause, rank, sum(dur_ns), count(*), list(DISTINCT step) FROM g "
             "GROUP BY cause, rank", g=gaps):
-        by[c][r] = int(total)
-        steps_of[c][r] = set(steps)
-        counts[c] += int(n)
-        n_of[(c, r)] = int(n)
-    s_rank = s_finding.ranks[0] if s_finding is not None else None
+        t.by[c][r] = int(total)
+        t.steps_of[c][r] = set(steps)
+        t.counts[c] += int(n)
+        t.n_of[(c, r)] = int(n)
     fields = ["cause", "rank", "step", "dur_ns", "before", "after"]
     for row in sql_rows("SELECT cause, arg_max(rank, dur_ns), arg_max(step, dur_ns), max(dur_ns), "
                     "arg_max(before, dur_ns), arg_max(after, dur_ns) FROM g GROUP BY cause",
                     g=gaps):
-        largest[row[0]] = dict(zip(fields, row))
-    out = []
-    for cause in CAUSES:
-        ranks = sorted(r for r, v in by[cause].items()
-                       if rank_time.get(r) and v / rank_time[r] >= MIN_SHARE)
-        if s_finding is not None and s_finding.cause == "data" and cause == "data":
-            ranks = [r for r in ranks if r != s_rank]  # the straggler finding says it
-        if not ranks:
-            continue
-        worst = max(ranks, key=lambda r: by[cause][r])
-        stake = by[cause][worst]
-        own = max((by[cause][r] for r in ranks if r != s_rank), default=0)
-        caused: list[dict[str, Any]] = []
-        if s_finding is not None and stake > own:
-            caused.append({"_ref": s_finding, "kind": "straggler", "ms": _ms(stake - own),
-                           "part": f"idle on the straggler, rank {s_rank}: inside the delay "
-                                   "its finding counts"})
-        share = own / wall_ns
-        g = largest[cause]
-        per_rank = {str(r): _ms(by[cause][r]) for r in ranks}
-        ev = {
-            "idle_ms_per_rank": per_rank,
-            "share_of_rank_time_pct": {str(r): round(100 * by[cause][r] / rank_time[r], 1)
-                                       for r in ranks},
-            "gaps": counts[cause],
-            "largest_gap": {"rank": g["rank"], "step": g["step"], "ms": _ms(g["dur_ns"]),
-                            "before": g["before"], "after": g["after"]},
-            "share_pct": round(100 * share, 1),
-            "observed_share_pct": round(100 * stake / wall_ns, 1),
-        }
-        c = GAP_CAUSES[cause]
-        title = (f"Device idle {_ms(stake)} ms on {ranks_text([worst])} ({c.phrase}); "
-                 f"{len(ranks)} rank(s) affected")
-        steps = sorted(set().union(*(steps_of[cause][r] for r in ranks)))
-        worst_steps = len(steps_of[cause][worst])
-        confidence, test = count_test(
-            f"idle gaps ({c.label}) on rank {worst}, {_ms(stake)} ms = "
-            f"{ev['share_of_rank_time_pct'][str(worst)]}% of its analysed time (threshold "
-            f"{100 * MIN_SHARE:.0f}%)", n_of[(cause, worst)], worst_steps)
-        if confidence == "suspected":
-            test.sentence += "; to confirm, " + trace_more_hint(steps)
-        ev["test"] = test.as_dict()
-        out.append(Finding(c.kind, severity_of(share), title, ranks, steps, cause, own / 1e6,
-                           ev, remedy_for(c, device_type), confidence=confidence,
-                           observed_ms=stake / 1e6, caused_by=caused))
-    return out
+        t.largest[row[0]] = dict(zip(fields, row))
+    return t
+
+
+def _cause_finding(cause: str, t: _GapTotals, rank_time: dict[int, int], wall_ns: int,
+                   s_finding: Finding | None, device_type: str) -> Finding | None:
+    """The finding of one idle cause, or None where no rank loses MIN_SHARE of its analysed
+    time to it (data wait on the straggler is the straggler finding's, not this one's)."""
+    by = t.by[cause]
+    s_rank = s_finding.ranks[0] if s_finding is not None else None
+    ranks = sorted(r for r, v in by.items()
+                   if rank_time.get(r) and v / rank_time[r] >= MIN_SHARE)
+    if s_finding is not None and s_finding.cause == "data" and cause == "data":
+        ranks = [r for r in ranks if r != s_rank]  # the straggler finding says it
+    if not ranks:
+        return None
+    worst = max(ranks, key=lambda r: by[r])
+    stake = by[worst]
+    own = max((by[r] for r in ranks if r != s_rank), default=0)
+    caused: list[dict[str, Any]] = []
+    if s_finding is not None and stake > own:
+        caused.append({"_ref": s_finding, "kind": "straggler", "ms": _ms(stake - own),
+                       "part": f"idle on the straggler, rank {s_rank}: inside the delay "
+                               "its finding counts"})
+    share = own / wall_ns
+    g = t.largest[cause]
+    ev = {
+        "idle_ms_per_rank": {str(r): _ms(by[r]) for r in ranks},
+        "share_of_rank_time_pct": {str(r): round(100 * by[r] / rank_time[r], 1)
+                                   for r in ranks},
+        "gaps": t.counts[cause],
+        "largest_gap": {"rank": g["rank"], "step": g["step"], "ms": _ms(g["dur_ns"]),
+                        "before": g["before"], "after": g["after"]},
+        "share_pct": round(100 * share, 1),
+        "observed_share_pct": round(100 * stake / wall_ns, 1),
+    }
+    c = GAP_CAUSES[cause]
+    title = (f"Device idle {_ms(stake)} ms on {ranks_text([worst])} ({c.phrase}); "
+             f"{len(ranks)} rank(s) affected")
+    steps = sorted(set().union(*(t.steps_of[cause][r] for r in ranks)))
+    confidence, test = count_test(
+        f"idle gaps ({c.label}) on rank {worst}, {_ms(stake)} ms = "
+        f"{ev['share_of_rank_time_pct'][str(worst)]}% of its analysed time (threshold "
+        f"{100 * MIN_SHARE:.0f}%)", t.n_of[(cause, worst)], len(t.steps_of[cause][worst]))
+    if confidence == "suspected":
+        test.sentence += "; to confirm, " + trace_more_hint(steps)
+    ev["test"] = test.as_dict()
+    return Finding(c.kind, severity_of(share), title, ranks, steps, cause, own / 1e6,
+                   ev, remedy_for(c, device_type), confidence=confidence,
+                   observed_ms=stake / 1e6, caused_by=caused)

@@ -1,0 +1,103 @@
+"""The derived tables' schemas: the columns of each table `uberprof analyze` writes (one
+trace's steps, collectives and activity; a rank folder's step timeline; the run's steps,
+collectives and ranks), with what each column means.
+
+Where a table lives, when it is fresh and how it is written and read is derived.py's, the one
+owner of the derived folder; this module only says what the tables hold, so that what builds a
+table (rank.py, reduce.py) and what reads one (the diagnosis) can share its columns without
+depending on the folder.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "ACTIVITY_SCHEMA",
+    "BREAKDOWN_FIELDS",
+    "COLLECTIVE_SCHEMA",
+    "RANK_SCHEMA",
+    "RUN_COLLECTIVE_SCHEMA",
+    "RUN_STEP_SCHEMA",
+    "STEP_SCHEMA",
+    "TIMELINE_SCHEMA",
+]
+
+BREAKDOWN_FIELDS = ("window_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
+                    "memory_ns", "idle_ns")
+
+STEP_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("host_start_ns", pa.int64()),  # the ProfilerStep#N span on the host
+    ("host_end_ns", pa.int64()),
+    ("device_start_ns", pa.int64()),  # the step's device window (docs/DESIGN.md)
+    ("device_end_ns", pa.int64()),
+    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
+    ("data_wait_ns", pa.int64()),  # host inside data-loader fetches during the host window
+    ("optimizer_ns", pa.int64()),  # host inside Optimizer.step during the host window
+    ("comm_bytes", pa.int64()),  # bytes of the collectives launched in the step
+    ("collectives", pa.int64()),
+    ("device_incomplete", pa.bool_()),  # launches whose device work the trace lacks (cut off)
+])
+
+COLLECTIVE_SCHEMA = pa.schema([
+    ("name", pa.string()),  # canonical: allreduce, allgather, reducescatter, alltoall, ...
+    ("event", pa.string()),  # the kernel or span it comes from
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+    ("launch_ns", pa.int64()),
+    ("step", pa.int64()),
+    ("in_bytes", pa.int64()),
+    ("out_bytes", pa.int64()),
+    ("dtype", pa.string()),
+    ("group_size", pa.int32()),
+    ("pg_name", pa.string()),
+    ("pg_ranks", pa.string()),
+    ("seq", pa.int64()),
+    ("stream", pa.int64()),
+    ("tid", pa.int64()),
+])
+
+TIMELINE_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("host_start_ns", pa.int64()),
+    ("host_end_ns", pa.int64()),
+    ("data_wait_ns", pa.int64()),
+    ("cpu_ns", pa.int64()),  # the training thread's CPU time (busy time: diagnosis/busy.py)
+    ("gpu_time_ns", pa.int64()),  # device time between step boundaries (device runs)
+])
+
+RUN_STEP_SCHEMA = pa.schema([
+    ("rank", pa.int64()),
+    *STEP_SCHEMA,
+    ("traced", pa.bool_()),  # False: the step is known from the step timeline only
+    ("step_time_ns", pa.int64()),  # host window length
+    ("trace", pa.string()),  # the input it comes from (relative path)
+])
+
+RUN_COLLECTIVE_SCHEMA = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA,
+                                   ("trace", pa.string())])
+
+ACTIVITY_SCHEMA = pa.schema([  # merged intervals of one trace's activity, its own clock
+    ("role", pa.dictionary(pa.int8(), pa.string())),  # compute | comm | memory
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+])
+
+RANK_SCHEMA = pa.schema([
+    ("rank", pa.int64()),
+    ("mode", pa.string()),  # device or cpu
+    ("device_type", pa.string()),
+    ("host", pa.string()),
+    ("traces", pa.int64()),
+    ("steps", pa.int64()),
+    *[(f, pa.int64()) for f in BREAKDOWN_FIELDS],
+    ("idle_pct", pa.float64()),
+    ("compute_pct", pa.float64()),
+    ("non_compute_pct", pa.float64()),
+    ("overlap_pct", pa.float64()),
+    ("exposed_comm_pct", pa.float64()),
+    ("memory_pct", pa.float64()),
+    ("step_time_median_ms", pa.float64()),
+    ("step_time_p90_ms", pa.float64()),
+])
