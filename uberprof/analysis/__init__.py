@@ -1,10 +1,9 @@
-"""Per-rank and cross-rank analysis of ingested traces.
+"""From traces to verdicts, in two parts that follow the pipeline (docs/DESIGN.md §3-§5).
 
-- intervals: interval-set arithmetic (the only place set math lives)
-- metrics: one function per metric definition of docs/DESIGN.md
-- rank: the per-trace map (trace file -> tables), pool- and Dask-friendly
-- derived: the derived folder (layout, manifest, freshness, atomic writing, table readers)
-- pool: the map's processes (forked workers, or any executor such as Dask's)
-- reduce: the cross-rank reduce (run-level tables)
-- pipeline: `analyze`, discovery then the map then the reduce
+- `tables/`: what `uberprof analyze` writes under `derived/` (the per-trace map, the cross-rank
+  reduce, the metric definitions, collective matching and clock alignment over the tables).
+- `diagnosis/`: the findings made from those tables (the model, the finding producers and
+  their registry, the advisor that runs them, the saved diagnosis).
+- `read.py`: the one way a view opens a run: its tables and its diagnosis.
+- `diff/`: two runs compared.
 """
