@@ -24,13 +24,14 @@ links the rest with `caused_by` (index and kind of the other finding, and the ms
 for). `account` holds the invariant: the findings' times at stake never add up to more than
 the analysed wall time.
 
-Every verdict states its evidence (`confidence`, `evidence["test"]`: `analysis/diagnosis/evidence.py`).
+Every verdict states its evidence (`confidence`, `evidence["test"]`: `evidence.py`).
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from uberprof.analysis.diagnosis.document import ranks_doc, run_doc_of
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings import produce
 from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS, GAP_SCHEMA
-from uberprof.analysis.diagnosis.gpu_clocks import gpu_clocks, throttled_vs_others
+from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks, gpu_clocks, throttled_vs_others
 from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
 from uberprof.analysis.diagnosis.rank_diagnosis import rank_passes
@@ -59,7 +60,7 @@ from uberprof.analysis.diagnosis.stragglers import (
 )
 from uberprof.analysis.diagnosis.summaries import sql_rows, summarise
 from uberprof.analysis.tables.align import Alignment, align_clocks
-from uberprof.analysis.tables.collectives import drop_inconsistent, match_collectives
+from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
 from uberprof.analysis.tables.steptime import step_time_doc
 from uberprof.units import ns_to_ms as _ms
@@ -79,12 +80,7 @@ def diagnose(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = 
 def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) -> Diagnosis:
     """Diagnose a run whose tables are loaded (module docstring: the order of work)."""
     problems = list(ctx.problems)
-    matched = match_collectives(ctx)
-    alignment = align_clocks(ctx, matched)
-    matched, dropped = drop_inconsistent(matched, alignment.offsets())
-    if dropped:
-        alignment = align_clocks(ctx, matched)
-    aligned = alignment.apply(matched.instances, ("start_ns", "end_ns"))
+    matched, alignment, aligned = _aligned_collectives(ctx)
 
     traced = analysed_steps(ctx)
     per_rank = {p.rank: p for p in rank_passes(ctx, traced, matched.instances, threshold_ns)}
@@ -101,61 +97,90 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
 
     window = _window(traced, alignment)
     clocks = gpu_clocks(ctx, window)
-    busy = busy_times(ctx)
-    traced_test = straggler_test(lat, median_step, wall_ns, busy=busy)
-    s_test, straggler, basis_doc = _straggler_on_best_basis(ctx, alignment, lat, traced_test,
-                                                           median_step, wall_ns, busy)
-    factors = _factors(traced, gaps, lat)
-    clock_ev: dict[str, Any] = {}
-    if straggler is not None:
-        clock_ev = throttled_vs_others(straggler.rank, clocks)
-        work = s_test.busy if s_test is not None else None
-        work_ns = work.excess_ns if work is not None and work.confirmed \
-            and work.rank == straggler.rank else None
-        straggler.cause, straggler.factors = straggler_cause(straggler.rank, factors, clock_ev,
-                                                             work_ns)
-        straggler.counters = clock_ev
-        if basis_doc is not None:
-            _note_traced_view(straggler, traced_test, work_ns)
-
-    peaks = Peaks(ctx, window)
-    bw = instance_bandwidth(ctx, aligned, exposed, peaks, alignment.error_bounds())
+    tests = _name_straggler(ctx, alignment, traced, gaps, lat, clocks, median_step, wall_ns)
+    bw = instance_bandwidth(ctx, aligned, exposed, Peaks(ctx, window), alignment.error_bounds())
     classes = bandwidth_classes(bw)
 
     summaries = summarise(lat, gaps)
     device_type = _device_type(ctx)
     facts = Facts(ctx=ctx, traced=traced, wall_ns=wall_ns, lateness=lat, gaps=gaps,
-                  classes=classes, clocks=clocks, straggler=straggler, summaries=summaries,
-                  device_type=device_type, window=window)
+                  classes=classes, clocks=clocks, straggler=tests.straggler,
+                  summaries=summaries, device_type=device_type, window=window)
     findings = account(produce(facts), wall_ns)
 
-    unmatched = matched.unmatched
-    if unmatched.num_rows:
-        problems.append(f"{unmatched.num_rows} collective call(s) could not be matched across "
-                        "ranks (not on every rank of the group, or never overlapping in time); "
-                        "left out of lateness and bandwidth")
-    top = []
-    for p in per_rank.values():
-        top += p.top_gaps
-    top.sort(key=lambda g: -g["dur_ns"])
+    if matched.unmatched.num_rows:
+        problems.append(f"{matched.unmatched.num_rows} collective call(s) could not be matched "
+                        "across ranks (not on every rank of the group, or never overlapping in "
+                        "time); left out of lateness and bandwidth")
+    top = sorted((g for p in per_rank.values() for g in p.top_gaps), key=lambda g: -g["dur_ns"])
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type)
-    run["straggler_test"] = s_test.as_dict() if s_test is not None else None
-    if run["straggler_test"] is not None and basis_doc is not None:
-        run["straggler_test"]["flight_recorder"] = basis_doc
-        run["straggler_test"]["traced"] = traced_test.as_dict() if traced_test else None
+    _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
+    return Diagnosis(run=run, ranks=ranks_doc(ctx, traced, summaries), findings=findings,
+                     alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
+                     classes=classes, straggler=tests.straggler, steps=traced,
+                     summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
+                     inputs=sorted(ctx.run.inputs))
+
+
+def _aligned_collectives(ctx: RunContext) -> tuple[Matched, Alignment, pa.Table]:
+    """Match the collectives, align the clocks on them, drop the pairings that never overlap in
+    time and align again; the matched instances on aligned clocks."""
+    matched = match_collectives(ctx)
+    alignment = align_clocks(ctx, matched)
+    matched, dropped = drop_inconsistent(matched, alignment.offsets())
+    if dropped:
+        alignment = align_clocks(ctx, matched)
+    return matched, alignment, alignment.apply(matched.instances, ("start_ns", "end_ns"))
+
+
+@dataclass
+class _StragglerTests:
+    """The straggler test on the run's basis, the traced window's own, the named straggler
+    and the Flight Recorder basis described (None when the traced steps decided)."""
+
+    test: StragglerTest | None
+    traced: StragglerTest | None
+    straggler: Straggler | None
+    flight_recorder: dict[str, Any] | None
+
+
+def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gaps: pa.Table,
+                    lat: pa.Table, clocks: dict[int, GpuClocks], median_step: float | None,
+                    wall_ns: int) -> _StragglerTests:
+    """The straggler test, then the named straggler's cause from its per-step excess, its GPU
+    clocks and its busy time (stragglers.py)."""
+    busy = busy_times(ctx)
+    traced_test = straggler_test(lat, median_step, wall_ns, busy=busy)
+    s_test, straggler, basis_doc = _straggler_on_best_basis(ctx, alignment, lat, traced_test,
+                                                           median_step, wall_ns, busy)
+    if straggler is not None:
+        clock_ev = throttled_vs_others(straggler.rank, clocks)
+        work = s_test.busy if s_test is not None else None
+        work_ns = work.excess_ns if work is not None and work.confirmed \
+            and work.rank == straggler.rank else None
+        straggler.cause, straggler.factors = straggler_cause(
+            straggler.rank, _factors(traced, gaps, lat), clock_ev, work_ns)
+        straggler.counters = clock_ev
+        if basis_doc is not None:
+            _note_traced_view(straggler, traced_test, work_ns)
+    return _StragglerTests(s_test, traced_test, straggler, basis_doc)
+
+
+def _add_verdict_docs(run: dict[str, Any], ctx: RunContext, tests: _StragglerTests,
+                      median_step: float | None, wall_ns: int, findings: list[Finding]) -> None:
+    """The report document's straggler test, step time and accounting (docs/json.md)."""
+    doc = tests.test.as_dict() if tests.test is not None else None
+    if doc is not None and tests.flight_recorder is not None:
+        doc["flight_recorder"] = tests.flight_recorder
+        doc["traced"] = tests.traced.as_dict() if tests.traced else None
+    run["straggler_test"] = doc
     run["step_time"] = step_time_doc(ctx.steps(), median_step)
     run["accounting"] = {
         "analysed_wall_ms": _ms(wall_ns),
         "at_stake_ms": round(sum(f.time_at_stake_ms for f in findings), 3),
         "rule": "each lost millisecond is counted by one finding; waiting for peers inside a "
                 "collective is the late rank's, transfer after the last arrival is the link's"}
-    ranks = ranks_doc(ctx, traced, summaries)
-    return Diagnosis(run=run, ranks=ranks, findings=findings, alignment=alignment,
-                     matched=matched, lateness=lat, gaps=gaps, bandwidth=bw, classes=classes,
-                     straggler=straggler, steps=traced, summaries=summaries,
-                     top_gaps=top, derived=Path(ctx.run.derived),
-                     inputs=sorted(ctx.run.inputs))
 
 
 def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Table,
@@ -165,8 +190,8 @@ def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Tabl
                                         dict[str, Any] | None]:
     """The straggler test on one basis (stragglers.py): the Flight Recorder's arrivals over
     every untraced step when they are at least as many instances as the traced window's,
-    else the traced collectives. Returns the test, the straggler (its cost from the traced steps) and
-    the Flight Recorder basis described (None when it was not used)."""
+    else the traced collectives. Returns the test, the straggler (its cost from the traced
+    steps) and the Flight Recorder basis described (None when it was not used)."""
     fr = flight_basis(ctx, alignment.offsets())
     if fr is None or fr.instances < (traced_test.instances if traced_test else 0):
         return traced_test, find_straggler(lat, median_step, wall_ns, test=traced_test), None
