@@ -117,7 +117,8 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
 
 
 def failure_problems(runs: Sequence[RunDir]) -> list[str]:
-    """Hangs and crashes first (analysis/diagnosis/failures.py): the titles `uberprof report` gives."""
+    """Hangs and crashes first (analysis/diagnosis/findings/failures.py): the titles
+    `uberprof report` gives."""
     from uberprof.analysis.diagnosis.findings.failures import failure_findings
 
     try:

@@ -21,7 +21,8 @@ from uberprof.present.terminal.progress import ReadProgress
 
 @click.command(short_help="Break each rank's time down into compute, communication and idle.")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (see README).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as JSON (docs/analyze.md).")
 @workers_option()
 @derived_option("--out", "Where to write derived tables (default: PATH/derived).")
 @click.option("--force", is_flag=True, help="Analyse every trace again, even unchanged ones.")

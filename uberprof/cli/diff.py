@@ -24,7 +24,7 @@ Examples:
 @click.argument("a", type=click.Path(exists=True, path_type=Path))
 @click.argument("b", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the comparison as JSON (stable; see README).")
+              help="Print the comparison as JSON (stable; docs/diff.md).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML comparison to this file.")
 @click.option("--steps", type=STEP_RANGE, metavar="A-B",

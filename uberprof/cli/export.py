@@ -20,7 +20,7 @@ Examples:
   uberprof export uberprof-runs/RUN -o run.pftrace --format perfetto
 \b
 Open the file in https://ui.perfetto.dev ("Open trace file"; it stays in your browser) or in
-chrome://tracing ("Load"); see the README's "uberprof export" section for offline viewing.
+chrome://tracing ("Load"); see docs/export.md for offline viewing.
 """
 
 

@@ -16,7 +16,7 @@ from uberprof.present.terminal.info import render_info
 @click.command(short_help="Show what a run directory holds, and what is missing.")
 @click.argument("runs", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (see README).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/info.md).")
 @click.option("--no-verify", is_flag=True, help="Skip reading trace archives to the end.")
 def info(runs: tuple[Path, ...], as_json: bool, no_verify: bool) -> None:
     """Summarise RUNS: ranks, steps, trace windows, counters and problems.

@@ -40,7 +40,7 @@ def dask_option(work: str) -> Decorator:
         "--dask", "dask_address", metavar="ADDRESS", default=None,
         help=f"{work} on a Dask cluster (scheduler address, or 'local' for one on this machine "
              "with --workers processes); needs uberprof[dask] and a file system shared with "
-             "the workers (see README).")
+             "the workers (docs/analyze.md).")
 
 
 def dask_executor_or_exit(stack: ExitStack, address: str | None, workers: int | None,

@@ -284,7 +284,7 @@ def read_counters(run_dir: str | Path | RunDir, node: str | None = None,
 
     Sources: host (cpu.*, load*, mem.*), nic (rx_rate, tx_rate, link_speed, tc_rate), ib, proc
     (`rank:<r>`, other processes `pid:<pid>`, and `job`), nvml (per `gpu<N>`), gpm, dcgm.
-    See the README's Counters section.
+    See docs/counters.md.
     """
     return counters_table(run_dir, node, sources, metrics, start_ns, end_ns,
                           label_ranks).to_pandas()

@@ -40,7 +40,7 @@ class Cause:
     cpu_remedy: str = ""  # the remedy for runs without an accelerator, when it differs
 
 
-# Why the device sat idle (analysis/diagnosis/gaps.py assigns them, first that applies, in this order).
+# Why the device sat idle (gaps.py assigns them, first that applies, in this order).
 GAP_CAUSES: dict[str, Cause] = {c.key: c for c in (
     Cause("data", "data loader", "waiting for the data loader",
           "the host was fetching the next batch (data loader)",
@@ -122,7 +122,7 @@ STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (
           "GLOO_SOCKET_IFNAME select the fast interface."),
 )}
 
-# A collective class limited by its link (analysis/diagnosis/bandwidth.py verdicts that become findings).
+# A collective class limited by its link (bandwidth.py verdicts that become findings).
 LINK_VERDICTS: dict[str, Cause] = {c.key: c for c in (
     Cause("bandwidth-bound", "bandwidth-bound", "bandwidth-bound",
           "the collective moves its bytes near the link's peak: the link is the limit",

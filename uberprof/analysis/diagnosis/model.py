@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.align import Alignment
     from uberprof.analysis.tables.collectives import Matched
 
-__all__ = ["FAILURE_KINDS", "MIN_SHARE", "SCHEMA_VERSION", "Diagnosis", "Finding", "Progress", "ranks_text",
-           "severity_of"]
+__all__ = ["FAILURE_KINDS", "MIN_SHARE", "SCHEMA_VERSION", "Diagnosis", "Finding", "Progress",
+           "ranks_text", "severity_of"]
 
 SCHEMA_VERSION = 1
 FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked first

@@ -6,14 +6,14 @@ thresholds of their own:
 
 - **Straggler**: each of the last `WINDOW` steps that every rank finished is one instance, and
   a rank's lateness in it is its step time (then, separately, its data wait) beyond the fastest
-  rank's. `uberprof.analysis.diagnosis.stragglers.straggler_test` decides, with its sole-last frequency
+  rank's. `stragglers.straggler_test` decides, with its sole-last frequency
   test (Poisson-binomial, Bonferroni over ranks) and its materiality rules: confirmed,
   suspected, or nothing. In a synchronous job (DDP) ranks wait for each other, so step times
   are alike and only a data-loader straggler shows in them; where the run has busy time
-  (`analysis/diagnosis/busy.py`: the training thread's CPU time, CPU runs), the same test on it shows a
+  (`busy.py`: the training thread's CPU time, CPU runs), the same test on it shows a
   rank that computes more. The trace window tells the rest.
 - **Data stall**: a rank whose data wait is at least the diagnosis's `MIN_SHARE` of its step
-  time over the window; its confidence is `uberprof.analysis.diagnosis.evidence.count_test`'s (too few
+  time over the window; its confidence is `evidence.count_test`'s (too few
   steps: suspected).
 """
 

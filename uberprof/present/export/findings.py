@@ -9,8 +9,8 @@ Per rank, on tracks of its own process (on the aligned clock, like everything el
   bandwidth-bound or latency-bound, with their busbw against the link's peak.
 
 In a process of their own, first in the file: one track per finding (ranked as in the report)
-spanning the steps it concerns (a hang or a crash: an instant at its moment), with its evidence and remedy as arguments; the analysed steps;
-and the clock alignment of each host.
+spanning the steps it concerns (a hang or a crash: an instant at its moment), with its evidence
+and remedy as arguments; the analysed steps; and the clock alignment of each host.
 """
 
 from __future__ import annotations

@@ -1,0 +1,153 @@
+"""Pipeline parallelism: a tiny language model cut into stages, one stage per rank, trained
+with `torch.distributed.pipelining` on CPU/Gloo (activations and their gradients travel as
+Gloo point-to-point `send`/`recv` between neighbouring stages; there is no collective in a
+step).
+
+    torchrun --standalone --nproc_per_node=2 samples/train_pipeline.py --steps 20
+    torchrun --standalone --nproc_per_node=2 samples/train_pipeline.py --steps 20 \\
+        --schedule 1f1b --microbatches 8 --heavy-stage 1 --heavy-factor 3
+
+Stage i holds --layers-per-stage transformer blocks; stage 0 also the embedding, the last
+stage the final norm, the vocabulary head and the loss. Every rank builds only its own stage
+(`PipelineStage` given each stage's module by hand, with example input/output shapes: static
+metadata, so no shape exchange at start), seeded per stage, so runs are deterministic. The
+batch (--batch sequences) is cut into --microbatches micro-batches; --schedule gpipe runs all
+forwards then all backwards (ScheduleGPipe), 1f1b interleaves them (Schedule1F1B, needs
+micro-batches >= stages). Each stage has its own AdamW: one optimizer step per rank per step.
+
+What a test can inject:
+  --heavy-stage K --heavy-factor F   stage K holds round(F x layers-per-stage) blocks instead
+                                     of layers-per-stage: an unbalanced pipeline whose other
+                                     stages wait (idle in recv) for stage K
+  --microbatches M                   fewer micro-batches, a larger pipeline bubble
+The world size is the number of stages (2 or more). The last stage prints one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parallel_common import (  # noqa: E402
+    Block,
+    Timer,
+    base_parser,
+    batch,
+    exit_after_python,
+    finish,
+    init_gloo,
+    lm_loss,
+)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: [embedding] -> blocks -> [norm -> head]."""
+
+    def __init__(self, args: argparse.Namespace, stage: int, num_stages: int) -> None:
+        super().__init__()
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        n_blocks = stage_blocks(args, stage)
+        if self.first:
+            self.embed = nn.Embedding(args.vocab, args.dim)
+            self.pos = nn.Parameter(torch.zeros(1, args.seq, args.dim))
+        self.blocks = nn.ModuleList(Block(args.dim, args.heads) for _ in range(n_blocks))
+        if self.last:
+            self.norm = nn.LayerNorm(args.dim)
+            self.head = nn.Linear(args.dim, args.vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = self.embed(x) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)) if self.last else x
+
+
+def stage_blocks(args: argparse.Namespace, stage: int) -> int:
+    if stage == args.heavy_stage:
+        return max(1, round(args.heavy_factor * args.layers_per_stage))
+    return args.layers_per_stage
+
+
+def add_pipeline_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="gpipe")
+    p.add_argument("--microbatches", type=int, default=4, metavar="M")
+    p.add_argument("--layers-per-stage", type=int, default=2)
+    p.add_argument("--heavy-stage", type=int, default=-1, metavar="K")
+    p.add_argument("--heavy-factor", type=float, default=1.0, metavar="F")
+
+
+def check_pipeline_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.batch % args.microbatches:
+        p.error(f"--batch {args.batch} is not a multiple of --microbatches {args.microbatches}")
+
+
+def build_schedule(args: argparse.Namespace, stage: int, num_stages: int,
+                   group: dist.ProcessGroup | None = None,
+                   wrap=None):  # type: ignore[no-untyped-def]
+    """This rank's stage module (wrapped by `wrap`, e.g. DDP, when given), its PipelineStage
+    on `group` (default: the world) and the schedule; returns (module, schedule)."""
+    torch.manual_seed(args.seed * 1000 + stage)  # each stage's weights, the same every run
+    module: nn.Module = StageModule(args, stage, num_stages)
+    if wrap is not None:
+        module = wrap(module)
+    mb = args.batch // args.microbatches
+    cpu = torch.device("cpu")
+    # example tensors (static metadata); float ones require grad: their gradients travel back
+    x_in = (torch.zeros(mb, args.seq, dtype=torch.long) if stage == 0
+            else torch.zeros(mb, args.seq, args.dim, requires_grad=True))
+    x_out = torch.zeros(mb, args.seq, args.vocab if stage == num_stages - 1 else args.dim,
+                        requires_grad=True)
+    pipe_stage = PipelineStage(module, stage, num_stages, cpu, input_args=x_in,
+                               output_args=x_out, group=group)
+    sched_cls = SCHEDULES[args.schedule]
+    schedule = sched_cls(pipe_stage, n_microbatches=args.microbatches, loss_fn=lm_loss)
+    return module, schedule
+
+
+def train_steps(args: argparse.Namespace, module: nn.Module, schedule, stage: int,  # type: ignore[no-untyped-def]
+                num_stages: int, replica: int) -> float:
+    """--steps pipeline steps; the last stage's mean micro-batch loss of the last step."""
+    opt = torch.optim.AdamW(module.parameters(), lr=args.lr)
+    loss = float("nan")
+    for step in range(args.steps):
+        x, y = batch(step, replica, args)
+        opt.zero_grad(set_to_none=True)
+        if stage == 0:
+            schedule.step(x)
+        elif stage == num_stages - 1:
+            losses: list[torch.Tensor] = []
+            schedule.step(target=y, losses=losses)
+            loss = torch.stack(losses).mean().item()
+        else:
+            schedule.step()
+        opt.step()
+    return loss
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = base_parser(__doc__)
+    add_pipeline_options(p)
+    args = p.parse_args(argv)
+    check_pipeline_options(p, args)
+    rank, world = init_gloo()
+    timer = Timer()
+    module, schedule = build_schedule(args, rank, world)
+    loss = train_steps(args, module, schedule, rank, world, replica=0)
+    finish(rank, world - 1,
+           f"trained {args.steps} pipeline steps ({args.schedule}, {args.microbatches} "
+           f"micro-batches, {world} stages) in {timer}, final loss {loss:.3f}")
+
+
+if __name__ == "__main__":
+    main()
+    exit_after_python()

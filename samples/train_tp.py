@@ -1,0 +1,106 @@
+"""Tensor parallelism (Megatron-style) with DTensor on CPU/Gloo: every transformer block's
+projections are split across all ranks of a 1-D device mesh.
+
+    torchrun --standalone --nproc_per_node=2 samples/train_tp.py --steps 20
+
+`init_device_mesh("cpu", (N,))` and `parallelize_module` with, per block, q/k/v and the MLP's
+w1 as `ColwiseParallel` (each rank holds heads/N heads and 4*dim/N hidden units) and the
+attention output wo and the MLP's w2 as `RowwiseParallel`. Each RowwiseParallel output is
+all-reduced in forward and each ColwiseParallel input's gradient in backward, through
+functional collectives (`_c10d_functional::all_reduce` + `wait_tensor`): 2 blocking
+all-reduces per block in forward and 2 in backward, every step, on the critical path.
+Embedding, final norm and head stay replicated (every rank the same data: one replica).
+Weights are seeded, so runs are deterministic. --heads and 4*dim must divide by N.
+
+What a test can inject:
+  --layers L        more blocks: more all-reduces per step
+  --dim D           wider layers: larger all-reduces (B x seq x D floats each)
+  --slow-rank R --slow-factor F   rank R does F times its share of the block's matrix
+                    products (the extra ones outside autograd): TP peers wait for it inside
+                    the all-reduces
+Note: after `init_device_mesh`, `dist.get_backend()` says "undefined" on torch 2.13 although
+the mesh's group is Gloo (its `_get_backend_name()`). Rank 0 prints one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parallel_common import (  # noqa: E402
+    Timer,
+    TinyLM,
+    base_parser,
+    batch,
+    exit_after_python,
+    finish,
+    init_gloo,
+    lm_loss,
+)
+
+# Megatron-style plan for one parallel_common.Block
+BLOCK_PLAN = {
+    "wq": ColwiseParallel(),
+    "wk": ColwiseParallel(),
+    "wv": ColwiseParallel(),
+    "wo": RowwiseParallel(),
+    "w1": ColwiseParallel(),
+    "w2": RowwiseParallel(),
+}
+
+
+def tensor_parallel(model: TinyLM, tp_mesh) -> TinyLM:  # type: ignore[no-untyped-def]
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, BLOCK_PLAN)
+    return model
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = base_parser(__doc__)
+    p.add_argument("--slow-rank", type=int, default=-1, metavar="R")
+    p.add_argument("--slow-factor", type=float, default=1.0, metavar="F")
+    args = p.parse_args(argv)
+    rank, world = init_gloo()
+    if args.heads % world or (4 * args.dim) % world:
+        p.error(f"--heads {args.heads} and 4 x --dim must divide by {world} ranks")
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    torch.manual_seed(args.seed)  # the same full weights on every rank before splitting
+    model = tensor_parallel(TinyLM(args.vocab, args.dim, args.layers, args.heads, args.seq),
+                            mesh["tp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    extra = args.slow_factor - 1.0 if rank == args.slow_rank else 0.0
+    timer = Timer()
+    for step in range(args.steps):
+        x, y = batch(step, 0, args)
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x), y)
+        if extra > 0:
+            straggle(extra, args, world)
+        loss.backward()
+        opt.step()
+    finish(rank, 0, f"trained {args.steps} TP steps on {world} rank(s) in {timer}, "
+                    f"final loss {loss.item():.3f}")
+
+
+def straggle(extra: float, args, world: int) -> None:  # type: ignore[no-untyped-def]
+    """About `extra` x this rank's share of the blocks' matrix products, outside autograd."""
+    tokens = args.batch * args.seq
+    a = torch.ones(tokens, args.dim)
+    w = torch.ones(args.dim, 12 * args.dim // world)  # q,k,v,o + w1,w2 = 12 dim^2 per block
+    with torch.no_grad():
+        for _ in range(round(extra * args.layers * 3)):  # forward + backward ~ 3x forward
+            torch.mm(a, w)
+
+
+if __name__ == "__main__":
+    main()
+    exit_after_python()
