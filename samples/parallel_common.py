@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_ddp import exit_after_python  # noqa: E402,F401  (re-exported for the samples)
+from train_ddp import exit_after_python  # noqa: F401  (re-exported for the samples)
 
 
 class Block(nn.Module):
@@ -111,6 +112,31 @@ def init_gloo(min_world: int = 2) -> tuple[int, int]:
     if world < min_world:
         sys.exit(f"needs at least {min_world} ranks, got {world}")
     return rank, world
+
+
+def init_mesh(shape: tuple[int, ...], names: tuple[str, ...],
+              pg_init: str = "mesh") -> tuple[int, DeviceMesh]:
+    """A CPU device mesh of `shape`; returns (rank, mesh). pg_init "mesh": `init_device_mesh`
+    creates the default process group itself (no init_process_group call, as TP/2-D training
+    code often does; on torch 2.13 `dist.get_backend()` then says "undefined", though the
+    group runs Gloo); "explicit": `init_process_group("gloo")` first, then the mesh."""
+    want = 1
+    for n in shape:
+        want *= n
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) != want:
+        sys.exit(f"needs exactly {want} ranks under torchrun, e.g. torchrun --standalone "
+                 f"--nproc_per_node={want} {sys.argv[0]} --steps 20")
+    if pg_init == "explicit":
+        dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    return dist.get_rank(), mesh
+
+
+def add_pg_init_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pg-init", choices=["mesh", "explicit"], default="mesh",
+                   help="mesh: init_device_mesh creates the default process group (then\n"
+                        "dist.get_backend() says 'undefined' on torch 2.13); explicit:\n"
+                        "init_process_group('gloo') first")
 
 
 def finish(rank: int, print_rank: int, line: str) -> None:

@@ -18,21 +18,25 @@ What a test can inject:
   --layers L              more FSDP units: more all-gathers / reduce-scatters per step
   --dim D                 larger parameters: larger collectives
   --no-reshard            reshard_after_forward=False: no second all-gather in backward
-  --slow-rank R --slow-factor F   rank R does F times its block compute (extra matrix
-                          products outside autograd): the others wait in the collectives
+  --slow-rank R --slow-factor F   rank R does about F times its block compute (extra
+                          matrix products outside autograd): the others wait in the
+                          collectives
 Weights and batches are seeded, so runs are deterministic. Rank 0 prints one line.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import warnings
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parallel_common import (  # noqa: E402
+from parallel_common import (
     Timer,
     TinyLM,
     base_parser,
@@ -43,8 +47,11 @@ from parallel_common import (  # noqa: E402
     lm_loss,
 )
 
+# The root module's logits are a view; nothing in this loop modifies them in place.
+warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 
-def shard(model: TinyLM, mesh=None, reshard: bool = True) -> TinyLM:  # type: ignore[no-untyped-def]
+
+def shard(model: TinyLM, mesh: DeviceMesh | None = None, reshard: bool = True) -> TinyLM:
     """Each block one FSDP2 unit, then the root module (on `mesh`, default: the world)."""
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
@@ -52,7 +59,7 @@ def shard(model: TinyLM, mesh=None, reshard: bool = True) -> TinyLM:  # type: ig
     return model
 
 
-def straggle(extra: float, args, shards: int = 1) -> None:  # type: ignore[no-untyped-def]
+def straggle(extra: float, args: argparse.Namespace, shards: int = 1) -> None:
     """About `extra` x the blocks' matrix products (1/shards of them), outside autograd."""
     a = torch.ones(args.batch * args.seq, args.dim)
     w = torch.ones(args.dim, 12 * args.dim // shards)  # q,k,v,o + w1,w2 = 12 dim^2 per block

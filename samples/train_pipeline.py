@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parallel_common import (  # noqa: E402
+from parallel_common import (
     Block,
     Timer,
     base_parser,
@@ -47,6 +48,7 @@ from parallel_common import (  # noqa: E402
 )
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+Schedule = ScheduleGPipe | Schedule1F1B
 
 
 class StageModule(nn.Module):
@@ -86,14 +88,20 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heavy-factor", type=float, default=1.0, metavar="F")
 
 
-def check_pipeline_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_pipeline_options(p: argparse.ArgumentParser, args: argparse.Namespace,
+                           num_stages: int) -> None:
     if args.batch % args.microbatches:
         p.error(f"--batch {args.batch} is not a multiple of --microbatches {args.microbatches}")
+    if args.schedule == "1f1b" and args.microbatches < num_stages:
+        p.error(f"1f1b needs --microbatches >= {num_stages} stages")
+    if args.heavy_stage >= num_stages:
+        p.error(f"--heavy-stage {args.heavy_stage}: there are only {num_stages} stages")
 
 
 def build_schedule(args: argparse.Namespace, stage: int, num_stages: int,
                    group: dist.ProcessGroup | None = None,
-                   wrap=None):  # type: ignore[no-untyped-def]
+                   wrap: Callable[[nn.Module], nn.Module] | None = None,
+                   ) -> tuple[nn.Module, Schedule]:
     """This rank's stage module (wrapped by `wrap`, e.g. DDP, when given), its PipelineStage
     on `group` (default: the world) and the schedule; returns (module, schedule)."""
     torch.manual_seed(args.seed * 1000 + stage)  # each stage's weights, the same every run
@@ -114,7 +122,7 @@ def build_schedule(args: argparse.Namespace, stage: int, num_stages: int,
     return module, schedule
 
 
-def train_steps(args: argparse.Namespace, module: nn.Module, schedule, stage: int,  # type: ignore[no-untyped-def]
+def train_steps(args: argparse.Namespace, module: nn.Module, schedule: Schedule, stage: int,
                 num_stages: int, replica: int) -> float:
     """--steps pipeline steps; the last stage's mean micro-batch loss of the last step."""
     opt = torch.optim.AdamW(module.parameters(), lr=args.lr)
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     p = base_parser(__doc__)
     add_pipeline_options(p)
     args = p.parse_args(argv)
-    check_pipeline_options(p, args)
+    check_pipeline_options(p, args, int(os.environ.get("WORLD_SIZE", "2")))
     rank, world = init_gloo()
     timer = Timer()
     module, schedule = build_schedule(args, rank, world)

@@ -6,29 +6,35 @@ projections are split across all ranks of a 1-D device mesh.
 `init_device_mesh("cpu", (N,))` and `parallelize_module` with, per block, q/k/v and the MLP's
 w1 as `ColwiseParallel` (each rank holds heads/N heads and 4*dim/N hidden units) and the
 attention output wo and the MLP's w2 as `RowwiseParallel`. Each RowwiseParallel output is
-all-reduced in forward and each ColwiseParallel input's gradient in backward, through
-functional collectives (`_c10d_functional::all_reduce` + `wait_tensor`): 2 blocking
-all-reduces per block in forward and 2 in backward, every step, on the critical path.
+all-reduced in forward (wo, w2) and each ColwiseParallel input's gradient in backward (q, k,
+v, w1), through functional collectives (`_c10d_functional::all_reduce`, then
+`_c10d_functional::wait_tensor`, where the rank blocks): 6 all-reduces of batch x seq x dim
+floats per block per step (12 with the default 2 blocks), all on the critical path.
 Embedding, final norm and head stay replicated (every rank the same data: one replica).
 Weights are seeded, so runs are deterministic. --heads and 4*dim must divide by N.
+
+By default the mesh creates the default process group (`init_device_mesh` with no prior
+`init_process_group`, --pg-init mesh); then `dist.get_backend()` says "undefined" on torch
+2.13, though the mesh's group runs Gloo (its `_get_backend_name()`). --pg-init explicit calls
+`init_process_group("gloo")` first.
 
 What a test can inject:
   --layers L        more blocks: more all-reduces per step
   --dim D           wider layers: larger all-reduces (B x seq x D floats each)
-  --slow-rank R --slow-factor F   rank R does F times its share of the block's matrix
-                    products (the extra ones outside autograd): TP peers wait for it inside
-                    the all-reduces
-Note: after `init_device_mesh`, `dist.get_backend()` says "undefined" on torch 2.13 although
-the mesh's group is Gloo (its `_get_backend_name()`). Rank 0 prints one line.
+  --slow-rank R --slow-factor F   rank R does about F times its share of the blocks'
+                    matrix products (the extra ones outside autograd): TP peers wait for it
+                    inside the all-reduces
+Rank 0 prints one line.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -36,14 +42,15 @@ from torch.distributed.tensor.parallel import (
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parallel_common import (  # noqa: E402
+from parallel_common import (
     Timer,
     TinyLM,
+    add_pg_init_option,
     base_parser,
     batch,
     exit_after_python,
     finish,
-    init_gloo,
+    init_mesh,
     lm_loss,
 )
 
@@ -58,7 +65,7 @@ BLOCK_PLAN = {
 }
 
 
-def tensor_parallel(model: TinyLM, tp_mesh) -> TinyLM:  # type: ignore[no-untyped-def]
+def tensor_parallel(model: TinyLM, tp_mesh: DeviceMesh) -> TinyLM:
     for block in model.blocks:
         parallelize_module(block, tp_mesh, BLOCK_PLAN)
     return model
@@ -68,11 +75,13 @@ def main(argv: list[str] | None = None) -> None:
     p = base_parser(__doc__)
     p.add_argument("--slow-rank", type=int, default=-1, metavar="R")
     p.add_argument("--slow-factor", type=float, default=1.0, metavar="F")
+    add_pg_init_option(p)
     args = p.parse_args(argv)
-    rank, world = init_gloo()
-    if args.heads % world or (4 * args.dim) % world:
-        p.error(f"--heads {args.heads} and 4 x --dim must divide by {world} ranks")
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world < 2 or args.heads % world or (4 * args.dim) % world:
+        p.error(f"needs 2 or more ranks under torchrun, dividing --heads {args.heads} "
+                f"and 4 x --dim {args.dim}; got {world}")
+    rank, mesh = init_mesh((world,), ("tp",), args.pg_init)
     torch.manual_seed(args.seed)  # the same full weights on every rank before splitting
     model = tensor_parallel(TinyLM(args.vocab, args.dim, args.layers, args.heads, args.seq),
                             mesh["tp"])
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"final loss {loss.item():.3f}")
 
 
-def straggle(extra: float, args, world: int) -> None:  # type: ignore[no-untyped-def]
+def straggle(extra: float, args: argparse.Namespace, world: int) -> None:
     """About `extra` x this rank's share of the blocks' matrix products, outside autograd."""
     tokens = args.batch * args.seq
     a = torch.ones(tokens, args.dim)
