@@ -16,8 +16,9 @@
                    module wrapped in DDP on its dp group ((0,1) and (2,3)); the pipelining
                    schedule runs DDP's no_sync for all but the last micro-batch's backward,
                    so DDP all-reduces its gradient buckets once per step (2 buckets with the
-                   defaults). Each replica trains on its own batch. The train_pipeline.py options apply (--schedule,
-                   --microbatches, --heavy-stage, --heavy-factor, --layers-per-stage).
+                   defaults). Each replica trains on its own batch. The train_pipeline.py
+                   options apply (--schedule, --microbatches, --heavy-stage, --heavy-factor,
+                   --layers-per-stage).
 
 What a test can inject: with pp_dp, --heavy-stage K --heavy-factor F (an unbalanced pipeline:
 stage K's ranks are the slow ones, the other stage's wait in recv); with fsdp_tp,
