@@ -25,6 +25,7 @@ from typing import Any
 
 from uberprof.collect.config import ENV_NODE, ENV_RUN_DIR, CollectConfig
 from uberprof.collect.rank import exits
+from uberprof.collect.rank.backend import default_backend
 from uberprof.collect.safety import AgentLog, swallowing
 from uberprof.rundir import RunDir
 
@@ -183,7 +184,7 @@ def _identity() -> dict[str, Any]:
     if dist is not None and dist.is_available() and dist.is_initialized():
         ident["rank"] = dist.get_rank()
         ident["world_size"] = dist.get_world_size()
-        ident["backend"] = str(dist.get_backend())
+        ident["backend"] = default_backend(dist)
         if ident["local_rank"] is None and ident["world_size"] > 1:
             # Spawned without torchrun: assume one host unless told otherwise.
             ident["local_rank"] = ident["rank"]

@@ -19,6 +19,7 @@ from uberprof._version import __version__
 from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank import clock
+from uberprof.collect.rank.backend import default_backend
 from uberprof.collect.rank.capture import Capture
 from uberprof.collect.rank.flight_log import FlightLog, ring_size
 from uberprof.collect.rank.steps import StepDetector, StepSource
@@ -243,7 +244,7 @@ def process_group_info(dist: Any) -> dict[str, Any]:
     info: dict[str, Any] = {
         "rank": dist.get_rank(),
         "world_size": dist.get_world_size(),
-        "backend": str(dist.get_backend()),
+        "backend": default_backend(dist),
     }
     try:
         info["process_groups"] = [{"name": "default", "ranks": list(range(info["world_size"])),
