@@ -294,12 +294,7 @@ class RunData(StepTables, Counters):
     def rank_table(self) -> pa.Table | None:
         """RANK_SCHEMA rows (whole-trace breakdown per rank) of the ranks with traces, or
         None when no rank has one."""
-        if self.ctx is None:
-            return None
-        rt = self.ctx.breakdown()
-        if "traces" in rt.schema.names:
-            rt = rt.filter(pc.greater(pc.fill_null(rt.column("traces"), 0), 0))
-        return rt if rt.num_rows else None
+        return self.opened.traced_breakdown() if self.opened is not None else None
 
     def breakdown_by_rank(self) -> pa.Table | None:
         """Per rank: each BREAKDOWN_PARTS share of its traced time (`<part>_pct`) and its ns

@@ -86,7 +86,7 @@ class OpenedRun:
         None without traces. Not saved: made from the whole-trace breakdown when asked."""
         from uberprof.analysis.diagnosis.summaries import time_shares
 
-        rt = self._traced_breakdown()
+        rt = self.traced_breakdown()
         return time_shares(rt) if rt is not None else None
 
     def run_breakdown(self) -> dict[str, Any] | None:
@@ -95,14 +95,14 @@ class OpenedRun:
         Not saved: made from the whole-trace breakdown when asked."""
         from uberprof.analysis.tables.metrics import percentages
 
-        rt = self._traced_breakdown()
+        rt = self.traced_breakdown()
         if rt is None:
             return None
         parts = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
         return percentages(**{p: sum(x or 0 for x in rt.column(f"{p}_ns").to_pylist())
                               for p in parts})
 
-    def _traced_breakdown(self) -> pa.Table | None:
+    def traced_breakdown(self) -> pa.Table | None:
         """The whole-trace breakdown (RANK_SCHEMA) of the ranks with an analysed trace, None
         when there is none."""
         if self.ctx is None:
