@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Diagnosis, Finding
 from uberprof.analysis.read import OpenedRun, diagnose_opened, open_tables, sql_table
