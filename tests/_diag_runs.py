@@ -35,9 +35,10 @@ def slow_compute_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def slow_data_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Rank 1's data loader sleeps 10 ms per sample (80 ms per batch of 8)."""
+    """Rank 1's data loader sleeps 20 ms per sample (160 ms per batch of 8): a lead well clear
+    of the others' spread even when a busy 2-core machine stalls them by tens of ms."""
     return _ddp_run(tmp_path_factory, "slowdata", "--slow-data-rank", "1",
-                    "--data-delay-ms", "10")
+                    "--data-delay-ms", "20")
 
 
 @pytest.fixture(scope="session")
