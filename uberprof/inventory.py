@@ -112,8 +112,22 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
         "nodes": nodes,
         "ranks": ranks,
         "counters": counters,
+        "parallelism": run_parallelism(runs, ranks),
         "problems": problems,
     }
+
+
+def run_parallelism(runs: Sequence[RunDir], ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How the ranks divide the work (analysis/tables/parallelism.py): what `uberprof report`
+    saved, else the device mesh from the head of each rank's first trace; None when unknown."""
+    from uberprof.analysis.tables.parallelism import recorded_parallelism
+
+    traces = {r["rank"]: Path(r["trace_windows"][0]["path"]) for r in ranks
+              if isinstance(r["rank"], int) and r["trace_windows"]}
+    try:
+        return recorded_parallelism(runs[0].root, traces)
+    except Exception:  # noqa: BLE001 - the rest of the inventory stands without it
+        return None
 
 
 def failure_problems(runs: Sequence[RunDir]) -> list[str]:

@@ -101,3 +101,14 @@ def test_a_stale_diagnosis_is_made_again(tmp_path: Path) -> None:
     assert calls == [1]  # diagnosed once, then read back
 
 
+
+
+def test_analysing_again_with_force_makes_the_saved_diagnosis_stale(tmp_path: Path) -> None:
+    folder = _two_rank_traces(tmp_path)
+    out = tmp_path / "d"
+    _report(folder, "--out", str(out))
+    assert load(load_context(folder, out=out)) is not None
+    # the same inputs, analysed again (a newer uberprof's tables): nothing says the saved
+    # diagnosis was made from these tables, so it is not reused
+    ctx = load_context(folder, out=out, force=True)
+    assert load(ctx) is None

@@ -27,7 +27,7 @@ STEP = "step"  # ProfilerStep#N
 DATALOADER = "dataloader"  # enumerate(DataLoader)#...__next__: a data-loader fetch
 OPTIMIZER = "optimizer"  # Optimizer.step#<Class>.step
 HOST_COMM = "host_comm"  # gloo:* on the Gloo worker threads: the collective itself
-COMM_OP = "comm_op"  # c10d::*, record_param_comms, nccl:* annotations: launching a collective
+COMM_OP = "comm_op"  # c10d::*, record_param_comms, nccl:*, functional collectives (launch, wait)
 ANNOTATION = "annotation"  # other user annotations (record_function)
 PYTHON = "python"  # python_function (with_stack)
 OTHER = "other"
@@ -59,6 +59,11 @@ _DEVICE_CATS = (_KERNEL_CATS | _MEMCPY_CATS | _MEMSET_CATS | _DEVICE_SYNC_CATS
 # HCCL (Habana) and the oneCCL family.
 _COMM_KERNEL = re.compile(r"nccl|rccl|hccl|ccl_kernel|oneccl", re.IGNORECASE)
 _STEP = re.compile(r"^ProfilerStep\s*#\s*(-?\d+)")
+# Host spans that launch or wait for communication. The functional collectives of DTensor and
+# tensor parallelism (`_c10d_functional::all_reduce`, then `_c10d_functional::wait_tensor`,
+# where the rank blocks) are communication, never the model's compute.
+_COMM_OP_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "_c10d_functional::",
+                     "_c10d_functional_autograd::", "c10d_functional::")
 _SYNC_NAMES = re.compile(r"Synchronize$|^cudaStreamQuery$|^cuStreamSynchronize|^cuCtxSynchronize")
 
 
@@ -92,7 +97,7 @@ def classify(cat: str, name: str, on_device: bool) -> str:
             return OPTIMIZER
         if name.startswith("gloo:"):
             return HOST_COMM
-        if name.startswith(("c10d::", "record_param_comms", "nccl:")):
+        if name.startswith(_COMM_OP_PREFIXES):
             return COMM_OP
         return OPERATOR
     if cat in _RUNTIME_CATS:
@@ -110,7 +115,7 @@ def _annotation_kind(name: str) -> str:
         return STEP
     if name.startswith("gloo:"):
         return HOST_COMM
-    if name.startswith(("nccl:", "c10d::", "record_param_comms")):
+    if name.startswith(_COMM_OP_PREFIXES):
         return COMM_OP
     if name.startswith("enumerate(DataLoader)"):
         return DATALOADER

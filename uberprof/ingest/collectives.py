@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 __all__ = ["CommArgs", "collective_columns", "comm_args_of"]
 
 CommArgs = tuple  # (name, coll_name, dtype, in_nelems, out_nelems, group_size, pg_name,
-#                    pg_ranks, seq, input_dims bytes, input_type bytes)
+#                    pg_ranks, seq, input_dims bytes, input_type bytes, concrete_inputs bytes)
+
+# c10d's point-to-point launches: their third input is the peer, a rank of the group.
+_P2P_LAUNCHES = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
 
 _COLL_NAME = operator.attrgetter("coll_name")
 _ANY_DECODER = msgspec.json.Decoder()
@@ -40,13 +43,16 @@ def comm_args_of(names: list[Any], candidates: np.ndarray,
     for i in np.flatnonzero(candidates | np.not_equal(coll, None)).tolist():
         a = args[i]
         out[i] = (names[i], a.coll_name, a.dtype, a.in_nelems, a.out_nelems, a.group_size,
-                  a.pg_name, a.pg_ranks, a.seq, bytes(a.input_dims), bytes(a.input_type))
+                  a.pg_name, a.pg_ranks, a.seq, bytes(a.input_dims), bytes(a.input_type),
+                  bytes(a.concrete_inputs) if names[i] in _P2P_LAUNCHES else b"")
     return out
 
 
 def collective_columns(n: int, comm_args: dict[int, CommArgs],
                        kind_codes: np.ndarray) -> list[pa.Array]:
-    """Collective metadata columns: from NCCL's args where present, else from input shapes."""
+    """Collective metadata columns: from NCCL's args where present, else from input shapes.
+    A `c10d::` launch is named by what the program called (`_reduce_scatter_base_`, which Gloo
+    runs as an all-reduce), and a send/recv launch also by its peer."""
     coll_name: list[str | None] = [None] * n
     dtype: list[str | None] = [None] * n
     in_bytes: list[int | None] = [None] * n
@@ -55,9 +61,11 @@ def collective_columns(n: int, comm_args: dict[int, CommArgs],
     pg_name: list[str | None] = [None] * n
     pg_ranks: list[str | None] = [None] * n
     seq: list[int | None] = [None] * n
+    peer: list[int | None] = [None] * n
     code_of = {k: i for i, k in enumerate(K.ALL_KINDS)}
     comm_codes = {code_of[K.COMM_KERNEL], code_of[K.HOST_COMM], code_of[K.COMM_OP]}
-    for i, (nm, cname, dt, in_n, out_n, gsize, pgn, pgr, sq, dims, types) in comm_args.items():
+    for i, (nm, cname, dt, in_n, out_n, gsize, pgn, pgr, sq, dims, types,
+            concrete) in comm_args.items():
         if int(kind_codes[i]) not in comm_codes:
             continue
         if cname is not None:
@@ -79,6 +87,9 @@ def collective_columns(n: int, comm_args: dict[int, CommArgs],
                 seq[i] = sq
             elif isinstance(sq, str) and sq.isdigit():
                 seq[i] = int(sq)
+        elif nm.startswith("c10d::"):
+            coll_name[i] = nm[6:].strip("_")
+            peer[i] = _peer(concrete) if concrete else None
         else:
             coll_name[i] = nm.split(":", 1)[1]
             in_bytes[i], dtype[i] = _bytes_from_shapes(dims, types)
@@ -91,7 +102,22 @@ def collective_columns(n: int, comm_args: dict[int, CommArgs],
         pa.array(pg_name, pa.string()).dictionary_encode(),
         pa.array(pg_ranks, pa.string()).dictionary_encode(),
         pa.array(seq, pa.int64()),
+        pa.array(peer, pa.int32()),
     ]
+
+
+def _peer(concrete_raw: bytes) -> int | None:
+    """The peer of `c10d::send(tensors, group, dst, tag)` / `c10d::recv_(..., src, tag)`: the
+    third of the Concrete Inputs, a rank within the group (e.g. `["", "", "1", "0"]`)."""
+    try:
+        values = _ANY_DECODER.decode(concrete_raw)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(values, list) and len(values) > 2 and isinstance(values[2], str):
+        text = values[2].strip()
+        if text.lstrip("-").isdigit() and int(text) >= 0:
+            return int(text)
+    return None
 
 
 def _bytes_from_shapes(dims_raw: bytes, types_raw: bytes) -> tuple[int | None, str | None]:

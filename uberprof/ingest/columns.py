@@ -142,10 +142,12 @@ class Columns:
         return events
 
     def comm_names(self) -> np.ndarray:
-        """Which name codes may be collectives (`gloo:*`, `nccl:*`), extended as names appear."""
+        """Which name codes may be collectives (`gloo:*`, `nccl:*`) or launch one (`c10d::*`,
+        which name what the program called and, for send/recv, the peer), extended as names
+        appear."""
         known = self._comm_names.size
         if known < len(self.names):
-            new = [type(nm) is str and nm[:5] in ("gloo:", "nccl:")
+            new = [type(nm) is str and (nm[:5] in ("gloo:", "nccl:") or nm[:6] == "c10d::")
                    for nm in islice(self.names, known, None)]
             self._comm_names = np.concatenate([self._comm_names, np.array(new, dtype=bool)])
         return self._comm_names

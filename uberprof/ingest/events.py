@@ -103,6 +103,9 @@ class IngestArgs(TraceArgs, gc=False):
     # Shapes are kept as raw JSON text and decoded only for the few collective events.
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    # c10d::send / c10d::recv_ name their peer (a rank of the group) in these.
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""),
+                                                 name="Concrete Inputs")
     bytes: Any = None
 
 

@@ -40,6 +40,7 @@ EVENT_SCHEMA = pa.schema([
     ("pg_name", pa.dictionary(pa.int32(), pa.string())),
     ("pg_ranks", pa.dictionary(pa.int32(), pa.string())),
     ("seq", pa.int64()),
+    ("peer", pa.int32()),  # send/recv launches (c10d::send, c10d::recv_): the peer's group rank
 ])
 
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.present.html_parallel import parallel_html
+from uberprof.present.report_terminal import parallelism_line
 from uberprof.units import fmt_num
 
 __all__ = ["render_html", "write_html"]
@@ -50,7 +52,9 @@ def render_html(d: Diagnosis) -> str:
     parts = [head,
              f"<h1>uberprof report: {e(str(r.get('run_id') or r['path']))}</h1>",
              f"<div class='dim'>{e(_summary_line(d))}</div>",
+             _parallelism_html(r),
              "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
+             parallel_html(r),
              "<h2>Plots</h2>", *plots, "<h2>Run</h2>",
              f"<pre>{e(_run_text(d))}</pre>", "</body></html>"]
     return "\n".join(parts)
@@ -67,6 +71,17 @@ def _summary_line(d: Diagnosis) -> str:
             f"(traced steps; {_inflation(r)}); "
             f"{c.get('matched_instances', 0)} matched collectives, "
             f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r.get('uberprof_version')}")
+
+
+def _parallelism_html(r: dict[str, Any]) -> str:
+    """The parallelism line, with what each kind was read from on hover."""
+    line = parallelism_line(r)
+    if not line:
+        return ""
+    ev = (r.get("parallelism") or {}).get("evidence") or {}
+    basis = "; ".join(f"{k}: {v}" for k, v in ev.items()) or "no marker in the traces"
+    return (f"<div class='parallelism' title='{html.escape(basis, quote=True)}'>"
+            f"{html.escape(line)}</div>")
 
 
 def _inflation(r: dict[str, Any]) -> str:

@@ -17,9 +17,10 @@ from rich.text import Text
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.analysis.read import MIN_INSTANCES
+from uberprof.present.terminal.parallel import render_parallel
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
-__all__ = ["MAX_RANK_ROWS", "render_report"]
+__all__ = ["MAX_RANK_ROWS", "parallelism_line", "render_report"]
 
 MAX_RANK_ROWS = 32
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -31,6 +32,7 @@ def render_report(d: Diagnosis, console: Console) -> None:
     _ranks(d, console)
     _findings(d, console)
     _bandwidth(d, console)
+    render_parallel(d.run, console, _print_table)
     _gaps(d, console)
     problems = d.run.get("problems") or []
     if problems:
@@ -83,6 +85,9 @@ def _header(d: Diagnosis, console: Console) -> None:
         f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
         f"({_ms(r.get('analysed_wall_ms'))} ms wall), median step {_ms(r.get('step_time_ms'))} ms",
         highlight=False)
+    par = parallelism_line(r)
+    if par:
+        console.print(par, highlight=False)
     st = r.get("step_time") or {}
     line = _step_time_line(st)
     if line:
@@ -115,6 +120,22 @@ def _header(d: Diagnosis, console: Console) -> None:
             desc += ")"
         console.print(f"[dim]{desc}[/dim]", highlight=False)
     console.print()
+
+
+def parallelism_line(run: dict[str, Any]) -> str:
+    """"Parallelism: pipeline (2 stages) x DDP (2)" from the saved reading (`run.parallelism`),
+    with each pipeline stage's ranks; "" for a saved diagnosis that has none."""
+    p = run.get("parallelism") or {}
+    if not p.get("summary"):
+        return ""
+    line = f"Parallelism: {p['summary']}"
+    stages: dict[int, list[str]] = {}
+    for r, s in (p.get("stage_of") or {}).items():
+        stages.setdefault(int(s), []).append(str(r))
+    if stages and len(stages) <= 8:
+        line += "; stages: " + ", ".join(f"{s}: rank {'/'.join(rs)}"
+                                         for s, rs in sorted(stages.items()))
+    return line
 
 
 def _step_time_line(st: dict[str, Any]) -> str:
@@ -296,6 +317,14 @@ def _evidence_line(f: Finding) -> str:
         return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank "
                 f"({e.get('wait_ms')} ms waiting for peers, {e.get('transfer_ms')} ms "
                 f"transfer), {e.get('exposed_of_comm_pct')}% of its communication")
+    if f.kind == "tp_exposed_comm":
+        if e.get("separable") is False:
+            return (f"{e.get('combined_exposed_ms')} ms exposed over all groups together "
+                    f"({e.get('combined_share_pct')}%); the TP group's part is not separable")
+        return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed in the TP group of "
+                f"{e.get('tp_degree')} ({e.get('wait_ms')} ms waiting for peers, "
+                f"{e.get('transfer_ms')} ms transfer), {e.get('exposed_of_comm_pct')}% of its "
+                "communication")
     if f.kind == "bandwidth":
         bound = e.get("busbw_bound_gbit_s")
         peak = (f"peak {e['peak_gbit_s']} Gbit/s ({e.get('peak_source') or 'source unknown'})"

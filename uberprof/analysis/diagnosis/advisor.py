@@ -29,6 +29,7 @@ Every verdict states its evidence (`confidence`, `evidence["test"]`: `evidence.p
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -47,8 +48,10 @@ from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings import produce
 from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS, GAP_SCHEMA
 from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks, gpu_clocks, throttled_vs_others
+from uberprof.analysis.diagnosis.group_comm import GroupComm, group_comm
 from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
+from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
 from uberprof.analysis.diagnosis.rank_diagnosis import rank_passes
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
@@ -62,6 +65,8 @@ from uberprof.analysis.diagnosis.summaries import sql_rows, summarise
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
+from uberprof.analysis.tables.p2p import P2P, match_p2p, p2p_doc
+from uberprof.analysis.tables.parallelism import Parallelism, read_parallelism
 from uberprof.analysis.tables.steptime import step_time_doc
 from uberprof.units import ns_to_ms as _ms
 
@@ -103,9 +108,13 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
 
     summaries = summarise(lat, gaps)
     device_type = _device_type(ctx)
+    parallelism, p2p, pipeline, groups = _parallel_facts(ctx, alignment, traced, matched,
+                                                         exposed, wall_ns)
     facts = Facts(ctx=ctx, traced=traced, wall_ns=wall_ns, lateness=lat, gaps=gaps,
                   classes=classes, clocks=clocks, straggler=tests.straggler,
-                  summaries=summaries, device_type=device_type, window=window)
+                  summaries=summaries, device_type=device_type, window=window, p2p=p2p,
+                  parallelism=parallelism, pipeline=pipeline,
+                  groups=groups)
     findings = account(produce(facts), wall_ns)
 
     if matched.unmatched.num_rows:
@@ -113,14 +122,42 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
                         "across ranks (not on every rank of the group, or never overlapping in "
                         "time); left out of lateness and bandwidth")
     top = sorted((g for p in per_rank.values() for g in p.top_gaps), key=lambda g: -g["dur_ns"])
+    if p2p.unmatched.num_rows:
+        problems.append(f"{p2p.unmatched.num_rows} send/recv call(s) could not be paired with "
+                        "the peer's receive/send (see run.p2p.unmatched_examples)")
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
-                     problems, classes, device_type)
+                     problems, classes, device_type, parallelism)
+    run["p2p"] = p2p_doc(p2p)
+    run["pipeline"] = pipeline.as_dict() if pipeline is not None else None
+    run["comm_by_group"] = [g.as_dict() for g in groups]
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     return Diagnosis(run=run, ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
                      classes=classes, straggler=tests.straggler, steps=traced,
                      summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
-                     inputs=sorted(ctx.run.inputs))
+                     inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+
+
+def _parallel_facts(ctx: RunContext, alignment: Alignment, traced: pa.Table, matched: Matched,
+                    exposed: dict[tuple[int, int], int], wall_ns: int
+                    ) -> tuple[Parallelism, P2P, PipelineStages | None, list[GroupComm]]:
+    """The run's parallelism, its send/recv pairs, its pipeline's stages (where the reading
+    places them, else where the transfers do) and its communication per process group. The
+    pipeline's schedule and micro-batches join the reading, so every view says one thing."""
+    parallelism = read_parallelism(ctx)
+    p2p = match_p2p(ctx, alignment.offsets(), _max_error_ns(alignment))
+    pipeline = pipeline_stages(traced, p2p.pairs, parallelism.stage_of or None)
+    if pipeline is not None:
+        parallelism = dataclasses.replace(parallelism, pipeline=pipeline.as_dict(),
+                                          stage_of=parallelism.stage_of or pipeline.stage_of)
+    return parallelism, p2p, pipeline, group_comm(ctx, matched.instances, exposed, wall_ns)
+
+
+def _max_error_ns(alignment: Alignment) -> int:
+    """A bound on the clock error between two ranks: two hosts' errors add (0 when every rank
+    shares one clock)."""
+    bounds = [b for b in alignment.error_bounds().values() if b]
+    return 2 * int(max(bounds)) if bounds else 0
 
 
 def _aligned_collectives(ctx: RunContext) -> tuple[Matched, Alignment, pa.Table]:

@@ -5,7 +5,8 @@ The advisor puts the remedies in its findings; the terminal and HTML reports, th
 pages and the trace export show the labels and sentences. A new cause is added here and every
 view names it the same way. Remedies fit the run: a cause with a `cpu_remedy` gives it to runs
 without an accelerator (`remedy_for`), so a CPU run is never told to pin memory or fuse its
-optimizer on the device.
+optimizer on the device; communication remedies fit its parallelism (`exposed_comm_remedy`,
+`link_remedy`), so an FSDP2 job is never told FSDP1's arguments nor a pipeline DDP's.
 """
 
 from __future__ import annotations
@@ -13,14 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "EXPOSED_COMM_REMEDY",
+    "COMM_REMEDIES",
+    "COMM_REMEDY_UNKNOWN",
     "GAP_CAUSES",
     "HOST_CPU",
     "LINK_VERDICTS",
+    "PIPELINE_IMBALANCE",
+    "PIPELINE_IMBALANCE_REMEDY",
     "STRAGGLER_CAUSES",
     "THROTTLE_REMEDY",
+    "TP_EXPOSED_COMM",
     "Cause",
+    "exposed_comm_remedy",
     "gap_cause",
+    "link_remedy",
     "remedy_for",
     "straggler_cause_text",
 ]
@@ -138,13 +145,112 @@ LINK_VERDICTS: dict[str, Cause] = {c.key: c for c in (
           "torch.distributed coalescing), or reduce their number.", kind="bandwidth"),
 )}
 
-EXPOSED_COMM_REMEDY = (
-    "Overlap communication with compute. DDP: tune bucket_cap_mb (smaller buckets "
-    "start all-reduce earlier in backward), keep gradient_as_bucket_view=True, avoid "
-    "find_unused_parameters. FSDP: backward_prefetch=BACKWARD_PRE, "
-    "forward_prefetch=True, limit_all_gathers=True. If the collectives are "
-    "bandwidth-bound (see the bandwidth findings), send fewer bytes (bf16 gradients "
-    "with a DDP comm hook) or use a faster interconnect.")
+# What hides or shortens exposed communication, per parallel kind (`tables/parallelism.py`),
+# in the names of that API only: FSDP2 (`fully_shard`) has none of FSDP1's arguments, and a
+# pipeline's exposed time is mostly stages waiting for each other, which no overlap of
+# gradient collectives cures. Checked against torch 2.13's APIs.
+COMM_REMEDIES: dict[str, str] = {
+    "pp": "Pipeline: its exposed time is mostly stages waiting for each other (the bubble, or "
+          "a slower stage). Run more micro-batches per step (n_microbatches of at least 4x the "
+          "stages), an interleaved schedule with several stages per rank "
+          "(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble), and rebalance layers "
+          "across stages so that none computes longer than the others.",
+    "tp": "Tensor parallel: use sequence parallelism (SequenceParallel for the norms and "
+          "dropout: the all-reduces become a reduce-scatter and an all-gather over shorter "
+          "activations), async TP to overlap the matmuls with their communication (torch.compile "
+          "with torch._inductor.config._micro_pipeline_tp = True and symmetric memory on the TP "
+          "group: torch.distributed._symmetric_memory.enable_symm_mem_for_group), and keep the "
+          "TP group within a node's fast links (NVLink): a smaller TP degree, with data "
+          "parallelism or FSDP across nodes.",
+    "fsdp2": "FSDP2 (fully_shard): prefetch the next all-gathers explicitly "
+             "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch on the "
+             "FSDPModule), keep reshard_after_forward=True only where memory needs it (False, "
+             "or an int to reshard to a smaller group, saves the backward all-gather), and with "
+             "gradient accumulation skip the reduce-scatter of the micro-steps "
+             "(set_requires_gradient_sync(False)).",
+    "fsdp1": "FSDP (FullyShardedDataParallel): backward_prefetch=BackwardPrefetch.BACKWARD_PRE, "
+             "forward_prefetch=True, limit_all_gathers=True, and with gradient accumulation "
+             "skip the reduce-scatter of the micro-steps under model.no_sync().",
+    "ddp": "DDP: tune bucket_cap_mb (smaller buckets start the all-reduce earlier in "
+           "backward), keep gradient_as_bucket_view=True, avoid find_unused_parameters=True, "
+           "and with gradient accumulation skip the all-reduce of the micro-steps under "
+           "model.no_sync().",
+}
+# For a run whose traces name no parallel API: the usual overlap, by API.
+COMM_REMEDY_UNKNOWN = (
+    "Overlap communication with compute (the traces do not say which parallel API the job "
+    "uses). DDP: tune bucket_cap_mb, keep gradient_as_bucket_view=True, avoid "
+    "find_unused_parameters. FSDP: prefetch the next all-gathers (FSDP2's "
+    "set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; FSDP1's "
+    "backward_prefetch and forward_prefetch).")
+# Fewer bytes, in each API's words; a pipeline's and tensor parallelism's bytes are the
+# activations, which only a faster link or a smaller degree shortens.
+_FEWER_BYTES: dict[str, str] = {
+    "fsdp2": "reduce in bf16 (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))",
+    "fsdp1": "reduce in bf16 (MixedPrecision(reduce_dtype=torch.bfloat16))",
+    "ddp": "bf16 gradients with a DDP comm hook (bf16_compress_hook)",
+}
+
+# The tensor-parallel group's exposed communication (findings/tp_comm.py).
+TP_EXPOSED_COMM = Cause(
+    "tp_exposed_comm", "tensor-parallel communication exposed",
+    "tensor-parallel communication not hidden under compute",
+    "the tensor-parallel all-reduces (or reduce-scatters and all-gathers) sit between the "
+    "matmuls that need their results, and nothing computes meanwhile",
+    COMM_REMEDIES["tp"], kind="tp_exposed_comm")
+
+
+def exposed_comm_remedy(parallelism_kinds: tuple[str, ...] | list[str]) -> str:
+    """The remedy for exposed communication that fits the run's parallelism: each kind's own
+    (in `tables/parallelism.KIND_ORDER`), then fewer bytes in the words of the data-parallel
+    API, never another API's option names."""
+    kinds = [k for k in parallelism_kinds if k in COMM_REMEDIES]
+    if not kinds:
+        return (COMM_REMEDY_UNKNOWN + " If the collectives are bandwidth-bound (see the "
+                "bandwidth findings), send fewer bytes (bf16 gradients) or use a faster "
+                "interconnect.")
+    text = " ".join(COMM_REMEDIES[k] for k in kinds)
+    fewer = [_FEWER_BYTES[k] for k in kinds if k in _FEWER_BYTES]
+    return (text + " If the collectives are bandwidth-bound (see the bandwidth findings), "
+            + (f"send fewer bytes ({'; '.join(fewer)}) or " if fewer else "")
+            + "use a faster interconnect.")
+
+
+# How each API hides a transfer or sends fewer, larger messages (`link_remedy`).
+_HIDE: dict[str, str] = {
+    "pp": "more micro-batches or an interleaved schedule, so stages compute while "
+          "activations move",
+    "tp": "async TP (torch._inductor.config._micro_pipeline_tp with torch.compile)",
+    "fsdp2": "FSDP2 prefetch (set_modules_to_forward_prefetch / "
+             "set_modules_to_backward_prefetch)",
+    "fsdp1": "FSDP backward_prefetch=BACKWARD_PRE, forward_prefetch=True",
+    "ddp": "DDP bucket_cap_mb",
+}
+_COALESCE: dict[str, str] = {
+    "pp": "fewer, larger micro-batches (each send/recv carries one micro-batch's activations)",
+    "tp": "fewer, larger collectives (sequence parallelism, a smaller TP degree)",
+    "fsdp2": "larger fully_shard units (fewer, larger all-gathers and reduce-scatters)",
+    "fsdp1": "a coarser auto_wrap_policy (fewer, larger FSDP units)",
+    "ddp": "raise DDP bucket_cap_mb",
+}
+
+
+def link_remedy(verdict: str, parallelism_kinds: tuple[str, ...] | list[str]) -> str:
+    """The remedy of a bandwidth- or latency-bound class (`LINK_VERDICTS`) in the words of the
+    run's parallel APIs; the generic one when the traces name none."""
+    kinds = [k for k in parallelism_kinds if k in _HIDE]
+    if not kinds or verdict not in LINK_VERDICTS:
+        return LINK_VERDICTS[verdict].remedy if verdict in LINK_VERDICTS else ""
+    if verdict == "bandwidth-bound":
+        fewer = [_FEWER_BYTES[k] for k in kinds if k in _FEWER_BYTES]
+        return ("The link is the limit: "
+                + (f"send fewer bytes ({'; '.join(fewer)}), " if fewer else "")
+                + f"hide the transfer under compute ({'; '.join(_HIDE[k] for k in kinds)}), "
+                "or use a faster interconnect (more or faster NICs, InfiniBand/RoCE, NVLink).")
+    return ("Small messages pay latency, not bandwidth: coalesce them "
+            f"({'; '.join(_COALESCE[k] for k in kinds)}; all-reduce metrics every N steps "
+            "instead of every step), or reduce their number.")
+
 
 # A host whose CPUs are saturated (analysis/diagnosis/host_cpu.py).
 HOST_CPU = Cause(
@@ -177,3 +283,17 @@ def straggler_cause_text(key: str | None) -> str:
 def remedy_for(c: Cause, device_type: str | None) -> str:
     """The remedy of `c` that fits a run on `device_type` ("cpu": no accelerator)."""
     return c.cpu_remedy if device_type == "cpu" and c.cpu_remedy else c.remedy
+
+
+# One pipeline stage computes longer than the others (findings/pipeline.py).
+PIPELINE_IMBALANCE = Cause(
+    "imbalance", "unbalanced pipeline stages", "a pipeline stage slower than the others",
+    "every stage waits for the slowest one at each micro-batch, so the step runs at its pace",
+    "Rebalance the stages: move layers (or the embedding / output head) from the slowest "
+    "stage to its neighbours, where the model is split into stages (the split points given to "
+    "torch.distributed.pipelining's pipeline() or the modules of each PipelineStage). Then "
+    "shrink the bubble that remains: more micro-batches per step (n_microbatches of at least "
+    "4x the stages) or an interleaved schedule with several stages per rank "
+    "(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble).",
+    kind="pipeline_imbalance")
+PIPELINE_IMBALANCE_REMEDY = PIPELINE_IMBALANCE.remedy

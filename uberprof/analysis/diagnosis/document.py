@@ -20,6 +20,7 @@ from uberprof.analysis.diagnosis.summaries import RankSummaries, summarise
 from uberprof.analysis.tables.align import Alignment
 from uberprof.analysis.tables.collectives import INSTANCE_SCHEMA, Matched
 from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.parallelism import Parallelism
 from uberprof.analysis.tables.schemas import RUN_STEP_SCHEMA
 from uberprof.rundir import RunDir, ranks_by_id
 from uberprof.units import ns_to_ms as _ms
@@ -33,7 +34,8 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
             threshold_ns: int | None, alignment: Alignment, matched: Matched,
             classes: list[BandwidthClass], problems: list[str]) -> dict[str, Any]:
     """The `run` object of the report document (docs/json.md): the same fields in every case.
-    The diagnosis adds `straggler_test`, `step_time` and `accounting` where it ran."""
+    The diagnosis adds `straggler_test`, `step_time`, `accounting` and `parallelism` where it
+    ran."""
     un = matched.unmatched
     return {
         "schema_version": SCHEMA_VERSION,
@@ -66,17 +68,19 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
         "straggler_test": None,
         "step_time": None,
         "accounting": None,
+        "parallelism": None,
     }
 
 
 def run_doc_of(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: float | None,
                alignment: Alignment, matched: Matched, threshold_ns: int, problems: list[str],
-               classes: list[BandwidthClass], device_type: str) -> dict[str, Any]:
-    """`run_doc` of a diagnosed run."""
+               classes: list[BandwidthClass], device_type: str,
+               parallelism: Parallelism | None = None) -> dict[str, Any]:
+    """`run_doc` of a diagnosed run, with its parallelism (`tables/parallelism.py`)."""
     hosts: dict[str, list[int]] = {}
     for r in ctx.rank_ids:
         hosts.setdefault(ctx.host_of(r) or "unknown", []).append(r)
-    return run_doc(
+    doc = run_doc(
         path=ctx.root, run_id=RunDir(ctx.root).run_id() if ctx.is_run_dir else None,
         kind="run" if ctx.is_run_dir else "traces", world_size=ctx.world_size,
         ranks=ctx.rank_ids, hosts=hosts,
@@ -85,6 +89,8 @@ def run_doc_of(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: flo
         analysed_steps=sorted(set(traced.column("step").to_pylist())) if traced.num_rows else [],
         wall_ns=wall_ns, median_step_ns=median_step, threshold_ns=threshold_ns,
         alignment=alignment, matched=matched, classes=classes, problems=problems)
+    doc["parallelism"] = parallelism.as_dict() if parallelism is not None else None
+    return doc
 
 
 def empty_diagnosis(root: Path, problems: list[str], findings: list[Finding] | None = None

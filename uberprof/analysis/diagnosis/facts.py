@@ -14,13 +14,17 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from uberprof.analysis.diagnosis.model import Finding
+from uberprof.analysis.tables.parallelism import Parallelism
 
 if TYPE_CHECKING:
     from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
     from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks
+    from uberprof.analysis.diagnosis.group_comm import GroupComm
+    from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages
     from uberprof.analysis.diagnosis.stragglers import Straggler
     from uberprof.analysis.diagnosis.summaries import RankSummaries
     from uberprof.analysis.tables.context import RunContext
+    from uberprof.analysis.tables.p2p import P2P
 
 __all__ = ["Facts"]
 
@@ -41,6 +45,10 @@ class Facts:
     summaries: RankSummaries
     device_type: str  # the run's accelerator type, "cpu" when no rank has one
     window: tuple[int, int] | None  # the analysed window (padded by the clock offsets), ns
+    p2p: P2P | None = None  # matched send/recv pairs on aligned clocks
+    pipeline: PipelineStages | None = None  # the pipeline's stages, when there is one
+    groups: list[GroupComm] = field(default_factory=list)  # exposed communication per group
+    parallelism: Parallelism = field(default_factory=Parallelism)  # read once, used by all
     found: list[Finding] = field(default_factory=list)
 
     def first(self, kind: str) -> Finding | None:

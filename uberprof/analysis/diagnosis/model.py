@@ -93,6 +93,7 @@ class Diagnosis:
     top_gaps: list[dict[str, Any]] = field(default_factory=list)  # each rank's TOP_GAPS longest
     derived: Path | None = None  # the run's derived-tables folder
     inputs: list[str] = field(default_factory=list)  # the traces diagnosed (relative paths)
+    p2p: pa.Table | None = None  # matched send/recv pairs, aligned clocks (p2p.PAIR_SCHEMA)
 
     def to_json(self) -> dict[str, Any]:
         """The `uberprof report --json` document (docs/json.md)."""

@@ -15,7 +15,7 @@ Layout (under the derived folder):
                                     findings unrounded, longest gaps) and the freshness key;
                                     written last, so a half-written diagnosis is never fresh
     diagnosis/<table>.parquet       instances (aligned clocks), unmatched, lateness, gaps,
-                                    bandwidth, steps, rank_lateness, idle
+                                    bandwidth, steps, rank_lateness, idle, p2p
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from uberprof.analysis.tables.derived import (
     write_parquet,
 )
 from uberprof.analysis.tables.derived import DIAGNOSIS_STATE_FILE as STATE_FILE
+from uberprof.analysis.tables.p2p import PAIR_SCHEMA
 from uberprof.rundir import CALIBRATION_FILE, RANK_FILE, RunDir, write_json_atomic
 from uberprof.rundir.layout import FLIGHT_LOG_FILE
 
@@ -67,9 +68,9 @@ __all__ = [
     "save",
 ]
 
-SAVED_VERSION = 5  # bump when what is saved changes: older saves are diagnosed again
+SAVED_VERSION = 6  # bump when what is saved changes: older saves are diagnosed again
 _TABLES = ("instances", "unmatched", "lateness", "gaps", "bandwidth", "steps", "rank_lateness",
-           "idle")
+           "idle", "p2p")
 
 
 def freshness_key(root: Path, derived: Path, threshold_ns: int,
@@ -133,7 +134,8 @@ def save(d: Diagnosis) -> Path | None:
     tables = {"instances": d.alignment.apply(d.matched.instances, ("start_ns", "end_ns")),
               "unmatched": d.matched.unmatched, "lateness": d.lateness, "gaps": d.gaps,
               "bandwidth": d.bandwidth, "steps": d.steps,
-              "rank_lateness": d.summaries.lateness, "idle": d.summaries.idle}
+              "rank_lateness": d.summaries.lateness, "idle": d.summaries.idle,
+              "p2p": d.p2p if d.p2p is not None else PAIR_SCHEMA.empty_table()}
     for name, table in tables.items():
         write_parquet(table, diagnosis_table_file(d.derived, name))
     write_json_atomic(d.derived / DIAGNOSIS_FILE, orjson.loads(_dumps(d.to_json())))
@@ -189,7 +191,7 @@ def _rebuild(ctx: RunContext, derived: Path, state: dict[str, Any], doc: dict[st
         straggler=Straggler(**s) if s is not None else None, steps=t["steps"],
         summaries=RankSummaries(lateness=t["rank_lateness"], idle=t["idle"]),
         top_gaps=state["top_gaps"], derived=derived,
-        inputs=sorted(ctx.run.inputs))
+        inputs=sorted(ctx.run.inputs), p2p=t["p2p"])
 
 
 def _unalign(aligned: pa.Table, alignment: Alignment) -> pa.Table:

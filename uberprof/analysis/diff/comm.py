@@ -1,5 +1,9 @@
 """Communication of one run per collective class (group, collective, bytes), per step.
 
+A class's bytes are `S` as the report's bandwidth table counts them (`bandwidth.message_bytes`:
+the whole buffer, so an all-gather's is its output), and its group the one the matcher used
+(`tables/groups.py`), so `diff` and `report` name the same class the same way.
+
 Calls and time come from every rank's collective calls; bus bandwidth, waiting (arrived before
 the last participant) against transfer (after the last arrival), and exposed time (not under
 compute) come from the diagnosis's matched instances, so they exist where instances matched.
@@ -12,12 +16,16 @@ from typing import Any
 
 import duckdb
 
+from uberprof.analysis.diagnosis.bandwidth import message_bytes
 from uberprof.analysis.diagnosis.model import Diagnosis
+from uberprof.analysis.tables.collectives import group_sizes
 from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.groups import attribute_groups
+from uberprof.analysis.tables.p2p import P2P_NAMES
 
 __all__ = ["CollStat", "collective_stats"]
 
-CollKey = tuple[str, str, int]  # group, collective, bytes per call (-1: unknown)
+CollKey = tuple[str, str, int]  # group, collective, bytes S (-1: unknown)
 
 
 @dataclass
@@ -48,19 +56,27 @@ def collective_stats(ctx: RunContext, d: Diagnosis, ranks: list[int], steps: lis
     step_filter = None if steps == [-1] else steps
     con = duckdb.connect()
     try:
-        calls = ctx.collectives()
+        calls = attribute_groups(ctx, ctx.collectives(), skip=P2P_NAMES)
         if calls.num_rows == 0:
             return {}
         con.register("c", calls)
+        sizes = group_sizes(ctx)
         out: dict[CollKey, CollStat] = {}
-        for grp, name, size, n, t in con.sql(f"""
+        for grp, name, inb, outb, gsize, n, t in con.sql(f"""
                 SELECT coalesce(pg_name, pg_ranks, 'default'), coalesce(name, event),
-                       coalesce(in_bytes, -1), count(*), sum(end_ns - start_ns)
+                       in_bytes, out_bytes, any_value(group_size), count(*),
+                       sum(end_ns - start_ns)
                 FROM c WHERE {_in('rank', ranks)} AND {_in('step', step_filter)}
+                  AND coalesce(name, '') NOT IN {P2P_NAMES}
                 GROUP BY ALL""").fetchall():
-            out[(grp, name, int(size))] = CollStat(
-                grp, name, None if size < 0 else int(size), n / n_ranks / n_steps,
-                float(t or 0) / n_ranks / n_steps, None, None, None, None)
+            s = message_bytes(name, inb, outb, gsize or sizes.get(grp) or 1)
+            size = -1 if s is None else int(s)
+            st = out.get((grp, name, size))
+            if st is None:
+                st = out[(grp, name, size)] = CollStat(grp, name, None if size < 0 else size,
+                                                        0.0, 0.0, None, None, None, None)
+            st.calls += n / n_ranks / n_steps
+            st.time_ns += float(t or 0) / n_ranks / n_steps
         if d.matched.instances.num_rows:
             _add_matched(con, d, ranks, step_filter, n_ranks, n_steps, out)
         return out
@@ -80,12 +96,12 @@ def _add_matched(con: duckdb.DuckDBPyConnection, d: Diagnosis, ranks: list[int],
                    max(lateness_ns) OVER (PARTITION BY instance) - lateness_ns AS wait_ns
             FROM l),
         per AS (
-            SELECT i.grp, i.name, coalesce(i.in_bytes, -1) AS size, i.instance,
+            SELECT i.grp, i.name, i.instance,
                    sum(lw.wait_ns) AS wait_ns, sum(lw.transfer_ns) AS transfer_ns
             FROM i JOIN lw ON lw.instance = i.instance AND lw.rank = i.rank
             WHERE {_in('i.rank', ranks)} AND {_in('i.step', steps)}
             GROUP BY ALL)
-        SELECT per.grp, per.name, per.size, median(b.busbw_Bps), sum(per.wait_ns),
+        SELECT per.grp, per.name, coalesce(b.bytes, -1), median(b.busbw_Bps), sum(per.wait_ns),
                sum(per.transfer_ns), sum(b.exposed_ns)
         FROM per JOIN b ON b.instance = per.instance
         GROUP BY ALL""").fetchall()

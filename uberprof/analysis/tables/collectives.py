@@ -5,7 +5,9 @@ trace's sequence number (`Seq`) where every row of the group has one. Order is c
 (step, collective, dtype, size) so that two buckets whose Gloo spans start in a different order
 on two ranks (Gloo runs them on two threads) still pair up, and a trace window that starts one
 collective later on one rank does not shift every pairing after it. An instance found on only
-some of the group's ranks is reported as unmatched, never guessed.
+some of the group's ranks is reported as unmatched, never guessed. Send and receive are not
+collectives: `p2p.py` pairs them, and they never reach the instances here (nor the lateness and
+straggler test built on them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import duckdb
 import pyarrow as pa
 
 from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.groups import attribute_groups
+from uberprof.analysis.tables.p2p import P2P_NAMES
 
 __all__ = [
     "SAME_SIZE_COLLECTIVES",
@@ -66,7 +70,7 @@ def match_collectives(ctx: RunContext) -> Matched:
     one DuckDB connection: the rows with their group key, each group's method (sequence
     numbers or order) and expected ranks, each row's occurrence key, then the instances found
     on every expected rank (matched) and the others (unmatched)."""
-    coll = ctx.collectives()
+    coll = attribute_groups(ctx, ctx.collectives(), skip=P2P_NAMES)
     sizes = group_sizes(ctx)
     if coll.num_rows == 0:
         return Matched(INSTANCE_SCHEMA.empty_table(), _empty_unmatched(), {}, {})
@@ -93,7 +97,7 @@ def _load_rows(con: duckdb.DuckDBPyConnection) -> None:
                out_bytes, dtype, seq, coalesce(pg_name, pg_ranks, 'default') AS grp,
                CASE WHEN coalesce(name, event) IN {SAME_SIZE_COLLECTIVES} THEN in_bytes END
                    AS size_key
-        FROM coll
+        FROM coll WHERE coalesce(name, '') NOT IN {P2P_NAMES}
     """)
 
 
@@ -111,7 +115,7 @@ def _expected_ranks(con: duckdb.DuckDBPyConnection) -> dict[str, list[int]]:
     for grp, ranks, pg_ranks in con.execute(
             "SELECT coalesce(pg_name, pg_ranks, 'default') AS grp, "
             "list(DISTINCT rank ORDER BY rank), any_value(pg_ranks) FROM coll "
-            "GROUP BY grp").fetchall():
+            f"WHERE coalesce(name, '') NOT IN {P2P_NAMES} GROUP BY grp").fetchall():
         listed = _parse_ranks(pg_ranks)
         groups[grp] = [r for r in ranks if not listed or r in listed]
     return groups

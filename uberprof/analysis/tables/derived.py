@@ -62,6 +62,7 @@ __all__ = [
     "read_input_table",
     "read_manifest",
     "read_rank_events",
+    "read_rank_names",
     "read_ranks",
     "read_run_steps",
     "read_small",
@@ -73,7 +74,7 @@ __all__ = [
     "write_parquet",
 ]
 
-FORMAT_VERSION = 5  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 6  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"
@@ -363,6 +364,26 @@ def read_rank_events(derived: Path, inputs: Mapping[str, Mapping[str, Any]],
     if not keys:
         raise KeyError(rank)
     return read_input_events(derived, keys)
+
+
+def read_rank_names(derived: Path, inputs: Mapping[str, Mapping[str, Any]],
+                    rank: int) -> set[str]:
+    """The distinct event names of one rank (all its inputs): what tells which parallel APIs
+    it ran (`parallelism.py`). Only the dictionary-encoded `name` column is read, so this costs
+    a fraction of `read_rank_events`. KeyError when no input belongs to that rank."""
+    keys = rank_input_keys(inputs).get(rank)
+    if not keys:
+        raise KeyError(rank)
+    names: set[str] = set()
+    for k in keys:
+        with pq.ParquetFile(input_dir(derived, k) / EVENTS_FILE) as f:
+            column = f.read(columns=["name"], use_threads=False).column("name")
+        for chunk in column.chunks:
+            distinct = chunk.unique()
+            if pa.types.is_dictionary(distinct.type):
+                distinct = distinct.dictionary_decode()
+            names.update(n for n in distinct.to_pylist() if n)
+    return names
 
 
 def read_rank_activity(derived: Path, inputs: Mapping[str, Mapping[str, Any]],

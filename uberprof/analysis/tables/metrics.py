@@ -84,7 +84,8 @@ class Activity:
     ends: np.ndarray
     launch: np.ndarray  # when each was launched (host clock; its own start when not linked)
     linked: np.ndarray  # whether the launching host call was found
-    not_compute: Intervals  # host time never counted as compute (CPU ranks: data-loader fetches)
+    not_compute: Intervals  # host time never counted as compute (CPU ranks: data-loader fetches
+    #                         and the training threads' communication calls)
     compute: Intervals
     comm: Intervals
     memory: Intervals
@@ -120,11 +121,14 @@ def _activity(mode: str, rows: np.ndarray, role: np.ndarray, starts: np.ndarray,
 
 
 def training_threads(events: pa.Table) -> np.ndarray:
-    """Threads that run the model: threads with operators, less those that carry Gloo's work."""
+    """Threads that run the model: threads with operators, less those that carry Gloo's work
+    (its collective threads also run a few operators), but always the threads that carry the
+    profiler's steps: a pipeline stage runs Gloo's send/recv on its training thread."""
     tid = events.column("tid").to_numpy()
     ops = np.unique(tid[kind_mask(events, CPU_COMPUTE_KINDS)])
     comm = np.unique(tid[kind_mask(events, CPU_COMM_KINDS)])
-    return np.setdiff1d(ops, comm)
+    steps = np.unique(tid[kind_mask(events, (K.STEP,))])
+    return np.union1d(np.setdiff1d(ops, comm), np.intersect1d(ops, steps))
 
 
 def device_activity(events: pa.Table) -> Activity:
@@ -151,9 +155,11 @@ def device_activity(events: pa.Table) -> Activity:
         compute_m = kind_mask(events, CPU_COMPUTE_KINDS) & train
         comm_m = kind_mask(events, CPU_COMM_KINDS)
         memory_m = np.zeros_like(comm_m)
-        data_m = kind_mask(events, (K.DATALOADER,)) & train
-        not_compute = iv.union(ts[data_m], end[data_m])
-        # operators run by a data-loader fetch are data loading, not the model's compute
+        # Time in a data-loader fetch is data loading, and time in a communication call
+        # (`_c10d_functional::wait_tensor` inside an autograd function, a send/recv) is
+        # communication: neither is the model's compute, whatever operator encloses it.
+        away_m = kind_mask(events, (K.DATALOADER, K.COMM_OP, K.HOST_COMM)) & train
+        not_compute = iv.union(ts[away_m], end[away_m])
         compute_m &= ~_starts_inside(ts, not_compute)
         rows = np.flatnonzero(compute_m | comm_m)
         launch, linked = ts[rows], np.ones(rows.size, dtype=bool)

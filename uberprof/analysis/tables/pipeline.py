@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from uberprof.analysis.tables.derived import (
+    DIAGNOSIS_DIR,
+    DIAGNOSIS_STATE_FILE,
     FORMAT_VERSION,
     INPUTS_DIR,
     MANIFEST_FILE,
@@ -98,6 +100,8 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
         todo.append(Job(inp.rel, entries, entry, str(inp.path), os.path.abspath(inp.path),
                         os.path.abspath(input_dir(derived, entry["key"])), trace=True))
     total = len(todo)
+    if force:  # the tables are made again under the same manifest: no saved diagnosis holds
+        (derived / DIAGNOSIS_DIR / DIAGNOSIS_STATE_FILE).unlink(missing_ok=True)
     todo += _timeline_jobs(source, derived, manifest.setdefault("timelines", {}), force)
 
     if progress:

@@ -32,6 +32,7 @@ from uberprof.analysis.tables.derived import (
     replacing,
     write_parquet,
 )
+from uberprof.analysis.tables.launches import link_launches
 from uberprof.analysis.tables.schemas import (
     ACTIVITY_SCHEMA,
     BREAKDOWN_FIELDS,
@@ -251,6 +252,7 @@ def _step_of(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, step: np.ndarray) ->
 def _collectives(ev: pa.Table, act: M.Activity, host_lo: np.ndarray, host_hi: np.ndarray,
                  step_no: np.ndarray) -> pa.Table:
     """One row per collective instance: Gloo spans on CPU ranks, comm kernels on accelerators.
+    A Gloo span is named by the launch behind it, with the peer of a send/recv (launches.py).
 
     Kernels without NCCL metadata (older PyTorch) take it from the host span that launched
     them (`nccl:*` annotation or `record_param_comms`), found by time on the launching thread.
@@ -283,10 +285,15 @@ def _collectives(ev: pa.Table, act: M.Activity, host_lo: np.ndarray, host_hi: np
         "seq": sub.column("seq").to_pylist(),
         "stream": sub.column("stream").to_numpy(),
         "tid": sub.column("tid").to_numpy(),
+        "peer": [None] * rows.size,
     }
     if act.mode == "device":
         _fill_from_launching_span(ev, act, keep, cols)
     cols["name"] = [K.canonical_collective(n) if n else None for n in cols["name"]]
+    if act.mode == "cpu":
+        for i, link in enumerate(link_launches(ev, rows, cols["name"])):
+            if link is not None:
+                cols["name"][i], cols["peer"][i] = link
     return pa.table(cols, schema=COLLECTIVE_SCHEMA)
 
 
@@ -324,13 +331,14 @@ def _fill_from_launching_span(ev: pa.Table, act: M.Activity, keep: np.ndarray,
             candidates = inside[np.argsort(-ts_all[inside])]  # innermost first
         if not candidates.size and ext[r] >= 0:
             candidates = spans[ext[spans] == ext[r]]
-        for s in candidates:
+        for s in candidates:  # innermost first, until one gives the size (`c10d::` ones do not)
             if names[s] is not None:
                 cols["name"][i] = cols["name"][i] or names[s]
                 if cols["in_bytes"][i] is None:
                     cols["in_bytes"][i] = in_b[s]
                 cols["dtype"][i] = cols["dtype"][i] or dtypes[s]
-                break
+                if cols["in_bytes"][i] is not None:
+                    break
 
 
 def _per_step_collectives(colls: pa.Table, step_no: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

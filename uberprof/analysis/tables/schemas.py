@@ -56,6 +56,7 @@ COLLECTIVE_SCHEMA = pa.schema([
     ("seq", pa.int64()),
     ("stream", pa.int64()),
     ("tid", pa.int64()),
+    ("peer", pa.int64()),  # send/recv: the peer as the program named it (a rank of its group)
 ])
 
 TIMELINE_SCHEMA = pa.schema([

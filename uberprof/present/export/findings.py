@@ -31,7 +31,9 @@ CAT = "uberprof"
 TRACK_GAPS = "idle gaps (uberprof)"
 TRACK_WAITS = "straggler waits (uberprof)"
 TRACK_LINK = "link-limited collectives (uberprof)"
-RANK_TRACKS = (TRACK_GAPS, TRACK_WAITS, TRACK_LINK)
+TRACK_P2P = "send/recv (uberprof)"
+RANK_TRACKS = (TRACK_GAPS, TRACK_WAITS, TRACK_LINK, TRACK_P2P)
+P2P_FLOW_BASE = 1 << 40  # flow ids of send -> recv arrows, apart from the traces' own
 FINDINGS_PROCESS = "findings (uberprof)"  # the run-wide marks' process
 
 GAP_LABEL = {k: f"idle: {c.label}" for k, c in GAP_CAUSES.items()}
@@ -49,6 +51,7 @@ class Mark:
     name: str
     args: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
+    flow: tuple[str, int] | None = None  # ("s" | "f", id): an arrow from this mark or to it
 
 
 def _in(step: int | None, steps: tuple[int, int] | None) -> bool:
@@ -79,7 +82,39 @@ def rank_marks(d: Diagnosis, ranks: Iterable[int],
     if d.straggler is not None:
         _straggler_marks(d, by_instance, want, steps, out)
     _link_marks(d, by_instance, want, steps, out)
+    _p2p_marks(d, want, steps, out)
     return out
+
+
+def _p2p_marks(d: Diagnosis, want: set[int], steps: tuple[int, int] | None,
+               out: dict[int, list[Mark]]) -> None:
+    """Each matched send and its receive, with an arrow from one to the other; the receive
+    says how long it waited for the send to be posted (a pipeline's bubble) and how long the
+    transfer took after."""
+    if d.p2p is None or d.p2p.num_rows == 0:
+        return
+    for p in d.p2p.to_pylist():
+        if not _in(p["step"], steps):
+            continue
+        size = fmt_bytes(p["bytes"], missing="? B")
+        args = {"from": p["src"], "to": p["dst"], "bytes": p["bytes"], "step": p["step"],
+                "pair": p["pair"],
+                "recv_waiting_ms": ns_to_ms(p["wait_ns"]) if p["wait_ns"] is not None else None,
+                "transfer_ms": ns_to_ms(p["transfer_ns"]) if p["transfer_ns"] is not None
+                else None,
+                "what": "a send and the receive uberprof matched to it"}
+        fid = P2P_FLOW_BASE + p["pair"]
+        if p["src"] in want:
+            out[p["src"]].append(Mark(TRACK_P2P, p["send_start_ns"],
+                                      max(p["send_end_ns"] - p["send_start_ns"], 0),
+                                      f"send {size} to rank {p['dst']}", dict(args), p["step"],
+                                      flow=("s", fid) if p["dst"] in want else None))
+        if p["dst"] in want:
+            out[p["dst"]].append(Mark(TRACK_P2P, p["recv_start_ns"],
+                                      max(p["recv_end_ns"] - p["recv_start_ns"], 0),
+                                      f"recv {size} from rank {p['src']}", dict(args),
+                                      p["step"],
+                                      flow=("f", fid) if p["src"] in want else None))
 
 
 def _straggler_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want: set[int],

@@ -94,6 +94,13 @@ def write_marks(writer: TraceWriter, st: RankState, marks: list[Mark], base: int
         else:
             e["ph"], e["dur"] = "X", max(m.ts + m.dur - ts, 0)
         batch.append(e)
+        if m.flow is not None:  # bound to this mark's slice: at its start (inside it)
+            ph, fid = m.flow
+            f = {"ph": ph, "id": fid, "cat": "uberprof.p2p", "name": "send -> recv",
+                 "pid": st.pid, "tid": tid, "ts": ts - base}
+            if ph == "f":
+                f["bp"] = "e"
+            batch.append(f)
     if batch:
         writer.events(batch)
 

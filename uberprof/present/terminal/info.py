@@ -23,6 +23,10 @@ def render_info(inv: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]exit code[/bold] {status}   [bold]duration[/bold] {_duration(inv)}")
     hosts = ", ".join(f"{n['node']} ({n['host']})" for n in inv["nodes"]) or "none recorded"
     console.print(f"[bold]nodes[/bold] {hosts}")
+    par = inv.get("parallelism") or {}
+    if par.get("summary"):
+        console.print(f"[bold]parallelism[/bold] {par['summary']}  [dim](from "
+                      f"{par.get('basis') or 'the traces'})[/dim]", highlight=False)
 
     table = Table(title=None, show_edge=False, header_style="bold")
     for col in ("rank", "host", "device", "steps", "trace windows", "clock offset"):

@@ -25,8 +25,10 @@ from uberprof.analysis.diagnosis.findings import (
     failures,
     host_cpu,
     idle,
+    pipeline,
     straggler,
     throttle,
+    tp_comm,
 )
 from uberprof.analysis.diagnosis.model import Finding
 
@@ -45,8 +47,12 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer(failures.KINDS, failures.run_failure_findings),  # a job that stops costs most
     Producer(straggler.KINDS, straggler.straggler_findings),
     Producer(idle.KINDS, idle.idle_findings),  # links idle on the straggler to it
+    Producer(pipeline.KINDS, pipeline.pipeline_findings),
     Producer(bandwidth.KINDS, bandwidth.bandwidth_findings),
-    Producer(exposed_comm.KINDS, exposed_comm.exposed_comm_findings),  # links to both above
+    # links to both above; on a tensor-parallel-only run tp_exposed_comm holds its time
+    Producer(exposed_comm.KINDS,
+             tp_comm.unless_tensor_parallel_only(exposed_comm.exposed_comm_findings)),
+    Producer(tp_comm.KINDS, tp_comm.tp_exposed_comm_findings),  # links to exposed_comm
     Producer(throttle.KINDS, throttle.throttle_findings),
     Producer(host_cpu.KINDS, host_cpu.host_cpu_findings),  # explains others, stakes no time
 )

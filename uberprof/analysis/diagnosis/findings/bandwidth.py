@@ -8,7 +8,7 @@ when its time is material. Its time at stake is its exposed transfer time.
 from __future__ import annotations
 
 from uberprof.analysis.diagnosis.bandwidth import SMALL_MESSAGE_BYTES, BandwidthClass
-from uberprof.analysis.diagnosis.causes import LINK_VERDICTS
+from uberprof.analysis.diagnosis.causes import LINK_VERDICTS, link_remedy
 from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES, Test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
@@ -20,11 +20,13 @@ KINDS = ("bandwidth",)
 
 
 def bandwidth_findings(facts: Facts) -> list[Finding]:
-    """One finding per bandwidth- or latency-bound class whose time is material."""
-    return _bandwidth_findings(facts.classes, facts.wall_ns)
+    """One finding per bandwidth- or latency-bound class whose time is material, with the
+    remedy in the words of the run's parallelism."""
+    return _bandwidth_findings(facts.classes, facts.wall_ns, facts.parallelism.kinds)
 
 
-def _bandwidth_findings(classes: list[BandwidthClass], wall_ns: int) -> list[Finding]:
+def _bandwidth_findings(classes: list[BandwidthClass], wall_ns: int,
+                        kinds: tuple[str, ...] = ()) -> list[Finding]:
     out = []
     for c in classes:
         if c.verdict not in ("bandwidth-bound", "latency-bound") or not wall_ns:
@@ -60,6 +62,6 @@ def _bandwidth_findings(classes: list[BandwidthClass], wall_ns: int) -> list[Fin
                                "latency-bound"), sentence=sentence)
         out.append(Finding(v.kind, severity_of(share), title, [], c.steps, c.verdict,
                            stake / 1e6, {**d, "share_pct": round(100 * share, 1),
-                                         "test": test.as_dict()}, v.remedy,
+                                         "test": test.as_dict()}, link_remedy(c.verdict, kinds),
                            confidence=c.confidence))
     return out

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
-from uberprof.analysis.diagnosis.causes import EXPOSED_COMM_REMEDY
+from uberprof.analysis.diagnosis.causes import exposed_comm_remedy
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
@@ -28,17 +28,24 @@ KINDS = ("exposed_comm",)
 def exposed_comm_findings(facts: Facts) -> list[Finding]:
     """At most one finding: the exposed communication of the analysed steps."""
     return _exposed_comm_findings(facts.traced, facts.lateness, facts.wall_ns, facts.classes,
-                                  facts.first("straggler"), facts.of_kind("bandwidth"))
+                                  facts.first("straggler"), facts.of_kind("bandwidth"),
+                                  exposed_comm_remedy(facts.parallelism.kinds),
+                                  facts.p2p.per_rank_step() if facts.p2p else None,
+                                  facts.first("pipeline_imbalance"))
 
 
 def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
                            classes: list[BandwidthClass], straggler_finding: Finding | None,
-                           bandwidth: list[Finding]) -> list[Finding]:
+                           bandwidth: list[Finding], remedy: str | None = None,
+                           p2p_split: dict[tuple[int, int], tuple[int, int]] | None = None,
+                           pipeline_finding: Finding | None = None) -> list[Finding]:
     """Communication not hidden under compute that every rank pays (per step, the least
     exposed rank's), so that waiting for a straggler is not counted twice. Split into waiting
     for peers and transfer in the proportion of that rank's collective time before and after
-    the last arrival; the wait is a straggler's when there is one, the transfer a
-    latency- or bandwidth-bound class's when there is one (`caused_by`)."""
+    the last arrival (for sends and receives, `p2p_split`: before and after both sides posted);
+    the wait is a straggler's or an unbalanced pipeline's when there is one, the transfer a
+    latency- or bandwidth-bound class's when there is one (`caused_by`). `remedy`: the one that
+    fits the run's parallelism (`causes.exposed_comm_remedy`)."""
     if traced.num_rows == 0 or not wall_ns:
         return []
     per_step: dict[int, list[tuple[int, int, int]]] = {}
@@ -50,6 +57,9 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
         for r, st, w, t in sql_rows("SELECT rank, step, sum(wait_ns), sum(transfer_ns) FROM l "
                                 "GROUP BY rank, step", l=lat):
             split[(r, st)] = (float(w or 0), float(t or 0))
+    for key, (w, t) in (p2p_split or {}).items():
+        a = split.get(key, (0.0, 0.0))
+        split[key] = (a[0] + w, a[1] + t)
     stake = wait = 0.0
     comm_total = 0
     steps = []
@@ -71,6 +81,10 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
     if straggler_finding is not None and wait > 0:
         caused.append({"_ref": straggler_finding, "kind": "straggler", "ms": _ms(wait),
                        "part": "waiting for the straggler"})
+    elif pipeline_finding is not None and wait > 0:
+        caused.append({"_ref": pipeline_finding, "kind": pipeline_finding.kind,
+                       "ms": _ms(min(wait, pipeline_finding.time_at_stake_ms * 1e6)),
+                       "part": "stages waiting for the slowest stage"})
     left = transfer
     for b in bandwidth:
         take = min(left, b.time_at_stake_ms * 1e6)
@@ -96,5 +110,6 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
              f"({ev['share_pct']}% of the analysed time) on every rank "
              f"({_ms(wait)} ms waiting for peers, {_ms(transfer)} ms transfer)")
     return [Finding("exposed_comm", severity_of(share), title, ranks, sorted(steps), None,
-                    max(own, 0.0) / 1e6, ev, EXPOSED_COMM_REMEDY, confidence=confidence,
+                    max(own, 0.0) / 1e6, ev, remedy or exposed_comm_remedy(()),
+                    confidence=confidence,
                     observed_ms=stake / 1e6, caused_by=caused)]

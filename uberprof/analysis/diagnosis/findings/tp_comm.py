@@ -1,0 +1,125 @@
+"""The `tp_exposed_comm` finding: the tensor-parallel group's communication not hidden under
+compute, with the remedies that fit tensor parallelism.
+
+Tensor parallelism puts its collectives between the matmuls that need their results, so its
+communication is exposed by design, and the cure is not the data-parallel overlap (buckets,
+prefetch) but sequence parallelism, async TP or a TP group within a node's fast links. It is
+read from the breakdown's columns (`facts.traced`: `exposed_comm_ns`, `comm_ns` per rank and
+step), not from event names, so it follows how the analysis classifies communication.
+
+How its time is counted, once (the advisor's accounting, `advisor.account`):
+
+- **Tensor parallel alone** (`kinds == ("tp",)`): every collective of the run is the TP
+  group's, so the exposed communication *is* the TP group's. The generic `exposed_comm` finding
+  defers to this one (`unless_tensor_parallel_only` wraps its producer in `PRODUCERS`), and this
+  one takes the same figure, split and links (waiting for a straggler and the transfer of a
+  latency- or bandwidth-bound class stay `caused_by` those findings): one finding, the specific
+  one, holds those milliseconds. Deferring rather than linking keeps the severity where the
+  time is; a linked duplicate would say the same thing twice with 0 ms of its own.
+- **Tensor parallel with another kind** (FSDP x TP, pipeline x TP): the exposed communication
+  is both groups' together, and which part is the TP group's is not knowable when the
+  collectives carry no group (Gloo traces). The generic finding keeps the time; this one is
+  `suspected`, states the combined figure as `observed_ms`, links all of it to the generic
+  finding (`caused_by`, so it stakes nothing of its own) and says that the split is unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from uberprof.analysis.diagnosis.causes import TP_EXPOSED_COMM
+from uberprof.analysis.diagnosis.evidence import Test
+from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.findings.exposed_comm import exposed_comm_findings
+from uberprof.analysis.diagnosis.model import Finding, severity_of
+
+__all__ = ["KINDS", "tp_exposed_comm_findings", "tp_only", "unless_tensor_parallel_only"]
+
+KINDS = ("tp_exposed_comm",)
+
+Make = Callable[[Facts], list[Finding]]
+
+
+def tp_only(facts: Facts) -> bool:
+    """Whether tensor parallelism is the run's only parallel kind: then every collective is
+    the TP group's."""
+    return facts.parallelism.kinds == ("tp",)
+
+
+def unless_tensor_parallel_only(make: Make) -> Make:
+    """The generic exposed-communication producer, deferring to `tp_exposed_comm` on a
+    tensor-parallel-only run (module docstring: one finding holds those milliseconds)."""
+    def deferring(facts: Facts) -> list[Finding]:
+        return [] if tp_only(facts) else make(facts)
+
+    deferring.__doc__ = make.__doc__
+    deferring.__name__ = getattr(make, "__name__", "deferring")
+    return deferring
+
+
+def tp_exposed_comm_findings(facts: Facts) -> list[Finding]:
+    """At most one finding on a run with tensor parallelism: its exposed communication (the
+    whole of it on a TP-only run, a suspected part of the combined figure otherwise)."""
+    p = facts.parallelism
+    if "tp" not in p.kinds:
+        return []
+    if tp_only(facts):
+        return [_tp_alone(f, facts) for f in exposed_comm_findings(facts)]
+    generic = facts.first("exposed_comm")
+    return [_tp_combined(generic, facts)] if generic is not None else []
+
+
+def _group_evidence(facts: Facts) -> dict[str, Any]:
+    """The TP group as the parallelism reading found it, and what the reading rests on."""
+    p = facts.parallelism
+    return {"tp_degree": p.degree("tp"), "tp_groups": p.groups.get("tp", []),
+            "parallelism": p.summary(), "parallelism_evidence": p.evidence.get("tp")}
+
+
+def _tp_alone(f: Finding, facts: Facts) -> Finding:
+    """The generic finding's figure, split and links, as the TP group's."""
+    ev = {**f.evidence, **_group_evidence(facts),
+          "basis": "every collective of a tensor-parallel-only run is the TP group's: the "
+                   "breakdown's exposed communication (per step, the least exposed rank's)"}
+    degree = ev["tp_degree"]
+    title = (f"Tensor-parallel communication not hidden under compute: "
+             f"{ev['exposed_ms_all_ranks_pay']} ms ({ev['share_pct']}% of the analysed time) "
+             f"in the TP group{f' of {degree} ranks' if degree else ''} "
+             f"({ev['wait_ms']} ms waiting for peers, {ev['transfer_ms']} ms transfer)")
+    return Finding(TP_EXPOSED_COMM.kind, f.severity, title, f.ranks, f.steps,
+                   None, f.time_at_stake_ms, ev, TP_EXPOSED_COMM.remedy,
+                   confidence=f.confidence, observed_ms=f.observed_ms,
+                   caused_by=list(f.caused_by))
+
+
+def _tp_combined(generic: Finding, facts: Facts) -> Finding:
+    """A suspected share of the combined exposed communication: the traces cannot say which
+    group's collectives it was, so nothing of its own is staked."""
+    p = facts.parallelism
+    others = [k for k in p.kinds if k != "tp"]
+    g = generic.evidence
+    observed = generic.observed_ms if generic.observed_ms is not None else \
+        generic.time_at_stake_ms
+    sentence = (f"tensor parallelism runs beside {', '.join(others)} ({p.summary()}); the "
+                f"exposed communication of all groups together is {g.get('exposed_ms_all_ranks_pay')} "
+                f"ms ({g.get('share_pct')}% of the analysed time), and these traces do not say "
+                "which group each collective ran in, so the tensor-parallel part is not known: "
+                "suspected; traces whose collectives name their process group (NCCL) would "
+                "separate it")
+    test = Test(name="exposed communication of the combined groups",
+                statistic=f"{g.get('exposed_ms_all_ranks_pay')} ms exposed, all groups",
+                instances=len(generic.steps), threshold="not separable by group",
+                sentence=sentence)
+    ev = {**_group_evidence(facts), "combined_exposed_ms": g.get("exposed_ms_all_ranks_pay"),
+          "combined_share_pct": g.get("share_pct"), "separable": False,
+          "basis": "the breakdown's exposed communication of every group together",
+          "test": test.as_dict()}
+    title = (f"Tensor-parallel communication may be part of the {g.get('exposed_ms_all_ranks_pay')} "
+             f"ms of exposed communication ({g.get('share_pct')}% of the analysed time, all "
+             f"groups of {p.summary()} together; not separable by group in these traces)")
+    caused = [{"_ref": generic, "kind": generic.kind, "ms": round(observed, 3),
+               "part": "the exposed communication of every group together"}]
+    return Finding(TP_EXPOSED_COMM.kind, severity_of(0.0), title, generic.ranks, generic.steps,
+                   None, 0.0, ev, TP_EXPOSED_COMM.remedy,
+                   confidence="suspected", observed_ms=observed, caused_by=caused)
