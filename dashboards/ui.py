@@ -46,6 +46,7 @@ PAGES = (
     ("/stragglers", "Stragglers"),
     ("/gaps", "Gaps"),
     ("/communication", "Communication"),
+    ("/parallelism", "Parallelism"),
     ("/counters", "Counters"),
 )
 COMPARE_PAGE = ("/compare", "Compare")  # in the bar when a baseline run was given

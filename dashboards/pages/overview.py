@@ -23,7 +23,8 @@ TOP_FINDINGS = 6
 # Where a finding is looked at in detail.
 _FINDING_PAGE = {"straggler": "/stragglers", "data_stall": "/gaps", "launch_bound": "/gaps",
                  "idle": "/gaps", "exposed_comm": "/communication", "bandwidth": "/communication",
-                 "throttle": "/counters"}
+                 "throttle": "/counters", "pipeline_imbalance": "/parallelism",
+                 "tp_exposed_comm": "/parallelism"}
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:

@@ -5,55 +5,18 @@ once per session (8 steps, 4 traced); the reading and its remedies are checked o
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-from pathlib import Path
-from typing import Any
 
-import pytest
+from tests._jobs import info_json
+from tests._parallel_runs import Report, fsdp2_run, pipeline_run, pp_dp_run, tp_run  # noqa: F401
 
-from tests._jobs import PY, SAMPLES, info_json, job_env, time_limit, torchrun, uberprof_run
-
-STEPS = ("--steps", "8")
-OPTIONS = ("--trace-steps", "3-6", "--counters", "none")
 FSDP1_NAMES = re.compile(r"\b(backward_prefetch|forward_prefetch|limit_all_gathers|"
                          r"BackwardPrefetch|FullyShardedDataParallel)\b")
 
 
-def _report(factory: pytest.TempPathFactory, name: str, nproc: int, script: str,
-            *args: str) -> tuple[Path, dict[str, Any]]:
-    out = factory.mktemp(f"par-{name}")
-    uberprof_run(out, name, torchrun(nproc, SAMPLES / script, *STEPS, *args), *OPTIONS)
-    proc = subprocess.run([PY, "-m", "uberprof", "report", str(out / name), "--json"],
-                          capture_output=True, text=True, timeout=time_limit(60),
-                          env=job_env(), check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out / name, json.loads(proc.stdout)
-
-
-@pytest.fixture(scope="session")
-def tp_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _report(tmp_path_factory, "tp", 2, "train_tp.py")[1]
-
-
-@pytest.fixture(scope="session")
-def fsdp2_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _report(tmp_path_factory, "fsdp2", 2, "train_fsdp2.py")[1]
-
-
-@pytest.fixture(scope="session")
-def pipeline_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _report(tmp_path_factory, "pipe", 2, "train_pipeline.py")[1]
-
-
-@pytest.fixture(scope="session")
-def pp_dp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    return _report(tmp_path_factory, "ppdp", 4, "train_2d.py", "--layout", "pp_dp")
-
-
 def test_tensor_parallel_job_reads_as_tp_and_its_exposed_comm_is_the_tp_finding(
-        tp_report: dict[str, Any]) -> None:
+        tp_run: Report) -> None:  # noqa: F811
+    tp_report = tp_run[1]
     p = tp_report["run"]["parallelism"]
     assert p["kinds"] == ["tp"] and p["dims"] == {} and p["stage_of"] == {}, p
     assert p["groups"]["tp"] == [[0, 1]] and p["summary"] == "tensor parallel (2)"
@@ -66,7 +29,8 @@ def test_tensor_parallel_job_reads_as_tp_and_its_exposed_comm_is_the_tp_finding(
 
 
 def test_fsdp2_job_reads_as_fsdp2_and_no_remedy_names_an_fsdp1_option(
-        fsdp2_report: dict[str, Any]) -> None:
+        fsdp2_run: Report) -> None:  # noqa: F811
+    fsdp2_report = fsdp2_run[1]
     p = fsdp2_report["run"]["parallelism"]
     assert p["kinds"] == ["fsdp2"] and p["summary"] == "FSDP2 (2)", p
     assert "FSDP::" in p["evidence"]["fsdp2"]
@@ -78,22 +42,23 @@ def test_fsdp2_job_reads_as_fsdp2_and_no_remedy_names_an_fsdp1_option(
 
 
 def test_one_dimensional_pipeline_reads_each_rank_as_its_stage(
-        pipeline_report: dict[str, Any]) -> None:
+        pipeline_run: Report) -> None:  # noqa: F811
+    pipeline_report = pipeline_run[1]
     p = pipeline_report["run"]["parallelism"]
     assert p["kinds"] == ["pp"] and p["dims"] == {}, p
-    assert p["stage_of"] == {"0": 0, "1": 1} and p["summary"] == "pipeline (2 stages)"
+    assert p["stage_of"] == {"0": 0, "1": 1} and p["summary"] == "pipeline (2 stages, 1F1B, 8 micro-batches)"
     for f in pipeline_report["findings"]:
         if f["kind"] == "exposed_comm":
             assert "micro-batches" in f["remedy"] and "bucket_cap_mb" not in f["remedy"]
 
 
 def test_pipeline_by_ddp_mesh_reads_dims_groups_and_stages_and_info_states_it(
-        pp_dp_run: tuple[Path, dict[str, Any]]) -> None:
+        pp_dp_run: Report) -> None:  # noqa: F811
     run, report = pp_dp_run
     p = report["run"]["parallelism"]
     assert p["kinds"] == ["pp", "ddp"] and p["dims"] == {"pp": 2, "dp": 2}, p
     assert p["groups"]["pp"] == [[0, 2], [1, 3]] and p["groups"]["ddp"] == [[0, 1], [2, 3]]
     assert p["stage_of"] == {"0": 0, "1": 0, "2": 1, "3": 1}
-    assert p["summary"] == "pipeline (2 stages) x DDP (2)"
+    assert p["summary"] == "pipeline (2 stages, GPipe, 4 micro-batches) x DDP (2)"
     info = info_json(run)["parallelism"]
     assert info["summary"] == p["summary"] and info["basis"].startswith("the last")

@@ -233,6 +233,7 @@ class SavedFindings:
     findings: list[dict[str, Any]]
     lateness_ns: dict[int, float]
     saved_ns: int
+    parallelism: str | None = None  # the saved reading's summary line (run.parallelism)
 
     def fresh_for(self, state: LiveState) -> bool:
         """Whether it was made after the job ended (a running job's inputs still change)."""
@@ -251,7 +252,11 @@ def read_saved_findings(run: RunDir | Path | str) -> SavedFindings | None:
         return None
     findings = doc.get("findings") if isinstance(doc, dict) else None
     findings = [f for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
-    return SavedFindings(findings, _saved_lateness(derived), saved_ns)
+    run = doc.get("run") if isinstance(doc, dict) else None
+    par = run.get("parallelism") if isinstance(run, dict) else None
+    summary = par.get("summary") if isinstance(par, dict) else None
+    return SavedFindings(findings, _saved_lateness(derived), saved_ns,
+                         summary if isinstance(summary, str) else None)
 
 
 def _saved_lateness(derived: Path) -> dict[int, float]:

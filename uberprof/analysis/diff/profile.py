@@ -104,8 +104,15 @@ def profile_run(path: str | os.PathLike[str], ranks: set[int] | None = None,
         steps=step_ids, step_ns=times, rank_step_ns=per_rank,
         breakdown_ns=_breakdown(traced, d.gaps), step_mean_ns=_mean(traced, "step_time_ns"),
         ops=ops, collectives=collective_stats(ctx, d, rank_ids, step_ids), counters=counters,
-        counters_from=counters_from, metadata=run_metadata(ctx),
+        counters_from=counters_from, metadata=_with_parallelism(run_metadata(ctx), d),
         findings=_findings_per_step(d), notes=notes)
+
+
+def _with_parallelism(meta: dict[str, str], d: Diagnosis) -> dict[str, str]:
+    """The run's metadata and its parallelism as the diagnosis read it (one reading for every
+    command): two runs that divide the work differently say so first."""
+    summary = (d.run.get("parallelism") or {}).get("summary")
+    return {**meta, "parallelism": summary} if summary else meta
 
 
 def _findings_per_step(d: Diagnosis) -> list[dict[str, Any]]:

@@ -60,7 +60,10 @@ def render(state: LiveState, saved: SavedFindings | None, title: str,
         table.add_row(str(r.rank), str(r.steps), _ms(r.last_ns), _ms(r.median_ns),
                       _ms(r.data_wait_ns), _ms(r.gpu_time_ns), _ms(lateness.get(r.rank)),
                       "–" if r.gpu_util is None else f"{r.gpu_util:.0f}", clock)
-    parts: list = [head, table]
+    parts: list = [head]
+    if saved is not None and saved.parallelism:
+        parts.append(Text(f"parallelism: {saved.parallelism} (saved diagnosis)", "dim"))
+    parts.append(table)
     if len(state.ranks) > MAX_ROWS:
         parts.append(Text(f"{MAX_ROWS} slowest of {len(state.ranks)} ranks shown", "dim"))
     parts += [Text("• " + n + "  (live, from the step timelines)", "cyan")

@@ -17,10 +17,13 @@ How its time is counted, once (the advisor's accounting, `advisor.account`):
   one, holds those milliseconds. Deferring rather than linking keeps the severity where the
   time is; a linked duplicate would say the same thing twice with 0 ms of its own.
 - **Tensor parallel with another kind** (FSDP x TP, pipeline x TP): the exposed communication
-  is both groups' together, and which part is the TP group's is not knowable when the
-  collectives carry no group (Gloo traces). The generic finding keeps the time; this one is
-  `suspected`, states the combined figure as `observed_ms`, links all of it to the generic
-  finding (`caused_by`, so it stakes nothing of its own) and says that the split is unknown.
+  is both groups' together, and the generic finding keeps the time. When the matched
+  collectives say which group each ran in (`facts.groups`: NCCL's metadata, or the Flight
+  Recorder / group reading of `tables/groups.py` on Gloo), this one states the TP groups' part
+  (their ranks' exposed time in them, the worst TP group's) as `observed_ms`, with its share
+  and its strength; otherwise it is `suspected`, states the combined figure and says that the
+  split is unknown. Either way it links its time to the generic finding (`caused_by`) and
+  stakes nothing of its own.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from collections.abc import Callable
 from typing import Any
 
 from uberprof.analysis.diagnosis.causes import TP_EXPOSED_COMM
-from uberprof.analysis.diagnosis.evidence import Test
+from uberprof.analysis.diagnosis.evidence import Test, count_test
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.exposed_comm import exposed_comm_findings
+from uberprof.analysis.diagnosis.group_comm import GroupComm
 from uberprof.analysis.diagnosis.model import Finding, severity_of
 
 __all__ = ["KINDS", "tp_exposed_comm_findings", "tp_only", "unless_tensor_parallel_only"]
@@ -67,7 +71,39 @@ def tp_exposed_comm_findings(facts: Facts) -> list[Finding]:
     if tp_only(facts):
         return [_tp_alone(f, facts) for f in exposed_comm_findings(facts)]
     generic = facts.first("exposed_comm")
-    return [_tp_combined(generic, facts)] if generic is not None else []
+    if generic is None:
+        return []
+    tp_groups = [g for g in facts.groups if g.dim == "tp"]
+    if tp_groups and facts.wall_ns:
+        return [_tp_separated(generic, max(tp_groups, key=lambda g: g.exposed_ns), facts)]
+    return [_tp_combined(generic, facts)]
+
+
+def _tp_separated(generic: Finding, worst: GroupComm, facts: Facts) -> Finding:
+    """The TP groups' part of the combined exposed communication, from the matched
+    collectives of each group; the generic finding keeps the time (module docstring)."""
+    p = facts.parallelism
+    observed = min(worst.exposed_ns / 1e6, generic.observed_ms or generic.time_at_stake_ms)
+    share = observed * 1e6 / facts.wall_ns
+    confidence, test = count_test(
+        f"the TP group of ranks {', '.join(map(str, worst.ranks))} leaves {round(observed, 3)} "
+        f"ms of its collectives exposed per rank ({round(100 * share, 1)}% of the analysed "
+        f"time), of the {generic.observed_ms} ms all groups of {p.summary()} leave exposed",
+        sum(worst.collectives.values()), len(generic.steps))
+    ev = {**_group_evidence(facts), "separable": True, "tp_exposed_ms": round(observed, 3),
+          "share_pct": round(100 * share, 1), "worst_tp_group": worst.as_dict(),
+          "combined_exposed_ms": generic.evidence.get("exposed_ms_all_ranks_pay"),
+          "basis": "the TP group's matched collectives, each one's span outside compute",
+          "test": test.as_dict()}
+    title = (f"Tensor-parallel communication not hidden under compute: {round(observed, 3)} ms "
+             f"({ev['share_pct']}% of the analysed time) in the TP group of ranks "
+             f"{', '.join(map(str, worst.ranks))}, part of the exposed communication of "
+             f"{p.summary()}")
+    caused = [{"_ref": generic, "kind": generic.kind, "ms": round(observed, 3),
+               "part": "the TP groups' part of the exposed communication"}]
+    return Finding(TP_EXPOSED_COMM.kind, severity_of(share), title, worst.ranks, generic.steps,
+                   None, 0.0, ev, TP_EXPOSED_COMM.remedy, confidence=confidence,
+                   observed_ms=observed, caused_by=caused)
 
 
 def _group_evidence(facts: Facts) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""Real CPU (Gloo) jobs of each parallelism (samples/), each run once per test session under
+`uberprof run` and reported with `report --json`: tensor parallel, FSDP2, an unbalanced 1F1B
+pipeline, and two 2x2 meshes (pipeline x DDP, FSDP2 x tensor parallel)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._jobs import PY, SAMPLES, job_env, time_limit, torchrun, uberprof_run
+
+STEPS = ("--steps", "8")
+OPTIONS = ("--trace-steps", "3-6", "--counters", "none")
+Report = tuple[Path, dict[str, Any]]
+
+
+def _report(factory: pytest.TempPathFactory, name: str, nproc: int, script: str,
+            *args: str) -> Report:
+    out = factory.mktemp(f"par-{name}")
+    uberprof_run(out, name, torchrun(nproc, SAMPLES / script, *STEPS, *args), *OPTIONS)
+    proc = subprocess.run([PY, "-m", "uberprof", "report", str(out / name), "--json"],
+                          capture_output=True, text=True, timeout=time_limit(60),
+                          env=job_env(), check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out / name, json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def tp_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return _report(tmp_path_factory, "tp", 2, "train_tp.py")
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return _report(tmp_path_factory, "fsdp2", 2, "train_fsdp2.py")
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    """1F1B over 2 stages, 8 micro-batches; stage 1 holds three times stage 0's blocks."""
+    return _report(tmp_path_factory, "pipe", 2, "train_pipeline.py", "--schedule", "1f1b",
+                   "--microbatches", "8", "--heavy-stage", "1", "--heavy-factor", "3")
+
+
+@pytest.fixture(scope="session")
+def pp_dp_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return _report(tmp_path_factory, "ppdp", 4, "train_2d.py", "--layout", "pp_dp")
+
+
+@pytest.fixture(scope="session")
+def fsdp_tp_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return _report(tmp_path_factory, "fsdptp", 4, "train_2d.py", "--layout", "fsdp_tp")
