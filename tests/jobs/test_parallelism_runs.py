@@ -7,10 +7,14 @@ tests/jobs/test_parallelism_reading.py."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._jobs import PY, job_env, time_limit
 from tests._parallel_runs import (  # noqa: F401
     Report,
     fsdp2_run,
@@ -104,3 +108,40 @@ def test_collectives_of_a_mesh_match_within_their_groups(
     groups = doc["run"]["comm_by_group"]
     assert {g["dim"] for g in groups} == dims
     assert all(len(g["ranks"]) == 2 for g in groups)  # the mesh's rows or columns, not all 4
+
+
+def _export(run: Path, out: Path) -> list[dict[str, Any]]:
+    proc = subprocess.run([PY, "-m", "uberprof", "export", str(run), "-o", str(out),
+                           "--format", "chrome", "--no-gzip", "--no-counters"],
+                          capture_output=True, text=True, timeout=time_limit(120),
+                          env=job_env(), check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def test_export_draws_an_arrow_from_each_send_to_its_receive(pipeline_run: Report,  # noqa: F811
+                                                              tmp_path: Path) -> None:
+    run, doc = pipeline_run
+    events = _export(run, tmp_path / "pipe.json")
+    flows = [e for e in events if e.get("cat") == "uberprof.p2p"]
+    starts = {e["id"]: e for e in flows if e["ph"] == "s"}
+    ends = {e["id"]: e for e in flows if e["ph"] == "f"}
+    assert len(starts) == doc["run"]["p2p"]["pairs"] and starts.keys() == ends.keys()
+    # each arrow leaves one rank's process and lands on the other's, after it left
+    assert all(starts[i]["pid"] != ends[i]["pid"] for i in starts)
+    assert all(ends[i]["ts"] >= starts[i]["ts"] - 1 for i in starts)
+
+
+def test_export_puts_each_mesh_dimensions_collectives_on_its_own_track(
+        fsdp_tp_run: Report, tmp_path: Path) -> None:  # noqa: F811
+    events = _export(fsdp_tp_run[0], tmp_path / "fsdptp.json")
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    on = {}
+    for e in events:
+        track = names.get((e.get("pid"), e.get("tid")), "")
+        if e.get("cat") == "uberprof" and track.endswith("collectives (uberprof)"):
+            on.setdefault(track, set()).add(e["name"].split()[0])
+    assert on.get("tp collectives (uberprof)") == {"allreduce"}, on
+    assert on.get("dp collectives (uberprof)") == {"allgather", "reducescatter"}, on

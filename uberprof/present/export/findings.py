@@ -52,6 +52,7 @@ class Mark:
     args: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
     flow: tuple[str, int] | None = None  # ("s" | "f", id): an arrow from this mark or to it
+    flow_at: int | None = None  # where on the mark the arrow binds (aligned ns; its start)
 
 
 def _in(step: int | None, steps: tuple[int, int] | None) -> bool:
@@ -82,8 +83,31 @@ def rank_marks(d: Diagnosis, ranks: Iterable[int],
     if d.straggler is not None:
         _straggler_marks(d, by_instance, want, steps, out)
     _link_marks(d, by_instance, want, steps, out)
+    _group_marks(d, by_instance, want, steps, out)
     _p2p_marks(d, want, steps, out)
     return out
+
+
+def _group_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want: set[int],
+                 steps: tuple[int, int] | None, out: dict[int, list[Mark]]) -> None:
+    """On a run with several process groups (a device mesh), each matched collective on a
+    track of its group's mesh dimension ("tp collectives (uberprof)"), so a 2-D job's
+    tensor-parallel and data-parallel communication sit on separate rows."""
+    groups = d.run.get("comm_by_group") or []
+    if len(groups) < 2:
+        return
+    dims = {g["group"]: g.get("dim") or f"group {g['group']}" for g in groups}
+    for iid, rows in by_instance.items():
+        for x in rows:
+            if x["rank"] not in want or not _in(x["step"], steps):
+                continue
+            dim = dims.get(x["grp"], f"group {x['grp']}")
+            out[x["rank"]].append(Mark(
+                f"{dim} collectives (uberprof)", x["start_ns"], x["end_ns"] - x["start_ns"],
+                f"{x['name']} {fmt_bytes(x['in_bytes'], missing='? B')}",
+                {"group": x["grp"], "dim": dim, "instance": iid, "step": x["step"],
+                 "participants": x["participants"],
+                 "what": "a collective uberprof matched within its process group"}, x["step"]))
 
 
 def _p2p_marks(d: Diagnosis, want: set[int], steps: tuple[int, int] | None,
@@ -114,7 +138,10 @@ def _p2p_marks(d: Diagnosis, want: set[int], steps: tuple[int, int] | None,
                                       max(p["recv_end_ns"] - p["recv_start_ns"], 0),
                                       f"recv {size} from rank {p['src']}", dict(args),
                                       p["step"],
-                                      flow=("f", fid) if p["src"] in want else None))
+                                      flow=("f", fid) if p["src"] in want else None,
+                                      # the data flows once both sides have posted
+                                      flow_at=min(max(p["recv_start_ns"], p["send_start_ns"]),
+                                                  p["recv_end_ns"])))
 
 
 def _straggler_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], want: set[int],

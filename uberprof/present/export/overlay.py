@@ -94,10 +94,11 @@ def write_marks(writer: TraceWriter, st: RankState, marks: list[Mark], base: int
         else:
             e["ph"], e["dur"] = "X", max(m.ts + m.dur - ts, 0)
         batch.append(e)
-        if m.flow is not None:  # bound to this mark's slice: at its start (inside it)
+        if m.flow is not None:  # bound to this mark's slice, at `flow_at` (inside it)
             ph, fid = m.flow
+            at = ts if m.flow_at is None else min(max(m.flow_at, ts), ts + e.get("dur", 0))
             f = {"ph": ph, "id": fid, "cat": "uberprof.p2p", "name": "send -> recv",
-                 "pid": st.pid, "tid": tid, "ts": ts - base}
+                 "pid": st.pid, "tid": tid, "ts": at - base}
             if ph == "f":
                 f["bp"] = "e"
             batch.append(f)
