@@ -75,7 +75,7 @@ def test_trace_schedule_parsing_and_windows() -> None:
     p = TraceSchedule.periodic(100, 2)
     assert p.window_at(0) is None and p.window_at(200) == (200, 201)
     assert not TraceSchedule.off().enabled
-    for bad in ("7-5", "x", "", "-3"):
+    for bad in ("7-5", "x", "", "-3", f"1-{1 << 64}"):  # past int64: said, not crashed on
         with pytest.raises(ValueError):
             TraceSchedule.parse_steps(bad)
     with pytest.raises(ValueError):
@@ -367,3 +367,13 @@ def test_a_default_group_made_without_naming_a_backend_records_the_one_it_runs_o
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_run_refuses_a_number_that_is_not_finite(value: str) -> None:
+    from click.testing import CliRunner
+
+    from uberprof.cli import main
+
+    res = CliRunner().invoke(main, ["run", "--hang-timeout", value, "--", "true"])
+    assert res.exit_code == 2 and "--hang-timeout" in res.output, res.output

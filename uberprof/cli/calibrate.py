@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from uberprof.cli.params import FiniteRange
+
 EPILOG = """\
 \b
 Examples:
@@ -27,11 +29,11 @@ writes RUN/calibration.json; `uberprof report` then compares busbw with the meas
 @click.command(context_settings={"ignore_unknown_options": True},
                epilog=EPILOG, short_help="Measure the job's link bandwidth (all-reduce sweep).")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--max-mb", type=click.FloatRange(min=0.0625), default=64.0, show_default=True,
+@click.option("--max-mb", type=FiniteRange(min=0.0625), default=64.0, show_default=True,
               help="Largest all-reduce size (MiB).")
 @click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed all-reduces per size.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(min=1), default=600.0, show_default=True,
               help="Give up after this many seconds.")
 @click.option("--yes", "-y", is_flag=True,
               help="Run the launcher recorded in RUN without asking (only for runs you trust: "

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from uberprof.cli.params import RANK_LIST, STEP_RANGE
+from uberprof.cli.params import RANK_LIST, STEP_RANGE, FiniteRange
 
 EPILOG = """\
 \b
@@ -31,10 +31,10 @@ Examples:
               help="Only these steps (inclusive) of both runs.")
 @click.option("--ranks", type=RANK_LIST, metavar="LIST",
               help="Only these ranks of both runs, e.g. 0,2,4-7.")
-@click.option("--min-change-pct", type=click.FloatRange(min=0), default=5.0,
+@click.option("--min-change-pct", type=FiniteRange(min=0), default=5.0,
               show_default=True,
               help="Smallest change in median step time reported as significant.")
-@click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
+@click.option("--gap-threshold-us", type=FiniteRange(min=0), default=50.0,
               show_default=True, help="Shortest device idle gap counted by cause.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for reading traces (default: one per CPU).")

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
 from uberprof.cli.output import cannot_write, unwritable
-from uberprof.cli.params import RANK_LIST, STEP_RANGE
+from uberprof.cli.params import RANK_LIST, STEP_RANGE, FiniteRange
 
 EPILOG = """\
 \b
@@ -35,7 +35,7 @@ chrome://tracing ("Load"); see docs/export.md for offline viewing.
 @click.option("--no-counters", is_flag=True, help="Leave out GPU, NIC and CPU counter tracks.")
 @click.option("--with-python", is_flag=True,
               help="Keep Python function events (with_stack traces; large, off by default).")
-@click.option("--max-mb", type=click.FloatRange(min=0), default=None,
+@click.option("--max-mb", type=FiniteRange(min=0), default=None,
               help="Size budget in MB of uncompressed output: the least useful events are "
                    "dropped first to fit (default 500; 0: no limit).")
 @click.option("--format", "fmt", type=click.Choice(["chrome", "perfetto"]), default=None,

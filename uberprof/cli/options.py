@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from uberprof.cli.params import FiniteRange
+
 __all__ = ["dask_executor_or_exit", "dask_option", "derived_option", "gap_threshold_option",
            "workers_option"]
 
@@ -30,7 +32,7 @@ def derived_option(name: str, help: str) -> Decorator:
 
 def gap_threshold_option(verb: str) -> Decorator:
     """`--gap-threshold-us`: the shortest device idle gap the verb reports or marks."""
-    return click.option("--gap-threshold-us", type=click.FloatRange(min=0), default=50.0,
+    return click.option("--gap-threshold-us", type=FiniteRange(min=0), default=50.0,
                         show_default=True, help=f"Shortest device idle gap {verb}.")
 
 

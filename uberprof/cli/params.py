@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-__all__ = ["RANK_LIST", "STEP_RANGE", "RankList", "StepRange", "parse_ranks", "parse_steps"]
+__all__ = ["RANK_LIST", "STEP_RANGE", "FiniteRange", "RankList", "StepRange", "parse_ranks",
+           "parse_steps"]
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -85,3 +86,15 @@ class RankList(_Parsed):
 
 STEP_RANGE = StepRange()
 RANK_LIST = RankList()
+
+
+class FiniteRange(click.FloatRange):
+    """A float within a range that is also a number: click's FloatRange lets `nan` through
+    (every comparison with it is false), and `--hang-timeout nan` would stop a healthy job."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if out != out or out in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return out

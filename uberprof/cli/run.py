@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from uberprof.cli.params import FiniteRange
 from uberprof.collect.config import CollectConfig, TraceSchedule
 from uberprof.collect.counters.sampler import DEFAULT_HZ, MODES, CounterSettings
 from uberprof.collect.launcher import CommandNotFound, run_wrapped
@@ -65,10 +66,10 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.option("--counters", "counters_mode", type=click.Choice(MODES), default="auto",
               show_default=True, help="Node counters: auto = host + NVML/GPM where present; "
               "host = host only; dcgm = auto + DCGM profiling fields; none = off.")
-@click.option("--sample-hz", type=click.FloatRange(min=0.1, max=100), default=DEFAULT_HZ,
+@click.option("--sample-hz", type=FiniteRange(min=0.1, max=100), default=DEFAULT_HZ,
               show_default=True, metavar="HZ",
               help="Rate of the cheap counters (host, NVML); PCIe/ECC/GPM/DCGM run at <= 1 Hz.")
-@click.option("--hang-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+@click.option("--hang-timeout", type=FiniteRange(min=1), metavar="SECONDS",
               help=f"A node whose ranks finish no step for this long is hung [default: the "
               f"larger of {MIN_TIMEOUT_S:g} s and {STEP_FACTOR:g}x the median step].")
 @click.option("--on-hang", type=click.Choice(ACTIONS), default="report", show_default=True,

@@ -8,12 +8,13 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from uberprof.cli.params import FiniteRange
 from uberprof.rundir import RunDir
 
 
 @click.command(short_help="Follow a running job in the terminal.")
 @click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+@click.option("--interval", type=FiniteRange(min=0.2), default=2.0, show_default=True,
               help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print the current state once and exit.")
 def watch(run: Path, interval: float, once: bool) -> None:

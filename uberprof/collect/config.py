@@ -18,6 +18,9 @@ shown late beyond chance at 1% (4 ranks: best corrected p is 6%). A job too shor
 so, with a window it does reach."""
 
 
+
+MAX_STEP = (1 << 62) - 1  # far beyond any run, well within the tables' int64 steps
+
 @dataclass(frozen=True)
 class TraceSchedule:
     """Which steps torch.profiler records. The same on every rank, so windows line up."""
@@ -45,6 +48,8 @@ class TraceSchedule:
                 raise ValueError(f"not a step range: {part!r} (expected e.g. 20-22)") from None
             if a < 0 or b < a:
                 raise ValueError(f"bad step range {part!r}: need 0 <= first <= last")
+            if b > MAX_STEP:  # step numbers are int64 in every table and trace
+                raise ValueError(f"bad step range {part!r}: steps go up to {MAX_STEP}")
             windows.append((a, b))
         if not windows:
             raise ValueError("empty step range")

@@ -15,11 +15,22 @@ thresholds of their own:
 - **Data stall**: a rank whose data wait is at least the diagnosis's `MIN_SHARE` of its step
   time over the window; its confidence is `evidence.count_test`'s (too few
   steps: suspected).
+
+Only ranks that do the same work are compared (**peers**). In a pipeline the stages do
+different work by design, so one stage's longer step or CPU time is no straggler: the layout
+each rank recorded in its rank.json (`process_groups`, `parallel_apis`) tells which ranks are
+one stage's (`peer_sets`), the straggler test runs within each stage that has several ranks
+(its data-parallel replicas) and not at all in a pipeline of one rank per stage, and a note
+says so (a `pipeline_imbalance` signal of confidence "none": the imbalance of the stages is
+judged by `uberprof report`, from the traces). A run without a pipeline, or whose ranks
+recorded no layout (older runs), compares all its ranks, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +41,15 @@ from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness
 from uberprof.analysis.diagnosis.model import MIN_SHARE
 from uberprof.analysis.diagnosis.stragglers import BASIS_STEP_TIMELINE, straggler_test
+from uberprof.analysis.tables.p2p import PIPELINE_DIM
+from uberprof.rundir import RANK_FILE
+from uberprof.rundir.ranks import ranks_by_id
 
 if TYPE_CHECKING:
     from uberprof.rundir.follow import RunFollower
 
-__all__ = ["WINDOW", "Signal", "followed_signals", "step_signals"]
+__all__ = ["WINDOW", "Peers", "Signal", "followed_peers", "followed_signals", "peer_sets",
+           "step_signals"]
 
 WINDOW = 100  # the latest steps every rank finished: what "now" means for an indication
 
@@ -43,9 +58,9 @@ WINDOW = 100  # the latest steps every rank finished: what "now" means for an in
 class Signal:
     """One indication: what, on which rank, how sure, and the test behind it in words."""
 
-    kind: str  # "straggler" | "data_stall" (the finding kinds of the diagnosis)
-    rank: int
-    confidence: str  # "confirmed" | "suspected"
+    kind: str  # "straggler" | "data_stall" | "pipeline_imbalance" (the diagnosis's kinds)
+    rank: int  # -1: the run's, no one rank's (the pipeline note)
+    confidence: str  # "confirmed" | "suspected"; "none": a note, no verdict (the pipeline's)
     title: str
     test: dict[str, Any]  # evidence.Test.as_dict()
 
@@ -103,11 +118,14 @@ def _data_stall(ranks: list[int], times: np.ndarray, waits: np.ndarray) -> Signa
 
 
 def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int = WINDOW,
-                 busy: Sequence[Series] | None = None) -> list[Signal]:
+                 busy: Sequence[Series] | None = None,
+                 peers: Sequence[Sequence[int]] | None = None) -> list[Signal]:
     """The indications of the latest `window` steps every rank finished: `times` and `waits`
     are per rank (rank, steps, step time ns) and (rank, steps, data wait ns), in step order
     (`RunFollower.series`); `busy`, where the run has busy time, likewise
-    (`analysis.busy.followed_busy`). None before any step."""
+    (`analysis.busy.followed_busy`). `peers`: the sets of ranks that do the same work
+    (`peer_sets`); a straggler is sought within each set of two or more ranks only (one
+    signal per set at most). None: every rank is every other's peer. None before any step."""
     times = [x for x in times if x[1].size]
     if not times:
         return []
@@ -122,13 +140,103 @@ def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int =
     if busy_of.keys() == set(ranks):  # every rank, or no busy basis at all
         _, b_steps, b_m = _matrix([(r, *busy_of[r]) for r in ranks], window)
         b = (b_steps, b_m) if b_steps.size else None
-    out = [_straggler(ranks, steps, t, w, b) if len(ranks) > 1 else None,
-           _data_stall(ranks, t, w)]
+    if peers is None:
+        out = [_straggler(ranks, steps, t, w, b) if len(ranks) > 1 else None]
+    else:
+        row = {r: i for i, r in enumerate(ranks)}
+        out = []
+        for group in peers:
+            rows = [row[r] for r in group if r in row]
+            if len(rows) > 1:
+                out.append(_straggler([ranks[i] for i in rows], steps, t[rows], w[rows],
+                                      (b[0], b[1][rows]) if b is not None else None))
+    out.append(_data_stall(ranks, t, w))
     return [s for s in out if s is not None]
+
+
+@dataclass(frozen=True)
+class Peers:
+    """Which ranks do the same work, from the layout the ranks recorded."""
+
+    sets: list[list[int]] | None  # None: all ranks are peers (no pipeline, or no layout)
+    stages: int = 0  # the pipeline's stages; 0: no pipeline
+
+    def note(self) -> Signal | None:
+        """What the screen says where the run is a pipeline (module docstring)."""
+        if not self.stages:
+            return None
+        within = "ranks of one stage are compared with each other only" \
+            if any(len(s) > 1 for s in self.sets or ()) else \
+            "no rank is compared with another on step or CPU time"
+        title = (f"pipeline of {self.stages} stage{'s' if self.stages != 1 else ''}: the stages "
+                 "do different work by design, "
+                 f"so {within}; stage imbalance is judged by `uberprof report` from the traces")
+        return Signal("pipeline_imbalance", -1, "none", title,
+                      {"name": "pipeline stages", "sentence": title})
+
+
+def _stage_key(rank: int, meta: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The work `rank` does, from its rank.json: ("stage", i) in a pipeline group (a process
+    group named like a pipeline dimension: its index there is its stage), ("rank", rank) in a
+    pipeline without one (torch.distributed.pipelining imported, and no device-mesh dimension
+    names something else), ("all",) where it is no pipeline stage; None: no layout recorded."""
+    apis = meta.get("parallel_apis")
+    if not isinstance(apis, list):
+        return None
+    pgs = meta.get("process_groups")
+    groups = [g for g in (pgs if isinstance(pgs, list) else []) if isinstance(g, dict)
+              and isinstance(g.get("ranks"), list) and rank in g["ranks"]]
+    for g in groups:
+        if len(g["ranks"]) > 1 and PIPELINE_DIM.search(str(g.get("desc") or "")):
+            return ("stage", g["ranks"].index(rank))
+    if "pipelining" not in apis:
+        return ("all",)
+    named = [g for g in groups if len(g["ranks"]) > 1
+             and re.fullmatch(r"mesh_(?!dim_\d+$|default$).+", str(g.get("desc") or ""))]
+    return ("all",) if named else ("rank", rank)  # a mesh without a pipeline dimension
+
+
+def peer_sets(metas: Mapping[int, Mapping[str, Any]]) -> Peers:
+    """The ranks that do the same work (module docstring), from each rank's rank.json (as
+    written: `RankMeta.raw`). A rank without a layout in a pipeline run is nobody's peer."""
+    keys = {r: _stage_key(r, m) for r, m in metas.items()}
+    staged = {k for k in keys.values() if k is not None and k[0] != "all"}
+    if not staged:
+        return Peers(None)
+    sets: dict[tuple[Any, ...], list[int]] = {}
+    for r, k in sorted(keys.items()):
+        sets.setdefault(k if k is not None else ("unknown", r), []).append(r)
+    return Peers(list(sets.values()), len(staged))
+
+
+_PEERS: weakref.WeakKeyDictionary[Any, tuple[Any, Peers]] = weakref.WeakKeyDictionary()
+
+
+def followed_peers(follower: RunFollower) -> Peers:
+    """`peer_sets` of a followed run, read again only when a rank.json changed."""
+    followed = follower.step_followers()
+    key = []
+    for r, f in sorted(followed.items()):
+        try:
+            st = (f.path.parent / RANK_FILE).stat()
+            key.append((r, st.st_mtime_ns, st.st_size))
+        except OSError:
+            key.append((r, None, None))
+    seen = _PEERS.get(follower)
+    if seen is not None and seen[0] == key:
+        return seen[1]
+    metas = ranks_by_id(follower.run)
+    peers = peer_sets({r: m.raw for r, m in metas.items() if r in followed})
+    _PEERS[follower] = (key, peers)
+    return peers
 
 
 def followed_signals(follower: RunFollower, window: int = WINDOW) -> list[Signal]:
     """The indications of a run followed while its job runs (`uberprof watch`, the live
-    dashboard): step time, data wait and, where the run has it, busy time per rank."""
-    return step_signals(follower.series("duration_ns"), follower.series("data_wait_ns"), window,
-                        busy=followed_busy(follower, window))
+    dashboard): step time, data wait and, where the run has it, busy time per rank, each
+    rank compared with its peers only (`followed_peers`); in a pipeline, a note that says so."""
+    peers = followed_peers(follower)
+    found = step_signals(follower.series("duration_ns"), follower.series("data_wait_ns"),
+                         window, busy=followed_busy(follower, window), peers=peers.sets)
+    note = peers.note()
+    return found + [note] if note is not None else found

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from uberprof.analysis.tables.context import RankInfo, RunContext
 
-__all__ = ["P2P", "P2P_NAMES", "PAIR_SCHEMA", "global_peer", "match_p2p", "p2p_doc"]
+__all__ = ["P2P", "P2P_NAMES", "PAIR_SCHEMA", "PIPELINE_DIM", "global_peer", "match_p2p", "p2p_doc"]
 
 P2P_NAMES = ("send", "recv")
 
@@ -46,7 +46,8 @@ PAIR_SCHEMA = pa.schema([
     ("send_wait_ns", pa.int64()),  # sender: posted before the receive was; None: unsplittable
 ])
 
-_PIPELINE_DIM = re.compile(r"(^|[^a-z])(pp|pipe|pipeline|stage)s?([^a-z]|$)", re.IGNORECASE)
+# A process group named for a pipeline dimension (`mesh_pp`, `pipe`, `stage`): the one rule.
+PIPELINE_DIM = re.compile(r"(^|[^a-z])(pp|pipe|pipeline|stage)s?([^a-z]|$)", re.IGNORECASE)
 
 
 @dataclass
@@ -84,7 +85,7 @@ def global_peer(info: RankInfo | None, peer: int) -> int:
     groups = [g for g in (info.process_groups if info else [])
               if isinstance(g.get("ranks"), list) and len(g["ranks"]) > peer]
     for g in groups:
-        if _PIPELINE_DIM.search(str(g.get("desc") or "")):
+        if PIPELINE_DIM.search(str(g.get("desc") or "")):
             return int(g["ranks"][peer])
     return peer
 

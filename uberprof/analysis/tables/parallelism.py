@@ -82,7 +82,9 @@ class Parallelism:
         parts += [_dim_words(d, n) for d, n in self.dims.items() if d not in claimed]
         if parts:
             return " x ".join(parts)
-        if self.world_size <= 1:
+        if self.world_size == 0 or (self.world_size == 1 and not self.ranks_read):
+            return "not known (no rank could be analysed)"
+        if self.world_size == 1:
             return "single process"
         if not self.ranks_read:
             return f"not known ({self.world_size} ranks; no analysed trace to read it from)"

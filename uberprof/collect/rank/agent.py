@@ -22,6 +22,7 @@ from uberprof.collect.rank import clock
 from uberprof.collect.rank.backend import default_backend
 from uberprof.collect.rank.capture import Capture
 from uberprof.collect.rank.flight_log import FlightLog, ring_size
+from uberprof.collect.rank.layout import API_MODULES, group_count, parallel_layout, process_groups
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
@@ -51,6 +52,8 @@ class RankAgent:
         self._cuda: Any = None
         self._cuda_possible = True
         self._meta_lock = threading.Lock()
+        self._layout_due = False  # the process group exists: record the layout at a step's end
+        self._layout_key: tuple[int, tuple[str, ...]] | None = None  # (groups, apis) recorded
         self.meta: dict[str, Any] = {
             **identity,
             "run_id": run_id,
@@ -126,11 +129,40 @@ class RankAgent:
         self.windows.step_ended(ended)  # what this costs is the calling hook's, timed there
         self.flight_log.step_ended(ended)
         self.windows.step_started(ended + 1)
+        if self._layout_due:  # the first step's end after init_process_group: its subgroups
+            self._record_layout()  # (a device mesh's) were made before training started
 
     def _window_stopped(self) -> None:
         """A trace window's profiler stopped: read the Flight Recorder's ring where the job
-        already pays for uberprof's teardown (before the trace is written)."""
+        already pays for uberprof's teardown (before the trace is written), and record the
+        parallel layout again if the process made groups or imported a parallel API since."""
         self.flight_log.dump(self.timeline.step - 1, "window")
+        if self._layout_key is not None:
+            try:
+                dist = sys.modules.get("torch.distributed")
+                if dist is not None and dist.is_initialized() and _layout_key(dist) != \
+                        self._layout_key:
+                    self._record_layout()
+            except Exception as exc:  # noqa: BLE001
+                self.log.error("checking the parallel layout", exc)
+
+    def _record_layout(self) -> None:
+        """Write the process groups of this rank and the parallel APIs the process imported
+        (`layout.py`) into rank.json; never raises."""
+        self._layout_due = False
+        try:
+            dist = sys.modules.get("torch.distributed")
+            if dist is None or not dist.is_initialized():
+                return
+            layout = parallel_layout(dist)
+            with self._meta_lock:
+                self.meta["process_groups"] = layout["process_groups"]
+                self.meta["parallel_apis"] = layout["apis"]
+            self._layout_key = (len(layout["process_groups"]), tuple(layout["apis"]))
+        except Exception as exc:  # noqa: BLE001 - private torch.distributed state
+            self.log.error("recording the parallel layout", exc)
+            return
+        self._write_meta()
 
     # ---- process group, clock, exit -----------------------------------------------------------
 
@@ -143,6 +175,7 @@ class RankAgent:
         with self._meta_lock:
             self.meta.update(info)
         self._write_meta()
+        self._layout_due = True
         store = _default_store(dist)
         if store is None:
             return
@@ -185,6 +218,9 @@ class RankAgent:
         self._write_meta()
 
     def new_group(self, ranks: Any, backend: Any) -> None:
+        if self._layout_key is not None:  # the layout was recorded: record it again now
+            self._record_layout()
+            return
         with self._meta_lock:
             groups = self.meta.setdefault("process_groups", [])
             groups.append({"ranks": list(ranks) if ranks is not None else None,
@@ -199,6 +235,8 @@ class RankAgent:
         if self.capture.exception_seen:
             exit_reason = "exception"
         self.detector.flush()
+        if self._layout_due:  # no step ended after the process group was made
+            self._record_layout()
         last_step = self.timeline.step - 1
         self.windows.close(last_step)
         self.flight_log.dump(last_step, "exit")
@@ -240,18 +278,24 @@ class RankAgent:
 
 
 def process_group_info(dist: Any) -> dict[str, Any]:
-    """Rank, world and the default group's layout, as torch.distributed sees them."""
+    """Rank, world and the process groups so far (the default group, first), as
+    torch.distributed sees them."""
     info: dict[str, Any] = {
         "rank": dist.get_rank(),
         "world_size": dist.get_world_size(),
         "backend": default_backend(dist),
     }
     try:
+        info["process_groups"] = process_groups(dist)
+    except Exception:  # noqa: BLE001 - private torch.distributed state: the default group only
         info["process_groups"] = [{"name": "default", "ranks": list(range(info["world_size"])),
                                    "backend": info["backend"]}]
-    except Exception:  # noqa: BLE001
-        pass
     return info
+
+
+def _layout_key(dist: Any) -> tuple[int, tuple[str, ...]]:
+    """What tells a changed layout cheaply: the number of groups and the APIs imported."""
+    return group_count(dist), tuple(a for a, m in API_MODULES.items() if m in sys.modules)
 
 
 def _default_store(dist: Any) -> Any:
