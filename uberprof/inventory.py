@@ -202,7 +202,7 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         "backend": meta.backend,
         "device": meta.device or None,
         "job_id": meta.job_id,
-        "steps": len(steps),
+        "steps": None if timeline.unread else len(steps),  # None: its file could not be read
         "first_step": steps[0]["step"] if steps else None,
         "last_step": steps[-1]["step"] if steps else None,
         "finished": meta.finished,
@@ -251,7 +251,7 @@ def trace_not_reached(ranks: list[dict[str, Any]]) -> str | None:
 def _step_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
     """Ranks that finished without a single step, and trace windows the job never reached."""
     idle = sorted(r["rank"] for r in ranks
-                  if r["finished"] and not r["steps"] and isinstance(r["rank"], int))
+                  if r["finished"] and r["steps"] == 0 and isinstance(r["rank"], int))
     if idle:
         who = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {rank_ranges(idle)}"
         problems.append(f"{who} recorded 0 steps: no optimizer.step() or torch.profiler step "

@@ -193,3 +193,29 @@ def test_dashboard_step_timelines_follow_the_rule(tmp_path: Path) -> None:
     ranks = data.steps.column("rank").to_pylist()
     assert sorted(ranks) == [0, 0, 0, 1, 1, 1]
     assert data.host_of(0) == "h0" and data.host_of(1) == "h5"
+
+
+@pytest.mark.parametrize("kind", ["folder", "device link", "dangling link"])
+def test_a_step_file_that_cannot_be_read_is_named_and_read_as_empty(tmp_path: Path,
+                                                                    kind: str) -> None:
+    from uberprof.rundir.ranks import read_step_timeline
+    from uberprof.rundir.step_table import read_step_table
+
+    d = rank_folder(tmp_path / "run", "0", {"rank": 0, "end_ns": 2, "exit": "exit"})
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"run_id": "r"}))
+    steps = d / "steps.jsonl"
+    if kind == "folder":
+        steps.mkdir()
+    elif kind == "device link":
+        steps.symlink_to("/dev/zero")  # read to the end, it never ends
+    else:
+        steps.symlink_to(d / "gone.jsonl")
+    timeline = read_step_timeline(d)
+    assert timeline.steps == [] and timeline.unread
+    assert read_step_table(d, ("host_end_ns",)).table.num_rows == 0
+    inv = inventory([tmp_path / "run"], check_traces=False)
+    [rank] = inv["ranks"]
+    assert rank["steps"] is None  # unknown, not 0
+    problems = " | ".join(inv["problems"])
+    assert f"{steps}: not read" in problems
+    assert "recorded 0 steps" not in problems  # no advice about optimizer.step()

@@ -172,15 +172,40 @@ class StepTimeline:
         return {r["step"]: v for r in self.steps
                 if isinstance(v := r.get(name), int) and not isinstance(v, bool)}
 
+    @property
+    def unread(self) -> bool:
+        """Whether the step file is there but could not be read at all (`unreadable_reason`)."""
+        return any(k.startswith(UNREADABLE + ": ") for k in self.skipped)
+
     def problem(self, path: Path) -> str | None:
         """One line naming the file and the rows left out, or None when none were."""
         return skipped_rows_line(path, self.skipped)
 
 
+# The reason under which a step file that is there but cannot be read is counted (`skipped`).
+UNREADABLE = "not read"
+
+
+def unreadable_reason(path: Path) -> str | None:
+    """Why `path`, which is there, is not a file to read (a folder, a device such as /dev/zero
+    behind a link, a dangling link); None for a regular file or nothing at all."""
+    if path.is_file():
+        return None
+    if path.is_symlink() and not path.exists():
+        return "a link to nothing"
+    if path.is_dir():
+        return "a folder, not a file"
+    return "not a regular file" if path.exists() else None
+
+
 def skipped_rows_line(path: Path, skipped: dict[str, int]) -> str | None:
-    """The line naming a step file's rows left out (reason -> rows), or None for none."""
+    """The line naming a step file's rows left out (reason -> rows), or None for none; for a
+    file that could not be read at all, why."""
     if not skipped:
         return None
+    unread = [k[len(UNREADABLE) + 2:] for k in skipped if k.startswith(UNREADABLE + ": ")]
+    if unread:
+        return f"{path}: not read ({unread[0]}); this rank's step timeline is empty"
     n = sum(skipped.values())
     why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
     return f"{path}: {n} row(s) left out ({why}); the other steps are kept"
@@ -191,6 +216,8 @@ def read_step_timeline(rank_dir: Path) -> StepTimeline:
     counted) when it is not a JSON object, has no step number, or holds a number no step can
     have (`step_row_problem`)."""
     path = rank_dir / STEPS_FILE
+    if (why := unreadable_reason(path)) is not None:
+        return StepTimeline([], skipped={f"{UNREADABLE}: {why}": 1})
     if not path.exists():
         return StepTimeline([])
     rows, truncated = read_jsonl(path)

@@ -29,9 +29,11 @@ import pyarrow.compute as pc
 from uberprof.rundir.layout import STEPS_FILE
 from uberprof.rundir.ranks import (
     MAX_STEP,
+    UNREADABLE,
     UNSIGNED_SUFFIXES,
     read_step_timeline,
     skipped_rows_line,
+    unreadable_reason,
 )
 
 __all__ = ["StepTable", "StepTail", "read_step_table"]
@@ -68,6 +70,9 @@ def read_step_table(rank_dir: Path, names: Sequence[str]) -> StepTable:
     the file holds (the row path's rules: module docstring)."""
     cols = [n for n in names if n != "step"]
     path = rank_dir / STEPS_FILE
+    if (why := unreadable_reason(path)) is not None:
+        return StepTable(_table(np.zeros(0, np.int64), {}, cols),
+                         skipped={f"{UNREADABLE}: {why}": 1})
     if not path.exists():
         return StepTable(_table(np.zeros(0, np.int64), {}, cols))
     fast = _columns(path.read_bytes(), cols)

@@ -35,7 +35,8 @@ def render_info(inv: dict[str, Any], console: Console) -> None:
         windows = ", ".join(f"{a}-{b}" for a, b in (w["steps"] for w in r["trace_windows"]))
         if not windows:
             windows = f"[dim]{r['trace_disabled_reason'] or 'none'}[/dim]"
-        steps = str(r["steps"]) if r["finished"] else f"[yellow]{r['steps']}*[/yellow]"
+        steps = "?" if r["steps"] is None else str(r["steps"]) if r["finished"] \
+            else f"[yellow]{r['steps']}*[/yellow]"
         table.add_row(str(r["rank"]), r["host"] or "?", _device(r.get("device")), steps, windows,
                       _offset(r.get("clock") or {}))
     console.print(table)
