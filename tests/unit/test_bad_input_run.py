@@ -357,6 +357,16 @@ def test_a_run_that_never_reached_its_window_is_not_called_no_trace(
     assert "--no-trace?" not in text
 
 
+def test_a_job_still_running_before_its_window_is_not_called_crashed(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", traced=False, finished=False)
+    node = run / "nodes" / "h"  # its node has started and not ended: the job runs
+    node.mkdir(parents=True)
+    (node / "node.json").write_text(json.dumps({"host": "h", "start_ns": T.BASE_NS}))
+    said = one(analyze_json(run)["problems"], "no trace window in this run")
+    assert "the job is still running (or its launcher was killed) after 4 step(s)" in said
+    assert "crashed" not in said
+
+
 def test_a_run_with_tracing_off_says_so(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", traced=False)
     for r in (0, 1):

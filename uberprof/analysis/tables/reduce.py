@@ -50,8 +50,10 @@ from uberprof.ingest.discover import Source, TraceInput
 from uberprof.rundir import (
     RANK_FILE,
     RankMeta,
+    RunDir,
     folder_problems,
     is_utf8,
+    list_nodes,
     list_ranks,
     ranks_by_id,
     shown,
@@ -258,7 +260,8 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
     if untraced and not source.inputs:
         problems.append(f"{source.root}: no trace window in this run: "
-                        f"{_why_untraced(metas, rank_rows)}; step times only, no breakdown")
+                        f"{_why_untraced(metas, rank_rows, _still_running(source.root))}; "
+                        "step times only, no breakdown")
     elif untraced:
         problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
                         "step times only")
@@ -296,9 +299,17 @@ def _write_summary(derived: Path, rank_rows: list[dict[str, Any]],
     return summary
 
 
-def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]]) -> str:
+def _still_running(root: Path) -> bool:
+    """Whether a node of the run has not written its end: the job runs (or its launcher was
+    killed), so a rank without an end has not necessarily crashed (the dashboard's rule)."""
+    return any(n.end_ns is None for n in list_nodes(RunDir(root)) if n.readable)
+
+
+def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]],
+                  running: bool = False) -> str:
     """Why a run has no trace at all, from what its ranks wrote: tracing off, tracing switched
-    off, or a job that ended (or crashed) before its trace window."""
+    off, a job still running before its trace window, or one that ended (or crashed) before
+    it."""
     trace = next((m.trace for m in metas if m.trace), {})
     schedule = trace.get("schedule")
     reason = next((m.trace.get("disabled_reason") for m in metas
@@ -309,7 +320,8 @@ def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]]) -> str
         return f"tracing was switched off ({reason})"
     steps = max((r["steps"] for r in rank_rows), default=0)
     crashed = any(m.readable and not m.finished for m in metas)
-    ended = "the job stopped abruptly (crashed or killed)" if crashed else "the job ended"
+    ended = ("the job is still running (or its launcher was killed)" if running
+             else "the job stopped abruptly (crashed or killed)" if crashed else "the job ended")
     ended += f" after {steps} step(s)" if steps else " before finishing a step"
     if not isinstance(schedule, str):
         return f"{ended} without writing a trace (tracing off with --no-trace, or never started)"
