@@ -190,3 +190,35 @@ def test_collectives_of_a_two_dimensional_mesh_match_within_their_groups(
     assert sorted(set(zip(m.instances.column("grp").to_pylist(),
                           m.instances.column("participants").to_pylist()))) == \
         [("3", 2), ("4", 2)]
+
+
+def _nccl_stage(rank: int, send: bool) -> dict[str, Any]:
+    """One GPU rank's step: a compute kernel, then an NCCL send (rank 0) or recv (rank 1) as
+    torch 2.x records it: c10d::send / c10d::recv_ (naming the peer) around
+    record_param_comms (the collective's metadata) around the kernel's launch."""
+    name, op = ("send", "c10d::send") if send else ("recv", "c10d::recv_")
+    peer = 1 - rank
+    meta = {"Collective name": name, "In msg nelems": 1024, "Out msg nelems": 1024,
+            "dtype": "Float", "Group size": 2, "Process Group Name": "0"}
+    ev = [T.step(1, 1000, 1000), T.launch(1010, 1), T.kernel(1100, 300, 1),
+          _c10d(1400, op, peer, dur=60),
+          {**T.op(1405, 50, "record_param_comms"),
+           "args": {"External id": 2, **meta}},
+          T.launch(1410, 2),
+          T.kernel(1500 if send else 1450, 200, 2,
+                   name="ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", stream=20)]
+    return T.trace(ev, rank=rank)
+
+
+def test_nccl_send_recv_kernels_take_their_peer_from_the_launch_and_pair(
+        tmp_path: Path) -> None:
+    T.write(tmp_path / "run" / "rank0.json.gz", _nccl_stage(0, send=True))
+    T.write(tmp_path / "run" / "rank1.json.gz", _nccl_stage(1, send=False))
+    ctx = load_context(tmp_path / "run", out=tmp_path / "derived")
+    coll = ctx.collectives()
+    assert coll.column("name").to_pylist() == ["send", "recv"]
+    assert coll.column("peer").to_pylist() == [1, 0]
+    p = match_p2p(ctx, {})
+    [pair] = p.pairs.to_pylist()
+    assert (pair["src"], pair["dst"], pair["bytes"]) == (0, 1, 4096)
+    assert pair["wait_ns"] == 50 * US  # the recv kernel ran from 1450, the send's from 1500

@@ -301,8 +301,14 @@ def _fill_from_launching_span(ev: pa.Table, act: M.Activity, keep: np.ndarray,
                               cols: dict[str, Any]) -> None:
     """Metadata for comm kernels that lack it, from the host span that launched them: the
     innermost `nccl:*` / `record_param_comms` span around the launching runtime call (same
-    thread), else the span with the kernel's external id (2021 traces have no runtime link)."""
-    missing = [i for i, n in enumerate(cols["name"]) if n is None or cols["in_bytes"][i] is None]
+    thread), else the span with the kernel's external id (2021 traces have no runtime link).
+    A send/recv kernel also takes its peer from the `c10d::send` / `c10d::recv_` around it."""
+    def wants(i: int) -> bool:
+        name = cols["name"][i]
+        return name is None or cols["in_bytes"][i] is None or (
+            cols["peer"][i] is None and K.canonical_collective(name) in ("send", "recv"))
+
+    missing = [i for i in range(len(cols["name"])) if wants(i)]
     span_m = M.kind_mask(ev, (K.COMM_OP,))
     if not missing or not span_m.any():
         return
@@ -319,6 +325,7 @@ def _fill_from_launching_span(ev: pa.Table, act: M.Activity, keep: np.ndarray,
     names = ev.column("coll_name").cast(pa.string()).to_pylist()
     in_b = ev.column("in_bytes").to_pylist()
     dtypes = ev.column("dtype").cast(pa.string()).to_pylist()
+    peers = ev.column("peer").to_pylist()
     for i in missing:
         r = rows[i]
         candidates = np.zeros(0, dtype=np.int64)
@@ -337,8 +344,10 @@ def _fill_from_launching_span(ev: pa.Table, act: M.Activity, keep: np.ndarray,
                 if cols["in_bytes"][i] is None:
                     cols["in_bytes"][i] = in_b[s]
                 cols["dtype"][i] = cols["dtype"][i] or dtypes[s]
-                if cols["in_bytes"][i] is not None:
-                    break
+            if cols["peer"][i] is None and peers[s] is not None:
+                cols["peer"][i] = peers[s]
+            if not wants(i):
+                break
 
 
 def _per_step_collectives(colls: pa.Table, step_no: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
