@@ -33,6 +33,10 @@ def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path
     assert e["median_lead_ms"] >= 2 * e["others_spread_ms"], e
     assert f.time_at_stake_ms > 0 and e["others_wait_ms"] >= e["delay_ms"]
     assert e["excess_per_step_ms"]["compute"] > e["excess_per_step_ms"]["data"]
+    # the extra forward passes, named without a second run: more calls of the same operators
+    top = e["operators_excess"][0]
+    assert top["excess_ms"] > 0 and top["calls"] >= 2 * top["others_median_calls"], top
+    assert f"it spends more in {top['name']}" in f.title
     assert d.findings[0].kind == "straggler"  # the largest time at stake
     assert f.severity in ("medium", "high")
     # significant at the stated false-alarm rate, and said in words

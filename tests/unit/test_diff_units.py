@@ -9,9 +9,9 @@ import pytest
 from uberprof.analysis.diff import RunProfile, compare, median_ratio_test
 from uberprof.analysis.diff.comm import CollStat
 from uberprof.analysis.diff.counters import CounterStat
-from uberprof.analysis.diff.operators import OpStat, self_times
 from uberprof.analysis.diff.profile import BREAKDOWN_PARTS
 from uberprof.analysis.diff.stats import block_length
+from uberprof.analysis.tables.operators import OpStat, self_times
 
 
 def _samples(median: float, n: int = 20, spread: float = 0.05, seed: int = 1) -> np.ndarray:

@@ -222,3 +222,4 @@ def test_nccl_send_recv_kernels_take_their_peer_from_the_launch_and_pair(
     [pair] = p.pairs.to_pylist()
     assert (pair["src"], pair["dst"], pair["bytes"]) == (0, 1, 4096)
     assert pair["wait_ns"] == 50 * US  # the recv kernel ran from 1450, the send's from 1500
+

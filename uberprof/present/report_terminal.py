@@ -304,6 +304,11 @@ def _evidence_line(f: Finding) -> str:
         if g:
             parts.append(f"GPU SM clock {g.get('sm_clock_mhz')} MHz vs others "
                          f"{g.get('others_sm_clock_mhz')}, slowdown {g.get('slowdown_pct')}%")
+        ops = e.get("operators_excess") or []
+        if ops:
+            parts.append("more than the others' median, per step: " + ", ".join(
+                f"{o['name']} {o['excess_ms']:+.1f} ms ({o['calls']:g} vs "
+                f"{o['others_median_calls']:g} calls)" for o in ops[:4]))
         return "; ".join(parts)
     if f.kind in ("data_stall", "launch_bound", "idle"):
         per = e.get("idle_ms_per_rank") or {}

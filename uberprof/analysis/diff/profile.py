@@ -24,8 +24,8 @@ from uberprof.analysis.diagnosis.saved import load_or_diagnose
 from uberprof.analysis.diff.comm import CollKey, CollStat, collective_stats
 from uberprof.analysis.diff.counters import CounterStat, counter_stats
 from uberprof.analysis.diff.metadata import run_metadata
-from uberprof.analysis.diff.operators import OpStat, rank_ops
 from uberprof.analysis.tables.context import RunContext, load_context
+from uberprof.analysis.tables.operators import OpStat, rank_ops
 
 __all__ = ["BREAKDOWN_PARTS", "RunProfile", "profile_run"]
 

@@ -3,7 +3,8 @@
 The test that names it and its cause are `stragglers.py`'s (run by the advisor before any
 producer, since idle and communication findings link their time to it); this module turns the
 named straggler into a finding: its time at stake is the delay it alone adds to each analysed
-step, its remedy the one of its cause (`causes.py`).
+step, its remedy the one of its cause (`causes.py`). A compute straggler's finding also names
+the operators and kernels behind its excess (`op_excess.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from uberprof.analysis.diagnosis.causes import STRAGGLER_CAUSES, remedy_for
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.model import Finding, severity_of
+from uberprof.analysis.diagnosis.op_excess import operator_excess
 from uberprof.analysis.diagnosis.stragglers import BASIS_FLIGHT_RECORDER, Straggler
 from uberprof.analysis.diagnosis.summaries import RankSummaries
 from uberprof.analysis.tables.context import RunContext
@@ -25,8 +27,14 @@ def straggler_findings(facts: Facts) -> list[Finding]:
     """The straggler the advisor's test named, as one finding (none when it named none)."""
     if facts.straggler is None:
         return []
-    return [_straggler_finding(facts.straggler, facts.wall_ns, facts.ctx, facts.summaries,
-                               facts.device_type)]
+    f = _straggler_finding(facts.straggler, facts.wall_ns, facts.ctx, facts.summaries,
+                           facts.device_type)
+    if f.cause in ("compute", "host_launch") and facts.straggler.basis != BASIS_FLIGHT_RECORDER:
+        more = operator_excess(facts.ctx, facts.straggler.rank, facts.traced)
+        if more:
+            f.evidence["operators_excess"] = [e.as_dict() for e in more]
+            f.title += "; it spends more in " + " and ".join(e.words() for e in more[:2])
+    return [f]
 
 
 def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,

@@ -1,7 +1,8 @@
-"""Operators and kernels of one run, per step: calls, self time and inclusive time.
+"""Operators and kernels of one rank: calls, self time and inclusive time; what `diff` compares
+between runs and the straggler finding between ranks (`diagnosis/op_excess.py`).
 
 Host operators nest (aten::linear calls aten::addmm ...), so their inclusive times double count
-across levels. The comparison ranks them by **self time** (inclusive minus the direct children
+across levels. Comparisons rank them by **self time** (inclusive minus the direct children
 on the same thread): self times of a thread add up to at most its busy time, so their deltas
 can be set against the change in step time. Device activity (kernels, copies, sets) does not
 nest: its time is its duration. Operators are matched between runs by kind and name (the event
@@ -27,7 +28,7 @@ OP_KINDS = (K.OPERATOR, *DEVICE_OP_KINDS)
 
 @dataclass
 class OpStat:
-    """One operator or kernel of one run: per-step averages over the compared ranks."""
+    """One operator or kernel: totals of one rank, or per-step averages over compared ranks."""
 
     kind: str
     name: str
