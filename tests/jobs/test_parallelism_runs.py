@@ -25,8 +25,10 @@ from tests._parallel_runs import (  # noqa: F401
 )
 
 ALL_RUNS = ("tp_run", "fsdp2_run", "pipeline_run", "pp_dp_run", "fsdp_tp_run")
-# Differences, signed by definition: a candidate's CPU time against the others' median.
-SIGNED = ("excess_ms", "excess_pct")
+# Differences, signed by definition (not durations): a rank's lead, CPU time or per-step excess
+# against the others' median, a clock's offset. Every time and size must be >= 0.
+SIGNED = ("excess_ms", "excess_pct", "median_lead_ms", "data_wait_excess_ms",
+          "excess_per_step_ms", "offset_ns", "correction_ns")
 
 
 def _negatives(x: Any, path: str = "") -> list[str]:
@@ -77,8 +79,8 @@ def test_an_unbalanced_pipeline_names_its_slow_stage_and_not_the_link(
     assert f["ranks"] == [1] and f["evidence"]["slowest_stage"] == 1, f
     assert "Rebalance the stages" in f["remedy"] and "interconnect" not in f["remedy"]
     assert not [x for x in doc["findings"] if x["kind"] == "bandwidth"]
-    for x in doc["findings"]:
-        if x["kind"] == "exposed_comm":  # its waiting is the slow stage's, not the link's
+    for x in doc["findings"]:  # its waiting, if any, is the slow stage's, not the link's
+        if x["kind"] == "exposed_comm" and x["evidence"]["wait_ms"] > 0:
             assert any(c["kind"] == "pipeline_imbalance" for c in x["caused_by"]), x
 
 
