@@ -27,7 +27,6 @@ _STAGE_PARTS = (  # (Stage attribute, legend name, colour): drawn bottom to top
     ("wait_next_ms", "waiting on the next stage", ui.PART_COLORS["exposed_comm"]),
     ("rest_ms", "rest of the step", ui.PART_COLORS["idle"]),
 )
-_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
@@ -89,7 +88,7 @@ def reading_box(data: RunData, reading: dict[str, Any] | None) -> html.Div:
 def pipeline_section(data: RunData) -> html.Section:
     p = q.pipeline(data) or {}
     slowest = q.slowest_stage(data)
-    schedule = _SCHEDULES.get(p.get("schedule") or "", "unknown schedule")
+    schedule = p.get("schedule_words") or "unknown schedule"
     m = p.get("microbatches")
     ideal = p.get("ideal_bubble_pct")
     ideal_text = (f"ideal bubble {fmt_num(ideal, unit='%')} of the step "

@@ -25,9 +25,8 @@ MODEL_PARALLEL = ("pp", "tp")
 
 @dataclass(frozen=True)
 class Stage:
-    """One pipeline stage per analysed step (the analysis's medians over steps, ms). `rest_ms`
-    is what is left of the step besides compute and waiting on a neighbour (other
-    communication, host work, idle), floored at 0: medians of parts need not add up."""
+    """One pipeline stage per analysed step (the analysis's medians over steps, ms; `rest_ms`:
+    the step besides compute and waiting on a neighbour, `pipeline_stages.StageStats`)."""
 
     stage: int
     ranks: list[int]
@@ -103,27 +102,24 @@ def is_data_parallel(run: RunData) -> bool:
 def stages(run: RunData) -> list[Stage]:
     out = []
     for s in (pipeline(run) or {}).get("per_stage") or []:
-        compute, prev, nxt = (float(s.get(k) or 0.0) for k in
-                              ("compute_ms", "wait_prev_ms", "wait_next_ms"))
-        step = float(s.get("step_ms") or 0.0)
+        compute, prev, nxt, rest, step = (float(s.get(k) or 0.0) for k in (
+            "compute_ms", "wait_prev_ms", "wait_next_ms", "rest_ms", "step_ms"))
         out.append(Stage(stage=int(s["stage"]), ranks=list(s.get("ranks") or []),
                          compute_ms=compute, wait_prev_ms=prev, wait_next_ms=nxt,
-                         rest_ms=max(0.0, step - compute - prev - nxt), step_ms=step,
+                         rest_ms=rest, step_ms=step,
                          bubble_pct=s.get("bubble_pct"),
                          slowest_in_steps=int(s.get("slowest_in_steps") or 0)))
     return sorted(out, key=lambda s: s.stage)
 
 
 def slowest_stage(run: RunData) -> int | None:
-    """The stage the pipeline_imbalance finding names; without that finding, the stage that
-    computed the most in the most steps (`slowest_in_steps`), None without stages."""
+    """The stage the pipeline_imbalance finding names; without that finding, the pipeline's
+    (`run.pipeline.slowest_stage`: computed the most in the most steps), None without stages."""
     for f in findings(run):
         if f.kind == "pipeline_imbalance" and f.evidence.get("slowest_stage") is not None:
             return int(f.evidence["slowest_stage"])
-    ss = stages(run)
-    if not ss:
-        return None
-    return max(ss, key=lambda s: (s.slowest_in_steps, s.compute_ms)).stage
+    s = (pipeline(run) or {}).get("slowest_stage")
+    return int(s) if s is not None else None
 
 
 def waits(run: RunData, limit: int = 30) -> list[Wait]:

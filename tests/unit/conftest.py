@@ -40,3 +40,20 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def no_jobs(request: pytest.FixtureRequest) -> NoJobs:
     """The guard's record for this test (for the guard's own test)."""
     return request.node.stash.setdefault(GUARD, NoJobs())
+
+
+@pytest.fixture
+def one_rank_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The environment of a one-rank torch.distributed job in this process (a free local
+    port), for a test that makes a real Gloo process group; the group is destroyed after it
+    and the environment restored."""
+    import torch.distributed as dist
+
+    from uberprof.dashboards.live_server import free_port
+
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                 "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(k, v)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -338,35 +338,22 @@ def test_the_clock_estimate_never_holds_the_jobs_store(monkeypatch: pytest.Monke
                         "method": "reference", "job_id": "run", "hosts_measured": 0}]
 
 
-def test_a_default_group_made_without_naming_a_backend_records_the_one_it_runs_on() -> None:
+def test_a_default_group_made_without_naming_a_backend_records_the_one_it_runs_on(
+        one_rank_process_group: None) -> None:
     """`init_device_mesh` makes the default group with no backend named: torch.distributed's
     get_backend() then says "undefined", rank.json says what the group runs on (a real
     one-rank Gloo group in this process)."""
-    import os
-
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from uberprof.collect.rank.agent import process_group_info
     from uberprof.collect.rank.backend import default_backend
-    from uberprof.dashboards.live_server import free_port
 
-    old = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
-                      WORLD_SIZE="1")
-    try:
-        init_device_mesh("cpu", (1,))
-        assert dist.get_backend() == "undefined"  # what the agent used to record
-        assert default_backend(dist) == "gloo"
-        info = process_group_info(dist)
-        assert info["backend"] == "gloo" and info["process_groups"][0]["backend"] == "gloo"
-    finally:
-        dist.destroy_process_group()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    init_device_mesh("cpu", (1,))
+    assert dist.get_backend() == "undefined"  # what the agent used to record
+    assert default_backend(dist) == "gloo"
+    info = process_group_info(dist)
+    assert info["backend"] == "gloo" and info["process_groups"][0]["backend"] == "gloo"
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])

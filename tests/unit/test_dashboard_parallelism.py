@@ -23,13 +23,14 @@ PIPE_RUN: dict[str, Any] = {
         "groups": {"pp": [[0, 1]]}, "stage_of": {"0": 0, "1": 1},
         "evidence": {"pp": "point-to-point send/recv on 2 of 2 rank(s)"}, "ranks_read": 2},
     "pipeline": {
-        "stages": 2, "microbatches": 8, "schedule": "1f1b", "steps": 10, "ideal_bubble_pct": 11.1,
+        "stages": 2, "microbatches": 8, "schedule": "1f1b", "schedule_words": "1F1B",
+        "steps": 10, "ideal_bubble_pct": 11.1, "slowest_stage": 1,
         "per_stage": [
             {"stage": 0, "ranks": [0], "compute_ms": 119.735, "step_ms": 362.397,
-             "wait_prev_ms": 0.0, "wait_next_ms": 177.675, "bubble_pct": 67.0,
+             "wait_prev_ms": 0.0, "wait_next_ms": 177.675, "rest_ms": 64.987, "bubble_pct": 67.0,
              "slowest_in_steps": 0},
             {"stage": 1, "ranks": [1], "compute_ms": 232.871, "step_ms": 359.416,
-             "wait_prev_ms": 0.0, "wait_next_ms": 0.0, "bubble_pct": 35.2,
+             "wait_prev_ms": 0.0, "wait_next_ms": 0.0, "rest_ms": 126.545, "bubble_pct": 35.2,
              "slowest_in_steps": 10}]},
     "comm_by_group": [],
     "p2p": {"pairs": 160, "unmatched_calls": 0, "unmatched_examples": [], "by_direction": [

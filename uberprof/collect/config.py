@@ -6,6 +6,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from uberprof.rundir.ranks import MAX_STEP
+
 ENV_CONFIG = "UBERPROF_CONFIG"
 ENV_RUN_DIR = "UBERPROF_RUN_DIR"
 ENV_NODE = "UBERPROF_NODE"
@@ -17,9 +19,6 @@ test needs evidence: with one gradient bucket, three steps give 3 collectives, a
 shown late beyond chance at 1% (4 ranks: best corrected p is 6%). A job too short for it is told
 so, with a window it does reach."""
 
-
-
-MAX_STEP = (1 << 62) - 1  # far beyond any run, well within the tables' int64 steps
 
 @dataclass(frozen=True)
 class TraceSchedule:
@@ -48,8 +47,8 @@ class TraceSchedule:
                 raise ValueError(f"not a step range: {part!r} (expected e.g. 20-22)") from None
             if a < 0 or b < a:
                 raise ValueError(f"bad step range {part!r}: need 0 <= first <= last")
-            if b > MAX_STEP:  # step numbers are int64 in every table and trace
-                raise ValueError(f"bad step range {part!r}: steps go up to {MAX_STEP}")
+            if b >= MAX_STEP:  # a step no step timeline can hold (rundir/ranks.py)
+                raise ValueError(f"bad step range {part!r}: steps go up to {MAX_STEP - 1}")
             windows.append((a, b))
         if not windows:
             raise ValueError("empty step range")

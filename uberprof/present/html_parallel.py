@@ -38,7 +38,7 @@ def _cell(v: Any) -> str:
 def _pipeline(p: dict[str, Any] | None) -> str:
     if not p or not p.get("per_stage"):
         return ""
-    schedule = {"gpipe": "GPipe", "1f1b": "1F1B-like"}.get(p.get("schedule") or "", "unknown")
+    schedule = p.get("schedule_words") or "unknown"
     ideal = p.get("ideal_bubble_pct")
     sub = (f"{p['stages']} stages, schedule {schedule}, {p.get('microbatches') or '?'} "
            f"micro-batches; ideal bubble {ideal if ideal is not None else '?'}%")

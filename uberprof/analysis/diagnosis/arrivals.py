@@ -37,8 +37,7 @@ from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.steptime import own_cost_steps, step_walls
 from uberprof.ingest.classify import canonical_collective
-from uberprof.rundir import RunDir, ranks_by_id
-from uberprof.rundir.flight_log import Arrival, read_flight_log
+from uberprof.rundir.flight_log import Arrival
 
 __all__ = ["ARRIVAL_INSTANCE_SCHEMA", "FlightBasis", "arrival_instances", "flight_basis",
            "step_of"]
@@ -135,11 +134,8 @@ def flight_basis(ctx: RunContext, offsets: Mapping[int, int]) -> FlightBasis | N
         return None
     arrivals: dict[int, list[Arrival]] = {}
     lost = 0
-    for r, meta in ranks_by_id(RunDir(ctx.root)).items():
-        if r not in ctx.ranks:
-            continue
-        log = read_flight_log(meta.folder)
-        if log is not None and log.arrivals:
+    for r, log in ctx.flight_logs().items():
+        if log.arrivals:
             arrivals[r] = log.arrivals
             lost += log.lost
     if len(arrivals) < 2:

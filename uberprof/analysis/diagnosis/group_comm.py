@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.parallelism import mesh_dim
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["GroupComm", "group_comm"]
@@ -74,9 +75,9 @@ def _dims(ctx: RunContext) -> dict[str, str]:
     out = {"default": "world"}
     for info in ctx.ranks.values():
         for g in info.process_groups:
-            desc = str(g.get("desc") or "")
-            if desc.startswith("mesh_"):
-                out[str(g.get("name"))] = desc[5:]
+            desc = g.get("desc")
+            if dim := mesh_dim(desc):
+                out[str(g.get("name"))] = dim
             elif desc == "default_pg":
                 out[str(g.get("name"))] = "world"
     return out

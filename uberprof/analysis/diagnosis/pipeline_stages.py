@@ -22,7 +22,9 @@ import pyarrow as pa
 
 from uberprof.units import ns_to_ms as _ms
 
-__all__ = ["PipelineStages", "StageStats", "pipeline_stages"]
+__all__ = ["SCHEDULE_WORDS", "PipelineStages", "StageStats", "pipeline_stages"]
+
+SCHEDULE_WORDS = {"gpipe": "GPipe", "1f1b": "1F1B"}  # how every view names a schedule
 
 
 @dataclass
@@ -38,10 +40,17 @@ class StageStats:
     bubble: float  # share of the step the stage does not compute
     slowest_in: int = 0  # steps in which this stage computed the most
 
+    @property
+    def rest_ns(self) -> float:
+        """The step besides compute and waiting on a neighbour (other communication, host
+        work, idle), floored at 0: medians of parts need not add up."""
+        return max(0.0, self.step_ns - self.compute_ns - self.wait_prev_ns - self.wait_next_ns)
+
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "ranks": self.ranks, "compute_ms": _ms(self.compute_ns),
                 "step_ms": _ms(self.step_ns), "wait_prev_ms": _ms(self.wait_prev_ns),
-                "wait_next_ms": _ms(self.wait_next_ns), "bubble_pct": round(100 * self.bubble, 1),
+                "wait_next_ms": _ms(self.wait_next_ns), "rest_ms": _ms(self.rest_ns),
+                "bubble_pct": round(100 * self.bubble, 1),
                 "slowest_in_steps": self.slowest_in}
 
 
@@ -56,6 +65,11 @@ class PipelineStages:
     stage_of: dict[int, int] = field(default_factory=dict)
 
     @property
+    def slowest(self) -> StageStats | None:
+        """The stage that computed the most in the most steps (then the most compute)."""
+        return max(self.stages, key=lambda s: (s.slowest_in, s.compute_ns), default=None)
+
+    @property
     def ideal_bubble(self) -> float | None:
         p, m = len(self.stages), self.microbatches
         return (p - 1) / (m + p - 1) if m and p > 1 else None
@@ -63,8 +77,10 @@ class PipelineStages:
     def as_dict(self) -> dict[str, Any]:
         ideal = self.ideal_bubble
         return {"stages": len(self.stages), "microbatches": self.microbatches,
-                "schedule": self.schedule, "steps": self.steps,
+                "schedule": self.schedule,
+                "schedule_words": SCHEDULE_WORDS.get(self.schedule or ""), "steps": self.steps,
                 "ideal_bubble_pct": round(100 * ideal, 1) if ideal is not None else None,
+                "slowest_stage": self.slowest.stage if self.slowest is not None else None,
                 "per_stage": [s.as_dict() for s in self.stages]}
 
 

@@ -41,7 +41,7 @@ from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness
 from uberprof.analysis.diagnosis.model import MIN_SHARE
 from uberprof.analysis.diagnosis.stragglers import BASIS_STEP_TIMELINE, straggler_test
-from uberprof.analysis.tables.p2p import PIPELINE_DIM
+from uberprof.analysis.tables.parallelism import is_pipeline_group, mesh_dim
 from uberprof.rundir import RANK_FILE
 from uberprof.rundir.ranks import ranks_by_id
 
@@ -140,16 +140,13 @@ def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int =
     if busy_of.keys() == set(ranks):  # every rank, or no busy basis at all
         _, b_steps, b_m = _matrix([(r, *busy_of[r]) for r in ranks], window)
         b = (b_steps, b_m) if b_steps.size else None
-    if peers is None:
-        out = [_straggler(ranks, steps, t, w, b) if len(ranks) > 1 else None]
-    else:
-        row = {r: i for i, r in enumerate(ranks)}
-        out = []
-        for group in peers:
-            rows = [row[r] for r in group if r in row]
-            if len(rows) > 1:
-                out.append(_straggler([ranks[i] for i in rows], steps, t[rows], w[rows],
-                                      (b[0], b[1][rows]) if b is not None else None))
+    row = {r: i for i, r in enumerate(ranks)}
+    out = []
+    for group in ([ranks] if peers is None else peers):
+        rows = [row[r] for r in group if r in row]
+        if len(rows) > 1:
+            out.append(_straggler([ranks[i] for i in rows], steps, t[rows], w[rows],
+                                  (b[0], b[1][rows]) if b is not None else None))
     out.append(_data_stall(ranks, t, w))
     return [s for s in out if s is not None]
 
@@ -187,12 +184,12 @@ def _stage_key(rank: int, meta: Mapping[str, Any]) -> tuple[Any, ...] | None:
     groups = [g for g in (pgs if isinstance(pgs, list) else []) if isinstance(g, dict)
               and isinstance(g.get("ranks"), list) and rank in g["ranks"]]
     for g in groups:
-        if len(g["ranks"]) > 1 and PIPELINE_DIM.search(str(g.get("desc") or "")):
+        if len(g["ranks"]) > 1 and is_pipeline_group(g.get("desc")):
             return ("stage", g["ranks"].index(rank))
     if "pipelining" not in apis:
         return ("all",)
-    named = [g for g in groups if len(g["ranks"]) > 1
-             and re.fullmatch(r"mesh_(?!dim_\d+$|default$).+", str(g.get("desc") or ""))]
+    named = [g for g in groups if len(g["ranks"]) > 1 and (d := mesh_dim(g.get("desc")))
+             and not re.fullmatch(r"dim_\d+|default", d)]
     return ("all",) if named else ("rank", rank)  # a mesh without a pipeline dimension
 
 

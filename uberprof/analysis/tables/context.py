@@ -20,6 +20,7 @@ import pyarrow as pa
 from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables.pipeline import Analysis, analyze
 from uberprof.rundir import RankMeta, RunDir, ranks_by_id
+from uberprof.rundir.flight_log import FlightLog, read_flight_log
 
 __all__ = ["RankInfo", "RunContext", "load_context"]
 
@@ -53,6 +54,20 @@ class RunContext:
     workers: int | None = None  # the map's processes (None: by the amount of work)
     executor: Executor | None = None  # the map's executor instead (Dask's), when one is given
     _cache: dict[str, pa.Table] = field(default_factory=dict, repr=False)
+    _flight_logs: dict[int, FlightLog] | None = field(default=None, repr=False)
+
+    def flight_logs(self) -> dict[int, FlightLog]:
+        """Each analysed rank's Flight Recorder arrivals (a run directory's; {} otherwise), read
+        once: the group of a Gloo collective (`groups.py`) and the straggler test over the
+        untraced steps (`diagnosis/arrivals.py`) both use them."""
+        if self._flight_logs is None:
+            self._flight_logs = {}
+            if self.is_run_dir:
+                for r, meta in ranks_by_id(RunDir(self.root)).items():
+                    log = read_flight_log(meta.folder) if r in self.ranks else None
+                    if log is not None:
+                        self._flight_logs[r] = log
+        return self._flight_logs
 
     @property
     def derived(self) -> Path:

@@ -26,9 +26,6 @@ import pyarrow as pa
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.launches import collective_family
 from uberprof.ingest.classify import canonical_collective
-from uberprof.rundir import RunDir
-from uberprof.rundir.flight_log import read_flight_log
-from uberprof.rundir.ranks import ranks_by_id
 
 __all__ = ["attribute_groups"]
 
@@ -75,12 +72,9 @@ def _subgroups(ctx: RunContext) -> dict[int, dict[str, list[int]]]:
 def _from_flight_log(ctx: RunContext, coll: pa.Table, todo: list[int]
                      ) -> dict[int, tuple[str, list[int]]]:
     """Rows whose call the Flight Recorder holds: row -> (group name, its ranks)."""
-    if not ctx.is_run_dir:
-        return {}
     calls: dict[tuple[int, str], list[tuple[int, str]]] = defaultdict(list)
-    for r, meta in ranks_by_id(RunDir(ctx.root)).items():
-        log = read_flight_log(meta.folder) if r in ctx.ranks else None
-        for a in log.arrivals if log else []:
+    for r, log in ctx.flight_logs().items():
+        for a in log.arrivals:
             calls[(r, collective_family(canonical_collective(a.op)))].append((a.time_ns, a.group))
     if not calls:
         return {}

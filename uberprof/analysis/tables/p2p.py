@@ -18,7 +18,6 @@ when clock error makes the order of the two posts unknowable, the pair's split i
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +25,9 @@ import duckdb
 import pyarrow as pa
 
 from uberprof.analysis.tables.context import RankInfo, RunContext
+from uberprof.analysis.tables.parallelism import is_pipeline_group
 
-__all__ = ["P2P", "P2P_NAMES", "PAIR_SCHEMA", "PIPELINE_DIM", "global_peer", "match_p2p", "p2p_doc"]
+__all__ = ["P2P", "P2P_NAMES", "PAIR_SCHEMA", "global_peer", "match_p2p", "p2p_doc"]
 
 P2P_NAMES = ("send", "recv")
 
@@ -46,8 +46,6 @@ PAIR_SCHEMA = pa.schema([
     ("send_wait_ns", pa.int64()),  # sender: posted before the receive was; None: unsplittable
 ])
 
-# A process group named for a pipeline dimension (`mesh_pp`, `pipe`, `stage`): the one rule.
-PIPELINE_DIM = re.compile(r"(^|[^a-z])(pp|pipe|pipeline|stage)s?([^a-z]|$)", re.IGNORECASE)
 
 
 @dataclass
@@ -85,7 +83,7 @@ def global_peer(info: RankInfo | None, peer: int) -> int:
     groups = [g for g in (info.process_groups if info else [])
               if isinstance(g.get("ranks"), list) and len(g["ranks"]) > peer]
     for g in groups:
-        if PIPELINE_DIM.search(str(g.get("desc") or "")):
+        if is_pipeline_group(g.get("desc")):
             return int(g["ranks"][peer])
     return peer
 

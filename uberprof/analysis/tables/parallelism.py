@@ -40,8 +40,8 @@ from uberprof.rundir import RunDir
 if TYPE_CHECKING:
     from uberprof.analysis.tables.context import RunContext
 
-__all__ = ["KIND_ORDER", "Parallelism", "parallelism_of", "read_parallelism",
-           "recorded_parallelism"]
+__all__ = ["KIND_ORDER", "Parallelism", "is_pipeline_group", "mesh_dim", "parallelism_of",
+           "read_parallelism", "recorded_parallelism"]
 
 KIND_ORDER = ("pp", "tp", "fsdp2", "fsdp1", "ddp")  # the order `kinds` and the summary use
 
@@ -50,6 +50,8 @@ KIND_ORDER = ("pp", "tp", "fsdp2", "fsdp1", "ddp")  # the order `kinds` and the 
 _PP_DIMS = {"pp", "pipe", "pipeline"}
 _TP_DIMS = {"tp", "tensor", "mp", "model"}
 _OTHER_DIMS = {"cp": "context parallel", "ep": "expert parallel"}
+# A process group named for a pipeline: a mesh dimension, or a hand-made group's description.
+_PIPELINE_GROUP = re.compile(r"(^|[^a-z])(pp|pipe|pipeline|stage)s?([^a-z]|$)", re.IGNORECASE)
 
 _KIND_WORDS = {"pp": "pipeline", "tp": "tensor parallel", "fsdp2": "FSDP2", "fsdp1": "FSDP1",
                "ddp": "DDP"}
@@ -157,16 +159,28 @@ def _mesh(groups_of: Mapping[int, list[dict[str, Any]]]
     seen: dict[str, dict[tuple[int, ...], None]] = {}
     for r in sorted(groups_of):
         for pg in groups_of[r]:
-            desc = pg.get("desc") or pg.get("pg_desc")
+            dim = mesh_dim(pg.get("desc") or pg.get("pg_desc"))
             ranks = pg.get("ranks")
-            if not (isinstance(desc, str) and desc.startswith("mesh_") and isinstance(ranks, list)
-                    and ranks and all(isinstance(x, int) for x in ranks)):
+            if not (dim and isinstance(ranks, list) and ranks
+                    and all(isinstance(x, int) for x in ranks)):
                 continue
-            dim = desc[len("mesh_"):]
             dims.setdefault(dim, len(ranks))
             seen.setdefault(dim, {})[tuple(ranks)] = None
     return dims, {d: sorted((list(g) for g in gs), key=lambda g: min(g))
                   for d, gs in seen.items()}
+
+
+def mesh_dim(desc: object) -> str | None:
+    """The device-mesh dimension a process group's description names (`mesh_tp` -> "tp"),
+    None for a group that is not a mesh's."""
+    return desc[len("mesh_"):] or None if isinstance(desc, str) and desc.startswith("mesh_") \
+        else None
+
+
+def is_pipeline_group(desc: object) -> bool:
+    """Whether a process group's description names a pipeline (`mesh_pp`, `pipe`, `stage`):
+    its ranks are the stages, a rank's index in it its stage."""
+    return bool(_PIPELINE_GROUP.search(str(desc or "")))
 
 
 def _dims_of(kind: str, dims: Mapping[str, int]) -> list[str]:
@@ -264,7 +278,7 @@ def _kind_words(kind: str, degree: int | None, pipeline: dict[str, Any] | None =
     if kind == "pp":
         p = pipeline or {}
         bits = [f"{degree} stages"] if degree else []
-        bits += [{"gpipe": "GPipe", "1f1b": "1F1B"}[p["schedule"]]] if p.get("schedule") else []
+        bits += [p["schedule_words"]] if p.get("schedule_words") else []
         bits += [f"{p['microbatches']} micro-batches"] if p.get("microbatches") else []
         return f"pipeline ({', '.join(bits)})" if bits else "pipeline"
     word = _KIND_WORDS[kind]

@@ -22,7 +22,7 @@ from uberprof.collect.rank import clock
 from uberprof.collect.rank.backend import default_backend
 from uberprof.collect.rank.capture import Capture
 from uberprof.collect.rank.flight_log import FlightLog, ring_size
-from uberprof.collect.rank.layout import API_MODULES, group_count, parallel_layout, process_groups
+from uberprof.collect.rank.layout import LayoutKey, layout_key, parallel_layout, process_groups
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
@@ -53,7 +53,7 @@ class RankAgent:
         self._cuda_possible = True
         self._meta_lock = threading.Lock()
         self._layout_due = False  # the process group exists: record the layout at a step's end
-        self._layout_key: tuple[int, tuple[str, ...]] | None = None  # (groups, apis) recorded
+        self._layout_key: LayoutKey | None = None  # (groups, apis) as last recorded
         self.meta: dict[str, Any] = {
             **identity,
             "run_id": run_id,
@@ -140,7 +140,7 @@ class RankAgent:
         if self._layout_key is not None:
             try:
                 dist = sys.modules.get("torch.distributed")
-                if dist is not None and dist.is_initialized() and _layout_key(dist) != \
+                if dist is not None and dist.is_initialized() and layout_key(dist) != \
                         self._layout_key:
                     self._record_layout()
             except Exception as exc:  # noqa: BLE001
@@ -158,7 +158,7 @@ class RankAgent:
             with self._meta_lock:
                 self.meta["process_groups"] = layout["process_groups"]
                 self.meta["parallel_apis"] = layout["apis"]
-            self._layout_key = (len(layout["process_groups"]), tuple(layout["apis"]))
+            self._layout_key = layout_key(dist)
         except Exception as exc:  # noqa: BLE001 - private torch.distributed state
             self.log.error("recording the parallel layout", exc)
             return
@@ -291,11 +291,6 @@ def process_group_info(dist: Any) -> dict[str, Any]:
         info["process_groups"] = [{"name": "default", "ranks": list(range(info["world_size"])),
                                    "backend": info["backend"]}]
     return info
-
-
-def _layout_key(dist: Any) -> tuple[int, tuple[str, ...]]:
-    """What tells a changed layout cheaply: the number of groups and the APIs imported."""
-    return group_count(dist), tuple(a for a, m in API_MODULES.items() if m in sys.modules)
 
 
 def _default_store(dist: Any) -> Any:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["group_count", "parallel_layout", "process_groups"]
+__all__ = ["LayoutKey", "layout_key", "parallel_layout", "process_groups"]
 
 API_MODULES = {"pipelining": "torch.distributed.pipelining"}
 """Parallel API -> the module whose import says the process uses it (never imported by torch
@@ -34,9 +34,17 @@ def _world(dist: Any) -> Any:
     return dist.distributed_c10d._world
 
 
-def group_count(dist: Any) -> int:
-    """How many process groups this process has (what tells the agent to record again)."""
-    return len(_world(dist).pg_names)
+LayoutKey = tuple[int, tuple[str, ...]]
+
+
+def layout_key(dist: Any) -> LayoutKey:
+    """What tells a changed layout cheaply (the agent records it again then): the number of
+    process groups and the APIs imported."""
+    return len(_world(dist).pg_names), tuple(_apis())
+
+
+def _apis() -> list[str]:
+    return [api for api, module in API_MODULES.items() if module in sys.modules]
 
 
 def process_groups(dist: Any) -> list[dict[str, Any]]:
@@ -54,8 +62,7 @@ def process_groups(dist: Any) -> list[dict[str, Any]]:
 
 def parallel_layout(dist: Any) -> dict[str, Any]:
     """{"process_groups": [...], "apis": [...]} (module docstring)."""
-    return {"process_groups": process_groups(dist),
-            "apis": [api for api, module in API_MODULES.items() if module in sys.modules]}
+    return {"process_groups": process_groups(dist), "apis": _apis()}
 
 
 def _backend(world: Any, pg: Any) -> str | None:

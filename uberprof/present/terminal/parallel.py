@@ -40,7 +40,7 @@ def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table
 def _pipeline(p: dict[str, Any] | None, console: Console, print_table: PrintTable) -> None:
     if not p or not p.get("per_stage"):
         return
-    schedule = {"gpipe": "GPipe", "1f1b": "1F1B-like"}.get(p.get("schedule") or "", "schedule ?")
+    schedule = p.get("schedule_words") or "schedule ?"
     ideal = p.get("ideal_bubble_pct")
     title = (f"pipeline: {p['stages']} stages, {schedule}, {p.get('microbatches') or '?'} "
              f"micro-batches" + (f" (ideal bubble {ideal}%)" if ideal is not None else ""))

@@ -137,8 +137,9 @@ def _tp_combined(generic: Finding, facts: Facts) -> Finding:
     g = generic.evidence
     observed = generic.observed_ms if generic.observed_ms is not None else \
         generic.time_at_stake_ms
+    combined = g.get("exposed_ms_all_ranks_pay")
     sentence = (f"tensor parallelism runs beside {', '.join(others)} ({p.summary()}); the "
-                f"exposed communication of all groups together is {g.get('exposed_ms_all_ranks_pay')} "
+                f"exposed communication of all groups together is {combined} "
                 f"ms ({g.get('share_pct')}% of the analysed time), and these traces do not say "
                 "which group each collective ran in, so the tensor-parallel part is not known: "
                 "suspected; traces whose collectives name their process group (NCCL) would "
@@ -151,7 +152,7 @@ def _tp_combined(generic: Finding, facts: Facts) -> Finding:
           "combined_share_pct": g.get("share_pct"), "separable": False,
           "basis": "the breakdown's exposed communication of every group together",
           "test": test.as_dict()}
-    title = (f"Tensor-parallel communication may be part of the {g.get('exposed_ms_all_ranks_pay')} "
+    title = (f"Tensor-parallel communication may be part of the {combined} "
              f"ms of exposed communication ({g.get('share_pct')}% of the analysed time, all "
              f"groups of {p.summary()} together; not separable by group in these traces)")
     caused = [{"_ref": generic, "kind": generic.kind, "ms": round(observed, 3),
