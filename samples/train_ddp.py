@@ -16,6 +16,14 @@ and tests of the diagnosis:
   --start-gate FILE                each rank adds a line to FILE.ready, then waits for FILE to
                                    exist before its first step (jobs side by side start
                                    together: tests of `uberprof diff`)
+  --oom-rank R --oom-step S        rank R runs out of memory at step S: on a GPU it asks for
+                                   more than the device holds (torch.OutOfMemoryError from the
+                                   CUDA allocator); on the CPU, where Linux would rather kill
+                                   the process, it raises the same error itself
+  --device cuda --backend gloo     Gloo on CUDA tensors: several ranks share one GPU (NCCL
+                                   refuses two ranks on one device)
+  --backend nccl (or gloo)         a process group and DDP even with one rank (NCCL kernels
+                                   on a single GPU)
 Run it alone (`python samples/train_ddp.py`) or under torchrun.
 """
 
@@ -88,6 +96,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny-allreduces", type=int, default=0, metavar="N")
     p.add_argument("--start-gate", metavar="FILE")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: the GPU when there is one, unless --backend gloo")
+    p.add_argument("--oom-rank", type=int, default=-1)
+    p.add_argument("--oom-step", type=int, default=-1)
+    p.add_argument("--memory-file", metavar="FILE",
+                   help="each rank writes its device's torch.cuda.max_memory_allocated() and\n"
+                        "memory_allocated() at the end to FILE.<rank> (JSON; checks of the\n"
+                        "memory view)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-times", metavar="FILE",
                    help="rank 0 writes each step's wall time (s) here, as JSON (benchmarks)")
@@ -99,15 +115,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     """Rank, world size and device; joins the process group unless the caller already did."""
-    distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    device = local_device(args.backend)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    distributed = "RANK" in os.environ and (world > 1 or args.backend != "auto")
+    device = _device(args)
     if dist.is_initialized():  # started by something else, e.g. samples/train_spawn.py
         return dist.get_rank(), dist.get_world_size(), device
     if distributed:
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = args.backend if args.backend != "auto" else (
+            "nccl" if device.type == "cuda" else "gloo")
         dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
         return dist.get_rank(), dist.get_world_size(), device
     return 0, 1, device
+
+
+def _device(args: argparse.Namespace) -> torch.device:
+    """The rank's device: `local_device` unless --device names one (Gloo on CUDA tensors)."""
+    if args.device == "auto":
+        return local_device(args.backend)
+    if args.device == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return local_device("gloo")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,10 +182,14 @@ def run(argv: list[str] | None, kind: str,
     torch.manual_seed(args.seed)
     model: nn.Module = TinyTransformer(args.vocab, args.dim, args.layers, args.heads,
                                        args.seq).to(device)
-    if world > 1:
+    if dist.is_initialized():
         model = wrap(model, device)  # type: ignore[arg-type]
     train(model, args, rank, world, device, kind)
-    if world > 1:
+    if args.memory_file and device.type == "cuda":
+        with open(f"{args.memory_file}.{rank}", "w") as f:
+            json.dump({"max_memory_allocated": torch.cuda.max_memory_allocated(device),
+                       "memory_allocated": torch.cuda.memory_allocated(device)}, f)
+    if dist.is_initialized():
         leave()
 
 
@@ -190,6 +223,8 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     durations, cpu_times = [], []
     for step, (x, y) in enumerate(loader):
         t_step = time.perf_counter()
+        if rank == args.oom_rank and step == args.oom_step:
+            _run_out_of_memory(device)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = model(x)
         loss = loss_fn(logits.reshape(-1, args.vocab), y.reshape(-1))
@@ -247,6 +282,17 @@ def _compute_for(seconds: float, device: torch.device) -> None:
         m = torch.mm(m, m).clamp_(-1.0, 1.0)
         if device.type == "cuda":
             torch.cuda.synchronize()
+
+
+def _run_out_of_memory(device: torch.device) -> None:
+    """Ask for more memory than there is: on a GPU the CUDA allocator raises
+    torch.OutOfMemoryError; on the CPU Linux would overcommit and kill the process later, so
+    the sample raises the error the CUDA allocator would have."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.empty(total + (1 << 30), dtype=torch.uint8, device=device)
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory (raised by samples/train_ddp.py --oom-rank on the CPU)")
 
 
 def _busy_wait(seconds: float) -> None:

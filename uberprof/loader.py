@@ -71,6 +71,11 @@ class Run:
         """One row per collective instance: name, bytes, dtype, group, times, step."""
         return _out(D.read_collectives(self.derived, rank), format)
 
+    def operators(self, rank: int | None = None, format: Format = "pandas") -> Any:
+        """One row per rank, kind and name: operators' and kernels' calls, self and inclusive
+        ns over the analysed steps (docs/operators.md), the numbers `report` ranks."""
+        return _out(D.read_operators(self.derived, rank), format)
+
     def events(self, rank: int, format: Format = "pandas") -> Any:
         """Every event of one rank (all its trace files), sorted by start; times in ns."""
         try:

@@ -95,3 +95,24 @@ def test_a_sigterm_during_the_exception_hook_waits_for_the_record(tmp_path: Path
     exits = [json.loads(x) for p in (tmp_path / "hook" / "nodes").glob("*/exits-*.jsonl")
              for x in p.read_text().splitlines()]
     assert [e["signal"] for e in exits] == ["SIGTERM"]
+
+
+def test_out_of_memory_on_a_rank_is_its_own_crash_cause_with_the_memory_evidence(
+        tmp_path: Path) -> None:
+    """A CPU job whose rank 1 raises torch.OutOfMemoryError (samples/train_ddp.py --oom-rank:
+    the error the CUDA allocator raises, raised by the sample on a CPU): the crash finding's
+    cause is out_of_memory, with its memory evidence (none of device memory on a CPU rank).
+    The same path on a real H100 run: tests/unit/test_gpu_samples.py."""
+    from tests._jobs import SAMPLES
+
+    proc = uberprof_run(tmp_path, "oom", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "12", "--oom-rank", "1",
+                                                  "--oom-step", "6"),
+                        "--no-trace", check=False)
+    assert proc.returncode != 0
+    f = first_finding(tmp_path / "oom", "crash")
+    assert f["ranks"] == [1] and f["cause"] == "out_of_memory"
+    assert f["evidence"]["first"]["exception"]["type"] == "OutOfMemoryError"
+    mem = f["evidence"]["memory"]
+    assert mem["device_total_bytes"] is None and mem["peak_allocated_bytes"] is None
+    assert "out of memory" in f["title"] and f["remedy"].startswith("Lower the memory per rank")
+    assert _roles(f) == {1: "first", 0: "victim"}

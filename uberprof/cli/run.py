@@ -61,8 +61,9 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
 @click.option("--record-shapes", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True, help="Record operators' input shapes in traces. auto: on CPU "
-              "ranks (Gloo collectives' sizes come only from them), off on GPU ranks (NCCL "
-              "records its own; shapes make stopping a window about 3x slower).")
+              "ranks and Gloo ranks on GPUs (Gloo collectives' sizes come only from them), off "
+              "on NCCL ranks (NCCL records its own; shapes make stopping a window about 3x "
+              "slower).")
 @click.option("--counters", "counters_mode", type=click.Choice(MODES), default="auto",
               show_default=True, help="Node counters: auto = host + NVML/GPM where present; "
               "host = host only; dcgm = auto + DCGM profiling fields; none = off.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from uberprof.analysis.diff import Comparison
@@ -87,7 +88,7 @@ def _headline(doc: dict[str, Any], console: Console) -> None:
                   f"beyond {test['min_change_pct']:g}%; steps: A {test['n_a']}, B "
                   f"{test['n_b']}[/dim]", highlight=False)
     for n in doc["notes"]:
-        console.print(f"[yellow]note[/yellow]: {n}", highlight=False)
+        console.print(f"[yellow]note[/yellow]: {escape(n)}", highlight=False)  # a path's [..]
     common = sorted(set(a["per_rank"]) & set(b["per_rank"]), key=int)
     if 1 < len(common) <= MAX_RANK_ROWS:
         t = Table("rank", "A median", "A p90", "B median", "B p90", "ratio",

@@ -1,6 +1,7 @@
 """The HTML report: one self-contained file (plotly's JavaScript inlined once) to share without
-a server: the run, the rank table, the findings, and plots of step time, breakdown, lateness,
-idle gaps by cause and collective bandwidth against the link's peak."""
+a server: the run, the rank table, the findings, the top operators and kernels, and plots of
+step time, breakdown, lateness, idle gaps by cause and collective bandwidth against the link's
+peak."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
 from uberprof.present.report_terminal import parallelism_line
 from uberprof.units import fmt_num
@@ -54,7 +56,7 @@ def render_html(d: Diagnosis) -> str:
              f"<div class='dim'>{e(_summary_line(d))}</div>",
              _parallelism_html(r),
              "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
-             parallel_html(r),
+             parallel_html(r), operators_html(r),
              "<h2>Plots</h2>", *plots, "<h2>Run</h2>",
              f"<pre>{e(_run_text(d))}</pre>", "</body></html>"]
     return "\n".join(parts)

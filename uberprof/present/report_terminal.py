@@ -1,8 +1,8 @@
 """The terminal report: the run, step time and breakdown per rank, then the findings, ranked.
 
 Made to be read in a minute: one header, one table, the findings with their evidence and
-remedy, the bandwidth classes and the longest idle gaps. Long lists are cut with a pointer to
-`--json` or `--html`.
+remedy, the bandwidth classes, the top operators and kernels, and the longest idle gaps. Long
+lists are cut with a pointer to `--json` or `--html`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rich.text import Text
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.analysis.read import MIN_INSTANCES
+from uberprof.present.terminal.operators import render_operators
 from uberprof.present.terminal.parallel import render_parallel
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
@@ -33,6 +34,7 @@ def render_report(d: Diagnosis, console: Console) -> None:
     _findings(d, console)
     _bandwidth(d, console)
     render_parallel(d.run, console, _print_table)
+    render_operators(d.run, console, _print_table)
     _gaps(d, console)
     problems = d.run.get("problems") or []
     if problems:

@@ -62,6 +62,7 @@ from uberprof.analysis.diagnosis.stragglers import (
     straggler_test,
 )
 from uberprof.analysis.diagnosis.summaries import sql_rows, summarise
+from uberprof.analysis.diagnosis.top_ops import run_operators
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
@@ -130,6 +131,7 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     run["p2p"] = p2p_doc(p2p)
     run["pipeline"] = pipeline.as_dict() if pipeline is not None else None
     run["comm_by_group"] = [g.as_dict() for g in groups]
+    run["operators"] = run_operators(ctx, traced)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     return Diagnosis(run=run, ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,

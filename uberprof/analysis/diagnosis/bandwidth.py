@@ -134,7 +134,10 @@ def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple
         FROM i GROUP BY instance ORDER BY instance
     """).fetchall()
     con.close()
-    mode = {r: info.mode for r, info in ctx.ranks.items()}
+    # Gloo moves even device tensors over the hosts' sockets (staged through host memory):
+    # only other backends' collectives between GPUs of one host cross NVLink or PCIe.
+    gpu_link = {r: info.mode == "device" and (info.backend or "").lower() != "gloo"
+                for r, info in ctx.ranks.items()}
     out: dict[str, list[Any]] = {f.name: [] for f in BANDWIDTH_SCHEMA}
     bounds = error_bounds or {}
     for iid, grp, name, step, n, inb, outb, t_short, fastest, ranks, t_after in rows:
@@ -144,7 +147,7 @@ def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple
             (int(t_short), "shortest participant")
         size = message_bytes(name, inb, outb, n)
         hosts = {ctx.host_of(r) for r in ranks}
-        link = link_of(hosts, "device" if any(mode.get(r) == "device" for r in ranks) else "cpu")
+        link = link_of(hosts, "device" if any(gpu_link.get(r) for r in ranks) else "cpu")
         lp = peaks.peak(link, frozenset(h for h in hosts if h)) if link != "unknown" else \
             LinkPeak("unknown", None, None, None)
         alg = size / (t / 1e9) if size and t and t > 0 else None

@@ -297,3 +297,18 @@ PIPELINE_IMBALANCE = Cause(
     "(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble).",
     kind="pipeline_imbalance")
 PIPELINE_IMBALANCE_REMEDY = PIPELINE_IMBALANCE.remedy
+
+
+# A rank that ran out of device memory (findings/failures.py: its crash finding's cause).
+OUT_OF_MEMORY = Cause(
+    "out_of_memory", "out of memory", "a rank out of device memory",
+    "an allocation asked for more device memory than was free",
+    "Lower the memory per rank: a smaller micro-batch (with gradient accumulation for the same "
+    "batch), activation checkpointing, bf16/fp16 (autocast), sharded parameters, gradients "
+    "and optimizer state (FSDP2 fully_shard, ZeRO), or CPU offload. A peak far above what is "
+    "in use between steps points at activations or a one-off allocation (the request size "
+    "says which); memory in use that grows step after step is a leak (tensors kept across "
+    "steps: losses appended without .item(), caches). PYTORCH_CUDA_ALLOC_CONF="
+    "expandable_segments:True helps when the memory is free but fragmented.",
+    kind="crash")
+

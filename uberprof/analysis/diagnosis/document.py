@@ -34,8 +34,8 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
             threshold_ns: int | None, alignment: Alignment, matched: Matched,
             classes: list[BandwidthClass], problems: list[str]) -> dict[str, Any]:
     """The `run` object of the report document (docs/json.md): the same fields in every case.
-    The diagnosis adds `straggler_test`, `step_time`, `accounting` and `parallelism` where it
-    ran."""
+    The diagnosis adds `straggler_test`, `step_time`, `accounting`, `parallelism` and
+    `operators` (`top_ops.py`) where it ran."""
     un = matched.unmatched
     return {
         "schema_version": SCHEMA_VERSION,
@@ -69,6 +69,7 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
         "step_time": None,
         "accounting": None,
         "parallelism": None,
+        "operators": None,
     }
 
 

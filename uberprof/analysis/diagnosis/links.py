@@ -63,7 +63,8 @@ def read_calibration(root: Path) -> dict[str, Any] | None:
 
 
 def link_of(hosts: set[str | None], mode: str) -> str:
-    """Which link a group crosses, from its participants' hosts."""
+    """Which link a group crosses, from its participants' hosts; `mode` "device" where the
+    collective runs between devices (NCCL-like), else over the hosts' sockets (Gloo)."""
     if not hosts or None in hosts:
         return "unknown"
     if len(hosts) > 1:

@@ -26,6 +26,7 @@ from uberprof.analysis.diff.counters import CounterStat, counter_stats
 from uberprof.analysis.diff.metadata import run_metadata
 from uberprof.analysis.tables.context import RunContext, load_context
 from uberprof.analysis.tables.operators import OpStat, rank_ops
+from uberprof.rundir.damage import damage_problems
 
 __all__ = ["BREAKDOWN_PARTS", "RunProfile", "profile_run"]
 
@@ -82,7 +83,8 @@ def profile_run(path: str | os.PathLike[str], ranks: set[int] | None = None,
     """Analyse and diagnose `path` if needed, and keep what a comparison needs of it."""
     ctx = load_context(path, out=out, workers=workers, progress=progress)
     d = load_or_diagnose(ctx, threshold_ns=threshold_ns)
-    notes: list[str] = []
+    # damaged run.json, node.json, flight logs, counters: named, as every command names them
+    notes: list[str] = damage_problems(ctx.root) if ctx.is_run_dir else []
     traced = _select(d, ranks, steps, notes)
     rank_ids = sorted(set(traced.column("rank").to_pylist()))
     step_ids = sorted(set(traced.column("step").to_pylist()))
@@ -95,7 +97,7 @@ def profile_run(path: str | os.PathLike[str], ranks: set[int] | None = None,
         by_step[s] = max(by_step.get(s, 0.0), float(t))
         per_rank.setdefault(r, []).append(float(t))
     times = [by_step[s] for s in sorted(by_step)]
-    ops = _ops(ctx, traced, rank_ids)
+    ops = _ops(ctx, traced, rank_ids, whole=steps is None)
     window = _window(traced)
     counters, counters_from = counter_stats(ctx.root, window) if ctx.is_run_dir else ({}, "none")
     return RunProfile(
@@ -171,29 +173,55 @@ def _breakdown(traced: pa.Table, gaps: pa.Table) -> dict[str, float]:
     return out
 
 
-def _ops(ctx: RunContext, traced: pa.Table, ranks: list[int]) -> dict[tuple[str, str], OpStat]:
-    """Per-step averages over `ranks`: one rank's event table in memory at a time."""
+def _ops(ctx: RunContext, traced: pa.Table, ranks: list[int], whole: bool
+         ) -> dict[tuple[str, str], OpStat]:
+    """Per-step averages over `ranks`. Over all the analysed steps (`whole`), from the operator
+    table `analyze` saved (the report's numbers, no event table read); for a chosen range of
+    steps, from each rank's events (the table holds sums over all steps), one rank's event
+    table in memory at a time."""
+    saved = _saved_ops(ctx) if whole else None
     total: dict[tuple[str, str], OpStat] = {}
     for r in ranks:
         mine = traced.filter(pc.equal(traced.column("rank"), r))
         steps = set(mine.column("step").to_pylist())
-        try:
-            events = ctx.events(r)
-        except (KeyError, OSError):
-            continue
         n = max(len(steps), 1)
-        for key, st in rank_ops(events, None if steps == {-1} else steps).items():
+        if saved is not None:
+            stats = saved.get(r, {})
+        else:
+            try:
+                events = ctx.events(r)
+            except (KeyError, OSError):
+                continue
+            stats = rank_ops(events, None if steps == {-1} else steps)
+            del events
+        for key, st in stats.items():
             acc = total.setdefault(key, OpStat(st.kind, st.name))
             acc.calls += st.calls / n
             acc.self_ns += st.self_ns / n
             acc.incl_ns += st.incl_ns / n
-        del events
     k = max(len(ranks), 1)
     for st in total.values():
         st.calls /= k
         st.self_ns /= k
         st.incl_ns /= k
     return total
+
+
+def _saved_ops(ctx: RunContext) -> dict[int, dict[tuple[str, str], OpStat]] | None:
+    """rank -> its operators' totals over its analysed steps, from derived/operators.parquet
+    (several traces of a rank summed); None when the table cannot be read."""
+    try:
+        t = ctx.operators()
+    except (OSError, pa.ArrowException):
+        return None
+    out: dict[int, dict[tuple[str, str], OpStat]] = {}
+    for r, k, nm, c, s, i in zip(*(t.column(c).to_pylist() for c in (
+            "rank", "kind", "name", "calls", "self_ns", "incl_ns"))):
+        st = out.setdefault(r, {}).setdefault((k, nm), OpStat(k, nm))
+        st.calls += c
+        st.self_ns += s
+        st.incl_ns += i
+    return out
 
 
 def _window(traced: pa.Table) -> tuple[int, int] | None:

@@ -65,7 +65,7 @@ class RunContext:
             if self.is_run_dir:
                 for r, meta in ranks_by_id(RunDir(self.root)).items():
                     log = read_flight_log(meta.folder) if r in self.ranks else None
-                    if log is not None:
+                    if log is not None and log.unreadable is None:  # named as a problem
                         self._flight_logs[r] = log
         return self._flight_logs
 
@@ -101,6 +101,14 @@ class RunContext:
         if "ranks" not in self._cache:
             self._cache["ranks"] = D.read_ranks(self.derived)
         return self._cache["ranks"]
+
+    def operators(self) -> pa.Table:
+        """RUN_OPERATOR_SCHEMA rows (per rank, kind and name: calls, self and inclusive time
+        over the analysed steps), Arrow: what the operator views and `diff` read instead of
+        every rank's events."""
+        if "operators" not in self._cache:
+            self._cache["operators"] = D.read_operators(self.derived)
+        return self._cache["operators"]
 
     def events(self, rank: int) -> pa.Table:
         """Every event of one rank (not cached: a rank's table at a time bounds memory)."""

@@ -2,11 +2,14 @@
 reading. Whoever needs a derived path or table asks this module.
 
     <derived>/manifest.json         the inputs analysed (size, mtime) and how each went
-    <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet, summary.json
+    <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet,
+                                    operators.parquet, activity.parquet, summary.json
     <derived>/timelines/<key>.parquet   a rank's step timeline (steps.jsonl), as a table
     <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
     <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
     <derived>/collectives.parquet   one row per collective instance on each rank
+    <derived>/operators.parquet     one row per rank, kind and name: operators' and kernels'
+                                    calls, self and inclusive time over the analysed steps
     <derived>/summary.json          the `uberprof analyze --json` document
 
 Paths stored here are relative to the source's root (the run directory, the trace folder, or
@@ -43,6 +46,7 @@ __all__ = [
     "FORMAT_VERSION",
     "INPUTS_DIR",
     "MANIFEST_FILE",
+    "OPERATORS_FILE",
     "RANKS_FILE",
     "STEPS_FILE",
     "SUMMARY_FILE",
@@ -61,6 +65,7 @@ __all__ = [
     "read_input_summary",
     "read_input_table",
     "read_manifest",
+    "read_operators",
     "read_rank_events",
     "read_rank_names",
     "read_ranks",
@@ -74,7 +79,7 @@ __all__ = [
     "write_parquet",
 ]
 
-FORMAT_VERSION = 6  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 7  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"
@@ -84,6 +89,7 @@ EVENTS_FILE = "events.parquet"
 ACTIVITY_FILE = "activity.parquet"  # a trace's device activity as interval sets, by role
 STEPS_FILE = "steps.parquet"
 COLLECTIVES_FILE = "collectives.parquet"
+OPERATORS_FILE = "operators.parquet"  # an input's, then the run's (with rank): operators.py
 SUMMARY_FILE = "summary.json"
 RANKS_FILE = "ranks.parquet"
 REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each input's rank
@@ -331,6 +337,12 @@ def read_collectives(derived: Path, rank: int | None = None) -> pa.Table:
     string on each of its rows (2.5 kB at 512 ranks: 48 MB of 20k rows, decoded)."""
     return _of_rank(pq.read_table(derived / COLLECTIVES_FILE, read_dictionary=["pg_ranks"]),
                     rank)
+
+
+def read_operators(derived: Path, rank: int | None = None) -> pa.Table:
+    """RUN_OPERATOR_SCHEMA: per rank (and trace), each operator's and kernel's calls, self and
+    inclusive time over its analysed steps (`tables/operators.py`); one rank's with `rank`."""
+    return _of_rank(pq.read_table(derived / OPERATORS_FILE), rank)
 
 
 def read_input_table(derived: Path, key: str, name: str) -> pa.Table:

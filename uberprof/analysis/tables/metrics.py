@@ -135,9 +135,11 @@ def device_activity(events: pa.Table) -> Activity:
     """Compute, communication and memory activity of one rank, per docs/DESIGN.md.
 
     On a rank with accelerator activity these are kernels, NCCL-family kernels and
-    memcpy/memset over all its streams. On a CPU-only rank (Gloo) the training threads'
-    operators are the compute, less their time inside data-loader fetches; `gloo:*` spans
-    (on Gloo's own threads) are the communication.
+    memcpy/memset over all its streams, and `gloo:*` spans: Gloo runs a collective of device
+    tensors on its host threads (staging them through pinned memory), so while one is in
+    flight the rank's communication is under way though no comm kernel runs. On a CPU-only rank
+    (Gloo) the training threads' operators are the compute, less their time inside data-loader
+    fetches; `gloo:*` spans (on Gloo's own threads) are the communication.
     """
     ts = events.column("ts").to_numpy()
     end = ts + events.column("dur").to_numpy()
@@ -147,8 +149,11 @@ def device_activity(events: pa.Table) -> Activity:
     not_compute = iv.empty()
     if compute_m.any() or comm_m.any() or memory_m.any():
         mode = "device"
+        host_comm_m = kind_mask(events, CPU_COMM_KINDS)
+        comm_m = comm_m | host_comm_m
         rows = np.flatnonzero(compute_m | comm_m | memory_m)
         launch, linked = launch_times(events, rows)
+        linked |= host_comm_m[rows]  # a host span is its own launch
     else:
         mode = "cpu"
         train = np.isin(events.column("tid").to_numpy(), training_threads(events))

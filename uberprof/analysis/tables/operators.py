@@ -7,6 +7,14 @@ on the same thread): self times of a thread add up to at most its busy time, so 
 can be set against the change in step time. Device activity (kernels, copies, sets) does not
 nest: its time is its duration. Operators are matched between runs by kind and name (the event
 table does not keep input shapes).
+
+`operator_table` is what `uberprof analyze` saves of one trace (derived `operators.parquet`, per
+input, then per rank): every operator's and kernel's calls, self and inclusive time over the
+trace's steps, so that the report, `diff` and the straggler finding read one small table instead
+of each rank's events. Self times are worked out over the whole trace before the steps are
+selected, so an operator's self time never depends on whether its parent started in the window.
+These are the numbers of torch.profiler's `key_averages()` (self and total CPU time, count) for
+host operators, grouped by name (tests/unit/test_operator_table.py checks them on a real job).
 """
 
 from __future__ import annotations
@@ -18,9 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof.analysis.tables.metrics import kind_mask
+from uberprof.analysis.tables.schemas import OPERATOR_SCHEMA
 from uberprof.ingest import classify as K
 
-__all__ = ["OP_KINDS", "OpStat", "rank_ops", "self_times"]
+__all__ = ["DEVICE_OP_KINDS", "OP_KINDS", "OpStat", "operator_table", "rank_ops", "self_times"]
 
 DEVICE_OP_KINDS = (K.KERNEL, K.COMM_KERNEL, K.MEMCPY, K.MEMSET)
 OP_KINDS = (K.OPERATOR, *DEVICE_OP_KINDS)
@@ -59,13 +68,32 @@ def self_times(tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
 
 def rank_ops(events: pa.Table, steps: set[int] | None) -> dict[tuple[str, str], OpStat]:
     """Totals (not yet per step) of one rank's operators and kernels in `steps` (None: all)."""
-    keep = kind_mask(events, OP_KINDS)
-    if steps is not None and "step" in events.column_names:
+    sums = _sums(events, steps)
+    return {(k, nm): OpStat(k, nm, float(c), float(s), float(d)) for k, nm, c, s, d in zip(
+        *(sums.column(c).to_pylist() for c in ("kind", "name", "calls", "self_ns", "incl_ns")))}
+
+
+def operator_table(events: pa.Table) -> pa.Table:
+    """OPERATOR_SCHEMA rows of one trace's events (with their `step`): per kind and name, the
+    calls, self and inclusive time of its steps' events (an event belongs to the step it
+    starts in, device work to the step that launched it); of the whole trace when it has no
+    step annotation (the diagnosis then analyses it as one pseudo-step). Largest self time
+    first."""
+    steps: set[int] | None = None
+    if "step" in events.column_names:
         step = events.column("step").to_numpy(zero_copy_only=False)
-        keep &= np.isin(step, np.fromiter(steps, dtype=np.int64))
-    ev = events.filter(pa.array(keep)).select(["kind", "name", "ts", "dur", "tid"])
+        if (step >= 0).any():
+            steps = {int(s) for s in np.unique(step[step >= 0])}
+    return _sums(events, steps).sort_by([("self_ns", "descending"), ("name", "ascending")])
+
+
+def _sums(events: pa.Table, steps: set[int] | None) -> pa.Table:
+    """OPERATOR_SCHEMA: calls, self and inclusive ns by kind and name of the events in `steps`
+    (None: all). Self times are computed over every operator of the trace first (see the
+    module docstring), then the steps are selected."""
+    ev = events.filter(pa.array(kind_mask(events, OP_KINDS)))
     if ev.num_rows == 0:
-        return {}
+        return OPERATOR_SCHEMA.empty_table()
     ts = ev.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
     dur = np.nan_to_num(ev.column("dur").to_numpy(zero_copy_only=False).astype(np.float64)
                         ).astype(np.int64)
@@ -74,10 +102,15 @@ def rank_ops(events: pa.Table, steps: set[int] | None) -> dict[tuple[str, str], 
     host = kind_mask(ev, (K.OPERATOR,))
     if host.any():
         self_ns[host] = self_times(tid[host], ts[host], dur[host])
+    keep = np.ones(ev.num_rows, dtype=bool)
+    if steps is not None and "step" in ev.column_names:
+        step = ev.column("step").to_numpy(zero_copy_only=False)
+        keep = np.isin(step, np.fromiter(steps, dtype=np.int64))
     sums = pa.table({"kind": pc.cast(ev.column("kind"), pa.string()),
                      "name": pc.cast(ev.column("name"), pa.string()),
-                     "self": self_ns, "dur": dur}).group_by(["kind", "name"]).aggregate(
-        [("dur", "count"), ("self", "sum"), ("dur", "sum")])
-    return {(k, nm): OpStat(k, nm, float(c), float(s), float(d)) for k, nm, c, s, d in zip(
-        *(sums.column(c).to_pylist() for c in ("kind", "name", "dur_count", "self_sum",
-                                               "dur_sum")))}
+                     "self": self_ns, "dur": dur}).filter(pa.array(keep)).group_by(
+        ["kind", "name"]).aggregate([("dur", "count"), ("self", "sum"), ("dur", "sum")])
+    return pa.table({"kind": sums.column("kind"), "name": sums.column("name"),
+                     "calls": sums.column("dur_count").cast(pa.int64()),
+                     "self_ns": sums.column("self_sum").cast(pa.int64()),
+                     "incl_ns": sums.column("dur_sum").cast(pa.int64())}, schema=OPERATOR_SCHEMA)

@@ -27,12 +27,14 @@ from uberprof.analysis.tables.derived import (
     ACTIVITY_FILE,
     COLLECTIVES_FILE,
     EVENTS_FILE,
+    OPERATORS_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
     replacing,
     write_parquet,
 )
 from uberprof.analysis.tables.launches import link_launches
+from uberprof.analysis.tables.operators import operator_table
 from uberprof.analysis.tables.schemas import (
     ACTIVITY_SCHEMA,
     BREAKDOWN_FIELDS,
@@ -70,6 +72,7 @@ class TraceTables:
     collectives: pa.Table  # COLLECTIVE_SCHEMA
     summary: dict[str, Any]  # whole-trace breakdown (HTA-compatible) and trace metadata
     activity: pa.Table  # ACTIVITY_SCHEMA: what the breakdown counted, for the views to draw
+    operators: pa.Table  # OPERATOR_SCHEMA: operators and kernels over the trace's steps
     problems: list[str] = field(default_factory=list)
 
 
@@ -139,7 +142,8 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
         problems.append(f"{t.path}: no device activity and no operators on a training thread: "
                         "nothing to break down")
     return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
-                       summary=summary, activity=activity_table(act), problems=problems)
+                       summary=summary, activity=activity_table(act),
+                       operators=operator_table(events), problems=problems)
 
 
 def activity_table(act: M.Activity) -> pa.Table:
@@ -169,6 +173,7 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
         write_parquet(tables.steps, out / STEPS_FILE)
         write_parquet(tables.collectives, out / COLLECTIVES_FILE)
         write_parquet(tables.activity, out / ACTIVITY_FILE)
+        write_parquet(tables.operators, out / OPERATORS_FILE)
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
             tmp.write_bytes(orjson.dumps(doc))
@@ -251,8 +256,9 @@ def _step_of(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, step: np.ndarray) ->
 
 def _collectives(ev: pa.Table, act: M.Activity, host_lo: np.ndarray, host_hi: np.ndarray,
                  step_no: np.ndarray) -> pa.Table:
-    """One row per collective instance: Gloo spans on CPU ranks, comm kernels on accelerators.
-    A Gloo span is named by the launch behind it, with the peer of a send/recv (launches.py).
+    """One row per collective instance: Gloo spans on CPU ranks, comm kernels (and the Gloo
+    spans of collectives on device tensors) on accelerators. A Gloo span is named by the launch
+    behind it, with the peer of a send/recv (launches.py).
 
     Kernels without NCCL metadata (older PyTorch) take it from the host span that launched
     them (`nccl:*` annotation or `record_param_comms`), found by time on the launching thread.
@@ -290,10 +296,11 @@ def _collectives(ev: pa.Table, act: M.Activity, host_lo: np.ndarray, host_hi: np
     if act.mode == "device":
         _fill_from_launching_span(ev, act, keep, cols)
     cols["name"] = [K.canonical_collective(n) if n else None for n in cols["name"]]
-    if act.mode == "cpu":
-        for i, link in enumerate(link_launches(ev, rows, cols["name"])):
-            if link is not None:
-                cols["name"][i], cols["peer"][i] = link
+    spans = np.flatnonzero(M.kind_mask(sub, (K.HOST_COMM,)))
+    for i, link in zip(spans.tolist(), link_launches(ev, rows[spans],
+                                                     [cols["name"][i] for i in spans])):
+        if link is not None:
+            cols["name"][i], cols["peer"][i] = link
     return pa.table(cols, schema=COLLECTIVE_SCHEMA)
 
 

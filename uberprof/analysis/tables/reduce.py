@@ -1,9 +1,10 @@
 """The cross-rank reduce of `uberprof analyze`: reads only the small per-input tables (steps,
-summaries, collectives) and the rank folders' step timelines, decides which rank each trace
-belongs to, and writes the run-level tables (steps, ranks, collectives) and summary.json, one
-rank at a time so that memory holds one rank's tables however many ranks there are. When
-nothing it reads has changed since it last ran (`reduce.json` holds a key of its inputs), it
-reads back what it wrote instead: a second `report` or `dashboard` of a big run starts at once.
+summaries, collectives, operators) and the rank folders' step timelines, decides which rank each
+trace belongs to, and writes the run-level tables (steps, ranks, collectives, operators) and
+summary.json, one rank at a time so that memory holds one rank's tables however many ranks
+there are. When nothing it reads has changed since it last ran (`reduce.json` holds a key of its
+inputs), it reads back what it wrote instead: a second `report` or `dashboard` of a big run
+starts at once.
 
 In a run directory, one folder per rank is read (`uberprof.rundir.ranks_by_id`, the rule every
 reader follows): a second folder of a rank (a restart, or two jobs under one run id) and a
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
     COLLECTIVES_FILE,
     FORMAT_VERSION,
+    OPERATORS_FILE,
     RANKS_FILE,
     REDUCE_FILE,
     STEPS_FILE,
@@ -44,6 +47,7 @@ from uberprof.analysis.tables.schemas import (
     BREAKDOWN_FIELDS,
     RANK_SCHEMA,
     RUN_COLLECTIVE_SCHEMA,
+    RUN_OPERATOR_SCHEMA,
     RUN_STEP_SCHEMA,
 )
 from uberprof.ingest.discover import Source, TraceInput
@@ -60,10 +64,11 @@ from uberprof.rundir import (
     write_json_atomic,
 )
 from uberprof.rundir import STEPS_FILE as STEPS_JSONL
+from uberprof.rundir.damage import damage_problems
 
 __all__ = ["reduce_run"]
 
-_WRITES = (STEPS_FILE, COLLECTIVES_FILE, RANKS_FILE, SUMMARY_FILE)
+_WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, RANKS_FILE, SUMMARY_FILE)
 
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
@@ -139,6 +144,8 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
     to one list, in this order: the order the summary gives them in."""
     problems: list[str] = []
     metas = list_ranks(source.root) if source.kind == "run" else []
+    if source.kind == "run":  # run.json, node.json, flight logs, counters: named, not fatal
+        problems.extend(damage_problems(source.root))
     problems.extend(folder_problems(metas))
     read = {m.folder for m in ranks_by_id(metas).values()}
     left_out = {rd for _, rd in source.rank_dirs if rd not in read}
@@ -228,11 +235,11 @@ def _assign_ranks(source: Source, loaded: list[Item], problems: list[str]) -> li
 def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[str, Any]],
                       kept: list[Ranked], left_out: set[Path], metas: list[RankMeta],
                       problems: list[str]) -> list[dict[str, Any]]:
-    """Stage 3: the run's steps and collectives tables (through ParquetOut), one rank at a
-    time: its step rows and collectives are written out before the next rank's are read, so
-    memory holds one rank's tables (plus one small row per rank), however many. A rank counts
-    with a trace or a step timeline. Returns the ranks' rows (RANK_SCHEMA); cut-off timelines
-    and ranks without a trace go to `problems`."""
+    """Stage 3: the run's steps, collectives and operators tables (through ParquetOut), one
+    rank at a time: its step rows, collectives and operators are written out before the next
+    rank's are read, so memory holds one rank's tables (plus one small row per rank), however
+    many. A rank counts with a trace or a step timeline. Returns the ranks' rows (RANK_SCHEMA);
+    cut-off timelines and ranks without a trace go to `problems`."""
     ranks_info: dict[int, list[Item]] = {}
     for rank, inp, e, s in kept:
         ranks_info.setdefault(rank, []).append((inp, e, s))
@@ -243,8 +250,10 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     cut: dict[Path, str] = {}  # step timelines cut off or unreadable
     rank_rows: list[dict[str, Any]] = []
     untraced: list[int] = []
+    last_step: int | None = None  # the last step any rank finished or traced
     with ParquetOut(derived / STEPS_FILE, RUN_STEP_SCHEMA) as steps_out, \
-            ParquetOut(derived / COLLECTIVES_FILE, RUN_COLLECTIVE_SCHEMA) as coll_out:
+            ParquetOut(derived / COLLECTIVES_FILE, RUN_COLLECTIVE_SCHEMA) as coll_out, \
+            ParquetOut(derived / OPERATORS_FILE, RUN_OPERATOR_SCHEMA) as ops_out:
         for rank in sorted(set(ranks_info) | set(dirs)):
             items = ranks_info.get(rank, [])
             timeline = _timeline(source.root, derived, timelines, dirs.get(rank, []), cut)
@@ -252,15 +261,21 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
                 continue
             rows = _steps(derived, rank, items, timeline)
             steps_out.write(rows)
-            for part in _collectives(derived, rank, items):
+            if rows.num_rows:
+                top = pc.max(rows.column("step")).as_py()
+                last_step = top if last_step is None else max(last_step, top)
+            for part in _per_trace(derived, rank, items, COLLECTIVES_FILE,
+                                   RUN_COLLECTIVE_SCHEMA):
                 coll_out.write(part)
+            for part in _per_trace(derived, rank, items, OPERATORS_FILE, RUN_OPERATOR_SCHEMA):
+                ops_out.write(part)
             rank_rows.append(_rank_row(rank, items, rows))
             if not items:
                 untraced.append(rank)
     problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
     if untraced and not source.inputs:
-        problems.append(f"{source.root}: no trace window in this run: "
-                        f"{_why_untraced(metas, rank_rows, _still_running(source.root))}; "
+        why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
+        problems.append(f"{source.root}: no trace window in this run: {why}; "
                         "step times only, no breakdown")
     elif untraced:
         problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
@@ -306,10 +321,11 @@ def _still_running(root: Path) -> bool:
 
 
 def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]],
-                  running: bool = False) -> str:
+                  running: bool = False, last_step: int | None = None) -> str:
     """Why a run has no trace at all, from what its ranks wrote: tracing off, tracing switched
-    off, a job still running before its trace window, or one that ended (or crashed) before
-    it."""
+    off, a job still running before its trace window, one that ended before it, or one that
+    stopped inside it (it died in a step of the window, `last_step` + 1, before the window's
+    trace was written: "before its trace window" would send the user to the wrong steps)."""
     trace = next((m.trace for m in metas if m.trace), {})
     schedule = trace.get("schedule")
     reason = next((m.trace.get("disabled_reason") for m in metas
@@ -319,15 +335,28 @@ def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]],
     if reason:
         return f"tracing was switched off ({reason})"
     steps = max((r["steps"] for r in rank_rows), default=0)
-    crashed = any(m.readable and not m.finished for m in metas)
+    crashed = any(m.readable and (not m.finished or m.raw.get("exit") == "exception")
+                  for m in metas)
     ended = ("the job is still running (or its launcher was killed)" if running
              else "the job stopped abruptly (crashed or killed)" if crashed else "the job ended")
     ended += f" after {steps} step(s)" if steps else " before finishing a step"
     if not isinstance(schedule, str):
         return f"{ended} without writing a trace (tracing off with --no-trace, or never started)"
     hint = (f", e.g. --trace-steps {max(0, steps - 3)}-{steps - 1}" if steps else "")
+    died_in = (last_step + 1 if last_step is not None else 0) if crashed and not running \
+        else None
+    if died_in is not None and any(a <= died_in <= b for a, b in schedule_windows(schedule)):
+        return (f"{ended}, inside its trace window ({schedule}): it stopped in step {died_in}, "
+                "before the window's trace was written; to get a trace, choose steps it "
+                f"finishes with --trace-steps{hint}")
     return (f"{ended}, before its trace window ({schedule}); to get a trace, choose steps "
             f"it reaches with --trace-steps{hint}")
+
+
+def schedule_windows(schedule: str) -> list[tuple[int, int]]:
+    """The windows of a trace schedule as rank.json describes it (`steps 3-6, steps 10-12`);
+    none for a periodic one (`3 steps every 100`) or anything else."""
+    return [(int(a), int(b)) for a, b in re.findall(r"steps (\d+)-(\d+)", schedule)]
 
 
 _REDUCE_KEYS = ("trace_rank", "first_ns", "last_ns", "mode", "device_type", "host",
@@ -419,14 +448,16 @@ def _conform(t: pa.Table, rank: int, traced: bool) -> pa.Table:
                      pa.nulls(n, f.type) for f in RUN_STEP_SCHEMA], schema=RUN_STEP_SCHEMA)
 
 
-def _collectives(derived: Path, rank: int, items: list[Item]) -> list[pa.Table]:
-    """One rank's collectives (one table per trace), with its rank and trace columns."""
+def _per_trace(derived: Path, rank: int, items: list[Item], name: str,
+               schema: pa.Schema) -> list[pa.Table]:
+    """One rank's rows of the per-input table `name` (collectives, operators), one table per
+    trace, with its rank and trace columns: the run-level table's rows (`schema`)."""
     parts = []
     for inp, e, _ in items:
-        t = read_input_table(derived, e["key"], COLLECTIVES_FILE)
+        t = read_input_table(derived, e["key"], name)
         t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank), pa.int64()))
         t = t.append_column("trace", pa.array([inp.rel] * t.num_rows, pa.string()))
-        parts.append(t.cast(RUN_COLLECTIVE_SCHEMA))
+        parts.append(t.cast(schema))
     return parts
 
 

@@ -1,6 +1,6 @@
 """The derived tables' schemas: the columns of each table `uberprof analyze` writes (one
-trace's steps, collectives and activity; a rank folder's step timeline; the run's steps,
-collectives and ranks), with what each column means.
+trace's steps, collectives, activity and operators; a rank folder's step timeline; the run's
+steps, collectives, operators and ranks), with what each column means.
 
 Where a table lives, when it is fresh and how it is written and read is derived.py's, the one
 owner of the derived folder; this module only says what the tables hold, so that what builds a
@@ -16,8 +16,10 @@ __all__ = [
     "ACTIVITY_SCHEMA",
     "BREAKDOWN_FIELDS",
     "COLLECTIVE_SCHEMA",
+    "OPERATOR_SCHEMA",
     "RANK_SCHEMA",
     "RUN_COLLECTIVE_SCHEMA",
+    "RUN_OPERATOR_SCHEMA",
     "RUN_STEP_SCHEMA",
     "STEP_SCHEMA",
     "TIMELINE_SCHEMA",
@@ -59,6 +61,14 @@ COLLECTIVE_SCHEMA = pa.schema([
     ("peer", pa.int64()),  # send/recv: the peer as the program named it (a rank of its group)
 ])
 
+OPERATOR_SCHEMA = pa.schema([  # one trace's operators and device activity over its steps
+    ("kind", pa.string()),  # operator, kernel, comm_kernel, memcpy, memset (ingest/classify.py)
+    ("name", pa.string()),  # the event's name (input shapes are not kept: grouped by name only)
+    ("calls", pa.int64()),
+    ("self_ns", pa.int64()),  # operators: minus direct children on the thread; device: = incl
+    ("incl_ns", pa.int64()),  # the events' durations, summed (key_averages' total time)
+])
+
 TIMELINE_SCHEMA = pa.schema([
     ("step", pa.int64()),
     ("host_start_ns", pa.int64()),
@@ -78,6 +88,9 @@ RUN_STEP_SCHEMA = pa.schema([
 
 RUN_COLLECTIVE_SCHEMA = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA,
                                    ("trace", pa.string())])
+
+RUN_OPERATOR_SCHEMA = pa.schema([("rank", pa.int64()), *OPERATOR_SCHEMA,
+                                 ("trace", pa.string())])
 
 ACTIVITY_SCHEMA = pa.schema([  # merged intervals of one trace's activity, its own clock
     ("role", pa.dictionary(pa.int8(), pa.string())),  # compute | comm | memory

@@ -16,6 +16,7 @@ time at that boundary is not known) and where the previous boundary was on anoth
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -126,9 +127,7 @@ class StepTimeline:
                 "gpu_time_ns": int(start.elapsed_time(end) * 1e6),
             }
             try:
-                stats = torch_cuda.memory_stats()
-                row["gpu_mem_peak_bytes"] = stats.get("allocated_bytes.all.peak", 0)
-                row["gpu_mem_bytes"] = stats.get("allocated_bytes.all.current", 0)
+                row["gpu_mem_peak_bytes"], row["gpu_mem_bytes"] = _allocated_bytes(torch_cuda)
             except Exception:  # noqa: BLE001 - memory stats are a bonus
                 pass
             self._write(row)
@@ -159,6 +158,21 @@ class StepTimeline:
             if self._on_error is None:
                 raise
             self._on_error(exc)
+
+
+def _allocated_bytes(torch_cuda: Any) -> tuple[int, int]:
+    """The caching allocator's peak and current allocated bytes on the current device.
+
+    `torch.cuda.memory_stats()` flattens every statistic into a new dict in Python: 168 µs a
+    call on an H100 (2026-11-25), a step's whole budget for uberprof on a 15 ms step. The
+    nested statistics it flattens come from one C++ call that takes 22 µs; read the two values
+    there, and go the public way only where that call is gone (another torch)."""
+    raw = getattr(getattr(sys.modules.get("torch"), "_C", None), "_cuda_memoryStats", None)
+    if raw is not None:
+        allocated = raw(torch_cuda.current_device())["allocated_bytes"]["all"]
+        return int(allocated["peak"]), int(allocated["current"])
+    stats = torch_cuda.memory_stats()
+    return stats.get("allocated_bytes.all.peak", 0), stats.get("allocated_bytes.all.current", 0)
 
 
 def _record_event(torch_cuda: Any) -> Any:

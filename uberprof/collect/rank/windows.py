@@ -9,9 +9,9 @@ uberprof backs off for the rest of the run: Kineto allows one at a time.
 The window's end costs the step after it the profiler's stop, the export and the Flight
 Recorder's dump, on the training thread. Operator input shapes (`record_shapes`) cost the most
 there: the CPU sample's stop took 31 ms with them and 9 ms without (three steps, two ranks on
-two cores). They are recorded where the analysis needs them, on CPU ranks (Gloo collectives'
-sizes come only from them), and not on GPU ranks, whose NCCL kernels carry their own sizes,
-unless asked (`uberprof run --record-shapes on`). Exporting on a background thread (Kineto's
+two cores). They are recorded where the analysis needs them, on CPU ranks and on GPU ranks whose
+default group runs Gloo (Gloo collectives' sizes come only from them), and not on NCCL ranks,
+whose kernels carry their own sizes, unless asked (`uberprof run --record-shapes on`). Exporting on a background thread (Kineto's
 export releases the GIL) measured no better on two busy cores, as the CPU it needs is the
 ranks' own.
 """
@@ -118,7 +118,8 @@ class TraceWindows:
         shapes = self._config.record_shapes
         prof = _OwnProfile(
             activities=activities,
-            record_shapes=ProfilerActivity.CUDA not in activities if shapes is None else shapes,
+            record_shapes=_sizes_need_shapes(ProfilerActivity.CUDA in activities)
+            if shapes is None else shapes,
             with_stack=self._config.with_stack,
         )
         prof.start()
@@ -197,6 +198,20 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _sizes_need_shapes(device_traced: bool) -> bool:
+    """Whether collectives' sizes can come only from operator input shapes: on CPU ranks, and
+    on GPU ranks whose default process group runs Gloo (no NCCL metadata in the trace)."""
+    if not device_traced:
+        return True
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized()
+                    and dist.get_backend() == "gloo")
+    except Exception:  # noqa: BLE001 - a guess at a cost, never worth failing the window
+        return False
 
 
 def _no_room_left(directory: Path) -> bool:

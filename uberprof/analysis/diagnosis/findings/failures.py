@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from uberprof.analysis.diagnosis.causes import OUT_OF_MEMORY
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.failure_evidence import (
     RankEvidence,
@@ -42,6 +43,7 @@ from uberprof.rundir import RunDir, list_nodes
 from uberprof.rundir.failures import (
     Collective,
 )
+from uberprof.rundir.ranks import read_step_timeline
 from uberprof.rundir.step_table import StepTail
 
 __all__ = ["FAILURE_KINDS", "KINDS", "failure_findings", "hang_summary", "run_failure_findings"]
@@ -389,17 +391,66 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
             "; ".join(f"{_ranks_word(c['ranks'])} in {c['collective']} at {c['where']}"
                       for c in sites)
     steps = [first["step"] + 1] if first.get("step") is not None else []
+    memory = _out_of_memory(first, ranks[first["rank"]])
     return Finding(
-        kind="crash", severity="high", title=title, ranks=[first["rank"]], steps=steps,
-        cause=first["kind"], time_at_stake_ms=0.0,
+        kind="crash", severity="high", title=title + (memory.pop("words") if memory else ""),
+        ranks=[first["rank"]], steps=steps,
+        cause=OUT_OF_MEMORY.key if memory else first["kind"], time_at_stake_ms=0.0,
         evidence={"moment_ns": first.get("time_ns"), "first": first, "victims": victims,
+                  **({"memory": memory} if memory else {}),
                   "also_failed": others,
                   "others_waiting_in": others_in, "mismatches": mismatches,
                   "call_sites": sites,
                   "failed": [{k: f.get(k) for k in ("rank", "kind", "role", "time_ns",
                                                      "signal", "exitcode")} | {
                       "what": _failure_text(f)} for f in failed]},
-        remedy=CRASH_REMEDY)
+        remedy=OUT_OF_MEMORY.remedy + " " + CRASH_REMEDY if memory else CRASH_REMEDY)
+
+
+_OOM = re.compile(r"OutOfMemoryError|out of memory", re.IGNORECASE)
+_REQUEST = re.compile(r"Tried to allocate ([0-9.]+) (GiB|MiB|KiB|bytes|B)\b")
+_UNIT = {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10, "bytes": 1, "B": 1}
+
+
+def _out_of_memory(first: dict[str, Any], ev: RankEvidence) -> dict[str, Any] | None:
+    """The memory evidence of a first failure that is an out-of-memory error, or None: the
+    device's size (rank.json), the request (the allocator's message), and from the step
+    timeline the peak allocated and what was in use at the first and the last step (what
+    grew). `words`: the part of the title it adds."""
+    exc = first.get("exception") or {}
+    if first.get("kind") != "exception" or not _OOM.search(f"{exc.get('type')} "
+                                                            f"{exc.get('message')}"):
+        return None
+    m = _REQUEST.search(str(exc.get("message") or ""))
+    requested = int(float(m.group(1)) * _UNIT[m.group(2)]) if m else None
+    rows = [r for r in read_step_timeline(ev.meta.folder).steps
+            if isinstance(r.get("gpu_mem_bytes"), int)]
+    peak = max((r.get("gpu_mem_peak_bytes") or 0 for r in rows), default=None) or None
+    total = ev.meta.device.get("total_memory_bytes")
+    out = {"device_total_bytes": total if isinstance(total, int) else None,
+           "requested_bytes": requested, "peak_allocated_bytes": peak,
+           "in_use_first_bytes": rows[0]["gpu_mem_bytes"] if rows else None,
+           "in_use_last_bytes": rows[-1]["gpu_mem_bytes"] if rows else None,
+           "steps_read": len(rows)}
+    parts = []
+    if requested is not None:
+        parts.append(f"asked for {_gb(requested)}")
+    if peak is not None:
+        parts.append(f"peak allocated {_gb(peak)}"
+                     + (f" of {_gb(out['device_total_bytes'])}" if out["device_total_bytes"]
+                        else ""))
+    if len(rows) > 1:
+        grew = rows[-1]["gpu_mem_bytes"] - rows[0]["gpu_mem_bytes"]
+        parts.append(f"in use between steps {_gb(rows[0]['gpu_mem_bytes'])} -> "
+                     f"{_gb(rows[-1]['gpu_mem_bytes'])}"
+                     + (" (growing: a leak?)" if grew > 0.1 * max(rows[0]["gpu_mem_bytes"], 1)
+                        else " (steady)"))
+    out["words"] = f"; out of memory: {', '.join(parts)}" if parts else "; out of memory"
+    return out
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
 
 
 def _call_sites(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
