@@ -7,6 +7,8 @@ and tests of the diagnosis:
                                    would (extra matrix products; fractional, e.g. 1.3)
   --slow-data-rank R --data-delay-ms D   rank R's data loader waits D ms per batch
   --host-work-ms H                 every rank does H ms of extra host work per step
+  --sleep-rank R --sleep-ms S      rank R sleeps S ms per step on its training thread (off the
+                                   CPU by its own doing, as blocking I/O or a lock would be)
   --extra-matmul N                 every rank multiplies two 256x256 matrices N more times
                                    per step (a code change that costs compute: uberprof diff)
   --bucket-cap-mb MB --no-overlap  DDP buckets of MB; each all-reduced inside backward,
@@ -90,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-data-rank", type=int, default=-1)
     p.add_argument("--data-delay-ms", type=float, default=0.0)
     p.add_argument("--host-work-ms", type=float, default=0.0)
+    p.add_argument("--sleep-rank", type=int, default=-1)
+    p.add_argument("--sleep-ms", type=float, default=0.0)
     p.add_argument("--extra-matmul", type=int, default=0, metavar="N")
     p.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MB")
     p.add_argument("--no-overlap", action="store_true")
@@ -233,6 +237,8 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
                 model(x)
         if args.host_work_ms:
             _busy_wait(args.host_work_ms / 1e3)
+        if rank == args.sleep_rank and args.sleep_ms:
+            time.sleep(args.sleep_ms / 1e3)
         if args.extra_matmul:  # extra aten::mm work on every rank, outside autograd
             m = torch.ones(256, 256, device=device)
             for _ in range(args.extra_matmul):

@@ -69,8 +69,8 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
     run_ids = []
     for run in runs:
         run_id = run.run_id()
-        if run_id is None:
-            problems.append(f"{run.run_file}: missing, unreadable or without a run id")
+        if (why := run.run_file_problem()) is not None:
+            problems.append(why)
         run_ids.append(run_id or run.root.name)
 
     nodes = [_node(n, problems) for run in runs for n in list_nodes(run)]
@@ -78,6 +78,7 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
     metas = [m for run in runs for m in list_ranks(run)]
     problems.extend(folder_problems(metas))
     ranks = [_rank(m, problems, check_traces) for m in metas if m.rank is not None]
+    problems.extend(data_file_problems_of(runs))
     ranks.sort(key=lambda r: r["rank"])  # stable: a rank's folders stay in claim order
 
     _step_problems(ranks, problems)
@@ -139,6 +140,14 @@ def failure_problems(runs: Sequence[RunDir]) -> list[str]:
         return [f.title for f in failure_findings([r.root for r in runs])]
     except Exception as exc:  # noqa: BLE001 - the rest of the inventory stands without it
         return [f"could not judge hangs and crashes: {type(exc).__name__}: {exc}"]
+
+
+def data_file_problems_of(runs: Sequence[RunDir]) -> list[str]:
+    """Damaged Flight Recorder logs and counters files (`rundir.damage`): the lines `report`
+    gives too."""
+    from uberprof.rundir.damage import data_file_problems
+
+    return [p for run in runs for p in data_file_problems(run)]
 
 
 def node_counters(node_dir: Path) -> list[dict[str, Any]]:
@@ -238,6 +247,12 @@ def trace_not_reached(ranks: list[dict[str, Any]]) -> str | None:
     last = max((r["last_step"] for r in missed if r.get("last_step") is not None), default=None)
     ended = (f"the job ended at step {last}" if last is not None
              else "the job ended before its first step")
+    crashed = any(r.get("exit") == "exception" or not r.get("finished") for r in missed)
+    died_in = (last + 1 if last is not None else 0) if crashed else None
+    if died_in is not None and any(a <= died_in <= b for a, b in windows):
+        # it died in a step of the window, not before it: the window was reached
+        return (f"trace window at steps {steps} not written: the job stopped in step "
+                f"{died_in}, inside the window, before its trace was written")
     if any(r["trace_windows"] for r in missed):
         return f"trace window at steps {steps} not reached: {ended}"
     hint = ""

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests._diag_runs import healthy_run, logging_run, shift_node, slow_compute_run, slow_data_run  # noqa: F401
+from tests._diag_runs import (  # noqa: F401
+    healthy_run,
+    logging_run,
+    shift_node,
+    sleeping_rank_run,
+    slow_compute_run,
+    slow_data_run,
+)
 from uberprof.analysis.diagnosis.advisor import diagnose
 
 
@@ -75,6 +82,21 @@ def test_slow_data_loader_names_its_rank_and_cause_data(slow_data_run: Path,  # 
     assert by_rank[1]["data"] > 5 * max(by_rank[r]["data"] or 0.01 for r in (0, 2, 3))
     # the straggler finding says it; no second data_stall finding repeats it for rank 1
     assert not any(x.kind == "data_stall" and 1 in x.ranks for x in d.findings)
+
+
+def test_a_rank_that_sleeps_each_step_is_an_off_cpu_straggler_not_cleared(
+        sleeping_rank_run: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Its CPU time per step is the others' and the OS did not preempt it more (its
+    involuntary context switches): it waited off the CPU by its own doing. Before, such a
+    rank was cleared as 'the OS delayed it'."""
+    d = diagnose(sleeping_rank_run, out=tmp_path / "derived")
+    found = _stragglers(d)
+    assert len(found) == 1, (d.run["straggler_test"], [x.as_dict() for x in d.findings])
+    [f] = found
+    assert f.ranks == [1] and f.cause == "off_cpu", f.as_dict()
+    busy = f.evidence["test"]["busy_time"]
+    assert busy["decision"] == "off_cpu" and busy["preempted"] is False, busy
+    assert "waits off the CPU" in f.remedy or "off the CPU" in f.remedy
 
 
 @pytest.mark.parametrize("shift_ms", [37.5, -4.2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -17,6 +18,9 @@ from uberprof.cli.options import (
     workers_option,
 )
 from uberprof.cli.output import cannot_write, unwritable
+
+if TYPE_CHECKING:
+    from uberprof.analysis.diagnosis.model import Diagnosis
 
 EPILOG = """\
 \b
@@ -96,5 +100,17 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         from uberprof.present.report_terminal import render_report
 
         render_report(d, Console())
-    if failed or not d.ranks:
+    if not analysed(d):
+        err.print("uberprof report: nothing could be analysed: no rank has a usable trace "
+                  "window (see the problems); exit code 1", markup=False, highlight=False,
+                  soft_wrap=True)
+    if failed or not analysed(d):
         sys.exit(1)
+
+
+def analysed(d: Diagnosis) -> bool:
+    """Whether any rank was analysed: it has traced steps (`run.analysed_steps`). Ranks known
+    only from their step timelines, or a hang or crash found without a trace, are reported but
+    are not an analysis: the exit code is 1 then (docs/report.md), so that a script never takes
+    step times alone for a diagnosis."""
+    return bool(d.ranks) and bool(d.run.get("analysed_steps"))

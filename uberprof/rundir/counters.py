@@ -14,7 +14,7 @@ bounded by what was asked for, not by the length of the run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,14 +75,31 @@ def source_files(counters_dir: Path) -> dict[str, Path]:
             if p.name.endswith(COUNTERS_SUFFIX) and p.is_file()}
 
 
-def iter_batches(path: Path) -> Iterator[Any]:
-    """Every whole, valid batch of one stream file; stops quietly at a cut-off tail (writer
-    killed) and skips a batch whose bytes were damaged (`is_valid`)."""
+def iter_batches(path: Path, on_damage: Callable[[str], None] | None = None) -> Iterator[Any]:
+    """Every whole, valid batch of one stream file, up to the first damage: stops at a cut-off
+    tail (writer killed mid-write) or bytes that are not a batch, and skips a batch whose bytes
+    were damaged inside (`is_valid`). Never raises for what the file holds (a damaged length
+    can make Arrow ask for more memory than there is: that is damage too). `on_damage` is told
+    one line naming the file and the damage, so that no sample is lost silently
+    (`counter_file_problems`)."""
     import pyarrow as pa
+
+    kept = rows = invalid = 0
+    size = 0
+
+    def damaged(what: str, rest: bool = True) -> None:
+        if on_damage is None:
+            return
+        bad = f", {invalid} damaged batch(es) left out" if invalid and rest else ""
+        tail = (f"{kept} whole batch(es) before it kept ({rows} sample(s)){bad}, the rest left "
+                "out" if rest else f"{kept} whole batch(es) kept ({rows} sample(s))")
+        on_damage(f"{path}: {what}; {tail}" if kept or not rest else
+                  f"{path}: {what}; no sample could be read")
 
     try:
         with pa.OSFile(str(path), "rb") as f:
-            if f.size() == 0:
+            size = f.size()
+            if size == 0:
                 return
             # one flush per batch, a few KB each: threads cost more than they save (~40%)
             reader = pa.ipc.open_stream(f, options=pa.ipc.IpcReadOptions(use_threads=False))
@@ -90,13 +107,46 @@ def iter_batches(path: Path) -> Iterator[Any]:
                 try:
                     batch = reader.read_next_batch()
                 except StopIteration:
+                    at = f.tell()
+                    if at < size:  # an end-of-stream marker with bytes after it
+                        damaged(f"{size - at} byte(s) after the end of the stream (at byte "
+                                f"{at} of {size}) not read")
+                    elif invalid:
+                        damaged(f"{invalid} damaged batch(es) left out", rest=False)
                     return
-                except (OSError, pa.ArrowInvalid):
+                except (OSError, pa.ArrowException, MemoryError) as exc:
+                    at = f.tell()
+                    damaged("cut off in its last batch (the writer stopped mid-write)"
+                            if at >= size else
+                            f"damaged at byte {at} of {size} ({_short_error(exc)})")
                     return
                 if is_valid(batch):
+                    kept += 1
+                    rows += batch.num_rows
                     yield batch
-    except (OSError, pa.ArrowInvalid):
+                else:
+                    invalid += 1
+    except (OSError, pa.ArrowException, MemoryError) as exc:
+        damaged(f"not an Arrow stream ({_short_error(exc)})" if not kept else
+                f"unreadable ({_short_error(exc)})")
         return
+
+
+def _short_error(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def counter_file_problems(run_dir: str | Path | RunDir) -> list[str]:
+    """One line per damaged counters file of a run (`iter_batches`'s damage: cut off, garbled,
+    bytes after the stream's end), naming the file and what was kept: what `info`, `analyze`
+    and `report` say, since every counter reader keeps only the whole batches before it."""
+    out: list[str] = []
+    for nd in as_run_dir(run_dir).node_dirs():
+        for path in source_files(nd / COUNTERS_DIR).values():
+            for _ in iter_batches(path, out.append):
+                pass
+    return out
 
 
 def is_valid(batch: Any) -> bool:

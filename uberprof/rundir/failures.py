@@ -19,9 +19,11 @@ from uberprof.rundir.layout import (
     EXITS_PREFIX,
     FATAL_FILE,
     FLIGHT_RECORDER_FILE,
+    MAX_JSON_BYTES,
     NODE_HANG_FILE,
     RANK_HANG_FILE,
     STACKS_FILE,
+    check_readable,
     read_json,
     read_jsonl,
 )
@@ -71,7 +73,8 @@ def parse_faulthandler(text: str) -> Stacks:
 
 
 def _read_stacks_file(path: Path) -> Stacks | None:
-    try:
+    try:  # bounded: faulthandler's dumps are KBs; a link to /dev/zero is not read
+        check_readable(path, MAX_JSON_BYTES)
         text = path.read_text(errors="replace")
         mtime = path.stat().st_mtime_ns
     except OSError:

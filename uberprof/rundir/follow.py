@@ -26,10 +26,12 @@ from uberprof.rundir.counters import is_valid
 from uberprof.rundir.layout import (
     COUNTERS_DIR,
     COUNTERS_SUFFIX,
+    MAX_JSONL_BYTES,
     STEPS_FILE,
     TRACES_DIR,
     RunDir,
     as_run_dir,
+    check_readable,
     parse_trace_file_name,
 )
 from uberprof.rundir.nodes import list_nodes
@@ -88,10 +90,11 @@ class StepFollower:
 
     def poll(self) -> int:
         """Read the complete lines appended since the last poll; how many step rows were new."""
-        try:
+        try:  # a regular file within the step files' limit: a link to /dev/zero never ends
+            check_readable(self.path, MAX_JSONL_BYTES)
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                chunk = f.read()
+                chunk = f.read(max(0, MAX_JSONL_BYTES - self.offset))
         except OSError:
             return 0
         cut = chunk.rfind(b"\n") + 1  # a last line without its newline is still being written

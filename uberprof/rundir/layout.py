@@ -62,6 +62,7 @@ import json
 import os
 import re
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,18 +127,68 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
-def read_json(path: Path) -> dict[str, Any]:
+MAX_JSON_BYTES = 64 << 20
+"""The most a JSON file of a run is read whole (rank.json, node.json, run.json, counters'
+index and meta, hang and Flight Recorder dumps): the largest written are Flight Recorder dumps
+of a few MB. A bigger file is damaged or not ours, and reading it could exhaust memory."""
+MAX_JSONL_BYTES = 1 << 30
+"""The most a JSON-lines file of a run is read (steps.jsonl: about 300 bytes a step, so over
+3 M steps; flight-recorder.jsonl, exceptions.jsonl): beyond it, damaged or not ours."""
+
+
+class UnreadableFile(OSError):
+    """A file that is there but is not read: not a regular file (a folder, a FIFO, a device
+    such as /dev/zero behind a link, which would be read forever) or over its size limit. Its
+    text says why without the path, for the reader's line that names the file."""
+
+
+def check_readable(path: Path, limit: int) -> int:
+    """`path`'s size when it is a regular file of at most `limit` bytes; else UnreadableFile
+    (FileNotFoundError when it is not there). Checked before opening: opening a FIFO blocks."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnreadableFile("not a regular file")
+    if st.st_size > limit:
+        raise UnreadableFile(f"{size_text(st.st_size)}, over the {size_text(limit)} limit for "
+                             "this file")
+    return st.st_size
+
+
+def size_text(n: int) -> str:
+    """Bytes as the limits' messages say them: `64 MiB`, `1.5 GiB`."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """A JSON file read whole, at most `limit` bytes (`check_readable`: UnreadableFile, an
+    OSError, beyond it or for what is not a regular file)."""
+    check_readable(path, limit)
     with open(path, "rb") as f:
-        return json.loads(f.read())
+        return json.loads(f.read(limit + 1))
 
 
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """Rows of a JSON-lines file, and whether its tail was cut off (a writer killed mid-line).
-    orjson first (5x faster: a 512-rank x 10,000-step run has 5 M rows); the standard parser
-    for what it refuses but JSON readers accept (NaN, integers beyond 64 bits), so that the
-    rows' checks, not the parser, say what is wrong with them."""
+def read_jsonl(path: Path, limit: int = MAX_JSONL_BYTES) -> tuple[list[dict[str, Any]], bool]:
+    """Rows of a JSON-lines file, and whether its tail was cut off (a writer killed mid-line;
+    any line that is not JSON counts so). At most `limit` bytes (`read_jsonl_counted`)."""
+    rows, bad = read_jsonl_counted(path, limit)
+    return rows, bad > 0
+
+
+def read_jsonl_counted(path: Path, limit: int = MAX_JSONL_BYTES
+                       ) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a JSON-lines file, and how many of its lines are not JSON (garbage, or a cut-off
+    last line), for readers that name them. orjson first (5x faster: a 512-rank x 10,000-step
+    run has 5 M rows); the standard parser for what it refuses but JSON readers accept (NaN,
+    integers beyond 64 bits), so that the rows' checks, not the parser, say what is wrong with
+    them. At most `limit` bytes (`check_readable`: UnreadableFile, an OSError, beyond it or for
+    what is not a regular file)."""
     rows: list[dict[str, Any]] = []
-    truncated = False
+    bad = 0
+    check_readable(path, limit)
     with open(path, "rb") as f:
         for line in f:
             try:
@@ -149,9 +200,9 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
                 continue
             try:
                 rows.append(json.loads(line))
-            except ValueError:
-                truncated = True
-    return rows, truncated
+            except (ValueError, RecursionError):
+                bad += 1
+    return rows, bad
 
 
 def claim_dir(parent: Path, name: str) -> Path:
@@ -226,6 +277,23 @@ class RunDir:
         v = doc.get("run_id") if isinstance(doc, dict) else None
         return v if isinstance(v, str) and v and v.isprintable() and len(v) < 1024 else None
 
+    def run_file_problem(self) -> str | None:
+        """One line naming run.json and what is wrong with it (missing, unreadable, over its
+        size limit, not an object, no run id), or None when it is sound: every command says
+        it (`nodes.metadata_problems`), so a damaged run.json is never a silent fallback."""
+        try:
+            doc = read_json(self.run_file)
+        except FileNotFoundError:
+            return f"{self.run_file}: missing; the run id is taken from the folder name"
+        except (OSError, ValueError, RecursionError) as exc:
+            return f"{self.run_file}: unreadable ({_one_line(exc)}); the run id is taken from " \
+                   "the folder name"
+        if not isinstance(doc, dict):
+            return f"{self.run_file}: not a JSON object; the run id is taken from the folder name"
+        if self.run_id() is None:
+            return f"{self.run_file}: no usable run_id; the run id is taken from the folder name"
+        return None
+
     def node_dirs(self) -> Iterator[Path]:
         if self.nodes_dir.is_dir():
             yield from sorted(p for p in self.nodes_dir.iterdir() if p.is_dir())
@@ -249,6 +317,13 @@ class RunDir:
 
     def claim_rank_dir(self, rank: int) -> Path:
         return claim_dir(self.ranks_dir, str(rank))
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's text on one line, at most 200 characters (a parser's message may quote
+    the file)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def as_run_dir(run: RunDir | str | os.PathLike[str]) -> RunDir:

@@ -40,7 +40,9 @@ def read_node(folder: Path) -> NodeMeta:
     try:
         raw = read_json(path)
     except (OSError, ValueError, RecursionError) as exc:
-        return NodeMeta(node=folder.name, folder=folder, problem=f"{path}: unreadable ({exc})")
+        why = "missing" if isinstance(exc, FileNotFoundError) else \
+            f"unreadable ({' '.join(str(exc).split())[:200]})"
+        return NodeMeta(node=folder.name, folder=folder, problem=f"{path}: {why}")
     if not isinstance(raw, dict):
         return NodeMeta(node=folder.name, folder=folder,
                         problem=f"{path}: unreadable (not a JSON object)")
@@ -65,3 +67,12 @@ def list_nodes(run: RunDir | Path | str) -> list[NodeMeta]:
     """Every node folder of a run, by name."""
     return [read_node(p) for p in as_run_dir(run).node_dirs()]
 
+
+
+def metadata_problems(run: RunDir | Path | str) -> list[str]:
+    """What is wrong with a run's run.json and its nodes' node.json, one line each naming the
+    file: worded once so that `info`, `analyze`, `report`, `export`, `diff` and the dashboard
+    all say it (the analysis goes on with what can be read)."""
+    run = as_run_dir(run)
+    out = [p] if (p := run.run_file_problem()) is not None else []
+    return out + [n.problem for n in list_nodes(run) if n.problem is not None]

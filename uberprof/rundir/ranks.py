@@ -29,11 +29,14 @@ from typing import Any
 
 from uberprof.rundir._checked import as_dict, as_int, as_str, is_utf8, shown
 from uberprof.rundir.layout import (
+    MAX_JSONL_BYTES,
     RANK_FILE,
     STEPS_FILE,
     TRACES_DIR,
     RunDir,
+    UnreadableFile,
     as_run_dir,
+    check_readable,
     parse_rank_dir_name,
     parse_trace_file_name,
     read_json,
@@ -186,10 +189,17 @@ class StepTimeline:
 UNREADABLE = "not read"
 
 
-def unreadable_reason(path: Path) -> str | None:
+def unreadable_reason(path: Path, limit: int = MAX_JSONL_BYTES) -> str | None:
     """Why `path`, which is there, is not a file to read (a folder, a device such as /dev/zero
-    behind a link, a dangling link); None for a regular file or nothing at all."""
+    behind a link, a dangling link, a file over `limit` bytes, which the step readers would
+    load whole); None for a regular file within it or nothing at all."""
     if path.is_file():
+        try:
+            check_readable(path, limit)
+        except UnreadableFile as exc:
+            return str(exc)
+        except OSError:
+            return None  # gone since: nothing at all
         return None
     if path.is_symlink() and not path.exists():
         return "a link to nothing"
@@ -220,7 +230,10 @@ def read_step_timeline(rank_dir: Path) -> StepTimeline:
         return StepTimeline([], skipped={f"{UNREADABLE}: {why}": 1})
     if not path.exists():
         return StepTimeline([])
-    rows, truncated = read_jsonl(path)
+    try:
+        rows, truncated = read_jsonl(path)
+    except UnreadableFile as exc:  # replaced by one over the limit since the check
+        return StepTimeline([], skipped={f"{UNREADABLE}: {exc}": 1})
     skipped: dict[str, int] = {}
     steps: dict[int, dict[str, Any]] = {}
     gpu: dict[int, dict[str, Any]] = {}

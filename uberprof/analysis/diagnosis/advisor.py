@@ -50,6 +50,7 @@ from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS, GAP_SCHEMA
 from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks, gpu_clocks, throttled_vs_others
 from uberprof.analysis.diagnosis.group_comm import GroupComm, group_comm
 from uberprof.analysis.diagnosis.lateness import lateness
+from uberprof.analysis.diagnosis.memory import run_memory
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
 from uberprof.analysis.diagnosis.rank_diagnosis import rank_passes
@@ -132,6 +133,7 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     run["pipeline"] = pipeline.as_dict() if pipeline is not None else None
     run["comm_by_group"] = [g.as_dict() for g in groups]
     run["operators"] = run_operators(ctx, traced)
+    run["memory"] = run_memory(ctx)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     return Diagnosis(run=run, ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
@@ -200,6 +202,8 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
             and work.rank == straggler.rank else None
         straggler.cause, straggler.factors = straggler_cause(
             straggler.rank, _factors(traced, gaps, lat), clock_ev, work_ns)
+        if work is not None and work.rank == straggler.rank and work.off_cpu:
+            straggler.cause = "off_cpu"  # no excess of CPU time or data wait, not preempted
         straggler.counters = clock_ev
         if basis_doc is not None:
             _note_traced_view(straggler, traced_test, work_ns)

@@ -21,6 +21,14 @@ straggler's training thread spends more CPU time per step, a delayed one the sam
   rate and material. No excess: below the material size, and no data-wait excess of that size
   either (a rank whose loader sleeps is late by its own doing while its CPU time is the
   others').
+- **Off the CPU, by its own doing or the OS's** (`ctx_vol`/`ctx_invol` of steps.jsonl: the
+  training thread's context switches per step): a late rank with no excess of CPU time or data
+  wait spent its extra time off the CPU. Saying "the OS delayed it" needs evidence: it was
+  *preempted* when its involuntary switches per step exceed the others' median by at least
+  `PREEMPT_EXCESS` and twice over (the scheduler took its core for other load). Otherwise
+  it waited off the CPU by itself (sleep, blocking I/O, a lock): `off_cpu`, a straggler whose
+  cause is its own behaviour. Without the switches (older agents, not Linux) the old reading
+  stands: cleared.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
+PREEMPT_EXCESS = 1.0  # involuntary context switches per step over the others' median
 _WORDS = {KIND_CPU: "CPU time"}
 
 
@@ -92,6 +101,8 @@ class BusyExcess:
     excess_ns: int  # its busy time minus the others' median, median over the steps
     data_excess_ns: int  # the same for its data wait
     need_ns: int  # the material excess: MATERIAL_EXCESS of the median step
+    invol: float | None = None  # its involuntary context switches per step (median)
+    others_invol: float | None = None  # the others' median of theirs
 
     @property
     def confirmed(self) -> bool:
@@ -104,6 +115,20 @@ class BusyExcess:
         return self.excess_ns < self.need_ns and self.data_excess_ns < self.need_ns
 
     @property
+    def preempted(self) -> bool | None:
+        """Whether the scheduler took its core for other load more than the others' (module
+        docstring); None without context switches."""
+        if self.invol is None or self.others_invol is None:
+            return None
+        return self.invol >= max(self.others_invol + PREEMPT_EXCESS, 2 * self.others_invol)
+
+    @property
+    def off_cpu(self) -> bool:
+        """Late by waiting off the CPU on its own (sleep, I/O, a lock): no excess of CPU time
+        or data wait, and no evidence that the OS preempted it."""
+        return self.cleared and self.preempted is False
+
+    @property
     def excess_pct(self) -> float:
         return 100 * self.excess_ns / self.median_ns if self.median_ns else 0.0
 
@@ -112,11 +137,18 @@ class BusyExcess:
         what = _WORDS.get(self.kind, self.kind)
         data = (f"; its data wait {self.data_excess_ns / 1e6:+.3g} ms per step over the "
                 "others'" if self.data_excess_ns >= self.need_ns else "")
+        switches = ""
+        if self.cleared and self.preempted is not None:
+            switches = (f"; {self.invol:.3g} involuntary context switches per step against the "
+                        f"others' {self.others_invol:.3g}: "
+                        + ("preempted by other load" if self.preempted else
+                           "not preempted, so it waited off the CPU by itself (sleep, I/O, "
+                           "a lock)"))
         return (f"its {what} per step is the others' {self.excess_pct:+.1f}% "
                 f"({self.excess_ns / 1e6:+.3g} ms; material from {self.need_ns / 1e6:.3g} ms, "
                 f"{100 * MATERIAL_EXCESS:.0f}% of the step), the most at {self.most} of "
                 f"{self.steps} steps (chance {chance_words(self.p_value)}, corrected for "
-                f"{self.ranks_tested} ranks){data}")
+                f"{self.ranks_tested} ranks){data}{switches}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "rank": self.rank, "most_in": self.most,
@@ -127,7 +159,10 @@ class BusyExcess:
                 "excess_pct": round(self.excess_pct, 1),
                 "data_wait_excess_ms": round(self.data_excess_ns / 1e6, 3),
                 "min_excess_ms": round(self.need_ns / 1e6, 3),
-                "decision": ("confirmed" if self.confirmed else
+                "involuntary_switches_per_step": self.invol,
+                "others_involuntary_switches_per_step": self.others_invol,
+                "preempted": self.preempted,
+                "decision": ("confirmed" if self.confirmed else "off_cpu" if self.off_cpu else
                              "none" if self.cleared else "not confirmed")}
 
 
@@ -140,6 +175,7 @@ class BusyTimes:
     steps: np.ndarray  # step numbers, increasing
     busy: np.ndarray  # ns, [rank, step]
     data_wait: np.ndarray  # ns, [rank, step]
+    invol: np.ndarray | None = None  # involuntary context switches, [rank, step]; NaN: unknown
 
     def excess(self, rank: int, steps: Iterable[int] | None, median_step_ns: float | None
                ) -> BusyExcess | None:
@@ -159,17 +195,23 @@ class BusyTimes:
         i = self.ranks.index(rank)
         others = np.delete(b, i, axis=0)
         need = MATERIAL_EXCESS * (median_step_ns or float(np.median(b)))
+        mine_sw = others_sw = None
+        if self.invol is not None:
+            sw = self.invol[:, keep]
+            if not np.isnan(sw).any():
+                mine_sw = float(np.median(sw[i]))
+                others_sw = float(np.median(np.median(np.delete(sw, i, axis=0), axis=0)))
         return BusyExcess(
             rank=rank, kind=self.kind, most=most, steps=n, ranks_tested=len(self.ranks),
             p_value=min(1.0, p * len(self.ranks)), p_uncorrected=p,
             median_ns=int(np.median(np.median(others, axis=0))),
             excess_ns=int(np.median(lead)), data_excess_ns=int(np.median(data_lead)),
-            need_ns=int(need))
+            need_ns=int(need), invol=mine_sw, others_invol=others_sw)
 
 
-RankBusy = tuple[str, np.ndarray, np.ndarray, np.ndarray]
+RankBusy = tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """One rank's busy time: its kind, and per step (in step order) the step number, the busy time
-and the data wait (0 where unknown), ns."""
+and the data wait (0 where unknown), ns, and the involuntary context switches (NaN: unknown)."""
 
 
 def table_busy(table: pa.Table) -> RankBusy | None:
@@ -179,10 +221,13 @@ def table_busy(table: pa.Table) -> RankBusy | None:
     if kind is None:
         return None
     has = cpu.is_valid()
+    invol = (table.column("ctx_invol").filter(has).cast(pa.float64())
+             .fill_null(float("nan")).to_numpy() if "ctx_invol" in table.column_names else
+             np.full(int(pc.sum(has).as_py() or 0), np.nan))
     return (kind, table.column("step").filter(has).to_numpy(),
             cpu.filter(has).to_numpy().astype(np.float64),
             pc.fill_null(table.column("data_wait_ns"), 0).filter(has).to_numpy()
-            .astype(np.float64))
+            .astype(np.float64), invol)
 
 
 def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | None:
@@ -195,7 +240,7 @@ def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | N
         seen += 1
         if b is not None:
             series[r] = b
-    kinds = {k for k, _, _, _ in series.values()}
+    kinds = {k for k, *_ in series.values()}
     if len(series) < 2 or len(kinds) != 1 or len(series) < seen:
         return None
     ranks_ = sorted(series)
@@ -211,7 +256,8 @@ def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | N
     return BusyTimes(
         kind=kinds.pop(), ranks=ranks_, steps=common.astype(np.int64),
         busy=np.array([at_common(r, series[r][2]) for r in ranks_], np.float64),
-        data_wait=np.array([at_common(r, series[r][3]) for r in ranks_], np.float64))
+        data_wait=np.array([at_common(r, series[r][3]) for r in ranks_], np.float64),
+        invol=np.array([at_common(r, series[r][4]) for r in ranks_], np.float64))
 
 
 def busy_times(ctx: RunContext) -> BusyTimes | None:

@@ -101,6 +101,14 @@ STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (
           "differs on it: other processes on its cores, its CPU affinity and thread count "
           "(torch.set_num_threads, OMP_NUM_THREADS), a slower or busier host, uneven inputs "
           "(batch or sequence lengths: balance or pack them)."),
+    Cause("off_cpu", "off-CPU waits", "off_cpu",
+          "its training thread waits off the CPU (sleep, blocking I/O, a lock) longer than "
+          "the others', though the OS did not preempt it: its own behaviour",
+          "Rank {r}'s training thread spends its extra time off the CPU by its own doing: a "
+          "sleep, blocking I/O (logging, checkpoint writes, reading files on the step), or a "
+          "lock held by another thread. Find the call: py-spy dump --pid <its pid> during a "
+          "step, or the hang stacks; move I/O off the step (a background thread, async "
+          "checkpointing, prefetching) and drop sleeps and polling on the training thread."),
     Cause("clock_throttle", "GPU clock throttle", "clock_throttle",
           "its GPU runs at lower clocks (throttled)",
           "Rank {r}'s GPU runs at lower clocks (throttle reasons set). Check its "

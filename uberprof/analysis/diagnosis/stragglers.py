@@ -30,7 +30,9 @@
   takes many of its "alone last"; it needs no last-fraction, and its lead need not exceed twice
   the others' spread (the spread rule tells chance from cause; its work is the cause): the
   lead's floors and the delay are still required. A candidate with no excess of its own time
-  (busy time or data wait) is not named: the OS delayed it, not its work.
+  (busy time or data wait) is not named when the OS delayed it (preempted: more involuntary
+  context switches than the others', or no record of them); one that was not preempted waited
+  off the CPU by its own doing (sleep, I/O, a lock) and is named, cause `off_cpu`.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -180,7 +182,9 @@ class StragglerTest:
         work = f"; {self.busy.words()}" if self.busy is not None else ""
         if self.decided_by == DECIDED_BY_BUSY:
             sentence = (f"no straggler: {freq}, but {self.busy.words() if self.busy else ''}: "
-                        "the OS delayed it, not its work (nor its data loading)")
+                        "the OS delayed it, not its work (nor its data loading)"
+                        + ("" if self.busy is None or self.busy.preempted is not None else
+                           " (no record of its context switches to prove it)"))
         elif self.decision == "confirmed":
             sentence = f"{freq}, below the {rate} false-alarm rate; {lead}{work}: confirmed"
         elif self.decision == "suspected":
@@ -354,7 +358,7 @@ def _decision(frequent: bool, maybe: bool, material: bool,
     else:
         decision = "none"
         decided = "frequency" if not maybe else "materiality"
-    if decision != "none" and work is not None and work.cleared:
+    if decision != "none" and work is not None and work.cleared and not work.off_cpu:
         decision, decided = "none", DECIDED_BY_BUSY
     return decision, decided
 

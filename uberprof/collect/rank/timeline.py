@@ -11,6 +11,11 @@ scheduler did to its wall time. It tells a rank that computes more from one the 
 (analysis/diagnosis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
 optimizer detector places its boundary an iteration late, when it ends step 1 too: the CPU
 time at that boundary is not known) and where the previous boundary was on another thread.
+Beside it, on the same rows, `ctx_vol` and `ctx_invol`: the thread's voluntary and involuntary
+context switches since the previous boundary (`getrusage(RUSAGE_THREAD)`, Linux; about 1 µs).
+Voluntary ones are the thread's own waits (sleep, I/O, a lock, a collective); involuntary ones
+are the scheduler taking the core away for other load: what tells a rank that waits off the CPU
+by its own doing from one the OS delayed (analysis/diagnosis/busy.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from uberprof.collect import diskfull
+
+try:
+    import resource
+except ImportError:  # not POSIX: no context switches
+    resource = None  # type: ignore[assignment]
 
 try:
     import orjson
@@ -53,6 +63,7 @@ class StepTimeline:
         self._early_waits: list[tuple[int, int]] | None = []
         self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
         self._cpu_mark = (0, 0)  # (thread ident, its CPU time) at the previous boundary
+        self._switch_mark: tuple[int, int] | None = None  # (voluntary, involuntary) then
 
     def add_data_wait(self, ns: int, end_ns: int) -> None:
         self.data_wait_ns += ns
@@ -67,6 +78,7 @@ class StepTimeline:
         """End the open step at `t_ns` (epoch ns) and open the next; returns the step ended."""
         ended = self.step
         cpu_ns = self._thread_cpu_ns()
+        switches = self._thread_switches()
         carried = 0
         if self._early_waits is not None:
             carried = sum(ns for end, ns in self._early_waits if end > t_ns)
@@ -83,6 +95,8 @@ class StepTimeline:
         }
         if cpu_ns is not None:
             row["cpu_ns"] = cpu_ns
+            if switches is not None:
+                row["ctx_vol"], row["ctx_invol"] = switches
         self._write(row)
         self.steps_written += 1
         if torch_cuda is not None:
@@ -92,6 +106,18 @@ class StepTimeline:
         self.data_wait_ns = carried
         self.uberprof_ns = 0
         return ended
+
+    def _thread_switches(self) -> tuple[int, int] | None:
+        """The calling thread's (voluntary, involuntary) context switches since the previous
+        boundary, or None where getrusage cannot say (not Linux) or there was none before.
+        Written only beside `cpu_ns`, which says when the previous boundary was this thread's."""
+        try:
+            ru = resource.getrusage(resource.RUSAGE_THREAD)  # type: ignore[attr-defined]
+        except (AttributeError, OSError, ValueError):
+            return None
+        now = (ru.ru_nvcsw, ru.ru_nivcsw)
+        prev, self._switch_mark = self._switch_mark, now
+        return None if prev is None else (now[0] - prev[0], now[1] - prev[1])
 
     def _thread_cpu_ns(self) -> int | None:
         """The calling thread's CPU time since the previous boundary, or None: the first two

@@ -26,26 +26,64 @@ KINDS = ("exposed_comm",)
 
 
 def exposed_comm_findings(facts: Facts) -> list[Finding]:
-    """At most one finding: the exposed communication of the analysed steps."""
-    return _exposed_comm_findings(facts.traced, facts.lateness, facts.wall_ns, facts.classes,
+    """At most one finding: the exposed communication of the analysed steps that every rank
+    completed (`complete_steps`)."""
+    traced, left_out = complete_steps(facts.traced, failed_in(facts.found))
+    return _exposed_comm_findings(traced, facts.lateness, facts.wall_ns, facts.classes,
                                   facts.first("straggler"), facts.of_kind("bandwidth"),
                                   exposed_comm_remedy(facts.parallelism.kinds),
                                   facts.p2p.per_rank_step() if facts.p2p else None,
-                                  facts.first("pipeline_imbalance"))
+                                  facts.first("pipeline_imbalance"), left_out)
+
+
+def failed_in(found: list[Finding]) -> int | None:
+    """The first step a rank failed in (a crash: the step after the first failed rank's last
+    finished one; a hang: the step the stuck ranks never finished), None when none failed or
+    the step is not known."""
+    steps = [s for f in found if f.kind in ("crash", "hang") for s in f.steps
+             if isinstance(s, int)]
+    return min(steps, default=None)
+
+
+def complete_steps(traced: pa.Table, failed_step: int | None
+                   ) -> tuple[pa.Table, dict[int, str]]:
+    """The traced steps a claim about every rank may rest on, and why the others are left out
+    (step -> reason). A step counts when every traced rank has it and it lies before the step a
+    rank failed in: a rank that died inside its trace window leaves a partial last step, or
+    none, and the survivors' same step is spent waiting for the dead peer, so the least exposed
+    rank of such a step is one survivor's wait, not what every rank pays."""
+    if traced.num_rows == 0:
+        return traced, {}
+    ranks = set(traced.column("rank").to_pylist())
+    have: dict[int, set[int]] = {}
+    for r, s in zip(traced.column("rank").to_pylist(), traced.column("step").to_pylist()):
+        have.setdefault(s, set()).add(r)
+    left: dict[int, str] = {}
+    for s, rs in sorted(have.items()):
+        if failed_step is not None and s >= failed_step:
+            left[s] = f"at or after step {failed_step}, where a rank failed"
+        elif rs != ranks:
+            left[s] = f"not traced on rank(s) {', '.join(map(str, sorted(ranks - rs)))}"
+    if not left:
+        return traced, {}
+    keep = pa.array([s not in left for s in traced.column("step").to_pylist()], pa.bool_())
+    return traced.filter(keep), left
 
 
 def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
                            classes: list[BandwidthClass], straggler_finding: Finding | None,
                            bandwidth: list[Finding], remedy: str | None = None,
                            p2p_split: dict[tuple[int, int], tuple[int, int]] | None = None,
-                           pipeline_finding: Finding | None = None) -> list[Finding]:
+                           pipeline_finding: Finding | None = None,
+                           left_out: dict[int, str] | None = None) -> list[Finding]:
     """Communication not hidden under compute that every rank pays (per step, the least
     exposed rank's), so that waiting for a straggler is not counted twice. Split into waiting
     for peers and transfer in the proportion of that rank's collective time before and after
     the last arrival (for sends and receives, `p2p_split`: before and after both sides posted);
     the wait is a straggler's or an unbalanced pipeline's when there is one, the transfer a
     latency- or bandwidth-bound class's when there is one (`caused_by`). `remedy`: the one that
-    fits the run's parallelism (`causes.exposed_comm_remedy`)."""
+    fits the run's parallelism (`causes.exposed_comm_remedy`). `left_out`: steps left out as
+    incomplete (`complete_steps`), said in the evidence and its test."""
     if traced.num_rows == 0 or not wall_ns:
         return []
     per_step: dict[int, list[tuple[int, int, int]]] = {}
@@ -100,10 +138,15 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
           "exposed_of_comm_pct": round(100 * stake / comm_total, 1) if comm_total else None,
           "share_pct": round(100 * share, 1),
           "limited_collectives": bound[:3]}
+    note = ""
+    if left_out:
+        ev["steps_left_out"] = {str(k): v for k, v in sorted(left_out.items())}
+        note = (f"; step(s) {', '.join(map(str, sorted(left_out)))} left out, not complete on "
+                "every rank")
     confidence, test = count_test(
         f"communication not hidden under compute on every rank: {_ms(stake)} ms "
         f"({ev['share_pct']}% of the analysed time; threshold {200 * MIN_SHARE:.0f}%), of which "
-        f"{_ms(wait)} ms waiting for peers and {_ms(transfer)} ms transfer",
+        f"{_ms(wait)} ms waiting for peers and {_ms(transfer)} ms transfer{note}",
         len(steps), n_steps)
     ev["test"] = test.as_dict()
     title = (f"Communication not hidden under compute: {_ms(stake)} ms "
