@@ -177,3 +177,30 @@ def test_dashboard_loads_a_gpu_run_and_answers_its_overview(runs: dict[str, Path
     status, body = _route(_client(data), "/", "")
     assert status == 200
     assert "straggler" in body.lower()
+
+
+def test_operators_and_kernels_of_a_cuda_profile_match_key_averages_on_the_same_window(
+        tmp_path: Path) -> None:
+    """samples/gpu/profile: four steps profiled on the H100 with CPU and CUDA activities, and
+    torch.profiler's own key_averages() of them (benchmarks/gpu_key_averages.py). Host
+    operators' self time leaves out the CUDA runtime calls inside them (cudaLaunchKernel...),
+    as key_averages does; kernels' time is their device time."""
+    from uberprof.analysis.diagnosis.advisor import diagnose
+    from uberprof.analysis.tables.derived import read_operators
+
+    shutil.copy(GPU / "profile" / "gpu-profile.pt.trace.json.gz", tmp_path)
+    diagnose(tmp_path, out=tmp_path / "derived", workers=1)
+    rows = read_operators(tmp_path / "derived").to_pylist()
+    ka = json.loads((GPU / "profile" / "gpu-profile.key_averages.json").read_text())["rows"]
+    ops = sorted((r for r in rows if r["kind"] == "operator"), key=lambda r: -r["self_ns"])
+    kernels = sorted((r for r in rows if r["kind"] == "kernel"), key=lambda r: -r["incl_ns"])
+    assert len(ops) >= 15 and len(kernels) >= 15
+    for r in ops[:15]:
+        k = ka[r["name"]]
+        assert r["calls"] == k["count"], r
+        assert r["self_ns"] / 1e3 == pytest.approx(k["self_cpu_us"], rel=0.01), r
+        assert r["incl_ns"] / 1e3 == pytest.approx(k["cpu_total_us"], rel=0.01), r
+    for r in kernels[:15]:
+        k = ka[r["name"]]
+        assert r["calls"] == k["count"], r
+        assert r["incl_ns"] / 1e3 == pytest.approx(k["self_device_us"], rel=0.01), r
