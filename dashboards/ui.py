@@ -47,6 +47,7 @@ PAGES = (
     ("/gaps", "Gaps"),
     ("/communication", "Communication"),
     ("/parallelism", "Parallelism"),
+    ("/memory", "Memory"),
     ("/counters", "Counters"),
 )
 COMPARE_PAGE = ("/compare", "Compare")  # in the bar when a baseline run was given

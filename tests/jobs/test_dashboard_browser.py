@@ -26,7 +26,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 PAGES = {"/": "page-overview", "/steps": "page-steps", "/stragglers": "page-stragglers",
          "/gaps": "page-gaps", "/communication": "page-communication",
-         "/counters": "page-counters", "/compare": "page-compare"}
+         "/counters": "page-counters", "/compare": "page-compare", "/memory": "page-memory"}
 STRAGGLER = 2  # slow_compute_run: rank 2 runs its forward pass four times
 
 if not CHROMIUM.exists():
@@ -321,6 +321,38 @@ def test_synthetic_gpu_run_counters_and_throttle(browser: Any, synthetic: Served
 
     for path in ("/steps", "/gaps", "/communication"):
         _visit(browser, synthetic, path, "synthetic").done()
+
+
+# --- a real GPU run: memory per rank -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpu_sample(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """samples/gpu/gloo2 (two ranks sharing an H100, samples/gpu/README.md), copied: the
+    analysis writes into the run directory."""
+    import shutil
+
+    run = Path(shutil.copytree(SAMPLES / "gpu" / "gloo2",
+                               tmp_path_factory.mktemp("dash-gpu") / "gloo2"))
+    yield from _served(run)
+
+
+def test_gpu_sample_memory_page(browser: Any, gpu_sample: Served) -> None:
+    import json
+
+    v = _visit(browser, gpu_sample, "/memory?rank=1", "gpu")
+    assert v.count("#memory-gpu .main-svg") and v.count("#memory-rss .main-svg")
+    assert v.count("#memory-gpu .scatterlayer .trace") == 4  # in use and peak, per rank
+    assert v.count("#memory-rss .scatterlayer .trace") == 2
+    assert "rank 1 in use" in v.text("#memory-gpu") and "GiB allocated" in v.text("#memory-gpu")
+    assert v.count("#memory-table tbody tr") == 2
+    assert "selected" in (v.page.locator("#memory-table tbody tr").nth(1)
+                          .get_attribute("class") or "")
+    truth = json.loads((SAMPLES / "gpu" / "gloo2.memory.1").read_text())["max_memory_allocated"]
+    from uberprof.units import fmt_bytes
+
+    assert fmt_bytes(truth) in v.text("#memory-table")
+    assert v.text("#nav-memory") == "Memory"
+    v.done()
 
 
 # --- two runs compared, and values of the URL the run does not have ----------------------------

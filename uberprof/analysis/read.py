@@ -102,6 +102,26 @@ class OpenedRun:
         return percentages(**{p: sum(x or 0 for x in rt.column(f"{p}_ns").to_pylist())
                               for p in parts})
 
+    def step_timelines(self, columns: list[str]) -> pa.Table | None:
+        """Every rank's step timeline as the analysis saved it (TIMELINE_SCHEMA): `rank`,
+        `step` and `columns`, in rank and step order; None without traces or a run directory.
+        A rank whose table was not saved (no steps.jsonl, unreadable) has no rows."""
+        if self.ctx is None or not self.ctx.is_run_dir or self.ctx.run is None:
+            return None
+        from uberprof.analysis.tables.schemas import TIMELINE_SCHEMA
+        from uberprof.rundir import RunDir, ranks_by_id
+
+        cols = ["step", *(c for c in columns if c != "step")]
+        schema = pa.schema([("rank", pa.int64()), *(TIMELINE_SCHEMA.field(c) for c in cols)])
+        parts = []
+        for rank, meta in sorted(ranks_by_id(RunDir(self.ctx.root)).items()):
+            t = self.ctx.run.timeline(meta.folder)
+            if t is None or not t.num_rows:
+                continue
+            parts.append(t.select(cols).add_column(
+                0, "rank", pa.repeat(pa.scalar(rank, pa.int64()), t.num_rows)))
+        return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+
     def traced_breakdown(self) -> pa.Table | None:
         """The whole-trace breakdown (RANK_SCHEMA) of the ranks with an analysed trace, None
         when there is none."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.present.html_memory import memory_html
 from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
 from uberprof.present.report_terminal import parallelism_line
@@ -56,7 +57,7 @@ def render_html(d: Diagnosis) -> str:
              f"<div class='dim'>{e(_summary_line(d))}</div>",
              _parallelism_html(r),
              "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
-             parallel_html(r), operators_html(r),
+             parallel_html(r), operators_html(r), memory_html(r),
              "<h2>Plots</h2>", *plots, "<h2>Run</h2>",
              f"<pre>{e(_run_text(d))}</pre>", "</body></html>"]
     return "\n".join(parts)

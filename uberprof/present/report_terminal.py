@@ -17,6 +17,7 @@ from rich.text import Text
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.analysis.read import MIN_INSTANCES
+from uberprof.present.terminal.memory import render_memory
 from uberprof.present.terminal.operators import render_operators
 from uberprof.present.terminal.parallel import render_parallel
 from uberprof.units import fmt_bytes, fmt_num, shorten
@@ -35,6 +36,7 @@ def render_report(d: Diagnosis, console: Console) -> None:
     _bandwidth(d, console)
     render_parallel(d.run, console, _print_table)
     render_operators(d.run, console, _print_table)
+    render_memory(d.run, console, _print_table)
     _gaps(d, console)
     problems = d.run.get("problems") or []
     if problems:

@@ -15,6 +15,7 @@ from uberprof._version import __version__
 from uberprof.analysis.diagnosis.bandwidth import BANDWIDTH_SCHEMA, BandwidthClass
 from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA
 from uberprof.analysis.diagnosis.lateness import LATENESS_SCHEMA
+from uberprof.analysis.diagnosis.memory import memory_doc
 from uberprof.analysis.diagnosis.model import SCHEMA_VERSION, Diagnosis, Finding
 from uberprof.analysis.diagnosis.summaries import RankSummaries, summarise
 from uberprof.analysis.tables.align import Alignment
@@ -35,7 +36,8 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
             classes: list[BandwidthClass], problems: list[str]) -> dict[str, Any]:
     """The `run` object of the report document (docs/json.md): the same fields in every case.
     The diagnosis adds `straggler_test`, `step_time`, `accounting`, `parallelism` and
-    `operators` (`top_ops.py`) where it ran."""
+    `operators` (`top_ops.py`) where it ran; `memory` (`memory.py`) wherever the run directory
+    has memory to show."""
     un = matched.unmatched
     return {
         "schema_version": SCHEMA_VERSION,
@@ -70,6 +72,7 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
         "accounting": None,
         "parallelism": None,
         "operators": None,
+        "memory": None,
     }
 
 
@@ -116,6 +119,7 @@ def empty_diagnosis(root: Path, problems: list[str], findings: list[Finding] | N
                   device_type="cuda" if any(m.device for m in metas.values()) else "cpu",
                   analysed_steps=[], wall_ns=None, median_step_ns=None, threshold_ns=None,
                   alignment=alignment, matched=matched, classes=[], problems=problems)
+    doc["memory"] = memory_doc(root) if is_run else None
     return Diagnosis(run=doc, ranks=[], findings=list(findings or []), alignment=alignment,
                      matched=matched, lateness=lat, gaps=gaps,
                      bandwidth=BANDWIDTH_SCHEMA.empty_table(), classes=[], straggler=None,

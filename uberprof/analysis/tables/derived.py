@@ -154,8 +154,8 @@ class Analysis:
             return None
         try:
             return read_timeline(self.derived, e["key"])
-        except (OSError, KeyError, pa.ArrowException):
-            return None
+        except (OSError, KeyError, ValueError, pa.ArrowException):  # ValueError: a saved table
+            return None  # of other columns (an analysis of another layout): read the JSON lines
 
     def step_tail(self, rank_dir: Path) -> tuple[int, int | None, int | None] | None:
         """A rank folder's step count, last step and its end as the analysis's map read them

@@ -11,7 +11,8 @@ findings. It computes none of them. The stages:
    exceed the budget; budget.py drops the least useful first);
 3. write: each rank's files read one at a time, their events decided on (events.py) and
    streamed to the writer on the rank's tracks (tracks.py), then its marks and GPU counters
-   (overlay.py); then the findings' process and the nodes' counters; last the summary.
+   (overlay.py) and its GPU memory per step (memory.py); then the findings' process and the
+   nodes' counters; last the summary.
 
 Memory stays at one trace file, never the merged trace.
 """
@@ -31,6 +32,7 @@ from uberprof.present.export.budget import Cut
 from uberprof.present.export.events import Drops, kept_events, read_scan
 from uberprof.present.export.findings import RANK_TRACKS
 from uberprof.present.export.layout import ProcessInfo
+from uberprof.present.export.memory import MEMORY_COLUMNS, write_memory_counters
 from uberprof.present.export.options import (
     DEFAULT_MAX_MB,
     ExportError,
@@ -82,7 +84,8 @@ def _export(opened: OpenedRun, out: Path, opts: ExportOptions,
     writer = open_writer(opts.fmt, out, opts.gzip, sel.base)
     try:
         drops = Drops()
-        per_rank = _write_all(writer, ctx, d, sel, plan, cut, opts, drops, notes, progress)
+        per_rank = _write_all(writer, ctx, d, sel, plan, cut, opts, drops, notes, progress,
+                              opened.step_timelines(MEMORY_COLUMNS))
         if getattr(writer, "unsupported", 0):
             notes.append(f"{writer.unsupported} events of kinds the perfetto format export does "
                          "not carry (B/E pairs, async events) left out; the JSON export keeps them")
@@ -111,7 +114,7 @@ def _tables_and_diagnosis(opened: OpenedRun) -> tuple[RunContext, Diagnosis]:
 
 def _write_all(writer: TraceWriter, ctx: RunContext, d: Diagnosis, sel: Selection, plan: Plan,
                cut: Cut, opts: ExportOptions, drops: Drops, notes: list[str],
-               progress: Progress | None) -> dict[int, int]:
+               progress: Progress | None, memory: Any = None) -> dict[int, int]:
     """The write stage: the ranks in order, then the findings' process and the nodes'
     counters. Returns the complete events written per rank (a rank none of whose files could
     be read is left out); none at all is an `ExportError`."""
@@ -127,6 +130,7 @@ def _write_all(writer: TraceWriter, ctx: RunContext, d: Diagnosis, sel: Selectio
         if plan.gpu_of.get(r) and plan.gpu_of[r][0] in plan.node_pid:
             node, gpu = plan.gpu_of[r]
             write_gpu_counters(writer, plan.ids, st, counters(node), gpu, sel.base)
+        write_memory_counters(writer, plan.ids, st, memory, sel)
         writer.end_unit()
         per_rank[r] = st.x_events
     write_findings_process(writer, plan, sel.base)
