@@ -225,3 +225,39 @@ def test_diff_reads_the_saved_table_with_the_same_numbers_as_the_events(tmp_path
     for key, st in from_events.items():
         assert (saved[key].calls, saved[key].self_ns, saved[key].incl_ns) == pytest.approx(
             (st.calls, st.self_ns, st.incl_ns)), key
+
+
+def _self_times_by_stack(tid, ts, dur):  # type: ignore[no-untyped-def]
+    """The rule one event at a time, as a reference: events in (thread, start, longer first)
+    order, a stack of the open ones; each gives its time, up to its parent's end, to the
+    innermost one still open at its start."""
+    import numpy as np
+
+    out = dur.astype(np.int64).copy()
+    stack: list[int] = []
+    last = None
+    for i in np.lexsort((-dur, ts, tid)).tolist():
+        if tid[i] != last:
+            stack, last = [], tid[i]
+        while stack and ts[stack[-1]] + dur[stack[-1]] <= ts[i]:
+            stack.pop()
+        if stack:
+            out[stack[-1]] -= min(dur[i], ts[stack[-1]] + dur[stack[-1]] - ts[i])
+        stack.append(i)
+    return np.maximum(out, 0)
+
+
+def test_columnar_self_times_equal_the_one_event_at_a_time_rule_nested_or_not() -> None:
+    import numpy as np
+
+    from uberprof.analysis.tables.operators import self_times
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # random threads, overlaps that nest and that do not, zero lengths
+        n = int(rng.integers(1, 80))
+        tid, ts, dur = (rng.integers(0, 3, n), rng.integers(0, 200, n), rng.integers(0, 60, n))
+        assert np.array_equal(self_times(tid, ts, dur), _self_times_by_stack(tid, ts, dur))
+    # properly nested: a parent with two children and a grandchild
+    tid = np.zeros(4, np.int64)
+    ts, dur = np.array([0, 10, 12, 50]), np.array([100, 30, 5, 20])
+    assert self_times(tid, ts, dur).tolist() == [50, 25, 5, 20]
