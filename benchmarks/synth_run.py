@@ -20,6 +20,8 @@ alignment has something to do. The output is deterministic for a given `--seed`.
     python benchmarks/synth_run.py /tmp/synth64 --ranks 64 --steps 2000
     python benchmarks/synth_run.py /tmp/synth8 --ranks 8 --steps 200 --trace-steps 50-52 \\
         --straggler 5 --straggler-cause compute
+    python benchmarks/synth_run.py /tmp/synth64ops --ranks 64 --steps 2000 --op-names 200
+        # a model of many operators: ~200 host operator and ~100 kernel names per rank
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Config:
     seed: int
     step_ms: float
     layers: int = 1  # model depth: kernels per step (and trace size) grow with it
+    op_names: int = 0  # distinct host operator names (and half as many kernel variants): 0 keeps 4
 
 
 def parse_windows(text: str) -> list[tuple[int, int]]:
@@ -205,10 +208,37 @@ _FWD_KERNELS = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
                 "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>")
 
 
+_ATEN = ("add", "mul", "view", "reshape", "t", "transpose", "empty", "copy_", "fill_", "sum",
+         "mean", "div", "sub", "clone", "cat", "slice", "select", "expand", "permute",
+         "contiguous", "to", "_to_copy", "unsqueeze", "squeeze", "matmul", "mm", "bmm", "addmm",
+         "softmax", "_softmax", "dropout", "native_dropout", "where", "masked_fill", "zeros",
+         "ones", "arange", "index_select", "embedding", "rsqrt", "pow", "exp", "log", "neg",
+         "abs", "clamp", "max", "min", "argmax", "topk")
+_OVERLOADS = ("", ".Tensor", ".Scalar", "_", ".out", ".int", ".dim_IntList", ".self")
+
+
+def op_name(i: int) -> str:
+    """The i-th of the host operator names `--op-names` adds (aten names and overloads)."""
+    return f"aten::{_ATEN[i % len(_ATEN)]}{_OVERLOADS[i // len(_ATEN) % len(_OVERLOADS)]}" + \
+        (f"_{i // (len(_ATEN) * len(_OVERLOADS))}" if i >= len(_ATEN) * len(_OVERLOADS) else "")
+
+
+def _variety(tb: TraceBuilder, host: int, i: int, names: int) -> str:
+    """With `names` (--op-names), a short host-only operator after the launch at `host` (in
+    the host's gap before the next launch), named by position `i`; the kernel's name suffix."""
+    if not names:
+        return ""
+    tb.span("cpu_op", op_name(i % names), host + 19_000, host + 22_000 + (i % 7) * 1_000)
+    return f"_v{i % max(1, names // 2)}"
+
+
 def add_step(tb: TraceBuilder, tl: Timeline, s: int, r: int, world: int,
-             layers: int = 1) -> None:
+             layers: int = 1, op_names: int = 0) -> None:
     """One traced step of rank r: host spans, launches and device activity. `layers` scales
-    the kernels per step (a deeper model: more, shorter kernels in the same step time)."""
+    the kernels per step (a deeper model: more, shorter kernels in the same step time);
+    `op_names` adds host-only operators and kernel variants (a model of many operators: the
+    operator table has that many host rows and half as many kernel rows per rank)."""
+    at = s * (FWD_KERNELS + BWD_KERNELS) * layers  # position of this step's launches
     t0, t1 = int(tl.start[s, r]), int(tl.end[s, r])
     d = int(tl.data[s, r])
     tb.span("user_annotation", f"ProfilerStep#{s}", t0, t1)
@@ -225,7 +255,8 @@ def add_step(tb: TraceBuilder, tl: Timeline, s: int, r: int, world: int,
     fwd_k = tl.fwd[s, r] / fwd_n
     for k in range(fwd_n):
         j = k % len(_FWD_OPS)
-        tb.kernel(_FWD_KERNELS[j], host, dev + 3_000, dev + fwd_k, _FWD_OPS[j])
+        v = _variety(tb, host, at + k, op_names)
+        tb.kernel(_FWD_KERNELS[j] + v, host, dev + 3_000, dev + fwd_k, _FWD_OPS[j])
         host += 35_000
         dev += fwd_k
     # backward: buckets become ready as their gradients are computed
@@ -235,8 +266,9 @@ def add_step(tb: TraceBuilder, tl: Timeline, s: int, r: int, world: int,
     for b in range(BUCKETS):
         for k in range(per_bucket):
             j = k % len(_FWD_OPS)
-            tb.kernel(_FWD_KERNELS[j].replace("fwd", "bwd"), host, dev + 3_000, dev + bwd_k,
-                      "autograd::engine::evaluate_function: " + _FWD_OPS[j])
+            v = _variety(tb, host, at + fwd_n + b * per_bucket + k, op_names)
+            tb.kernel(_FWD_KERNELS[j].replace("fwd", "bwd") + v, host, dev + 3_000,
+                      dev + bwd_k, "autograd::engine::evaluate_function: " + _FWD_OPS[j])
             host += 30_000
             dev += bwd_k
         tb.seq = s * BUCKETS + b + 1  # NCCL counts collectives per group from the start
@@ -415,7 +447,7 @@ def write_run(cfg: Config, log: Any = print) -> Path:
                 hi = min(hi, cfg.steps - 1)
                 tb = TraceBuilder(r, off)
                 for s in range(lo, hi + 1):
-                    add_step(tb, tl, s, r, n, cfg.layers)
+                    add_step(tb, tl, s, r, n, cfg.layers, cfg.op_names)
                 write_trace(rd / TRACES_DIR / (trace_file_name(lo, hi) + ".gz"), tb, r, n, host)
         if cfg.counters:
             write_counters(cfg, host, host, ranks, tl, off, rng)
@@ -443,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=1,
                    help="model depth: kernels per step x this (bigger traces; default 1: "
                         "about 250 events per traced step)")
+    p.add_argument("--op-names", type=int, default=0, metavar="N",
+                   help="N distinct host operators (short host-only spans between launches) "
+                        "and N/2 kernel name variants, for the /operators page at scale "
+                        "(default 0: the 4 forward operators and their kernels)")
     p.add_argument("--no-counters", action="store_true", help="no node counters")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -456,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(out=a.out, ranks=a.ranks, steps=a.steps, gpus_per_node=a.gpus_per_node,
                  windows=a.trace_steps if a.trace_steps is not None else default_windows(a.steps),
                  straggler=straggler, cause=a.straggler_cause, slow=a.slow,
-                 counters=not a.no_counters, seed=a.seed, step_ms=a.step_ms, layers=a.layers)
+                 counters=not a.no_counters, seed=a.seed, step_ms=a.step_ms, layers=a.layers,
+                 op_names=max(0, a.op_names))
     write_run(cfg)
     return 0
 

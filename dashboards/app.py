@@ -26,6 +26,7 @@ from uberprof.dashboards.ui import Selection
 __all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app", "loopback_hosts"]
 
 PAGE_MODULES = ("overview", "steps", "stragglers", "gaps", "communication", "parallelism",
+                "operators",
                 "memory", "counters", "compare")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 ASSETS = Path(__file__).resolve().parent / "assets"

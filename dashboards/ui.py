@@ -47,6 +47,7 @@ PAGES = (
     ("/gaps", "Gaps"),
     ("/communication", "Communication"),
     ("/parallelism", "Parallelism"),
+    ("/operators", "Operators"),
     ("/memory", "Memory"),
     ("/counters", "Counters"),
 )

@@ -26,7 +26,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 PAGES = {"/": "page-overview", "/steps": "page-steps", "/stragglers": "page-stragglers",
          "/gaps": "page-gaps", "/communication": "page-communication",
-         "/counters": "page-counters", "/compare": "page-compare", "/memory": "page-memory"}
+         "/counters": "page-counters", "/compare": "page-compare", "/memory": "page-memory",
+         "/operators": "page-operators"}
 STRAGGLER = 2  # slow_compute_run: rank 2 runs its forward pass four times
 
 if not CHROMIUM.exists():
@@ -352,6 +353,56 @@ def test_gpu_sample_memory_page(browser: Any, gpu_sample: Served) -> None:
 
     assert fmt_bytes(truth) in v.text("#memory-table")
     assert v.text("#nav-memory") == "Memory"
+    v.done()
+
+
+def _column(v: Visit, column: str) -> list[str]:
+    """The cells of one column of the operators table, top to bottom, as shown."""
+    return [c.strip() for c in v.page.locator(
+        f'#operators-table td.dash-cell[data-dash-column="{column}"]').all_inner_texts()]
+
+
+def test_gpu_sample_operators_page(browser: Any, gpu_sample: Served) -> None:
+    """The report's operators in a table that sorts in the browser; a row picked draws that
+    operator on both ranks; the kind selector switches to the kernels."""
+    doc = gpu_sample.data.diagnose().run["operators"]
+    v = _visit(browser, gpu_sample, "/operators", "gpu")
+    assert v.text("#nav-operators") == "Operators"
+    names = _column(v, "name")
+    assert len(names) == len(doc["operators"]) == 30 and names[0] == doc["operators"][0]["name"]
+    assert v.count("#operators-ranks .barlayer .point") == 2  # the top operator, per rank
+    assert names[0] in v.text("#operators-picked")
+
+    calls = [int(c) for c in _column(v, "calls")]
+    assert calls != sorted(calls)  # by self time, not by calls
+    v.page.click('#operators-table th[data-dash-column="calls"] .column-header--sort')
+    v.page.wait_for_function("""(first) => {
+        const c = document.querySelector(
+            '#operators-table td.dash-cell[data-dash-column="calls"]');
+        return c && c.innerText.trim() !== first; }""", arg=str(calls[0]))
+    shown = [int(c) for c in _column(v, "calls")]
+    assert shown in (sorted(calls), sorted(calls, reverse=True)) and sorted(shown) == sorted(calls)
+    v.page.screenshot(path=str(ARTIFACTS / "gpu-operators-sorted.png"), full_page=True)
+
+    pick = _column(v, "name")[4]  # a row of the sorted table: the same operator is drawn
+    v.page.locator('#operators-table td.dash-cell[data-dash-column="name"]').nth(4).click()
+    v.page.wait_for_function(
+        "(n) => document.querySelector('#operators-picked').innerText.startsWith(n + ':')",
+        arg=pick)
+    v.settle("page-operators")
+    assert v.count("#operators-ranks .barlayer .point") == 2
+    assert "rank 1" in v.text("#operators-ranks") and "self time per step" in \
+        v.text("#operators-ranks")
+
+    v.page.get_by_label("kernels", exact=False).first.check()
+    v.page.wait_for_function(
+        "() => document.querySelector('#operators-table th[data-dash-column=\"total_pct\"]')"
+        "?.innerText.includes('device')")
+    v.settle("page-operators")
+    kernels = [e for e in doc["kernels"] if e["kind"] == "kernel"]
+    assert len(_column(v, "name")) == len(kernels)
+    assert v.count("#operators-ranks .barlayer .point") == 2
+    assert "device time per step" in v.text("#operators-ranks")
     v.done()
 
 
