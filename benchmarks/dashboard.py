@@ -47,7 +47,7 @@ PAGE_TARGET_S = 3.0  # every page, cached scripts (issue 18)
 FRESH_START_TARGET_S = 20.0  # 512 ranks x 10,000 steps, nothing analysed (issue 18)
 ANALYSED_START_TARGET_S = 3.0  # the same run analysed before
 PAGES = ("/", "/steps", "/stragglers", "/gaps", "/communication", "/parallelism", "/operators",
-         "/counters", "/compare")
+         "/memory", "/counters", "/compare")
 
 # A page is drawn when every figure has its SVG and no callback is pending.
 SETTLED_JS = """(pageId) => {

@@ -25,6 +25,9 @@
     python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
     python benchmarks/overhead.py --side-by-side --rounds 10
+    python benchmarks/overhead.py --module-hooks [--rounds 20]   (in one process, no job)
+    python benchmarks/overhead.py --modes plain,uberprof --rounds 1 \
+        --window-variants ",--modules,--profile-memory"   (what each option adds to a window)
 """
 
 from __future__ import annotations
@@ -107,7 +110,17 @@ def main() -> None:
                     help="runs with a trace window in the middle")
     ap.add_argument("--window-args", default="",
                     help="extra `uberprof run` options for them (e.g. '--record-shapes off')")
+    ap.add_argument("--window-variants", default=None, metavar="A,B,...",
+                    help="compare windows under these `uberprof run` options, interleaved "
+                    "(comma-separated; an empty item is the plain window), e.g. "
+                    "',--modules,--profile-memory'")
+    ap.add_argument("--module-hooks", action="store_true",
+                    help="only the cost of --modules' hooks inside a window: the sample's model, "
+                    "forward and backward under torch.profiler, with and without them")
     args = ap.parse_args()
+    if args.module_hooks:
+        module_hooks(args)
+        return
     extra = args.sample_args.split()
     tmp = Path(tempfile.mkdtemp(prefix="uberprof-overhead-"))
     if args.side_by_side:
@@ -170,7 +183,10 @@ def main() -> None:
     if args.no_window:
         return
 
-    window_cost(args, tmp, extra)
+    if args.window_variants is not None:
+        window_variants(args, tmp, extra)
+    else:
+        window_cost(args, tmp, extra)
 
 
 def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float, float]:
@@ -258,6 +274,120 @@ def window_cost(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
           f"(agent's own time on the training thread {med(own):.0f} ms)")
     print(f"steps after a trace window / before it:           {med(after):.4f}  "
           f"(target <= 1.02)")
+
+
+def window_variants(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
+    """The trace window's cost under each of `--window-variants` (such as `--modules`), runs
+    interleaved round by round: each variant's traced steps against its own untraced steps
+    before the window, and that ratio against the plain window's (the first variant)."""
+    variants = [v.strip() for v in args.window_variants.split(",")]
+    n = args.steps * 2
+    first, last = n // 2, n // 2 + 2
+    traced: dict[str, list[float]] = {v: [] for v in variants}
+    stop: dict[str, list[float]] = {v: [] for v in variants}
+    for i in range(args.window_rounds):
+        order = variants if i % 2 == 0 else list(reversed(variants))
+        for j, v in enumerate(order):
+            rid = f"variant-{i}-{variants.index(v)}"
+            run([sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id", rid,
+                 "--trace-steps", f"{first}-{last}", *v.split(), "--",
+                 *torchrun(args.nproc, n, tmp / f"{rid}.json", extra)])
+            rows = [json.loads(x) for x in (tmp / f"{rid}/ranks/0/steps.jsonl").open()]
+            wall = {r["step"]: (r["host_end_ns"] - r["host_start_ns"]) / 1e6 for r in rows
+                    if r["kind"] == "step"}
+            mine = {r["step"]: r["uberprof_ns"] / 1e6 for r in rows if r["kind"] == "step"}
+            before = statistics.median(wall[s] for s in range(WARMUP, first))
+            # the window's first step holds the profiler's start: left out, as in window_cost
+            traced[v].append(statistics.median(wall[s] for s in range(first + 1, last + 1))
+                             / before)
+            stop[v].append(mine[last + 1])
+        print(f"window round {i + 1}/{args.window_rounds}: " + ", ".join(
+            f"[{v or 'window'}] traced {traced[v][-1]:.3f}x, stop {stop[v][-1]:.0f} ms"
+            for v in variants), flush=True)
+    med = statistics.median
+    base = variants[0]
+    for v in variants:
+        print(f"[{v or 'window'}] traced steps / untraced: {med(traced[v]):.3f} (median of "
+              f"{args.window_rounds}); window stop on the training thread {med(stop[v]):.0f} ms"
+              + ("" if v == base else f"; traced steps against [{base or 'window'}]: "
+                 f"{med(traced[v]) / med(traced[base]):.3f}x"))
+
+
+def module_hooks(args: argparse.Namespace) -> None:
+    """`--modules`' cost inside a trace window, in one process on one thread: the sample's
+    model (its --sample-args sizes) trains a step (forward, backward, SGD) under torch.profiler,
+    rounds alternating with and without the module hooks (`collect/rank/modules.py`); the
+    thread's CPU time per step, the ratio with its 95% interval, and the cost per module call.
+    Outside windows the hooks are not registered, so they cost nothing there."""
+    import importlib.util
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(ROOT))
+    from uberprof.collect.rank.modules import ModuleMarks
+    from uberprof.collect.safety import AgentLog
+
+    spec = importlib.util.spec_from_file_location("train_ddp", SAMPLE)
+    sample = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(sample)  # type: ignore[union-attr]
+    a = sample.parse_args(args.sample_args.split())
+    torch.set_num_threads(1)
+    model = sample.TinyTransformer(a.vocab, a.dim, a.layers, a.heads, a.seq)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randint(0, a.vocab, (a.batch, a.seq))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    calls = sum(1 for _ in model.modules()) + 1  # every module is called once, and the loss
+    marks = ModuleMarks(AgentLog("benchmark"))
+
+    def steps(n: int, hooks: bool) -> float:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+            if hooks:
+                marks.start()
+            t0 = time.thread_time()
+            for _ in range(n):
+                loss_fn(model(x).flatten(0, 1), x.flatten()).backward()
+                opt.step()
+                opt.zero_grad()
+            t = (time.thread_time() - t0) / n
+            marks.stop()
+        return t
+
+    steps(3, False)
+    per: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(args.rounds):
+        for hooks in ((False, True) if i % 2 == 0 else (True, False)):
+            per[hooks].append(steps(args.steps // 4 or 1, hooks))
+    r, lo, hi = ratio_interval(per[True], per[False])
+    extra_us = (statistics.median(per[True]) - statistics.median(per[False])) * 1e6
+    print(f"module hooks in a window: {calls} module calls per step, step CPU time "
+          f"{statistics.median(per[False]) * 1e3:.2f} ms without, "
+          f"{statistics.median(per[True]) * 1e3:.2f} ms with: {r:.4f} (95% interval "
+          f"{lo:.4f}-{hi:.4f} over {args.rounds} rounds); {extra_us / calls:.1f} µs per call")
+    # the cost per call, where little else runs: 500 empty modules (nn.Identity), forward only
+    model = torch.nn.Sequential(*(torch.nn.Identity() for _ in range(500)))
+    x = torch.zeros(1)
+    per = {False: [], True: []}
+
+    def calls_only(hooks: bool) -> float:
+        with profile(activities=[ProfilerActivity.CPU]):
+            if hooks:
+                marks.start()
+            t0 = time.thread_time()
+            for _ in range(20):
+                model(x)
+            t = (time.thread_time() - t0) / (20 * 501)
+            marks.stop()
+        return t
+
+    calls_only(True)
+    for i in range(args.rounds):
+        for hooks in ((False, True) if i % 2 == 0 else (True, False)):
+            per[hooks].append(calls_only(hooks))
+    print(f"per module call (500 nn.Identity, forward): "
+          f"{statistics.median(per[False]) * 1e6:.2f} µs without hooks, "
+          f"{statistics.median(per[True]) * 1e6:.2f} µs with")
 
 
 if __name__ == "__main__":

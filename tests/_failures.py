@@ -8,17 +8,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests._jobs import PY, SCRIPTS, job_env, torchrun
+from tests._jobs import (
+    CEILING_S,
+    PY,
+    SCRIPTS,
+    job_env,
+    job_limit,
+    load_factor,
+    torchrun,
+)
+from uberprof.collect.watchdog import ANSWER_WAIT_S, STOP_GRACE_S
 
 FAULTY = SCRIPTS / "faulty.py"
 HANG_TIMEOUT = "10"
 
 
 def faulty_run(out: Path, run_id: str, fault: str, *args: str, nproc: int = 4,
-               spawn: bool = False, on_hang: str = "stop", limit: float = 150
+               spawn: bool = False, on_hang: str = "stop", limit: float | None = None
                ) -> tuple[subprocess.CompletedProcess[str], float]:
-    """The faulty job under `uberprof run --hang-timeout 10 --on-hang ...`; (result, seconds)."""
+    """The faulty job under `uberprof run --hang-timeout 10 --on-hang ...`; (result, seconds).
+    Its time limit (unless given): the job's work (`job_limit`), plus the hang timeout, the
+    watchdog's longest wait for answers and the stop's grace, scaled by the load."""
     job = ([PY, str(FAULTY), "--spawn", str(nproc)] if spawn else torchrun(nproc, FAULTY))
+    if limit is None:
+        limit = min(CEILING_S, job_limit([*job, "--steps", "8"]) + load_factor() * (
+            float(HANG_TIMEOUT) + ANSWER_WAIT_S + 2 * STOP_GRACE_S))
     cmd = [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, "--no-trace",
            "--hang-timeout", HANG_TIMEOUT, "--on-hang", on_hang, "--",
            *job, "--fault", fault, *args]

@@ -64,7 +64,7 @@ def failures_box(data: RunData) -> Any:
         stacks = []
         if f.kind == "hang":
             stacks = [(f"rank {r['rank']} ({r.get('state')})", r.get("stack") or [])
-                      for r in e.get("ranks") or [] if r.get("state") == "stuck"]
+                      for r in e.get("ranks") or [] if r.get("state") in ("stuck", "departed")]
             w = e.get("waiting_in")
             if w:
                 rows.append(html.Div([html.B("Others wait in: "),

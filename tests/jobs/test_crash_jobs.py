@@ -70,12 +70,38 @@ def test_a_collective_mismatch_that_makes_gloo_abort(tmp_path: Path) -> None:
     assert first["signal"] == "SIGABRT" and first["rank"] != 2
     assert first["where"].endswith(f"faulty.py:{line_of('torch.ones(1))')} in train")
     assert first["stack"][-1]["function"] == "all_reduce"
-    # the odd one out: rank 2 was in a different collective call than the others
+    # the odd one out: rank 2 was in a different collective call than the others, and the
+    # crash is reported as the desync it followed, with rank 2 as the rank that departed
     sites = f["evidence"]["call_sites"]
     odd = [s for s in sites if s["ranks"] == [2]]
     assert odd and odd[0]["collective"] == "all_reduce"
     assert odd[0]["where"].endswith(f"faulty.py:{line_of('torch.ones(10_000)')} in train")
-    assert "different collective calls" in f["title"]
+    assert f["cause"] == "desync" and f["ranks"] == [2], f["title"]
+    assert f["title"].startswith("Crash after a collective desync: rank 2 departed first")
+
+
+@pytest.mark.parametrize(("nproc", "rank"), [(2, 1), (4, 2)], ids=["2-ranks", "4-ranks"])
+def test_a_skipped_collective_names_the_rank_that_skipped_not_the_one_that_aborted(
+        tmp_path: Path, nproc: int, rank: int) -> None:
+    """Rank R skips one gradient all-reduce: its next all-reduce (10,000 statistics) meets the
+    others' gradients, and a peer of R aborts in C++ (SIGABRT). The crash is the desync: R
+    departed from what it and the others issued at that point of every earlier step."""
+    proc, _ = faulty_run(tmp_path, "skip1", "skip-one", "--rank", str(rank), nproc=nproc)
+    assert proc.returncode != 0
+    f = first_finding(tmp_path / "skip1", "crash")
+    assert f["cause"] == "desync" and f["ranks"] == [rank], f["title"]
+    desync = f["evidence"]["desync"]
+    assert desync["decided_by"] == "history" and desync["ranks"] == [rank]
+    (d,) = desync["departures"].values()
+    assert d["expected"] == {"op": "all_reduce", "sizes": [[4]], "dtypes": ["Float"]}
+    assert f["title"].startswith(f"Crash after a collective desync: rank {rank} departed first")
+    where = {r: c["where"] for c in f["evidence"]["call_sites"] for r in c["ranks"]}
+    if rank in where:
+        assert where[rank].endswith(f"faulty.py:{line_of('dist.all_reduce(stats)')} in train")
+    # the aborted rank is still the first failure, and the ranks that lost it are victims
+    first = f["evidence"]["first"]
+    assert first["rank"] != rank or first["signal"] == "SIGABRT"
+    assert _roles(f).get(rank) in ("first", "departed")
 
 
 def test_a_sigterm_during_the_exception_hook_waits_for_the_record(tmp_path: Path) -> None:

@@ -4,9 +4,20 @@ names the stuck rank, its Python stack and the collective the others wait in."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from tests._failures import faulty_run, first_finding, line_of, rank_doc, report_json
+import pytest
+
+from tests._failures import (
+    HANG_TIMEOUT,
+    faulty_run,
+    first_finding,
+    line_of,
+    rank_doc,
+    report_json,
+)
+from tests._jobs import load_factor
 from uberprof.collect.watchdog import HANG_EXIT_CODE
 
 
@@ -70,3 +81,54 @@ def test_mp_spawn_with_its_own_profiler(tmp_path: Path) -> None:
     assert f["ranks"] == [1]
     assert rank_doc(f, 1)["where"].endswith("in stuck_forever")
     _assert_waiting(f, [0, 2])
+
+
+@pytest.mark.parametrize(("fault", "rank", "nproc", "op", "line"), [
+    ("mismatch-op", 0, 2, "broadcast", "dist.broadcast(grad"),
+    ("barrier", 0, 2, "barrier", "dist.barrier()"),
+    ("mismatch-op", 1, 4, "broadcast", "dist.broadcast(grad"),
+], ids=["broadcast-2", "barrier-2", "broadcast-4"])
+def test_a_mismatch_names_the_rank_that_departed_from_its_steps_not_an_index(
+        tmp_path: Path, fault: str, rank: int, nproc: int, op: str, line: str) -> None:
+    """Rank R issues another collective (broadcast, barrier) where it and the others issued
+    an all-reduce at every earlier step: R departed, also on a tie of two ranks, and only the
+    others wait in the all-reduce."""
+    proc, _ = faulty_run(tmp_path, fault, fault, "--rank", str(rank), nproc=nproc)
+    assert proc.returncode == HANG_EXIT_CODE, proc.stderr[-3000:]
+    f = first_finding(tmp_path / fault, "hang")
+    assert f["cause"] == "mismatch" and f["ranks"] == [rank], f["title"]
+    (m,) = f["evidence"]["mismatches"]
+    assert m["ranks"] == [rank] and m["decided_by"] == "history"
+    assert m["calls"][str(rank)]["op"] == op
+    assert m["departures"][str(rank)]["expected"]["op"] == "all_reduce"
+    others = [r for r in range(nproc) if r != rank]
+    _assert_waiting(f, others)
+    assert rank_doc(f, rank)["state"] == "departed"
+    assert rank_doc(f, rank)["where"].endswith(f"faulty.py:{line_of(line)} in train")
+    assert f"rank {rank} issued {op}" in f["title"] and f"rank {rank} departed" in f["title"]
+
+
+def test_a_frozen_rank_is_named_with_its_last_place_as_soon_as_any_hang(
+        tmp_path: Path) -> None:
+    """Rank 2 of 4 sends itself SIGSTOP: alive, it answers nothing. The watchdog gives up on
+    it at once (its process is stopped) and the hang names it frozen, after its last step and
+    collective, within the time of any hang (not after the 30 s wait for answers)."""
+    proc, _ = faulty_run(tmp_path, "stop", "stop", "--rank", "2")
+    assert proc.returncode == HANG_EXIT_CODE, proc.stderr[-3000:]
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("uberprof: hang:"))
+    assert "rank 2 is frozen: stopped" in line
+    f = first_finding(tmp_path / "stop", "hang")
+    assert f["cause"] == "frozen_rank" and f["ranks"] == [2], f["title"]
+    assert f["evidence"]["frozen_ranks"] == [2] and f["evidence"]["stuck_ranks"] == [2]
+    doc = rank_doc(f, 2)
+    assert doc["state"] == "frozen" and doc["process_state"] == "T" and doc["answered"] is False
+    assert doc["last_step"] == 2
+    _assert_waiting(f, [0, 1, 3])
+    # its last collective: the one before the all-reduce the others wait in
+    assert doc["last_collective"]["seq"] == f["evidence"]["waiting_in"]["seq"] - 1
+    assert "after step 2, last collective all_reduce" in f["title"]
+    # the verdict (the node's hang.json) came within the timeout, a poll and a few seconds
+    (rec,) = (tmp_path / "stop" / "nodes").glob("*/hang.json")
+    written = rec.stat().st_mtime_ns
+    stall_s = (written - json.loads(rec.read_text())["last_progress_ns"]) / 1e9
+    assert stall_s < float(HANG_TIMEOUT) + 10 * load_factor(), stall_s

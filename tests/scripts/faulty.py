@@ -6,6 +6,12 @@ crash tests. Under torchrun, or with --spawn N (torch.multiprocessing.spawn, no 
     --fault skip      rank R skips step S's all-reduce and waits in a collective of another group
     --fault mismatch  rank R skips a 1-element all-reduce that the others issue at step S
                       (its next one is 10,000 elements: Gloo aborts in C++)
+    --fault mismatch-op  rank R calls broadcast where the others all-reduce, at step S
+    --fault barrier   rank R skips step S's all-reduce and waits in a barrier
+    --fault skip-one  every step all-reduces the gradients, then 10,000 statistics; rank R
+                      skips the gradients' at step S (its statistics meet the others'
+                      gradients: Gloo aborts on the size mismatch)
+    --fault stop      rank R sends itself SIGSTOP at step S (frozen: alive, never answering)
     --fault raise     rank R raises RuntimeError at step S
     --fault kill      rank R kills itself with SIGKILL at step S
     --own-profiler    the script steps its own torch.profiler every step
@@ -23,6 +29,8 @@ import time
 import torch
 import torch.distributed as dist
 
+STATS = 10_000  # elements of the statistics that --fault skip-one all-reduces every step
+
 
 def stuck_forever() -> None:
     while True:
@@ -31,7 +39,7 @@ def stuck_forever() -> None:
 
 def train(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
-    pair = dist.new_group([0, args.rank])  # every rank creates it, in the same order
+    pair = dist.new_group(sorted({0, args.rank}))  # every rank creates it, in the same order
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     prof = None
@@ -54,13 +62,23 @@ def train(args: argparse.Namespace) -> None:
                 raise RuntimeError(f"boom at step {step}")
             if args.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.fault == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
             if args.fault == "skip":
                 dist.all_reduce(grad, group=pair)  # rank 0 is in the default group: deadlock
         if args.fault == "mismatch" and step == args.at_step:
             if not bad:
                 dist.all_reduce(torch.ones(1))
             dist.all_reduce(torch.ones(10_000))
-        dist.all_reduce(grad)
+        if bad and step == args.at_step and args.fault == "mismatch-op":
+            dist.broadcast(grad, src=0)  # the others all-reduce
+        elif bad and step == args.at_step and args.fault == "barrier":
+            dist.barrier()  # the others all-reduce
+        elif not (bad and step == args.at_step and args.fault == "skip-one"):
+            dist.all_reduce(grad)
+        if args.fault == "skip-one":
+            stats = torch.ones(STATS)
+            dist.all_reduce(stats)
         opt.step()
         opt.zero_grad()
         if prof is not None:
@@ -79,7 +97,8 @@ def spawned(i: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    faults = ("none", "sleep", "pause", "skip", "mismatch", "raise", "kill")
+    faults = ("none", "sleep", "pause", "skip", "mismatch", "mismatch-op", "barrier",
+              "skip-one", "stop", "raise", "kill")
     ap.add_argument("--fault", choices=faults, default="none")
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--at-step", type=int, default=3)

@@ -164,10 +164,95 @@ def test_the_rank_behind_is_stuck_and_a_mismatch_is_named(tmp_path: Path) -> Non
         "ranks": [{"rank": r, "alive": True} for r in range(3)]})
     assert read_flight_recorder(dirs[2], "hang")[1][0].op == "all_reduce"
     (hang,) = [f for f in failure_findings(run.root) if f.kind == "hang"]
-    assert hang.ranks == [2] and hang.cause == "mismatch"
+    assert hang.cause == "mismatch" and hang.evidence["stuck_ranks"] == [2]
     (m,) = hang.evidence["mismatches"]
     assert (m["seq"], m["differs_in"]) == (2, ["sizes"]) and len(m["calls"]) == 2
+    # no earlier step tells ranks 0 and 1 apart (one against one): both are named, never the
+    # one with the higher index, and the title says so
+    assert m["decided_by"] == "undecided" and m["ranks"] == [0, 1] and hang.ranks == [0, 1, 2]
+    assert "nothing tells them apart" in hang.title
     assert hang.evidence["waiting_in"]["seq"] == 2
+
+
+def _stepped_rank(run: RunDir, node: str, rank: int, calls: list[tuple[str, list]],
+                  reason: str = "hang") -> None:
+    """A rank that issued one collective per step for 3 finished steps (all_reduce [4]), then
+    `calls` in step 3, where it waits; its Flight Recorder dump with times inside the steps."""
+    d = run.claim_rank_dir(rank)
+    write_json_atomic(d / "rank.json", {"rank": rank, "pid": 10**6 + rank, "node": node,
+                                        "world_size": 2, "start_ns": 10**18})
+    t0 = 10**18
+    with open(d / "steps.jsonl", "w") as f:
+        f.writelines(json.dumps({"kind": "step", "step": s, "host_start_ns": t0 + s * 10**9,
+                                 "host_end_ns": t0 + (s + 1) * 10**9}) + "\n" for s in range(3))
+    entries = [(s + 1, "all_reduce", [4], True, t0 + s * 10**9 + 5 * 10**8) for s in range(3)]
+    entries += [(4 + i, op, size, False, t0 + 3 * 10**9 + 5 * 10**8 + i)
+                for i, (op, size) in enumerate(calls)]
+    dump = {"entries": [{"collective_seq_id": s, "process_group": ["0", "default_pg"],
+                         "profiling_name": f"gloo:{op}", "input_sizes": [size],
+                         "input_dtypes": ["Float"], "retired": done, "state": "scheduled",
+                         "time_created_ns": t} for s, op, size, done, t in entries],
+            "pg_status": {"0": {"last_completed_collective": "3"}}}
+    (d / f"flight-recorder-{reason}.json").write_text(json.dumps({"time_ns": 1, "reason": reason,
+                                                             "dump": dump}))
+
+
+def test_a_mismatch_of_two_ranks_blames_the_one_that_departed_from_its_earlier_steps(
+        tmp_path: Path) -> None:
+    """Rank 0 issues broadcast where every earlier step (its own and rank 1's) had all_reduce:
+    rank 0 departed, whatever its index; rank 1 alone waits in the all-reduce."""
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    _stepped_rank(run, node.name, 0, [("broadcast", [4])])
+    _stepped_rank(run, node.name, 1, [("all_reduce", [4])])
+    write_json_atomic(node / "hang.json", {
+        "detected_ns": 2 * 10**18, "last_progress_ns": 10**18 + 3 * 10**9, "timeout_s": 5,
+        "timeout_source": "option", "action": "report",
+        "ranks": [{"rank": r, "alive": True, "answered": True, "stacks": True}
+                  for r in range(2)]})
+    (hang,) = [f for f in failure_findings(run.root) if f.kind == "hang"]
+    (m,) = hang.evidence["mismatches"]
+    assert m["decided_by"] == "history" and m["ranks"] == [0] and hang.ranks == [0]
+    assert m["departures"]["0"]["expected"]["op"] == "all_reduce"
+    assert hang.evidence["waiting_in"]["ranks"] == [1]
+    assert hang.evidence["waiting_in"]["op"] == "all_reduce"
+    assert "rank 0 issued broadcast [4] where the others issued all_reduce [4]" in hang.title
+
+
+def test_a_stopped_rank_is_given_up_on_at_once_and_named_frozen(tmp_path: Path) -> None:
+    """A rank stopped by SIGSTOP can answer neither the capture signal nor the request: the
+    watchdog records it (`process_state` T, not answered) without waiting for it, and the
+    hang names it frozen."""
+    import signal
+
+    from uberprof.collect.rank.capture import SIGNAL
+
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    proc = _sleeper(run)
+    try:
+        d = _fake_rank(run, node_dir.name, 0, proc.pid, steps=1)
+        meta = json.loads((d / "rank.json").read_text())
+        write_json_atomic(d / "rank.json", {**meta, "capture": {"signal": SIGNAL,
+                                                                "helper": True}})
+        os.kill(proc.pid, signal.SIGSTOP)
+        seen: list = []
+        t0 = time.monotonic()
+        dog = _watch(run, node_dir, "report", proc.pid, seen)
+        while not seen and time.monotonic() - t0 < 20:
+            time.sleep(0.1)
+        dog.stop()
+        assert seen and time.monotonic() - t0 < 8  # not the 30 s answer wait
+        (doc,) = seen[0]["ranks"]
+        assert doc["process_state"] == "T" and doc["answered"] is False and doc["alive"]
+        (hang,) = [f for f in failure_findings(run.root) if f.kind == "hang"]
+        assert hang.cause == "frozen_rank" and hang.ranks == [0]
+        assert hang.evidence["frozen_ranks"] == [0]
+        assert "rank 0 is frozen: stopped" in hang.title
+    finally:
+        proc.kill()
 
 
 def test_the_first_failure_is_a_cause_even_when_a_victim_raised_earlier(tmp_path: Path) -> None:
@@ -251,3 +336,46 @@ def test_the_dashboard_overview_shows_a_crash_first_with_its_stack(tmp_path: Pat
     first = page.children[0]
     assert first is not None and first.id == "failures"  # before everything else
     assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 load" in text
+
+
+def test_a_crash_after_a_desync_names_who_departed_from_the_best_evidence(tmp_path: Path) -> None:
+    """The rank that aborted in a collective is not the culprit of a desync: the ranks that
+    departed are, decided from the Flight Recorder dumps' history, else the call sites'
+    majority, else all named (never by index)."""
+    from uberprof.analysis.diagnosis.failure_evidence import load_evidence
+    from uberprof.analysis.diagnosis.findings.failures import _desync, _desync_title
+
+    frames = [{"file": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 1,
+               "function": "all_reduce"}]
+    first = {"rank": 0, "kind": "signal", "signal": "SIGABRT", "stack": frames}
+    none = {"mismatches": []}
+
+    def site(where: str, ranks: list[int]) -> dict:
+        return {"collective": "all_reduce", "where": where, "ranks": ranks}
+
+    # no dumps: the site that outnumbers the others decides; one against one names both
+    d = _desync({}, first, none, [site("a", [0, 1, 3]), site("b", [2])])
+    assert (d["ranks"], d["decided_by"]) == ([2], "majority")
+    d = _desync({}, first, none, [site("a", [0]), site("b", [1])])
+    assert (d["ranks"], d["decided_by"]) == ([0, 1], "undecided")
+    # not in a collective: no desync
+    assert _desync({}, {"rank": 0, "kind": "signal", "stack": []}, none,
+                   [site("a", [0]), site("b", [1])]) is None
+    # a dump that kept to its usual step places the others: rank 1 at another site departed
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    _stepped_rank(run, node.name, 0, [("all_reduce", [4])], reason="exception")
+    ranks, _ = load_evidence([run.root])
+    d = _desync(ranks, first, none, [site("a", [0]), site("b", [1])])
+    assert (d["ranks"], d["decided_by"]) == ([1], "history")
+    assert "rank 1 departed first (at another call site" in _desync_title(d, first, [], [])
+    # a departed dump at the site most ranks share does not make them all culprits (the odd
+    # one may have departed too): the majority decides
+    run2 = RunDir(tmp_path / "run2")
+    run2.create("r")
+    node2 = run2.claim_node_dir("n0")
+    _stepped_rank(run2, node2.name, 0, [("all_reduce", [1])], reason="exception")
+    ranks2, _ = load_evidence([run2.root])
+    d = _desync(ranks2, first, none, [site("a", [0, 1, 3]), site("b", [2])])
+    assert (d["ranks"], d["decided_by"]) == ([2], "majority")

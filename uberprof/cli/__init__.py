@@ -15,13 +15,15 @@ from uberprof.cli.info import info
 from uberprof.cli.report import report
 from uberprof.cli.run import run
 from uberprof.cli.watch import watch
+from uberprof.cli.whatif import whatif
 
 HELP = """\
 Profile and troubleshoot distributed PyTorch training: where every rank's
 time goes, and why. `run` collects; `info` and `watch` show what was collected;
-`analyze`, `report` and `diff` diagnose it; `dashboard` and `export` let you
-look around; `doctor` and `calibrate` check the machine and its links. Each
-command's --help lists its options; docs/<command>.md in the repository
+`analyze`, `report` and `diff` diagnose it; `whatif` projects what fixing it
+would gain; `dashboard` and `export` let you look around; `doctor` and
+`calibrate` check the machine and its links. Each command's --help lists its
+options; docs/<command>.md in the repository
 explains them.
 
 \b
@@ -56,3 +58,4 @@ main.add_command(report)
 main.add_command(export)
 main.add_command(diff)
 main.add_command(watch)
+main.add_command(whatif)

@@ -59,6 +59,10 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               metavar="K", help="Steps per window with --trace-every.")
 @click.option("--no-trace", is_flag=True, help="No traces: the step timeline only (cheapest).")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
+@click.option("--modules", is_flag=True, help="Time each nn.Module (module::<path> spans in "
+              "trace windows, forward only; hooks only while a window records).")
+@click.option("--profile-memory", is_flag=True, help="Record allocations in trace windows "
+              "(torch.profiler profile_memory): the report's memory timeline.")
 @click.option("--record-shapes", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True, help="Record operators' input shapes in traces. auto: on CPU "
               "ranks and Gloo ranks on GPUs (Gloo collectives' sizes come only from them), off "
@@ -83,7 +87,8 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               help="The --dashboard's port (0: any free port).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
-        trace_active: int, no_trace: bool, with_stack: bool, record_shapes: str,
+        trace_active: int, no_trace: bool, with_stack: bool, modules: bool,
+        profile_memory: bool, record_shapes: str,
         counters_mode: str, sample_hz: float, hang_timeout: float | None, on_hang: str,
         dashboard: bool, port: int,
         command: tuple[str, ...]) -> None:
@@ -93,7 +98,8 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     before it. Its output, exit code and signals pass through unchanged.
     """
     schedule = _schedule(trace_steps, trace_every, trace_active, no_trace)
-    config = CollectConfig(trace=schedule, with_stack=with_stack,
+    config = CollectConfig(trace=schedule, with_stack=with_stack, modules=modules,
+                           profile_memory=profile_memory,
                            record_shapes={"on": True, "off": False}.get(record_shapes))
     try:
         rid = resolve_run_id(run_id, command, os.environ)
@@ -102,6 +108,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     run_dir = RunDir((out / rid).absolute())
     options = {"out": str(out), "run_id": run_id, "trace": schedule.describe(),
                "with_stack": with_stack, "record_shapes": record_shapes,
+               "modules": modules, "profile_memory": profile_memory,
                "counters": counters_mode, "sample_hz": sample_hz,
                "hang_timeout": hang_timeout, "on_hang": on_hang}
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)

@@ -86,6 +86,8 @@ class CollectConfig:
     trace: TraceSchedule = field(default_factory=TraceSchedule)
     record_shapes: bool | None = None  # None: on CPU ranks only (collect/rank/windows.py)
     with_stack: bool = False
+    modules: bool = False  # module::<path> spans in trace windows (collect/rank/modules.py)
+    profile_memory: bool = False  # torch.profiler's [memory] events in trace windows
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -106,6 +108,8 @@ class CollectConfig:
             trace=trace,
             record_shapes=_optional_bool(data.get("record_shapes")),
             with_stack=bool(data.get("with_stack", False)),
+            modules=bool(data.get("modules", False)),
+            profile_memory=bool(data.get("profile_memory", False)),
         )
 
 

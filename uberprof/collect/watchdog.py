@@ -8,9 +8,12 @@ the hang timeout.
   step (start-up, data loading and compilation can take long), and only while one is alive.
 - On a hang: every live local rank gets the capture signal (stacks of all threads, written by
   faulthandler from C) and a request file its helper thread answers (hang.json, Flight
-  Recorder dump); then `nodes/<node>/hang.json` records the ranks, their last steps and whether
-  they are alive. `on_hang` is told (one line on stderr); with action `stop` the job is then
-  ended (SIGTERM to its process group and the local ranks, SIGKILL after `STOP_GRACE_S`).
+  Recorder dump); then `nodes/<node>/hang.json` records the ranks, their last steps, whether
+  they are alive and answered, and their /proc state. A rank that cannot answer is not waited
+  for: a stopped one (SIGSTOP, a debugger) at once, one without even the signal's stacks after
+  `unresponsive_bound` (a fifth of the hang timeout). `on_hang` is told (one line on stderr);
+  with action `stop` the job is then ended (SIGTERM to its process group and the local ranks,
+  with SIGCONT to a stopped one, SIGKILL after `STOP_GRACE_S`).
 - If steps resume, the record gets `resumed_ns` and the watchdog arms again.
 
 It reads the run directory only (the same files `uberprof info` reads); each poll reads the
@@ -49,6 +52,10 @@ STOP_GRACE_S = 10.0
 # on a loaded one (measured: 4 ranks on 2 busy cores) two of three took longer than 5 s. A hung
 # job loses nothing by this wait, and it ends as soon as every live rank has answered.
 ANSWER_WAIT_S = 30.0
+# A rank that leaves even faulthandler's capture signal unanswered (the C handler runs as soon
+# as the rank runs at all) is given up on after a fifth of the hang timeout, at least this.
+UNRESPONSIVE_MIN_S = 2.0
+STOPPED_STATES = ("T", "t")  # /proc state: stopped by a signal, or by a tracer
 ACTIONS = ("report", "stop")
 HANG_EXIT_CODE = 124
 """`uberprof run` exits with this code after `--on-hang stop` ended the job (as `timeout` does)."""
@@ -190,7 +197,7 @@ class HangWatchdog:
         request = {"id": self.hangs, "time_ns": detected, "node": self.node_dir.name}
         for r in alive:
             self._request(r, request)
-        self._await_answers(alive, request)
+        self._await_answers(alive, request, timeout)
         self._record = {
             "detected_ns": detected,
             "timeout_s": timeout,
@@ -221,11 +228,18 @@ class HangWatchdog:
         except OSError as exc:
             self.log.write(f"hang capture request to rank {r.rank} (pid {r.pid}): {exc!r}")
 
-    def _await_answers(self, ranks: list[_Rank], request: dict[str, Any]) -> None:
-        deadline = time.monotonic() + ANSWER_WAIT_S
+    def _await_answers(self, ranks: list[_Rank], request: dict[str, Any], timeout: float
+                       ) -> None:
+        """Wait until every live rank's helper answered, at most ANSWER_WAIT_S; a rank that
+        cannot answer is given up on sooner (`_frozen`), so a frozen rank delays the verdict
+        no more than any hang."""
+        start = time.monotonic()
+        deadline = start + ANSWER_WAIT_S
+        bound = unresponsive_bound(timeout)
         waiting = [r for r in ranks if r.helper]
         while waiting and time.monotonic() < deadline and not self._stop.is_set():
-            waiting = [r for r in waiting if not self._answered(r, request) and _alive(r.pid)]
+            waiting = [r for r in waiting if not self._answered(r, request) and _alive(r.pid)
+                       and not _frozen(r, time.monotonic() - start, bound)]
             time.sleep(0.2)
 
     @staticmethod
@@ -240,7 +254,8 @@ class HangWatchdog:
         return {"rank": r.rank, "pid": r.pid, "alive": _alive(r.pid), "last_step": r.last_step,
                 "last_step_end_ns": r.last_end_ns,
                 "stacks": stacks.exists() and stacks.stat().st_size > 0,
-                "answered": self._answered(r, request), "folder": r.folder.name}
+                "answered": self._answered(r, request), "process_state": _state(r.pid),
+                "folder": r.folder.name}
 
     def _write_record(self) -> None:
         try:
@@ -259,9 +274,42 @@ class HangWatchdog:
                 _signal_group(self.job_pid, sig)
             for pid in pids:
                 _signal_pid(pid, sig)
+                if sig == signal.SIGTERM and _state(pid) in STOPPED_STATES:
+                    _signal_pid(pid, signal.SIGCONT)  # a stopped rank takes its SIGTERM now
             deadline = time.monotonic() + STOP_GRACE_S
             while time.monotonic() < deadline and any(_alive(p) for p in pids + [self.job_pid]):
                 time.sleep(0.2)
+
+
+def unresponsive_bound(timeout_s: float) -> float:
+    """How long a rank may leave even the capture signal unanswered before the watchdog gives
+    up on it: a fifth of the hang timeout, within [UNRESPONSIVE_MIN_S, ANSWER_WAIT_S]."""
+    return min(ANSWER_WAIT_S, max(UNRESPONSIVE_MIN_S, timeout_s / 5))
+
+
+def _frozen(r: _Rank, waited_s: float, bound_s: float) -> bool:
+    """A rank that cannot answer: stopped (SIGSTOP, a debugger), or after `bound_s` still
+    without the stacks that faulthandler writes from C as soon as the rank runs at all (in
+    the kernel, swapped out). Ranks without the capture signal are waited for in full."""
+    if _state(r.pid) in STOPPED_STATES:
+        return True
+    if r.signal is None or waited_s < bound_s:
+        return False
+    try:
+        return (r.folder / STACKS_FILE).stat().st_size == 0
+    except OSError:
+        return True
+
+
+def _state(pid: int | None) -> str | None:
+    """The process's state letter in /proc (R, S, D, T, t, Z, ...), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
 
 
 def _alive(pid: int | None) -> bool:

@@ -30,13 +30,14 @@ HOST_COMM = "host_comm"  # gloo:* on the Gloo worker threads: the collective its
 COMM_OP = "comm_op"  # c10d::*, record_param_comms, nccl:*, functional collectives (launch, wait)
 ANNOTATION = "annotation"  # other user annotations (record_function)
 PYTHON = "python"  # python_function (with_stack)
+MODULE = "module"  # module::<path>: an nn.Module's forward (`uberprof run --modules`)
 OTHER = "other"
 
 DEVICE_KINDS = frozenset({KERNEL, COMM_KERNEL, MEMCPY, MEMSET, DEVICE_SYNC, DEVICE_ANNOTATION,
                           DEVICE_OTHER})
 ALL_KINDS = (KERNEL, COMM_KERNEL, MEMCPY, MEMSET, DEVICE_SYNC, DEVICE_ANNOTATION, DEVICE_OTHER,
              OPERATOR, RUNTIME, SYNC, STEP, DATALOADER, OPTIMIZER, HOST_COMM, COMM_OP,
-             ANNOTATION, PYTHON, OTHER)
+             ANNOTATION, PYTHON, OTHER, MODULE)
 
 _KERNEL_CATS = frozenset({"kernel", "Kernel", "gpu_kernel", "mtia_kernel"})
 _MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy", "mtia_memcpy"})
@@ -99,6 +100,8 @@ def classify(cat: str, name: str, on_device: bool) -> str:
             return HOST_COMM
         if name.startswith(_COMM_OP_PREFIXES):
             return COMM_OP
+        if name.startswith("module::"):  # --modules' spans (a C++ record function: cpu_op)
+            return MODULE
         return OPERATOR
     if cat in _RUNTIME_CATS:
         return SYNC if _SYNC_NAMES.search(name) else RUNTIME
@@ -121,6 +124,8 @@ def _annotation_kind(name: str) -> str:
         return DATALOADER
     if name.startswith("Optimizer.step#"):
         return OPTIMIZER
+    if name.startswith("module::"):
+        return MODULE
     return ANNOTATION
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from uberprof.ingest.classify import is_device_category
 from uberprof.ingest.collectives import CommArgs, comm_args_of
 from uberprof.ingest.events import IngestArgs, IngestEvent, decode_events
+from uberprof.ingest.memory import MEMORY_EVENT, MemoryRows
 from uberprof.ingest.validate import as_float
 from uberprof.ingest.values import Coder, id_column, int_column, stream_column, stream_from_tid
 
@@ -73,6 +74,7 @@ class Columns:
         self.id_codes: dict[str, int] = {}
         self.comm_args: dict[int, CommArgs] = {}
         self.threads: dict[int, str] = {}
+        self.memory = MemoryRows()  # [memory] instant events (profile_memory)
         self._comm_names = np.zeros(0, dtype=bool)
         self.n = 0
         self.negative = 0
@@ -135,6 +137,10 @@ class Columns:
             _thread_names([events[i] for i in meta.tolist()], self.threads)
         is_x = ph == "X"
         if not is_x.all():
+            instant = np.flatnonzero(ph == "i")
+            if instant.size:
+                self.memory.add([events[i] for i in instant.tolist()
+                                 if events[i].name == MEMORY_EVENT])
             no_ph = np.flatnonzero(np.equal(ph, None)).tolist()
             for i in no_ph:  # Chrome's default phase: complete events may leave it out
                 is_x[i] = events[i].dur is not None

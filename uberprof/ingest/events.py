@@ -107,6 +107,12 @@ class IngestArgs(TraceArgs, gc=False):
     concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""),
                                                  name="Concrete Inputs")
     bytes: Any = None
+    # [memory] events (profile_memory): ingest/memory.py
+    mem_bytes: Any = msgspec.field(default=None, name="Bytes")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
 
 
 class IngestEvent(TraceEvent, gc=False):

@@ -27,6 +27,7 @@ from uberprof.ingest.columns import Columns, decode_columns
 from uberprof.ingest.gz import gunzip
 from uberprof.ingest.table import event_table
 from uberprof.ingest.validate import check_times, us_to_ns
+from uberprof.ingest.values import id_column
 
 __all__ = ["IngestedTrace", "RawTrace", "TraceError", "ingest_trace", "read_raw_trace",
            "read_trace_bytes"]
@@ -75,6 +76,7 @@ class IngestedTrace:
     uberprof_window: str | None = None
     sub_us: bool = False  # timestamps with fractions of a microsecond ("ns resolution" traces)
     problems: list[str] = field(default_factory=list)
+    memory: pa.Table | None = None  # MEMORY_SCHEMA ([memory] events); None when it has none
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -216,7 +218,18 @@ def _build(path: Path, header: _Header, cols: Columns) -> IngestedTrace:
     table, device_type = event_table(path, cols, times.ts_ns, times.dur_ns, times.keep, problems)
     return IngestedTrace(path=str(path), events=table, device_type=device_type, clock=times.clock,
                          threads=cols.threads, sub_us=times.sub_us, problems=problems,
-                         **_header_facts(header))
+                         memory=_memory(header, cols), **_header_facts(header))
+
+
+def _memory(header: _Header, cols: Columns) -> pa.Table | None:
+    """The trace's [memory] events as a table (ingest/memory.py), times and threads converted
+    as the events' are; None when the trace has none."""
+    if not len(cols.memory):
+        return None
+    us = np.asarray(cols.memory.ts, np.float64)
+    base = _base_time_ns(header)
+    ts_ns = us_to_ns(us) + base if base else us_to_ns(us)
+    return cols.memory.table(ts_ns, id_column(cols.memory.tid, cols.id_codes))
 
 
 def _dropped(path: Path, cols: Columns) -> list[str]:

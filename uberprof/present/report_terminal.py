@@ -18,8 +18,10 @@ from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.analysis.read import MIN_INSTANCES
 from uberprof.present.terminal.memory import render_memory
+from uberprof.present.terminal.modules import render_memory_timeline, render_modules
 from uberprof.present.terminal.operators import render_operators
 from uberprof.present.terminal.parallel import render_parallel
+from uberprof.present.terminal.whatif import render_critical_path
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
 __all__ = ["MAX_RANK_ROWS", "parallelism_line", "render_report"]
@@ -37,6 +39,9 @@ def render_report(d: Diagnosis, console: Console) -> None:
     render_parallel(d.run, console, _print_table)
     render_operators(d.run, console, _print_table)
     render_memory(d.run, console, _print_table)
+    render_modules(d.run, console, _print_table)
+    render_memory_timeline(d.run, console, _print_table)
+    render_critical_path(d.run, console)
     _gaps(d, console)
     problems = d.run.get("problems") or []
     if problems:
@@ -272,8 +277,8 @@ def _failure_lines(f: Finding) -> list[str]:
     out: list[str] = []
     if f.kind == "hang":
         for r in e.get("ranks") or []:
-            if r.get("state") == "stuck":
-                out.append(f"rank {r['rank']} (stuck, last step {r.get('last_step')}), "
+            if r.get("state") in ("stuck", "departed") and r.get("stack"):
+                out.append(f"rank {r['rank']} ({r['state']}, last step {r.get('last_step')}), "
                            "main thread:")
                 out += _frames_text(r.get("stack") or [])
         for m in e.get("mismatches") or []:

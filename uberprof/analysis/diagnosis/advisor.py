@@ -51,6 +51,7 @@ from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks, gpu_clocks, thrott
 from uberprof.analysis.diagnosis.group_comm import GroupComm, group_comm
 from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.diagnosis.memory import run_memory
+from uberprof.analysis.diagnosis.memory_timeline import run_memory_timeline
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
 from uberprof.analysis.diagnosis.rank_diagnosis import rank_passes
@@ -63,7 +64,9 @@ from uberprof.analysis.diagnosis.stragglers import (
     straggler_test,
 )
 from uberprof.analysis.diagnosis.summaries import sql_rows, summarise
+from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
+from uberprof.analysis.diagnosis.whatif import run_docs
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
@@ -134,6 +137,10 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     run["comm_by_group"] = [g.as_dict() for g in groups]
     run["operators"] = run_operators(ctx, traced)
     run["memory"] = run_memory(ctx)
+    run["modules"] = run_modules(ctx, traced)
+    run["memory_timeline"] = run_memory_timeline(ctx, traced)
+    run["critical_path"], run["replay"] = run_docs(ctx, traced, matched.instances,
+                                                   alignment.offsets(), p2p.pairs)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     return Diagnosis(run=run, ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,

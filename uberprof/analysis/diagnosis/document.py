@@ -73,6 +73,8 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
         "parallelism": None,
         "operators": None,
         "memory": None,
+        "critical_path": None,  # diagnosis/whatif.py
+        "replay": None,
     }
 
 

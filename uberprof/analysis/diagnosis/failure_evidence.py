@@ -25,6 +25,7 @@ from uberprof.rundir.failures import (
     read_rank_hang,
     read_stacks,
 )
+from uberprof.rundir.ranks import read_step_timeline
 from uberprof.rundir.step_table import StepTail, read_step_table
 
 __all__ = ["FR_REASONS", "LIBRARY_PARTS", "RankEvidence", "in_distributed", "load_evidence",
@@ -49,6 +50,16 @@ class RankEvidence:
     stacks: Stacks | None = None
     flight: dict[str, list[Collective]] = field(default_factory=dict)  # by dump reason
     exits: list[dict[str, Any]] = field(default_factory=list)
+    _step_ends: list[tuple[int, int]] | None = field(default=None, repr=False)
+
+    def step_ends(self) -> list[tuple[int, int]]:
+        """(host_end_ns, step) of every finished step, in time order; read once, when a
+        finding places collectives in steps."""
+        if self._step_ends is None:
+            self._step_ends = sorted(
+                (r["host_end_ns"], r["step"]) for r in read_step_timeline(self.meta.folder).steps
+                if isinstance(r.get("host_end_ns"), int) and isinstance(r.get("step"), int))
+        return self._step_ends
 
     def main_stack(self) -> list[dict[str, Any]]:
         """The main thread's frames at the hang (innermost last), from the best source."""

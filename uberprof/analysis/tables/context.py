@@ -110,6 +110,18 @@ class RunContext:
             self._cache["operators"] = D.read_operators(self.derived)
         return self._cache["operators"]
 
+    def modules(self) -> pa.Table:
+        """RUN_MODULE_SCHEMA rows (per rank and module path: calls, total and self time over
+        the analysed steps); empty without module spans in the traces."""
+        if "modules" not in self._cache:
+            self._cache["modules"] = D.read_modules(self.derived)
+        return self._cache["modules"]
+
+    def memory_timeline(self) -> pa.Table:
+        """RUN_MEMORY_TIMELINE_SCHEMA rows (every rank's [memory] events, with step and
+        operator); empty without profile_memory. Not cached: read once per diagnosis."""
+        return D.read_memory_timeline(self.derived)
+
     def events(self, rank: int) -> pa.Table:
         """Every event of one rank (not cached: a rank's table at a time bounds memory)."""
         return D.read_rank_events(self.derived, self.run.inputs, rank)

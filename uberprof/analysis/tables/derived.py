@@ -3,13 +3,18 @@ reading. Whoever needs a derived path or table asks this module.
 
     <derived>/manifest.json         the inputs analysed (size, mtime) and how each went
     <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet,
-                                    operators.parquet, activity.parquet, summary.json
+                                    operators.parquet, activity.parquet, modules.parquet,
+                                    memory.parquet, summary.json
     <derived>/timelines/<key>.parquet   a rank's step timeline (steps.jsonl), as a table
     <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
     <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
     <derived>/collectives.parquet   one row per collective instance on each rank
     <derived>/operators.parquet     one row per rank, kind and name: operators' and kernels'
                                     calls, self and inclusive time over the analysed steps
+    <derived>/modules.parquet       one row per rank and module path: calls, total and self
+                                    time (tables/modules.py; empty without module spans)
+    <derived>/memory.parquet        one row per rank and [memory] event: the memory timeline
+                                    (tables/memory_timeline.py; empty without profile_memory)
     <derived>/summary.json          the `uberprof analyze --json` document
 
 Paths stored here are relative to the source's root (the run directory, the trace folder, or
@@ -46,6 +51,8 @@ __all__ = [
     "FORMAT_VERSION",
     "INPUTS_DIR",
     "MANIFEST_FILE",
+    "MEMORY_FILE",
+    "MODULES_FILE",
     "OPERATORS_FILE",
     "RANKS_FILE",
     "STEPS_FILE",
@@ -65,6 +72,8 @@ __all__ = [
     "read_input_summary",
     "read_input_table",
     "read_manifest",
+    "read_memory_timeline",
+    "read_modules",
     "read_operators",
     "read_rank_events",
     "read_rank_names",
@@ -90,6 +99,8 @@ ACTIVITY_FILE = "activity.parquet"  # a trace's device activity as interval sets
 STEPS_FILE = "steps.parquet"
 COLLECTIVES_FILE = "collectives.parquet"
 OPERATORS_FILE = "operators.parquet"  # an input's, then the run's (with rank): operators.py
+MODULES_FILE = "modules.parquet"  # an input's, then the run's (with rank): modules.py
+MEMORY_FILE = "memory.parquet"  # an input's, then the run's (with rank): memory_timeline.py
 SUMMARY_FILE = "summary.json"
 RANKS_FILE = "ranks.parquet"
 REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each input's rank
@@ -343,6 +354,18 @@ def read_operators(derived: Path, rank: int | None = None) -> pa.Table:
     """RUN_OPERATOR_SCHEMA: per rank (and trace), each operator's and kernel's calls, self and
     inclusive time over its analysed steps (`tables/operators.py`); one rank's with `rank`."""
     return _of_rank(pq.read_table(derived / OPERATORS_FILE), rank)
+
+
+def read_modules(derived: Path, rank: int | None = None) -> pa.Table:
+    """RUN_MODULE_SCHEMA: per rank (and trace), each module path's calls, total and self time
+    over its analysed steps (`tables/modules.py`); one rank's with `rank`."""
+    return _of_rank(pq.read_table(derived / MODULES_FILE), rank)
+
+
+def read_memory_timeline(derived: Path, rank: int | None = None) -> pa.Table:
+    """RUN_MEMORY_TIMELINE_SCHEMA: per rank (and trace), its [memory] events with their step
+    and operator (`tables/memory_timeline.py`); one rank's with `rank`."""
+    return _of_rank(pq.read_table(derived / MEMORY_FILE), rank)
 
 
 def read_input_table(derived: Path, key: str, name: str) -> pa.Table:

@@ -27,6 +27,8 @@ from uberprof.analysis.tables.derived import (
     ACTIVITY_FILE,
     COLLECTIVES_FILE,
     EVENTS_FILE,
+    MEMORY_FILE,
+    MODULES_FILE,
     OPERATORS_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
@@ -34,6 +36,8 @@ from uberprof.analysis.tables.derived import (
     write_parquet,
 )
 from uberprof.analysis.tables.launches import link_launches
+from uberprof.analysis.tables.memory_timeline import memory_timeline
+from uberprof.analysis.tables.modules import module_table
 from uberprof.analysis.tables.operators import operator_table
 from uberprof.analysis.tables.schemas import (
     ACTIVITY_SCHEMA,
@@ -73,6 +77,8 @@ class TraceTables:
     summary: dict[str, Any]  # whole-trace breakdown (HTA-compatible) and trace metadata
     activity: pa.Table  # ACTIVITY_SCHEMA: what the breakdown counted, for the views to draw
     operators: pa.Table  # OPERATOR_SCHEMA: operators and kernels over the trace's steps
+    modules: pa.Table  # MODULE_SCHEMA: nn.Modules over the trace's steps (tables/modules.py)
+    memory: pa.Table  # MEMORY_TIMELINE_SCHEMA: [memory] events (tables/memory_timeline.py)
     problems: list[str] = field(default_factory=list)
 
 
@@ -143,7 +149,16 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
                         "nothing to break down")
     return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
                        summary=summary, activity=activity_table(act),
-                       operators=operator_table(events), problems=problems)
+                       operators=operator_table(events), modules=module_table(events),
+                       memory=_memory(t.memory, ev, host_lo, host_hi, step_no),
+                       problems=problems)
+
+
+def _memory(memory: pa.Table | None, ev: pa.Table, host_lo: np.ndarray, host_hi: np.ndarray,
+            step_no: np.ndarray) -> pa.Table:
+    """The trace's memory timeline, each event in the step it falls in."""
+    ts = memory.column("ts").to_numpy() if memory is not None else np.zeros(0, np.int64)
+    return memory_timeline(memory, ev, _step_of(ts, host_lo, host_hi, step_no))
 
 
 def activity_table(act: M.Activity) -> pa.Table:
@@ -174,6 +189,8 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
         write_parquet(tables.collectives, out / COLLECTIVES_FILE)
         write_parquet(tables.activity, out / ACTIVITY_FILE)
         write_parquet(tables.operators, out / OPERATORS_FILE)
+        write_parquet(tables.modules, out / MODULES_FILE)
+        write_parquet(tables.memory, out / MEMORY_FILE, compression="zstd")
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
             tmp.write_bytes(orjson.dumps(doc))

@@ -32,6 +32,8 @@ from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
     COLLECTIVES_FILE,
     FORMAT_VERSION,
+    MEMORY_FILE,
+    MODULES_FILE,
     OPERATORS_FILE,
     RANKS_FILE,
     REDUCE_FILE,
@@ -47,6 +49,8 @@ from uberprof.analysis.tables.schemas import (
     BREAKDOWN_FIELDS,
     RANK_SCHEMA,
     RUN_COLLECTIVE_SCHEMA,
+    RUN_MEMORY_TIMELINE_SCHEMA,
+    RUN_MODULE_SCHEMA,
     RUN_OPERATOR_SCHEMA,
     RUN_STEP_SCHEMA,
 )
@@ -68,7 +72,8 @@ from uberprof.rundir.damage import damage_problems
 
 __all__ = ["reduce_run"]
 
-_WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, RANKS_FILE, SUMMARY_FILE)
+_WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, MODULES_FILE, MEMORY_FILE, RANKS_FILE,
+           SUMMARY_FILE)
 
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
@@ -253,7 +258,9 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     last_step: int | None = None  # the last step any rank finished or traced
     with ParquetOut(derived / STEPS_FILE, RUN_STEP_SCHEMA) as steps_out, \
             ParquetOut(derived / COLLECTIVES_FILE, RUN_COLLECTIVE_SCHEMA) as coll_out, \
-            ParquetOut(derived / OPERATORS_FILE, RUN_OPERATOR_SCHEMA) as ops_out:
+            ParquetOut(derived / OPERATORS_FILE, RUN_OPERATOR_SCHEMA) as ops_out, \
+            ParquetOut(derived / MODULES_FILE, RUN_MODULE_SCHEMA) as mod_out, \
+            ParquetOut(derived / MEMORY_FILE, RUN_MEMORY_TIMELINE_SCHEMA) as mem_out:
         for rank in sorted(set(ranks_info) | set(dirs)):
             items = ranks_info.get(rank, [])
             timeline = _timeline(source.root, derived, timelines, dirs.get(rank, []), cut)
@@ -269,6 +276,12 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
                 coll_out.write(part)
             for part in _per_trace(derived, rank, items, OPERATORS_FILE, RUN_OPERATOR_SCHEMA):
                 ops_out.write(part)
+            for part in _per_trace(derived, rank, items, MODULES_FILE, RUN_MODULE_SCHEMA,
+                                   optional=True):
+                mod_out.write(part)
+            for part in _per_trace(derived, rank, items, MEMORY_FILE,
+                                   RUN_MEMORY_TIMELINE_SCHEMA, optional=True):
+                mem_out.write(part)
             rank_rows.append(_rank_row(rank, items, rows))
             if not items:
                 untraced.append(rank)
@@ -449,12 +462,18 @@ def _conform(t: pa.Table, rank: int, traced: bool) -> pa.Table:
 
 
 def _per_trace(derived: Path, rank: int, items: list[Item], name: str,
-               schema: pa.Schema) -> list[pa.Table]:
-    """One rank's rows of the per-input table `name` (collectives, operators), one table per
-    trace, with its rank and trace columns: the run-level table's rows (`schema`)."""
+               schema: pa.Schema, optional: bool = False) -> list[pa.Table]:
+    """One rank's rows of the per-input table `name` (collectives, operators, modules, memory),
+    one table per trace, with its rank and trace columns: the run-level table's rows
+    (`schema`). An `optional` table an input lacks gives no rows."""
     parts = []
     for inp, e, _ in items:
-        t = read_input_table(derived, e["key"], name)
+        try:
+            t = read_input_table(derived, e["key"], name)
+        except FileNotFoundError:
+            if not optional:
+                raise
+            continue
         t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank), pa.int64()))
         t = t.append_column("trace", pa.array([inp.rel] * t.num_rows, pa.string()))
         parts.append(t.cast(schema))

@@ -16,9 +16,13 @@ __all__ = [
     "ACTIVITY_SCHEMA",
     "BREAKDOWN_FIELDS",
     "COLLECTIVE_SCHEMA",
+    "MEMORY_TIMELINE_SCHEMA",
+    "MODULE_SCHEMA",
     "OPERATOR_SCHEMA",
     "RANK_SCHEMA",
     "RUN_COLLECTIVE_SCHEMA",
+    "RUN_MEMORY_TIMELINE_SCHEMA",
+    "RUN_MODULE_SCHEMA",
     "RUN_OPERATOR_SCHEMA",
     "RUN_STEP_SCHEMA",
     "STEP_SCHEMA",
@@ -69,6 +73,24 @@ OPERATOR_SCHEMA = pa.schema([  # one trace's operators and device activity over 
     ("incl_ns", pa.int64()),  # the events' durations, summed (key_averages' total time)
 ])
 
+MODULE_SCHEMA = pa.schema([  # one trace's nn.Modules over its steps (tables/modules.py)
+    ("module", pa.string()),  # path in the model (encoder.layers.0.self_attn), or as the source
+    ("source", pa.string()),  # hooks (--modules), with_stack (nn.Module: ...), wrapper
+    ("calls", pa.int64()),
+    ("total_ns", pa.int64()),  # the spans' durations, summed
+    ("self_ns", pa.int64()),  # minus direct child modules on the same thread
+])
+
+MEMORY_TIMELINE_SCHEMA = pa.schema([  # one trace's [memory] events (tables/memory_timeline.py)
+    ("ts", pa.int64()),  # ns, the trace's clock (as its steps' host_start_ns)
+    ("device", pa.string()),  # cpu, cuda:0, ...
+    ("bytes", pa.int64()),  # > 0 allocated, < 0 freed
+    ("total_allocated", pa.int64()),  # the device's allocated bytes after the event
+    ("total_reserved", pa.int64()),  # the caching allocator's reserved bytes (0 on the CPU)
+    ("step", pa.int64()),  # the step it falls in, -1 outside every step
+    ("operator", pa.string()),  # the innermost operator open on its thread, null if none
+])
+
 TIMELINE_SCHEMA = pa.schema([
     ("step", pa.int64()),
     ("host_start_ns", pa.int64()),
@@ -95,6 +117,11 @@ RUN_COLLECTIVE_SCHEMA = pa.schema([("rank", pa.int64()), *COLLECTIVE_SCHEMA,
 
 RUN_OPERATOR_SCHEMA = pa.schema([("rank", pa.int64()), *OPERATOR_SCHEMA,
                                  ("trace", pa.string())])
+
+RUN_MODULE_SCHEMA = pa.schema([("rank", pa.int64()), *MODULE_SCHEMA, ("trace", pa.string())])
+
+RUN_MEMORY_TIMELINE_SCHEMA = pa.schema([("rank", pa.int64()), *MEMORY_TIMELINE_SCHEMA,
+                                        ("trace", pa.string())])
 
 ACTIVITY_SCHEMA = pa.schema([  # merged intervals of one trace's activity, its own clock
     ("role", pa.dictionary(pa.int8(), pa.string())),  # compute | comm | memory

@@ -28,6 +28,7 @@ from typing import Any
 
 from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
+from uberprof.collect.rank.modules import ModuleMarks
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import trace_file_name
 
@@ -50,6 +51,7 @@ class TraceWindows:
         self._compressors: list[threading.Thread] = []
         self.disabled_reason: str | None = None
         self.windows_written: list[tuple[int, int]] = []
+        self._modules = ModuleMarks(log) if config.modules else None  # --modules
 
     @property
     def active(self) -> bool:
@@ -121,8 +123,11 @@ class TraceWindows:
             record_shapes=_sizes_need_shapes(ProfilerActivity.CUDA in activities)
             if shapes is None else shapes,
             with_stack=self._config.with_stack,
+            profile_memory=self._config.profile_memory,
         )
         prof.start()
+        if self._modules is not None:
+            self._modules.start()
         prof.add_metadata("uberprof_window", f"{window[0]}-{window[1]}")
         self._prof = prof
         self._window = window
@@ -144,6 +149,8 @@ class TraceWindows:
     def _stop(self, first: int, last: int | None) -> None:
         prof, self._prof, self._window = self._prof, None, None
         self._end_annotation()
+        if self._modules is not None:
+            self._modules.stop()
         try:
             prof.stop()
         except Exception as exc:  # noqa: BLE001

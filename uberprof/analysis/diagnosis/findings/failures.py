@@ -9,8 +9,13 @@ highest sequence number any rank issued; a member whose last collective there is
 joined: it is **stuck** (where its stack says), and the others **wait** in the frontier's
 collective, since it was issued. A member pending in another group's collective *skipped* one;
 ranks that issued different collectives, sizes or dtypes at one sequence number are a
-**mismatch**. Without Flight Recorder data, ranks outside torch.distributed while others are
-inside it are stuck; failing that, those with the fewest steps.
+**mismatch**, and the rank that *departed* is decided from evidence, never from an index: the
+one whose call differs from what it and the others issued at that point of earlier steps (each
+rank's collectives placed in its steps), else the outnumbered one, else every rank there is
+named. A live rank that answered nothing (stopped, in the kernel, swapped out) is **frozen**,
+named with its last step and last known collective. Without Flight Recorder data, ranks outside
+torch.distributed while others are inside it are stuck; failing that, those with the fewest
+steps.
 
 A **crash** is a rank that ended abnormally: an uncaught exception (`exceptions.jsonl`), a fatal
 signal (`fatal.txt`), an exit status the launcher saw (`exits-*.jsonl`), or no end recorded at
@@ -18,11 +23,14 @@ all. The *first failure* is found by kind, then by time: an exception, fatal sig
 non-SIGTERM signal is a cause; a rank that only lost its connection to a dead peer
 ("Connection reset by peer", ...) or was terminated by its launcher (SIGTERM) is a *victim*;
 a rank that stopped without any record comes in between (SIGKILL, e.g. the OOM killer, leaves
-none inside the rank). Ranks stopped by `--on-hang stop` are not crashes.
+none inside the rank). Ranks stopped by `--on-hang stop` are not crashes. A crash in a
+collective after the ranks departed from one another is reported as that **desync**, naming the
+rank that departed first (`_desync`), not the peer that happened to abort.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -38,11 +46,13 @@ from uberprof.analysis.diagnosis.failure_evidence import (
     main_of,
     where,
 )
+from uberprof.analysis.diagnosis.host_memory import host_memory_at
 from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Finding
 from uberprof.rundir import RunDir, list_nodes
 from uberprof.rundir.failures import (
     Collective,
 )
+from uberprof.rundir.flight_log import read_flight_log
 from uberprof.rundir.ranks import read_step_timeline
 from uberprof.rundir.step_table import StepTail
 
@@ -71,6 +81,11 @@ MISMATCH_REMEDY = ("The ranks issued different collectives at the same sequence 
                    "collective skipped or added on some ranks (rank- or data-dependent control "
                    "flow), or tensors of different shape or dtype. Make every rank issue the "
                    "same collectives in the same order with the same shapes.")
+FROZEN_REMEDY = ("A frozen rank answered nothing, not even the signal that makes any running "
+                 "process write its stacks: it was stopped (SIGSTOP, a debugger, job control: "
+                 "send SIGCONT or detach), is blocked in the kernel (uninterruptible I/O on a "
+                 "hung file system or device: see /proc/<pid>/stack and dmesg) or swapped out "
+                 "(check host memory). The others wait for it in the collective named.")
 RECENT = 8  # collectives shown per rank
 
 def failure_findings(roots: Path | Iterable[Path],
@@ -119,7 +134,8 @@ def _collective_text(c: dict[str, Any]) -> str:
 
 def _frontier(ranks: dict[int, RankEvidence], reason: str) -> dict[str, Any]:
     """Per group, from the Flight Recorder dumps made for `reason`: the collectives the ranks
-    are pending in, who is behind, who skipped, and the mismatches at equal sequence numbers."""
+    are pending in, who is behind, who skipped, and the mismatches at equal sequence numbers
+    (each with the ranks that departed from their own usual step, `_mismatch`)."""
     with_fr = {r: ev.flight[reason] for r, ev in ranks.items() if reason in ev.flight}
     groups: dict[str, dict[int, list[Collective]]] = {}
     for r, calls in with_fr.items():
@@ -132,14 +148,28 @@ def _frontier(ranks: dict[int, RankEvidence], reason: str) -> dict[str, Any]:
     pending_of = {r: next((c for c in calls if not c.completed), None)
                   for r, calls in with_fr.items()}
     for g, per in groups.items():
-        top = max(c.seq for cs in per.values() for c in cs)
-        at_top = {r: next(c for c in cs if c.seq == top) for r, cs in per.items()
-                  if any(c.seq == top for c in cs)}
-        first = min(at_top.values(), key=lambda c: c.time_ns or 0)
+        by_seq: dict[int, dict[int, Collective]] = {}
+        for r, cs in per.items():
+            for c in cs:
+                by_seq.setdefault(c.seq, {})[r] = c
+        usual = _usual_step(ranks, per)
+        culprits: set[int] = set()
+        for seq, calls in sorted(by_seq.items()):
+            m = _mismatch(g, seq, calls, ranks, per, usual)
+            if m is not None:
+                mismatches.append(m)
+                culprits |= set(m["ranks"])
+        top = max(by_seq)
+        at_top = by_seq[top]
+        # the collective the others wait in: an innocent rank's call, and only the ranks that
+        # issued that same call (a rank that issued another one at this number waits in its own)
+        innocent = {r: c for r, c in at_top.items() if r not in culprits} or at_top
+        first = min(innocent.values(), key=lambda c: c.time_ns or 0)
+        same = {r for r, c in at_top.items() if _signature(c) == _signature(first)}
         if not first.completed:
-            waits.append({**first.as_dict(), "ranks": sorted(at_top),
-                          "since_ns": min((c.time_ns for c in at_top.values() if c.time_ns),
-                                          default=None)})
+            waits.append({**first.as_dict(), "ranks": sorted(same),
+                          "since_ns": min((at_top[r].time_ns for r in same
+                                           if at_top[r].time_ns), default=None)})
             for r in set(with_fr) - set(at_top):
                 if r not in per and len(groups) > 1:
                     continue  # not a member of that group
@@ -149,24 +179,118 @@ def _frontier(ranks: dict[int, RankEvidence], reason: str) -> dict[str, Any]:
                              "last_seq": last.seq if last else None,
                              "pending_elsewhere": other.as_dict() if other is not None and
                              other.group != g else None}
-        by_seq: dict[int, dict[int, Collective]] = {}
-        for r, cs in per.items():
-            for c in cs:
-                by_seq.setdefault(c.seq, {})[r] = c
-        for seq, calls in sorted(by_seq.items()):
-            sig = {r: (c.op, _shape(c.sizes), _shape(c.dtypes)) for r, c in calls.items()}
-            if len(set(sig.values())) > 1:
-                counts: dict[Any, int] = {}
-                for s in sig.values():
-                    counts[s] = counts.get(s, 0) + 1
-                common = max(counts, key=lambda s: counts[s])
-                odd = sorted(r for r, s in sig.items() if s != common)
-                what = [k for k, i in (("collective", 0), ("sizes", 1), ("dtypes", 2))
-                        if any(sig[r][i] != common[i] for r in odd)]
-                mismatches.append({"process_group": g, "seq": seq, "differs_in": what,
-                                   "ranks": odd, "calls": {str(r): calls[r].as_dict()
-                                                           for r in sorted(calls)}})
     return {"waits": waits, "behind": behind, "mismatches": mismatches}
+
+
+def _signature(c: Collective) -> tuple[str, str, str]:
+    return (c.op, _shape(c.sizes), _shape(c.dtypes))
+
+
+def _steps_of(ev: RankEvidence, calls: list[Collective]) -> list[int | None]:
+    """The step each collective was issued in, from the rank's step ends (a collective issued
+    after the end of step s-1 and before that of step s belongs to step s); None where the
+    rank has no step timeline or the collective no time."""
+    rows = ev.step_ends()
+    if not rows:
+        return [None] * len(calls)
+    ends = [t for t, _ in rows]
+    out: list[int | None] = []
+    for c in calls:
+        if not c.time_ns:
+            out.append(None)
+            continue
+        i = bisect.bisect_left(ends, c.time_ns)
+        out.append(rows[i][1] if i < len(rows) else rows[-1][1] + 1)
+    return out
+
+
+def _by_step(ranks: dict[int, RankEvidence], per: dict[int, list[Collective]]
+             ) -> dict[int, dict[int, list[Collective]]]:
+    """Per rank, its collectives of one group by the step it issued them in."""
+    out: dict[int, dict[int, list[Collective]]] = {}
+    for r, cs in per.items():
+        steps = _steps_of(ranks[r], cs)
+        for c, s in zip(cs, steps, strict=True):
+            if s is not None:
+                out.setdefault(r, {}).setdefault(s, []).append(c)
+    return out
+
+
+def _usual_step(ranks: dict[int, RankEvidence], per: dict[int, list[Collective]]
+                ) -> dict[str, Any] | None:
+    """What the ranks of a group usually issue in one step: the most common sequence of
+    collectives (op, sizes, dtypes) over the steps every rank finished, with `by_step` (per
+    rank, its collectives by step); None without two finished steps to compare."""
+    by_step = _by_step(ranks, per)
+    counts: dict[tuple[Any, ...], int] = {}
+    example: dict[tuple[Any, ...], list[Collective]] = {}
+    for r, steps in by_step.items():
+        last = ranks[r].last_step
+        for s, cs in steps.items():
+            if last is not None and s <= last and s > min(steps):  # finished, not the first
+                key = tuple(_signature(c) for c in cs)
+                counts[key] = counts.get(key, 0) + 1
+                example.setdefault(key, cs)
+    if not counts:
+        return None
+    pattern = max(counts, key=lambda k: counts[k])
+    return {"pattern": pattern, "steps_seen": sum(counts.values()), "by_step": by_step,
+            "calls": [{"op": c.op, "sizes": c.sizes, "dtypes": c.dtypes}
+                      for c in example[pattern]]}
+
+
+def _departs(r: int, c: Collective, usual: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where rank r's call c departs from the group's usual step: {step, position, expected}
+    (expected None: the usual step has no collective there), or None when it is what the rank
+    and the others issued at that point of earlier steps; None also without history."""
+    if usual is None:
+        return None
+    steps = usual["by_step"].get(r, {})
+    step = next((s for s, cs in steps.items() if c in cs), None)
+    if step is None:
+        return None
+    calls = steps[step]
+    pos = calls.index(c)
+    pattern = usual["pattern"]
+    for i, x in enumerate(calls[:pos + 1]):
+        if i >= len(pattern) or _signature(x) != pattern[i]:
+            return {"step": step, "position": i, "seq": x.seq, "issued": x.op,
+                    "issued_sizes": x.sizes,
+                    "expected": usual["calls"][i] if i < len(pattern) else None}
+    return None
+
+
+def _mismatch(g: str, seq: int, calls: dict[int, Collective], ranks: dict[int, RankEvidence],
+              per: dict[int, list[Collective]], usual: dict[str, Any] | None
+              ) -> dict[str, Any] | None:
+    """The mismatch at one sequence number, or None: the ranks that departed (`ranks`), how
+    that was decided (`decided_by`): `history` (their call departs from what they and the
+    others issued at that point of earlier steps, and the others' does not), `majority` (no
+    history tells them apart; the others issued one same call and outnumber them), or
+    `undecided` (nothing tells them apart: every rank at the mismatch is named)."""
+    sig = {r: _signature(c) for r, c in calls.items()}
+    if len(set(sig.values())) < 2:
+        return None
+    departs = {r: d for r, c in calls.items() if (d := _departs(r, c, usual)) is not None}
+    counts: dict[Any, int] = {}
+    for s in sig.values():
+        counts[s] = counts.get(s, 0) + 1
+    ranked = sorted(counts.values(), reverse=True)
+    if departs and len(departs) < len(calls):
+        odd, how = sorted(departs), "history"
+    elif ranked[0] > ranked[1]:
+        common = max(counts, key=lambda s: counts[s])
+        odd, how = sorted(r for r, s in sig.items() if s != common), "majority"
+    else:
+        odd, how = sorted(calls), "undecided"
+    ref = next((sig[r] for r in sorted(calls) if r not in odd), None)
+    what = [k for k, i in (("collective", 0), ("sizes", 1), ("dtypes", 2))
+            if len({s[i] for s in sig.values()}) > 1 and (ref is None or
+                                                         any(sig[r][i] != ref[i] for r in odd))]
+    return {"process_group": g, "seq": seq, "differs_in": what, "ranks": odd,
+            "decided_by": how, "departures": {str(r): d for r, d in sorted(departs.items())},
+            "usual_step": usual["calls"] if usual else None,
+            "calls": {str(r): calls[r].as_dict() for r in sorted(calls)}}
 
 
 def _shape(v: list[Any]) -> str:
@@ -185,22 +309,26 @@ def _hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
              if isinstance(x, dict) and isinstance(x.get("rank"), int)}
     fr = _frontier(ranks, "hang")
     in_hang = [r for r in ranks if r in state]
-    stuck = _stuck_ranks(ranks, state, fr, in_hang)
-    rank_docs = _hang_rank_docs(ranks, state, in_hang, stuck)
+    frozen = _frozen_ranks(ranks, state, in_hang)
+    stuck = sorted(set(_stuck_ranks(ranks, state, fr, in_hang)) | set(frozen))
+    departed = sorted({r for m in fr["mismatches"] for r in m["ranks"]})
+    rank_docs = _hang_rank_docs(ranks, state, in_hang, stuck, frozen, departed)
     waits = fr["waits"]
     waiting_in = max(waits, key=lambda w: len(w["ranks"])) if waits else None
     since = (waiting_in or {}).get("since_ns") or rec.get("last_progress_ns")
     detected = rec.get("detected_ns")
     resumed = rec.get("resumed_ns")
-    title = _hang_title(ranks, rec, fr, stuck, waiting_in, since)
+    title = _hang_title(ranks, rec, fr, stuck, waiting_in, since, frozen)
     cause = "mismatch" if fr["mismatches"] else \
         "skipped_collective" if any(fr["behind"].get(r, {}).get("pending_elsewhere")
-                                    for r in stuck) else "stuck_rank" if stuck else "unknown"
+                                    for r in stuck) else "frozen_rank" if frozen else \
+        "stuck_rank" if stuck else "unknown"
+    named = sorted(set(stuck) | set(departed))
     stalled_ns = ((resumed or detected or 0) - (rec.get("last_progress_ns") or 0))
     steps = sorted({ev.last_step + 1 for r, ev in ranks.items()
-                    if r in stuck and ev.last_step is not None})
+                    if r in named and ev.last_step is not None})
     return Finding(
-        kind="hang", severity="high", title=title, ranks=stuck, steps=steps, cause=cause,
+        kind="hang", severity="high", title=title, ranks=named, steps=steps, cause=cause,
         # The stall lies after the analysed steps: it is evidence, not time at stake in them
         # (the findings' stakes add up to at most the analysed wall time; a hang ranks first).
         time_at_stake_ms=0.0,
@@ -212,11 +340,14 @@ def _hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
             "timeout_source": rec.get("timeout_source"), "action": rec.get("action"),
             "nodes": sorted({h["node"] for h in hangs}),
             "stuck_ranks": stuck,
+            "frozen_ranks": frozen,
+            "departed_ranks": departed,
             "waiting_in": waiting_in,
             "mismatches": fr["mismatches"],
             "ranks": rank_docs,
         },
-        remedy=MISMATCH_REMEDY if fr["mismatches"] else HANG_REMEDY)
+        remedy=MISMATCH_REMEDY if fr["mismatches"] else
+        FROZEN_REMEDY if cause == "frozen_rank" else HANG_REMEDY)
 
 
 def _stuck_ranks(ranks: dict[int, RankEvidence], state: dict[int, dict[str, Any]],
@@ -239,20 +370,70 @@ def _stuck_ranks(ranks: dict[int, RankEvidence], state: dict[int, dict[str, Any]
     return stuck
 
 
+def _frozen_ranks(ranks: dict[int, RankEvidence], state: dict[int, dict[str, Any]],
+                  in_hang: list[int]) -> list[int]:
+    """The ranks alive but frozen: they answered neither the watchdog's request nor its
+    capture signal (no stacks), or /proc showed them stopped (SIGSTOP, a debugger) or in the
+    kernel. A record without `answered` (an older run) names none."""
+    return sorted(r for r in in_hang if state[r].get("alive") and
+                  state[r].get("answered") is False and not ranks[r].hang and
+                  (not state[r].get("stacks") or
+                   state[r].get("process_state") in FROZEN_STATES))
+
+
+FROZEN_STATES = {"T": "stopped (SIGSTOP, a debugger)", "t": "stopped by a tracer",
+                 "D": "in the kernel (uninterruptible sleep)"}
+
+
+def _last_known(ev: RankEvidence, ranks: dict[int, RankEvidence]) -> dict[str, Any] | None:
+    """A frozen rank's last known collective: the newest of its own Flight Recorder dumps and
+    always-on arrivals (flight-recorder.jsonl), and of the collectives the others' hang dumps
+    show completed (a collective completes only once every member joined it), or None."""
+    best: dict[str, Any] | None = None
+
+    def offer(c: dict[str, Any], source: str) -> None:
+        nonlocal best
+        if c.get("time_ns") and (best is None or c["time_ns"] > (best["time_ns"] or 0)):
+            best = {**c, "from": source}
+
+    for calls in ev.flight.values():
+        for c in calls:
+            offer(c.as_dict(), "own_flight_recorder")
+    log = read_flight_log(ev.meta.folder)
+    for a in (log.arrivals if log is not None else []):
+        group = a.group if not a.group.isdigit() else f"group {a.group}"
+        offer({"process_group": group, "seq": a.seq, "op": a.op, "time_ns": a.time_ns},
+              "own_flight_log")
+    for r, other in ranks.items():
+        if r != ev.rank:
+            for c in other.flight.get("hang", []):
+                if c.completed and not c.is_p2p:
+                    offer(c.as_dict(), f"completed_with_rank_{r}")
+    return best
+
+
 def _hang_rank_docs(ranks: dict[int, RankEvidence], state: dict[int, dict[str, Any]],
-                    in_hang: list[int], stuck: list[int]) -> list[dict[str, Any]]:
+                    in_hang: list[int], stuck: list[int], frozen: list[int],
+                    departed: list[int]) -> list[dict[str, Any]]:
     """One document per rank of the hang (every rank where the record names none): its
-    state, last step, stack and where it stopped, and its pending and recent collectives."""
+    state, last step, stack and where it stopped, and its pending and recent collectives;
+    for a frozen rank its process state and last known collective."""
     rank_docs = []
     for r in sorted(in_hang or ranks):
         ev = ranks[r]
         stack = ev.main_stack()
         calls = ev.flight.get("hang", [])
         pending = next((c for c in calls if not c.completed), None)
+        extra: dict[str, Any] = {}
+        if r in frozen:
+            extra = {"process_state": state[r].get("process_state"),
+                     "answered": state[r].get("answered"),
+                     "last_collective": _last_known(ev, ranks)}
         rank_docs.append({
             "rank": r, "alive": state.get(r, {}).get("alive"), "last_step": ev.last_step,
-            "last_step_end_ns": ev.last_step_end_ns,
-            "state": "stuck" if r in stuck else "waiting" if pending else "unknown",
+            "last_step_end_ns": ev.last_step_end_ns, **extra,
+            "state": "frozen" if r in frozen else "stuck" if r in stuck else
+            "departed" if r in departed else "waiting" if pending else "unknown",
             "where": where(stack), "stack": stack,
             "collective": pending.as_dict() if pending is not None else None,
             "recent_collectives": [c.as_dict() for c in calls[-RECENT:]],
@@ -262,30 +443,77 @@ def _hang_rank_docs(ranks: dict[int, RankEvidence], state: dict[int, dict[str, A
 
 
 def _hang_title(ranks: dict[int, RankEvidence], rec: dict[str, Any], fr: dict[str, Any],
-                stuck: list[int], waiting_in: dict[str, Any] | None, since: int | None) -> str:
-    """The hang in one line: where the stuck ranks stopped, the collective the others wait in
-    and since when, a collective skipped, the first mismatch, and how long until it resumed."""
+                stuck: list[int], waiting_in: dict[str, Any] | None, since: int | None,
+                frozen: list[int]) -> str:
+    """The hang in one line: the frozen ranks and their last known place, where the stuck
+    ranks stopped, the collective the others wait in and since when, a collective skipped,
+    the first mismatch and who departed, and how long until it resumed."""
     stuck_where = {r: where(ranks[r].main_stack()) for r in stuck}
+    state = {int(x["rank"]): x for x in rec.get("ranks") or []
+             if isinstance(x, dict) and isinstance(x.get("rank"), int)}
     parts = []
-    if stuck:
+    if frozen:
+        parts.append(", ".join(_frozen_text(r, ranks, state.get(r, {})) for r in frozen))
+    if [r for r in stuck if r not in frozen]:
         parts.append(", ".join(f"rank {r}" + (f" stopped in {stuck_where[r]}"
-                                              if stuck_where[r] else "") for r in stuck))
+                                              if stuck_where[r] else "")
+                               for r in stuck if r not in frozen))
     if waiting_in is not None:
         others = [r for r in waiting_in["ranks"] if r not in stuck]
-        parts.append(f"{_ranks_word(others)} wait in {_collective_text(waiting_in)}"
+        parts.append(f"{_ranks_word(others)} {'waits' if len(others) == 1 else 'wait'} in "
+                     f"{_collective_text(waiting_in)}"
                      + (f" since {_clock(since)}" if since else ""))
     for r in stuck:
         elsewhere = fr["behind"].get(r, {}).get("pending_elsewhere")
         if elsewhere:
             parts.append(f"rank {r} skipped it and waits in {_collective_text(elsewhere)}")
     if fr["mismatches"]:
-        m = fr["mismatches"][0]
-        parts.append(f"mismatch at #{m['seq']} of {m['process_group']}: "
-                     f"{_ranks_word(m['ranks'])} issued a different {'/'.join(m['differs_in'])}")
+        parts.append(_mismatch_text(fr["mismatches"][0]))
     resumed = rec.get("resumed_ns")
     return "Hang: " + ("; ".join(parts) if parts else "no rank finished a step") + \
         (f" (resumed after {(resumed - rec['last_progress_ns']) / 1e9:.0f} s)"
          if isinstance(resumed, int) and isinstance(rec.get("last_progress_ns"), int) else "")
+
+
+def _frozen_text(r: int, ranks: dict[int, RankEvidence], st: dict[str, Any]) -> str:
+    ev = ranks[r]
+    how = FROZEN_STATES.get(st.get("process_state") or "", "not answering (swapped out, or "
+                            "in the kernel)")
+    text = f"rank {r} is frozen: {how}, it never answered the watchdog"
+    place = []
+    if ev.last_step is not None:
+        place.append(f"after step {ev.last_step}")
+    last = _last_known(ev, ranks)
+    if last is not None:
+        place.append(f"last collective {last['op']} #{last['seq']} of {last['process_group']}")
+    return text + (f" ({', '.join(place)})" if place else "")
+
+
+def _mismatch_text(m: dict[str, Any], named: bool = True) -> str:
+    """A mismatch in words: who departed and from what, or that nothing tells them apart
+    (`named`: ending with the ranks that departed)."""
+    head = f"mismatch at #{m['seq']} of {m['process_group']}: "
+    calls = m["calls"]
+    if m.get("decided_by") == "undecided":
+        return head + "; ".join(f"rank {r} issued {c['op']} {_sizes(c)}"
+                                for r, c in calls.items()) + \
+            f" (nothing tells them apart: {_ranks_word(m['ranks'])} named)"
+    odd = m["ranks"]
+    issued = sorted({f"{calls[str(r)]['op']} {_sizes(calls[str(r)])}" for r in odd})
+    others = sorted({f"{c['op']} {_sizes(c)}" for r, c in calls.items() if int(r) not in odd})
+    text = head + f"{_ranks_word(odd)} issued {' / '.join(issued)} where " + \
+        (f"the others issued {' / '.join(others)}" if others else "the others did not")
+    if m.get("decided_by") == "history":
+        exp = next((d.get("expected") for d in m["departures"].values()), None)
+        text += " and every earlier step had " + (f"{exp['op']} {_sizes(exp)}" if exp
+                                                  else "no collective") + " there"
+    return text + (f" ({_ranks_word(odd)} departed)" if named else "")
+
+
+def _sizes(c: dict[str, Any]) -> str:
+    sizes = c.get("sizes") or []
+    return "[" + ", ".join("x".join(map(str, s)) if isinstance(s, list) else str(s)
+                           for s in sizes) + "]"
 
 
 def _ranks_word(ranks: list[int]) -> str:
@@ -382,10 +610,14 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
     mismatches = frontier["mismatches"]
     waits = [w for w in frontier["waits"] if first["rank"] not in w["ranks"]]
     others_in = max(waits, key=lambda w: len(w["ranks"])) if waits else None
-    if mismatches:
-        m = mismatches[0]
-        title += (f"; mismatch at #{m['seq']} of {m['process_group']}: "
-                  f"{_ranks_word(m['ranks'])} issued a different {'/'.join(m['differs_in'])}")
+    desync = _desync(ranks, first, frontier, sites)
+    if desync is not None:
+        title = _desync_title(desync, first, victims, others)
+        for f in failed:
+            if f["rank"] in desync["ranks"] and f is not first:
+                f["role"] = "departed"
+    elif mismatches:
+        title += "; " + _mismatch_text(mismatches[0])
     elif len(sites) > 1:
         title += "; the ranks were in different collective calls (a collective mismatch?): " + \
             "; ".join(f"{_ranks_word(c['ranks'])} in {c['collective']} at {c['where']}"
@@ -394,9 +626,11 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
     memory = _out_of_memory(first, ranks[first["rank"]])
     return Finding(
         kind="crash", severity="high", title=title + (memory.pop("words") if memory else ""),
-        ranks=[first["rank"]], steps=steps,
-        cause=OUT_OF_MEMORY.key if memory else first["kind"], time_at_stake_ms=0.0,
+        ranks=desync["ranks"] if desync else [first["rank"]], steps=steps,
+        cause="desync" if desync else OUT_OF_MEMORY.key if memory else first["kind"],
+        time_at_stake_ms=0.0,
         evidence={"moment_ns": first.get("time_ns"), "first": first, "victims": victims,
+                  "desync": desync,
                   **({"memory": memory} if memory else {}),
                   "also_failed": others,
                   "others_waiting_in": others_in, "mismatches": mismatches,
@@ -404,7 +638,124 @@ def _crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
                   "failed": [{k: f.get(k) for k in ("rank", "kind", "role", "time_ns",
                                                      "signal", "exitcode")} | {
                       "what": _failure_text(f)} for f in failed]},
-        remedy=OUT_OF_MEMORY.remedy + " " + CRASH_REMEDY if memory else CRASH_REMEDY)
+        remedy=MISMATCH_REMEDY if desync else
+        OUT_OF_MEMORY.remedy + " " + CRASH_REMEDY if memory else CRASH_REMEDY)
+
+_DESYNC_TEXT = re.compile(r"mismatch|size doesn.t match", re.IGNORECASE)
+
+
+def _desync(ranks: dict[int, RankEvidence], first: dict[str, Any], frontier: dict[str, Any],
+            sites: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The desync a crash followed, or None: the first failure happened in a collective (an
+    abort in it, a lost peer, a size mismatch), and the ranks had departed from one another.
+    Who departed, from the best evidence there is: a mismatch in the Flight Recorder dumps;
+    else each dumped rank's last step against what it and the others issued at that point of
+    earlier steps (`history`), with the call sites placing the ranks without a dump; else the
+    call sites alone, where the ranks at one site outnumber every other (`majority`); else
+    every rank at a site is named (`undecided`)."""
+    exc = first.get("exception") or {}
+    frames = exc.get("frames") or first.get("stack") or []
+    text = f"{exc.get('type')}: {exc.get('message')}" if exc else ""
+    if not (frames and in_distributed(frames)) and not VICTIM_PATTERNS.search(text) \
+            and not _DESYNC_TEXT.search(text):
+        return None
+    site_of = {r: i for i, c in enumerate(sites) for r in c["ranks"]}
+    out: dict[str, Any] = {"call_sites": sites}
+    if frontier["mismatches"]:
+        m = frontier["mismatches"][0]
+        out.update(ranks=m["ranks"], decided_by=m["decided_by"], mismatch=m,
+                   departures=m["departures"])
+        return out
+    departed, consistent = _fr_departures(ranks, "exception")
+    good = {site_of[r] for r in consistent if r in site_of}
+    bad = {site_of[r] for r in departed if r in site_of}
+    # a departed rank at the one site that outnumbers all others: the others may have departed
+    # too (no dump of theirs says otherwise), so the call sites decide, as without dumps
+    outvoted = not good and len(sites) > 1 and 0 in bad and \
+        len(sites[0]["ranks"]) > len(sites[1]["ranks"])
+    if good:  # the ranks without a dump at another site than the consistent ones
+        more = {r for r, i in site_of.items() if r not in consistent and i not in good}
+    else:  # no dumped rank kept to its usual step: those at a departed one's site
+        more = {r for r, i in site_of.items() if i in bad}
+    if (departed or more) and not outvoted:
+        out.update(ranks=sorted(set(departed) | more), decided_by="history",
+                   departures={str(r): d for r, d in sorted(departed.items())})
+        return out
+    if len(sites) < 2:
+        return None
+    if len(sites[0]["ranks"]) > len(sites[1]["ranks"]):
+        out.update(ranks=sorted(r for c in sites[1:] for r in c["ranks"]),
+                   decided_by="majority")
+    else:
+        out.update(ranks=sorted(site_of), decided_by="undecided")
+    return out
+
+
+def _fr_departures(ranks: dict[int, RankEvidence], reason: str
+                   ) -> tuple[dict[int, dict[str, Any]], set[int]]:
+    """From the Flight Recorder dumps made for `reason`: the ranks whose last step departs
+    from the usual step of a group (`_departs`, at its last collective), and those whose last
+    step keeps to it in every group they had collectives in."""
+    groups: dict[str, dict[int, list[Collective]]] = {}
+    for r, ev in ranks.items():
+        for c in ev.flight.get(reason, []):
+            if not c.is_p2p:
+                groups.setdefault(c.group, {}).setdefault(r, []).append(c)
+    departed: dict[int, dict[str, Any]] = {}
+    judged: set[int] = set()
+    for g, per in groups.items():
+        usual = _usual_step(ranks, per)
+        if usual is None:
+            continue
+        for r, cs in per.items():
+            d = _departs(r, cs[-1], usual)
+            judged.add(r)
+            if d is not None and r not in departed:
+                departed[r] = {**d, "process_group": g}
+    return departed, judged - set(departed)
+
+
+def _desync_title(desync: dict[str, Any], first: dict[str, Any], victims: list[dict[str, Any]],
+                  others: list[dict[str, Any]]) -> str:
+    """A crash after a desync in one line: who departed and where, then how the first
+    failure and the victims followed."""
+    culprits = desync["ranks"]
+    how = desync["decided_by"]
+    title = "Crash after a collective desync: "
+    if how == "undecided":
+        title += f"{_ranks_word(culprits)} were in different collective calls and nothing " \
+                 "tells which departed first"
+    else:
+        title += f"{_ranks_word(culprits)} departed first"
+    where_of = {r: f"{c['collective']} at {c['where']}" for c in desync["call_sites"]
+                for r in c["ranks"]}
+    placed = [f"rank {r} in {where_of[r]}" for r in culprits if r in where_of]
+    if desync.get("mismatch"):
+        title += " (" + _mismatch_text(desync["mismatch"], named=False) + ")"
+    elif how == "history" and not desync["departures"]:
+        title += " (at another call site than the ranks whose last step was their usual one)"
+    elif how == "history":
+        d = next(iter(desync["departures"].values()))
+        exp = d.get("expected")
+        title += (f" (issued {d['issued']} {_sizes({'sizes': d.get('issued_sizes')})} "
+                  f"#{d['seq']} of {d['process_group']} where its "
+                  "earlier steps and the others' had "
+                  + (f"{exp['op']} {_sizes(exp)}" if exp else "no collective") + ")")
+    elif how == "majority":
+        title += f" (the others were all in {desync['call_sites'][0]['collective']} at " \
+                 f"{desync['call_sites'][0]['where']})"
+    if placed:
+        title += ": " + "; ".join(placed)
+    title += f"; then rank {first['rank']} {_failure_text(first)}"
+    if first.get("step") is not None:
+        title += f" (after step {first['step']})"
+    lost = sorted(v["rank"] for v in victims if v["rank"] not in culprits)
+    if lost:
+        title += f"; {_ranks_word(lost)} failed after it (victims)"
+    also = sorted(o["rank"] for o in others if o["rank"] not in culprits)
+    if also:
+        title += f"; {_ranks_word(also)} also failed"
+    return title
 
 
 _OOM = re.compile(r"OutOfMemoryError|out of memory", re.IGNORECASE)
@@ -418,6 +769,8 @@ def _out_of_memory(first: dict[str, Any], ev: RankEvidence) -> dict[str, Any] | 
     timeline the peak allocated and what was in use at the first and the last step (what
     grew). `words`: the part of the title it adds."""
     exc = first.get("exception") or {}
+    if first.get("signal") == "SIGKILL" or first.get("kind") == "stopped":
+        return _killed_near_full(first, ev)
     if first.get("kind") != "exception" or not _OOM.search(f"{exc.get('type')} "
                                                             f"{exc.get('message')}"):
         return None
@@ -447,6 +800,22 @@ def _out_of_memory(first: dict[str, Any], ev: RankEvidence) -> dict[str, Any] | 
                         else " (steady)"))
     out["words"] = f"; out of memory: {', '.join(parts)}" if parts else "; out of memory"
     return out
+
+
+def _killed_near_full(first: dict[str, Any], ev: RankEvidence) -> dict[str, Any] | None:
+    """The host-memory evidence of a rank killed without a trace (SIGKILL, or no end recorded)
+    while its host's memory was nearly full (`host_memory.py`: the kernel's OOM killer is the
+    usual cause, suspected: uberprof cannot read the kernel's log); None otherwise."""
+    at = first.get("time_ns") or _last_sign_of_life(ev)
+    host = host_memory_at(ev.meta.folder.parent.parent, ev.meta.node, ev.rank, at)
+    if host is None or not host["near_full"]:
+        return None
+    rss = (f", rank {ev.rank}'s process {_gb(host['rank_rss_bytes'])}"
+           if host["rank_rss_bytes"] else "")
+    return {**host, "killer": "suspected: the kernel's OOM killer",
+            "words": f"; out of host memory (suspected): {host['host_used_pct']}% of "
+                     f"{_gb(host['host_total_bytes'])} in use {host['sample_age_ms']:.0f} ms "
+                     f"before{rss}"}
 
 
 def _gb(n: int) -> str:

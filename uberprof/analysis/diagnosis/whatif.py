@@ -1,0 +1,380 @@
+"""What would fixing it gain: the step graph (`tables/graph.py`) replayed with the recorded
+durations (does it reproduce the measured steps?), its critical path (which rank and which
+kind of work set each step's length), and replayed with changes (`uberprof whatif`).
+
+Three documents, each a plain dict (docs/json.md, docs/whatif.md):
+
+- `replay_doc`: per traced step the measured length (the longest rank's host window, as the
+  report's step time) against the replayed one, and the median and largest error. A run whose
+  median error is above `FIT_PCT` is *unfit for projection*: the graph misses what set its
+  steps, and the document says why.
+- `critical_path_doc`: per step the pieces of the path that set its length, by kind (compute,
+  transfer, waiting, data, host) and by rank, with the operators on it; summed over the steps.
+- `project`: the replay with `Change`s (`--remove straggler`, `--remove data`,
+  `--link-scale F`, `--op NAME=F`; several compose) against the replay without them.
+
+A projection is the graph's answer, no more: it keeps every dependency and every recorded
+duration it was not told to change, so it cannot know contention that a change would add or
+remove, caches warming differently, or a schedule the framework would pick instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from uberprof.analysis.diagnosis.model import Diagnosis
+from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.graph import (
+    BETWEEN,
+    COMM,
+    COMPUTE,
+    DATA,
+    HOST,
+    StepGraph,
+    build_graph,
+    lane_passes,
+)
+from uberprof.analysis.tables.replay import (
+    PATH_KINDS,
+    Replay,
+    critical_path,
+    replay,
+    step_spans,
+)
+from uberprof.analysis.tables.steptime import median_interval
+
+__all__ = ["FIT_PCT", "Change", "critical_path_doc", "parse_changes", "project",
+           "project_run", "replay_doc", "run_docs", "run_graph", "step_ends", "straggler_of"]
+
+FIT_PCT = 5.0  # a replay whose median error per step is above this is unfit for projection
+TOP_OPS = 5
+
+
+def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
+              offsets: dict[int, int], pairs: pa.Table | None) -> StepGraph:
+    """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
+    the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock."""
+    return build_graph(lane_passes(ctx, traced), offsets, instances, pairs)
+
+
+def run_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table, offsets: dict[int, int],
+             pairs: pa.Table | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """`run.critical_path` and `run.replay` of the report (None, None without a traced step
+    on any rank's lane). A graph that cannot be built costs the report these two fields only:
+    the reason goes to `run.replay.why`."""
+    try:
+        g = run_graph(ctx, traced, instances, offsets, pairs)
+        if not g.lanes:
+            return None, None
+        r = replay(g)
+        return critical_path_doc(g, r), replay_doc(g, traced, r)
+    except Exception as exc:  # noqa: BLE001 - a projection aid never stops the report
+        return None, {"steps": [], "median_error_pct": None, "max_error_pct": None,
+                      "fit_for_projection": False, "threshold_pct": FIT_PCT,
+                      "why": f"the step graph could not be built ({type(exc).__name__}: "
+                             f"{exc})", "graph": None}
+
+
+def _ms(ns: float) -> float:
+    return round(float(ns) / 1e6, 3)
+
+
+def measured_steps(traced: pa.Table) -> dict[int, int]:
+    """Per traced step, its length as the report measures it: the longest rank's host window."""
+    out: dict[int, int] = {}
+    for s, t in zip(traced.column("step").to_pylist(), traced.column("step_time_ns").to_pylist()):
+        if s is not None and t is not None:
+            out[s] = max(out.get(s, 0), int(t))
+    return out
+
+
+def replayed_steps(g: StepGraph, r: Replay) -> dict[int, tuple[int, int]]:
+    """Per step, the replayed length (the longest rank's window) and that rank."""
+    out: dict[int, tuple[int, int]] = {}
+    for s, per in step_spans(g, r).items():
+        rank, (a, b, _, _) = max(per.items(), key=lambda kv: (kv[1][1] - kv[1][0], -kv[0]))
+        out[s] = (b - a, rank)
+    return out
+
+
+def replay_doc(g: StepGraph, traced: pa.Table, r: Replay | None = None) -> dict[str, Any]:
+    """`run.replay` (module docstring)."""
+    r = r if r is not None else replay(g)
+    meas, rep = measured_steps(traced), replayed_steps(g, r)
+    rows = []
+    for s in sorted(set(meas) & set(rep)):
+        m, x = meas[s], rep[s][0]
+        rows.append({"step": s, "measured_ms": _ms(m), "replayed_ms": _ms(x),
+                     "error_pct": round(100 * abs(x - m) / m, 2) if m else None})
+    errs = np.array([x["error_pct"] for x in rows if x["error_pct"] is not None])
+    med = round(float(np.median(errs)), 2) if errs.size else None
+    fit = med is not None and med <= FIT_PCT
+    return {"steps": rows, "median_error_pct": med,
+            "max_error_pct": round(float(errs.max()), 2) if errs.size else None,
+            "fit_for_projection": fit, "threshold_pct": FIT_PCT,
+            "why": _why(fit, med, rows, r, g), "graph": {"ranks": len(g.lanes), **g.counts(),
+                                                         "dropped_dependencies": r.broken}}
+
+
+def _why(fit: bool, med: float | None, rows: list[dict[str, Any]], r: Replay,
+         g: StepGraph) -> str:
+    if med is None:
+        return ("no traced step could be replayed: no rank has a step with a host window in "
+                "its events" if not rows else "the measured steps have no length")
+    if fit:
+        return (f"the graph replays the measured steps to a median {med}% (at most "
+                f"{FIT_PCT:g}%): projections keep the recorded dependencies")
+    reasons = []
+    if r.broken:
+        reasons.append(f"{r.broken} dependencies contradicted the aligned clocks (a clock "
+                       "error larger than the alignment's bound) and were dropped")
+    if not g.counts()["comm_nodes"]:
+        reasons.append("no collective or send/recv could be placed in the ranks' lanes, so the "
+                       "ranks' waits on each other are fixed lengths")
+    reasons.append("the steps' length is set by something the trace does not show as a "
+                   "dependency (host threads outside the training thread, work before the "
+                   "trace window's first step, an unmatched collective)")
+    return (f"replayed steps differ from the measured by a median {med}% (above "
+            f"{FIT_PCT:g}%): " + "; ".join(reasons))
+
+
+def critical_path_doc(g: StepGraph, r: Replay | None = None) -> dict[str, Any]:
+    """`run.critical_path` (module docstring): per step and summed over the steps."""
+    r = r if r is not None else replay(g)
+    steps, kinds, ranks, ops = [], dict.fromkeys(PATH_KINDS, 0), {}, {}
+    for s, per in sorted(step_spans(g, r).items()):
+        rank, (a, b, _, last) = max(per.items(), key=lambda kv: (kv[1][1] - kv[1][0], -kv[0]))
+        p = critical_path(g, r, last, a)
+        bk, br = p.by_kind(), p.by_rank()
+        step_ops = _path_ops(g, r, p)
+        for k, v in bk.items():
+            kinds[k] += v
+        for k, v in br.items():
+            ranks[k] = ranks.get(k, 0) + v
+        for k, v in step_ops.items():
+            ops[k] = ops.get(k, 0) + v
+        steps.append({"step": s, "length_ms": _ms(b - a), "rank": rank,
+                      "by_kind_ms": {k: _ms(v) for k, v in bk.items()},
+                      "by_rank_ms": {str(k): _ms(v) for k, v in sorted(br.items())},
+                      "top_operators": _top(step_ops)})
+    total = sum(kinds.values())
+    sets = max(ranks, key=lambda k: ranks[k]) if ranks else None
+    kind = max(kinds, key=lambda k: kinds[k]) if total else None
+    return {"steps": steps, "by_kind_ms": {k: _ms(v) for k, v in kinds.items()},
+            "by_kind_pct": {k: round(100 * v / total, 1) if total else 0.0
+                            for k, v in kinds.items()},
+            "by_rank_ms": {str(k): _ms(v) for k, v in sorted(ranks.items())},
+            "rank": sets, "kind": kind, "top_operators": _top(ops),
+            "summary": _path_sentence(sets, kind, kinds, ranks, total, len(steps))}
+
+
+def _path_ops(g: StepGraph, r: Replay, p: Any) -> dict[str, float]:
+    """Operator time on the path: each compute piece takes its node's operators in proportion
+    to the share of the node's work it covers."""
+    share: dict[int, float] = {}
+    for node, kind, ns in zip(p.node.tolist(), p.kind.tolist(), p.ns.tolist()):
+        if kind == 0 and g.kind[node] == COMPUTE and r.own[node] > 0:
+            share[node] = share.get(node, 0.0) + ns / float(r.own[node])
+    if not share or g.op_node.size == 0:
+        return {}
+    nodes = np.fromiter(share, np.int64)
+    m = np.isin(g.op_node, nodes)
+    out: dict[str, float] = {}
+    scale = g.dur[g.op_node[m]].astype(np.float64)
+    own = r.own[g.op_node[m]] / np.where(scale > 0, scale, 1)
+    for node, code, ns, f in zip(g.op_node[m].tolist(), g.op_name[m].tolist(),
+                                 g.op_ns[m].tolist(), own.tolist()):
+        name = g.names[code]
+        out[name] = out.get(name, 0.0) + ns * f * min(share[node], 1.0)
+    return out
+
+
+def _top(ops: dict[str, float]) -> list[dict[str, Any]]:
+    return [{"name": k, "ms": _ms(v)} for k, v in
+            sorted(ops.items(), key=lambda kv: -kv[1])[:TOP_OPS] if v > 0]
+
+
+def _path_sentence(rank: int | None, kind: str | None, kinds: dict[str, int],
+                   ranks: dict[int, int], total: int, n: int) -> str:
+    if not total or rank is None or kind is None:
+        return "no step could be replayed"
+    return (f"over {n} step(s), {round(100 * ranks[rank] / total)}% of the critical path is on "
+            f"rank {rank}; by kind, {kind} sets most of it ({round(100 * kinds[kind] / total)}%)")
+
+
+# --- changes and projections -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Change:
+    """One change to replay: `straggler` (its extra work at the others' median), `data` (data
+    waits removed), `link` (transfer / factor), `op` (operator `name` factor times faster)."""
+
+    kind: str
+    factor: float = 1.0
+    name: str = ""
+
+    def describe(self) -> str:
+        return {"straggler": "the straggler's extra work removed (its compute and host time "
+                             "per step at the others' median)",
+                "data": "data-loader waits removed",
+                "link": f"collective and send/recv transfer time / {self.factor:g} (waiting "
+                        "for peers unchanged)",
+                "op": f"operator {self.name} {self.factor:g}x faster"}[self.kind]
+
+
+def parse_changes(remove: list[str], link_scale: float | None, ops: list[str]) -> list[Change]:
+    """The changes of `uberprof whatif`'s options; ValueError with a sentence on a bad one."""
+    out: list[Change] = []
+    for what in remove:
+        if what not in ("straggler", "data"):
+            raise ValueError(f"--remove {what}: say 'straggler' or 'data'")
+        out.append(Change(what))
+    if link_scale is not None:
+        if not link_scale > 0:
+            raise ValueError(f"--link-scale {link_scale}: a factor above 0 (2: twice as fast)")
+        out.append(Change("link", float(link_scale)))
+    for spec in ops:
+        name, sep, f = spec.rpartition("=")
+        try:
+            factor = float(f)
+        except ValueError:
+            factor = -1.0
+        if not sep or not name or not factor > 0:
+            raise ValueError(f"--op {spec}: say NAME=F, e.g. aten::mm=2 (twice as fast)")
+        out.append(Change("op", factor, name))
+    return out
+
+
+def _scales(g: StepGraph, changes: list[Change], straggler: int | None
+            ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Per node, the factor on its own work and on its tail, and what each change touched."""
+    own = np.ones(g.n)
+    tail = np.ones(g.n)
+    notes: list[dict[str, Any]] = []
+    for c in sorted(changes, key=lambda c: ("data", "op", "link", "straggler").index(c.kind)):
+        if c.kind == "data":
+            m = g.kind == DATA
+            own[m] = 0.0
+            notes.append({"change": c.describe(), "removed_ms": _ms(g.dur[m].sum())})
+        elif c.kind == "link":
+            tail[g.kind == COMM] /= c.factor
+            notes.append({"change": c.describe(), "transfer_ms": _ms(g.tail.sum())})
+        elif c.kind == "op":
+            notes.append(_scale_op(g, own, c))
+        else:
+            notes.append(_scale_straggler(g, own, straggler, c))
+    return own, tail, notes
+
+
+def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
+    names = [i for i, n in enumerate(g.names) if n == c.name] or \
+        [i for i, n in enumerate(g.names) if c.name in n]
+    m = np.isin(g.op_name, names)
+    cut = np.zeros(g.n)
+    np.add.at(cut, g.op_node[m], g.op_ns[m] * (1 - 1 / c.factor))
+    has = cut > 0
+    dur = g.dur[has].astype(np.float64)
+    own[has] *= np.clip((dur - cut[has]) / np.where(dur > 0, dur, 1), 0, 1)
+    return {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
+            "operator_ms": _ms(g.op_ns[m].sum())}
+
+
+def _scale_straggler(g: StepGraph, own: np.ndarray, rank: int | None,
+                     c: Change) -> dict[str, Any]:
+    """The straggler's work in each step scaled down to the others' median there: its compute
+    and its host time (what it does, not what it waits for), each kind on its own (a device
+    rank's kernels and its host's work are two lanes)."""
+    if rank is None or rank not in g.lanes or len(g.lanes) < 2:
+        return {"change": c.describe(), "rank": rank, "removed_ms": 0.0,
+                "note": "no straggler to remove" if rank is None else
+                f"rank {rank} is not in the graph with another rank"}
+    removed = 0.0
+    work = g.dur * own
+    for kind in (COMPUTE, HOST):
+        of_kind = g.kind == kind
+        for s in np.unique(g.step[of_kind & (g.rank == rank) & (g.step != BETWEEN)]).tolist():
+            in_s = of_kind & (g.step == s)
+            per = {r: float(work[in_s & (g.rank == r)].sum()) for r in g.lanes}
+            mine = per.pop(rank)
+            target = float(np.median(list(per.values())))
+            if mine > target:
+                own[in_s & (g.rank == rank)] *= target / mine
+                removed += mine - target
+    return {"change": c.describe(), "rank": rank, "removed_ms": _ms(removed)}
+
+
+def step_ends(g: StepGraph, r: Replay) -> dict[int, int]:
+    """Per step, when its last rank finishes it (the replayed end of its window)."""
+    return {s: max(b for _, b, _, _ in per.values()) for s, per in step_spans(g, r).items()}
+
+
+def project(g: StepGraph, traced: pa.Table, changes: list[Change],
+            straggler: int | None, straggler_basis: str = "") -> dict[str, Any]:
+    """Replay `g` as recorded and with `changes`. A step's gain is how much earlier its last
+    rank finishes it, less the gain of the step before (so the gains add up to the whole
+    window's, and a rank that merely starts a step earlier gains nothing); the projected step
+    is the measured one less its gain. Medians over the steps, with a 95% interval of the
+    projected median (module docstring; docs/whatif.md)."""
+    base = replay(g)
+    own, tail, notes = _scales(g, changes, straggler)
+    new = replay(g, own, tail)
+    meas, rep = measured_steps(traced), replayed_steps(g, base)
+    e0, e1 = step_ends(g, base), step_ends(g, new)
+    steps = sorted(set(meas) & set(rep) & set(e0) & set(e1))
+    saved = np.array([e0[s] - e1[s] for s in steps], np.float64)
+    gain = np.diff(np.r_[0.0, saved])
+    m = np.array([meas[s] for s in steps], np.float64)
+    rp = np.array([rep[s][0] for s in steps], np.float64)
+    p = m - gain
+    rows = [{"step": s, "measured_ms": _ms(a), "replayed_ms": _ms(b), "gain_ms": _ms(c),
+             "projected_ms": _ms(d)} for s, a, b, c, d in zip(steps, m, rp, gain, p)]
+    fit = replay_doc(g, traced, base)
+    doc: dict[str, Any] = {
+        "changes": notes, "straggler": straggler, "straggler_basis": straggler_basis,
+        "steps": rows, "baseline_step_ms": None, "replayed_step_ms": None,
+        "projected_step_ms": None, "interval_ms": None, "interval": None, "gain_ms": None,
+        "gain_pct": None, "fit_for_projection": fit["fit_for_projection"],
+        "replay_error_pct": fit["median_error_pct"], "why": fit["why"]}
+    if not steps:
+        return doc
+    iv = median_interval(p)
+    kind = "95% interval of the median over the steps"
+    if iv is None:
+        iv, kind = (float(p.min()), float(p.max())), \
+            "range over the steps (too few for a 95% interval)"
+    base_ms = float(np.median(m))
+    doc.update(baseline_step_ms=_ms(base_ms), replayed_step_ms=_ms(np.median(rp)),
+               projected_step_ms=_ms(np.median(p)), interval_ms=[_ms(iv[0]), _ms(iv[1])],
+               interval=kind, gain_ms=_ms(base_ms - np.median(p)),
+               gain_pct=round(100 * (base_ms - float(np.median(p))) / base_ms, 1)
+               if base_ms else None)
+    return doc
+
+
+def straggler_of(d: Diagnosis) -> tuple[int | None, str]:
+    """The rank `--remove straggler` acts on, and why that one: the diagnosis's straggler, else
+    the straggler test's candidate (the rank most often last), else (no collective to test:
+    a pipeline) the rank most of the critical path runs on, else none."""
+    if d.straggler is not None:
+        return d.straggler.rank, f"the diagnosis's straggler ({d.straggler.confidence})"
+    test = d.run.get("straggler_test")
+    if isinstance(test, dict) and isinstance(test.get("rank"), int):
+        return test["rank"], (f"the straggler test's candidate, most often last (decision: "
+                              f"{test.get('decision')})")
+    cp = d.run.get("critical_path")
+    if isinstance(cp, dict) and isinstance(cp.get("rank"), int):
+        return cp["rank"], ("no straggler test (no matched collective): the rank most of the "
+                            "critical path runs on")
+    return None, "no straggler: the straggler test has no candidate"
+
+
+def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change]) -> dict[str, Any]:
+    """`uberprof whatif`: the run's graph (from its tables and its diagnosis's matched
+    collectives, send/recv pairs and clock alignment) replayed with `changes`."""
+    g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
+    rank, basis = straggler_of(d)
+    return project(g, d.steps, changes, rank, basis)

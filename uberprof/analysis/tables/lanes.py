@@ -1,0 +1,256 @@
+"""Each rank's *lane* for the step graph (`graph.py`): its analysed steps' windows cut into
+consecutive segments of one kind (compute, data, host, waiting) in program order, from its event
+table and its activity as the breakdown counts it; on a device rank, its host's lane and its
+device's, with the launches and synchronisations between them. The per-rank half of the graph,
+read where the analysis's map runs (`lane_passes`); `graph.py` joins the lanes across ranks.
+The node and edge kinds are named here, the leaf of the two.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from uberprof.analysis.tables import derived as D
+from uberprof.analysis.tables import intervals as iv
+from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.operators import self_times
+from uberprof.analysis.tables.pool import map_calls
+from uberprof.ingest import classify as K
+
+__all__ = [
+    "ARRIVE",
+    "BARRIER",
+    "BETWEEN",
+    "COMM",
+    "COMPLETE",
+    "COMPUTE",
+    "DATA",
+    "EDGE_KINDS",
+    "HOST",
+    "KINDS",
+    "LAUNCH",
+    "PROGRAM",
+    "REACH",
+    "WAIT",
+    "RankLane",
+    "lane_pass",
+    "lane_passes",
+    "rank_lane",
+]
+
+KINDS = ("compute", "data", "host", "waiting", "comm", "barrier")
+COMPUTE, DATA, HOST, WAIT, COMM, BARRIER = range(6)
+EDGE_KINDS = ("program", "launch", "arrive", "complete", "reach")
+PROGRAM, LAUNCH, ARRIVE, COMPLETE, REACH = range(5)
+BETWEEN = -(1 << 40)  # the step of a segment between two steps' windows (a pseudo-step is -1)
+
+
+@dataclass
+class RankLane:
+    """One rank's lane, on its own clock: consecutive segments and the operators in them."""
+
+    rank: int
+    start: np.ndarray  # int64 ns
+    end: np.ndarray
+    kind: np.ndarray  # int8: COMPUTE, DATA, HOST or WAIT
+    step: np.ndarray  # int64: the step whose host window holds it, BETWEEN between two steps
+    op_seg: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # segment
+    op_name: list[str] = field(default_factory=list)  # operator or kernel name per row
+    op_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # self time in it
+    device: RankLane | None = None  # a device rank's device lane (this one is then the host's)
+    links: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))  # reach
+    #   edges between the two: (src lane, src segment, dst lane, dst segment, offset); lane 0
+    #   is this one, 1 the device's
+
+    @classmethod
+    def empty(cls, rank: int) -> RankLane:
+        z = np.zeros(0, np.int64)
+        return cls(rank, z, z, np.zeros(0, np.int8), z)
+
+
+def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
+              act: M.Activity | None = None) -> RankLane:
+    """This rank's lane over the host windows of `steps` (its analysed steps, RUN_STEP_SCHEMA),
+    cut by its activity (module docstring; where kinds overlap, the first listed wins). A
+    CPU rank has one lane: compute, waiting, data, host. A device rank has two: the host's
+    (blocked on the device, data, host) and, in `device`, the device's over the steps' device
+    windows (compute, waiting on communication, idle), joined by launches and syncs."""
+    st = steps.filter(pa.array(np.asarray(steps.column("host_end_ns").is_valid()))) \
+        .sort_by("host_start_ns")
+    if st.num_rows == 0 or events.num_rows == 0:
+        return RankLane.empty(rank)
+    act = act if act is not None else M.device_activity(events)
+    ts = events.column("ts").to_numpy()
+    end = ts + events.column("dur").to_numpy()
+    data_m = M.kind_mask(events, (K.DATALOADER,))
+    data = iv.union(ts[data_m], end[data_m])
+    work = iv.merge(act.compute, act.memory)
+    host_w = _windows(st, "host_start_ns", "host_end_ns")
+    if act.mode == "cpu":
+        lane = _cut(rank, host_w, [(COMPUTE, work), (WAIT, act.comm), (DATA, data)])
+        _add_ops(lane, events, act)
+        return lane
+    syncs = _sync_calls(events, act)
+    lane = _cut(rank, host_w, [(WAIT, iv.union(syncs[0], syncs[1])), (DATA, data)])
+    dev_st = st.filter(pa.array(np.asarray(st.column("device_start_ns").is_valid())))
+    if dev_st.num_rows == 0:
+        return lane
+    lane.device = _cut(rank, _windows(dev_st.sort_by("device_start_ns"), "device_start_ns",
+                                      "device_end_ns"), [(COMPUTE, work), (WAIT, act.comm)])
+    _add_ops(lane.device, events, act)
+    _link(lane, act, syncs)
+    return lane
+
+
+def _windows(st: pa.Table, lo: str, hi: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, steps) of the steps' windows, made not to overlap."""
+    ws = st.column(lo).to_numpy().astype(np.int64)
+    we = np.maximum(st.column(hi).to_numpy(zero_copy_only=False).astype(np.int64), ws)
+    we[:-1] = np.minimum(we[:-1], ws[1:])
+    return ws, we, st.column("step").to_numpy().astype(np.int64)
+
+
+def _cut(rank: int, windows: tuple[np.ndarray, np.ndarray, np.ndarray],
+         sets: list[tuple[int, iv.Intervals]]) -> RankLane:
+    """The span of `windows` cut into maximal segments of one kind (the first set holding an
+    instant names it, else host) and one step (BETWEEN between windows)."""
+    ws, we, steps = windows
+    lo, hi = int(ws[0]), int(we[-1])
+    bounds = [np.array([lo, hi]), ws, we] + [np.r_[x.starts, x.ends] for _, x in sets]
+    b = np.unique(np.clip(np.concatenate(bounds).astype(np.int64), lo, hi))
+    left, right = b[:-1], b[1:]
+    kind = np.full(left.size, HOST, np.int8)
+    for k, x in reversed(sets):  # the first set wins
+        kind[M._starts_inside(left, x)] = k
+    w = np.searchsorted(ws, left, side="right") - 1
+    inside = (w >= 0) & (left < we[np.clip(w, 0, None)])
+    step = np.where(inside, steps[np.clip(w, 0, None)], BETWEEN)
+    cut = np.r_[True, (kind[1:] != kind[:-1]) | (step[1:] != step[:-1])]
+    first = np.flatnonzero(cut)
+    seg_end = np.r_[left[first[1:]], right[-1]] if first.size else first
+    return RankLane(rank, left[first], seg_end, kind[first], step[first].astype(np.int64))
+
+
+MIN_SYNC_NS = 20_000  # a host call shorter than this is not read as waiting for the device
+# It waited for device work that ended this close to its return, before or after (the
+# device's clock and the host's are read apart: a blocking copy returns before its end).
+SYNC_TOLERANCE_NS = 100_000
+
+
+def _sync_calls(events: pa.Table, act: M.Activity) -> tuple[np.ndarray, ...]:
+    """Host runtime calls on the step-carrying threads that waited for the device: at least
+    MIN_SYNC_NS long and returning within SYNC_TOLERANCE_NS of the end of some device work
+    that was under way (a synchronize, a blocking copy). (starts, ends, that device end)."""
+    tid = events.column("tid").to_numpy()
+    threads = np.unique(tid[M.kind_mask(events, (K.STEP,))])
+    m = M.kind_mask(events, (K.RUNTIME, K.SYNC)) & np.isin(tid, threads)
+    ts = events.column("ts").to_numpy()[m]
+    ce = ts + events.column("dur").to_numpy()[m]
+    ends = np.sort(act.ends) if act.ends.size else act.ends
+    if ends.size == 0 or ts.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    j = np.searchsorted(ends, ce, side="left")
+    before, after = ends[np.clip(j - 1, 0, None)], ends[np.clip(j, None, ends.size - 1)]
+    dev = np.where(np.abs(ce - before) <= np.abs(after - ce), before, after)
+    ok = (ce - ts >= MIN_SYNC_NS) & (np.abs(ce - dev) <= SYNC_TOLERANCE_NS) & (dev > ts)
+    return ts[ok].astype(np.int64), ce[ok].astype(np.int64), dev[ok].astype(np.int64)
+
+
+def _link(lane: RankLane, act: M.Activity, syncs: tuple[np.ndarray, ...]) -> None:
+    """Intra-rank edges of a device rank (`reach`: a node's start plus an offset bounds
+    another's end): the device idle before work waits for the host to launch that work, and
+    a host wait ends when the device work it waited for does."""
+    dev = lane.device
+    assert dev is not None
+    links: list[tuple[int, int, int, int, int]] = []  # src lane, src, dst lane, dst, offset
+    # launches: an idle segment followed by work launched while it was idle (the device
+    # waited for the host); idle for other reasons (a stream waiting on another) stays fixed
+    order = np.argsort(act.starts, kind="stable")
+    starts, launch, linked = act.starts[order], act.launch[order], act.linked[order]
+    idle = np.flatnonzero((dev.kind[:-1] == HOST) & (dev.kind[1:] != HOST))
+    for i in idle.tolist():
+        s = dev.start[i + 1]
+        k = int(np.searchsorted(starts, s, side="left"))
+        if k >= starts.size or starts[k] != s or not linked[k]:
+            continue
+        h = _seg_at(lane, int(launch[k]))
+        if h >= 0 and dev.start[i] < launch[k] <= s:  # launched while the device sat idle
+            dev.kind[i] = WAIT
+            links.append((0, h, 1, i, int(s - lane.start[h])))
+    # syncs: the host segment that ends with the call waits for the device node holding the
+    # end of the work it waited for
+    for ce, d_end in zip(syncs[1].tolist(), syncs[2].tolist()):
+        h = int(np.searchsorted(lane.end, ce, side="left"))
+        d = _seg_at(dev, d_end - 1)
+        if h < lane.end.size and lane.end[h] == ce and lane.kind[h] == WAIT and d >= 0 \
+                and dev.start[d] < ce:
+            links.append((1, d, 0, h, int(ce - dev.start[d])))
+    lane.links = np.array(links, np.int64).reshape(-1, 5)
+
+
+def _seg_at(lane: RankLane, t: int) -> int:
+    """The segment of `lane` holding time `t`, -1 outside it."""
+    i = int(np.searchsorted(lane.start, t, side="right")) - 1
+    return i if 0 <= i < lane.start.size and t < lane.end[i] else -1
+
+
+def _add_ops(lane: RankLane, events: pa.Table, act: M.Activity) -> None:
+    """Each compute segment's operators (CPU ranks: the training threads' operators by self
+    time) or kernels and copies (device ranks: by duration), by the segment they start in."""
+    if act.mode == "cpu":
+        m = M.kind_mask(events, (K.OPERATOR,)) & np.isin(events.column("tid").to_numpy(),
+                                                           M.training_threads(events))
+    else:
+        m = M.kind_mask(events, (K.KERNEL, K.MEMCPY, K.MEMSET, K.DEVICE_OTHER))
+    rows = np.flatnonzero(m)
+    if rows.size == 0 or lane.start.size == 0:
+        return
+    ts = events.column("ts").to_numpy()[rows]
+    dur = events.column("dur").to_numpy()[rows].astype(np.int64)
+    own = self_times(events.column("tid").to_numpy()[rows], ts, dur) if act.mode == "cpu" \
+        else dur
+    seg = np.searchsorted(lane.start, ts, side="right") - 1
+    ok = (seg >= 0) & (ts < lane.end[np.clip(seg, 0, None)]) & (own > 0)
+    ok &= lane.kind[np.clip(seg, 0, None)] == COMPUTE
+    names = events.column("name").combine_chunks()
+    codes = names.indices.to_numpy(zero_copy_only=False)[rows][ok].astype(np.int64)
+    seg = seg[ok]
+    n_names = len(names.dictionary)
+    key, inv = np.unique(seg * n_names + codes, return_inverse=True)
+    lane.op_seg = key // n_names
+    lane.op_ns = np.bincount(inv, weights=own[ok]).astype(np.int64)
+    vocab = names.dictionary.to_pylist()
+    lane.op_name = [str(vocab[c]) for c in (key % n_names).tolist()]
+
+
+def lane_pass(derived: str, keys: list[str], rank: int, steps: pa.Table) -> RankLane:
+    """One rank's lane from its event tables (read, used, dropped: the map's unit of work)."""
+    if not keys:
+        return RankLane.empty(rank)
+    try:
+        events = D.read_input_events(Path(derived), keys)
+    except OSError:
+        return RankLane.empty(rank)
+    return rank_lane(rank, events, steps)
+
+
+def lane_passes(ctx: RunContext, traced: pa.Table) -> dict[int, RankLane]:
+    """Every rank's lane, on the analysis's workers (`ctx.workers`, `ctx.executor`)."""
+    keys = D.rank_input_keys(ctx.run.inputs)
+    rank_col = traced.column("rank").to_numpy(zero_copy_only=False)
+    calls = [(str(ctx.derived), keys.get(r, []), r,
+              traced.filter(pa.array(rank_col == r))) for r in ctx.rank_ids]
+    workers = ctx.workers if ctx.workers is not None else \
+        (1 if len(calls) < 8 else min(os.cpu_count() or 1, len(calls)))
+    out: dict[int, RankLane] = {}
+    for i, res in map_calls(lane_pass, calls, workers, ctx.executor):
+        r = calls[i][2]
+        out[r] = res if isinstance(res, RankLane) else RankLane.empty(r)
+    return out

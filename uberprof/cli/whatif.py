@@ -1,0 +1,91 @@
+"""`uberprof whatif RUN --remove straggler ...`: what fixing it would gain, projected by
+replaying the run's step graph with the change (docs/whatif.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
+from uberprof.cli.params import FiniteRange
+
+EPILOG = """\
+\b
+Examples:
+  uberprof whatif uberprof-runs/RUN --remove straggler
+  uberprof whatif uberprof-runs/RUN --remove data --link-scale 2
+  uberprof whatif uberprof-runs/RUN --op aten::mm=2 --op "nccl:all_reduce=1.5" --json
+\b
+How to read it: each traced step is replayed twice on the run's dependency
+graph (every rank's work in program order, each collective waiting for its
+last participant, each receive for its send): once with the recorded
+durations (the "replayed" column: it should match "measured"; the replay
+error says how well) and once with your changes ("projected"). The step
+time is the median over the traced steps with a 95% interval from their
+spread. A run whose replay error is above 5% is said to be unfit for
+projection, with why. What a replay cannot know: contention a change adds
+or removes, caches, a schedule the framework would pick instead.
+"""
+
+
+@click.command(epilog=EPILOG, short_help="Project the step time if a problem were fixed.")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--remove", "remove", multiple=True, type=click.Choice(["straggler", "data"]),
+              help="'straggler': the straggler's extra work (its compute and host time per "
+                   "step cut to the other ranks' median); 'data': every data-loader wait. "
+                   "Repeat to combine.")
+@click.option("--link-scale", type=FiniteRange(min=0, min_open=True), default=None,
+              metavar="F", help="Collective and send/recv transfer time divided by F (a link "
+                                "F times faster); time waiting for late peers is unchanged.")
+@click.option("--op", "ops", multiple=True, metavar="NAME=F",
+              help="Operator or kernel NAME F times faster (its self time / F). An exact name, "
+                   "else every name containing NAME. Repeatable.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the projection as JSON (baseline_step_ms, replayed_step_ms, "
+                   "projected_step_ms, interval_ms, changes, steps; docs/whatif.md).")
+@gap_threshold_option("used by the diagnosis it reads")
+@workers_option()
+@derived_option("--out", "Where derived tables go (default: PATH/derived).")
+def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None, ops: tuple[str, ...],
+           as_json: bool, gap_threshold_us: float, workers: int | None,
+           out: Path | None) -> None:
+    """Project PATH's step time (a run directory, a folder of Kineto traces, or one trace) if
+    the given problems were fixed: the traced steps replayed on the run's dependency graph
+    with the changes, against the measured steps. Several changes compose. The run is
+    analysed and diagnosed first where needed (as `uberprof report`)."""
+    import orjson
+
+    from uberprof.analysis.diagnosis.whatif import parse_changes, project_run
+    from uberprof.analysis.read import open_run
+    from uberprof.analysis.tables.pool import keep_pandas_out
+    from uberprof.present.terminal.progress import ReadProgress
+
+    keep_pandas_out()
+    err = Console(stderr=True)
+    try:
+        changes = parse_changes(list(remove), link_scale, list(ops))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if not changes:
+        raise click.UsageError("say what to change: --remove straggler, --remove data, "
+                               "--link-scale F or --op NAME=F (see --help)")
+    with ReadProgress(err) as update:
+        opened = open_run(path, out=out, threshold_ns=int(gap_threshold_us * 1000),
+                          workers=workers, progress=update)
+    if opened.ctx is None or opened.diagnosis is None:
+        err.print(f"uberprof whatif: {opened.no_traces or 'nothing to replay'}", markup=False,
+                  highlight=False, soft_wrap=True)
+        sys.exit(1)
+    doc = project_run(opened.ctx, opened.diagnosis, changes)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
+                                             | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        from uberprof.present.terminal.whatif import render_whatif
+
+        render_whatif(doc, Console())
+    if doc.get("projected_step_ms") is None:
+        sys.exit(1)

@@ -1,0 +1,85 @@
+"""The report's critical-path section and `uberprof whatif`'s output, as the analysis made them
+(`run.critical_path`, `run.replay`, the projection of `diagnosis/whatif.py`; docs/whatif.md).
+Formats only: every number is the document's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from uberprof.units import fmt_num, shorten
+
+__all__ = ["render_critical_path", "render_whatif"]
+
+def _ms(v: Any) -> str:
+    return fmt_num(v, 1, missing="-")
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(text, markup=False, highlight=False)
+
+
+def render_critical_path(run: dict[str, Any], console: Console) -> None:
+    """A few lines: what sets the steps' length, the operators on it, and whether the replay
+    reproduces the measured steps (nothing when the run has no graph)."""
+    cp, rp = run.get("critical_path"), run.get("replay")
+    if not isinstance(cp, dict) or not cp.get("steps"):
+        return
+    console.print("[bold]critical path[/bold] (what sets each step's length; uberprof whatif "
+                  "projects changes)")
+    _say(console, f"  {cp.get('summary')}")
+    pct = cp.get("by_kind_pct") or {}
+    _say(console, "  by kind: " + ", ".join(f"{k} {v:.0f}%" for k, v in pct.items() if v >= 0.5))
+    ops = cp.get("top_operators") or []
+    if ops:
+        _say(console, "  on it: " + ", ".join(f"{shorten(o['name'], 40)} {_ms(o['ms'])} ms"
+                                             for o in ops[:3]) + " (over the steps)")
+    if isinstance(rp, dict) and rp.get("median_error_pct") is not None:
+        verdict = "fit" if rp.get("fit_for_projection") else "UNFIT"
+        _say(console, f"  replay: median error {rp['median_error_pct']}% (max "
+                      f"{rp['max_error_pct']}%) over {len(rp.get('steps') or [])} step(s): "
+                      f"{verdict} for projection" +
+                      ("" if rp.get("fit_for_projection") else f"; {rp.get('why')}"))
+
+
+def render_whatif(doc: dict[str, Any], console: Console) -> None:
+    """`uberprof whatif`: the changes, projected against measured, per step and in all."""
+    _say(console, "changes: " + "; ".join(c["change"] + _touched(c) for c in doc["changes"]))
+    if doc.get("projected_step_ms") is None:
+        _say(console, f"nothing to project: {doc.get('why')}")
+        return
+    t = Table(title=None, show_edge=False)
+    for col in ("step", "measured ms", "replayed ms", "projected ms", "gain ms"):
+        t.add_column(col, justify="right")
+    for s in doc["steps"]:
+        t.add_row(str(s["step"]), _ms(s["measured_ms"]), _ms(s["replayed_ms"]),
+                  _ms(s["projected_ms"]), _ms(s["gain_ms"]))
+    console.print(t)
+    lo, hi = doc["interval_ms"]
+    _say(console, f"step time: measured {_ms(doc['baseline_step_ms'])} ms (replayed "
+                  f"{_ms(doc['replayed_step_ms'])} ms), projected {_ms(doc['projected_step_ms'])}"
+                  f" ms ({_ms(lo)}-{_ms(hi)}, {doc['interval']}): {_ms(doc['gain_ms'])} ms "
+                  f"({doc['gain_pct']}%) shorter")
+    if doc.get("fit_for_projection"):
+        _say(console, f"replay error {doc['replay_error_pct']}% (median per step): the graph "
+                      "reproduces the measured steps")
+    else:
+        _say(console, f"UNFIT FOR PROJECTION: {doc['why']}")
+    _say(console, "a projection keeps every recorded dependency and duration it was not told "
+                  "to change: it cannot know contention, caches or a different schedule "
+                  "(docs/whatif.md)")
+
+
+def _touched(c: dict[str, Any]) -> str:
+    if c.get("note"):
+        return f" ({c['note']})"
+    if "rank" in c:
+        return f" (rank {c['rank']}: {_ms(c.get('removed_ms'))} ms of work removed)"
+    if "matched" in c:
+        names = ", ".join(c["matched"][:3]) or "no operator of that name"
+        return f" ({names}: {_ms(c.get('operator_ms'))} ms in the steps)"
+    if "removed_ms" in c:
+        return f" ({_ms(c['removed_ms'])} ms in the steps)"
+    return ""
