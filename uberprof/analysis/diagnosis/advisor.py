@@ -209,8 +209,11 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
             and work.rank == straggler.rank else None
         straggler.cause, straggler.factors = straggler_cause(
             straggler.rank, _factors(traced, gaps, lat), clock_ev, work_ns)
-        if work is not None and work.rank == straggler.rank and work.off_cpu:
-            straggler.cause = "off_cpu"  # no excess of CPU time or data wait, not preempted
+        if work is not None and work.rank == straggler.rank and work.preempted is False \
+                and work.data_excess_ns < work.need_ns \
+                and work.excess_ns < 0.5 * straggler.median_lead_ns:
+            straggler.cause = "off_cpu"  # its own CPU time explains under half of its lead,
+            #                              and the OS did not keep it from a core
         straggler.counters = clock_ev
         if basis_doc is not None:
             _note_traced_view(straggler, traced_test, work_ns)

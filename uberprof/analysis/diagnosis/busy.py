@@ -21,14 +21,17 @@ straggler's training thread spends more CPU time per step, a delayed one the sam
   rate and material. No excess: below the material size, and no data-wait excess of that size
   either (a rank whose loader sleeps is late by its own doing while its CPU time is the
   others').
-- **Off the CPU, by its own doing or the OS's** (`ctx_vol`/`ctx_invol` of steps.jsonl: the
-  training thread's context switches per step): a late rank with no excess of CPU time or data
-  wait spent its extra time off the CPU. Saying "the OS delayed it" needs evidence: it was
-  *preempted* when its involuntary switches per step exceed the others' median by at least
-  `PREEMPT_EXCESS` and twice over (the scheduler took its core for other load). Otherwise
-  it waited off the CPU by itself (sleep, blocking I/O, a lock): `off_cpu`, a straggler whose
-  cause is its own behaviour. Without the switches (older agents, not Linux) the old reading
-  stands: cleared.
+- **Off the CPU, by its own doing or the OS's** (`run_wait_ns` of steps.jsonl: the training
+  thread's time runnable but waiting for a core, per step): a late rank with no excess of CPU
+  time or data wait spent its extra time off the CPU. Saying "the OS delayed it" needs evidence:
+  it was *delayed by the OS* when its run-queue wait per step exceeds the others' median by at
+  least half its lateness (and the material size): the scheduler kept it from a core for most of
+  it. A sleeping rank on a loaded host also waits for a core after each wake-up (4-9 ms a step
+  against a 35-57 ms lead with a CPU hog beside a 2-rank job), not for most of its lateness. Otherwise it waited off the CPU by itself
+  (sleep, blocking I/O, a lock): `off_cpu`, a straggler whose cause is its own behaviour.
+  Involuntary context switches were tried first and do not tell them apart: on a loaded host a
+  sleeping rank is preempted about as often as the others when it runs. Without the run-queue
+  wait (older agents, not Linux) the old reading stands: cleared.
 """
 
 from __future__ import annotations
@@ -59,7 +62,6 @@ __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
-PREEMPT_EXCESS = 1.0  # involuntary context switches per step over the others' median
 _WORDS = {KIND_CPU: "CPU time"}
 
 
@@ -101,8 +103,8 @@ class BusyExcess:
     excess_ns: int  # its busy time minus the others' median, median over the steps
     data_excess_ns: int  # the same for its data wait
     need_ns: int  # the material excess: MATERIAL_EXCESS of the median step
-    invol: float | None = None  # its involuntary context switches per step (median)
-    others_invol: float | None = None  # the others' median of theirs
+    run_wait_excess_ns: int | None = None  # its run-queue wait minus the others' median
+    lead_ns: float | None = None  # its lateness at collectives (the straggler test's lead)
 
     @property
     def confirmed(self) -> bool:
@@ -116,11 +118,11 @@ class BusyExcess:
 
     @property
     def preempted(self) -> bool | None:
-        """Whether the scheduler took its core for other load more than the others' (module
-        docstring); None without context switches."""
-        if self.invol is None or self.others_invol is None:
+        """Whether the OS kept it from a core longer than the others by enough to explain its
+        lateness (at least half its lead, and material); None without run-queue waits."""
+        if self.run_wait_excess_ns is None:
             return None
-        return self.invol >= max(self.others_invol + PREEMPT_EXCESS, 2 * self.others_invol)
+        return self.run_wait_excess_ns >= max(self.need_ns, 0.5 * (self.lead_ns or 0.0))
 
     @property
     def off_cpu(self) -> bool:
@@ -138,12 +140,12 @@ class BusyExcess:
         data = (f"; its data wait {self.data_excess_ns / 1e6:+.3g} ms per step over the "
                 "others'" if self.data_excess_ns >= self.need_ns else "")
         switches = ""
-        if self.cleared and self.preempted is not None:
-            switches = (f"; {self.invol:.3g} involuntary context switches per step against the "
-                        f"others' {self.others_invol:.3g}: "
-                        + ("preempted by other load" if self.preempted else
-                           "not preempted, so it waited off the CPU by itself (sleep, I/O, "
-                           "a lock)"))
+        if self.run_wait_excess_ns is not None and self.excess_ns < self.need_ns:
+            switches = (f"; its wait for a core (run queue) per step is the others' "
+                        f"{self.run_wait_excess_ns / 1e6:+.3g} ms: "
+                        + ("delayed by the OS (other load)" if self.preempted else
+                           "not delayed by the OS, so it waited off the CPU by itself (sleep, "
+                           "I/O, a lock)"))
         return (f"its {what} per step is the others' {self.excess_pct:+.1f}% "
                 f"({self.excess_ns / 1e6:+.3g} ms; material from {self.need_ns / 1e6:.3g} ms, "
                 f"{100 * MATERIAL_EXCESS:.0f}% of the step), the most at {self.most} of "
@@ -159,8 +161,8 @@ class BusyExcess:
                 "excess_pct": round(self.excess_pct, 1),
                 "data_wait_excess_ms": round(self.data_excess_ns / 1e6, 3),
                 "min_excess_ms": round(self.need_ns / 1e6, 3),
-                "involuntary_switches_per_step": self.invol,
-                "others_involuntary_switches_per_step": self.others_invol,
+                "run_wait_excess_ms": (round(self.run_wait_excess_ns / 1e6, 3)
+                                       if self.run_wait_excess_ns is not None else None),
                 "preempted": self.preempted,
                 "decision": ("confirmed" if self.confirmed else "off_cpu" if self.off_cpu else
                              "none" if self.cleared else "not confirmed")}
@@ -175,12 +177,13 @@ class BusyTimes:
     steps: np.ndarray  # step numbers, increasing
     busy: np.ndarray  # ns, [rank, step]
     data_wait: np.ndarray  # ns, [rank, step]
-    invol: np.ndarray | None = None  # involuntary context switches, [rank, step]; NaN: unknown
+    run_wait: np.ndarray | None = None  # run-queue wait (ns), [rank, step]; NaN: unknown
 
-    def excess(self, rank: int, steps: Iterable[int] | None, median_step_ns: float | None
-               ) -> BusyExcess | None:
+    def excess(self, rank: int, steps: Iterable[int] | None, median_step_ns: float | None,
+               lead_ns: float | None = None) -> BusyExcess | None:
         """The compute-excess test of `rank` over `steps` (all when None), or None without
-        busy evidence there (the rank missing, fewer than evidence.MIN_STEPS steps)."""
+        busy evidence there (the rank missing, fewer than evidence.MIN_STEPS steps). `lead_ns`:
+        its lateness, which the OS's delay must explain half of to count (`preempted`)."""
         if rank not in self.ranks or len(self.ranks) < 2:
             return None
         keep = np.isin(self.steps, list(steps)) if steps is not None else \
@@ -195,23 +198,22 @@ class BusyTimes:
         i = self.ranks.index(rank)
         others = np.delete(b, i, axis=0)
         need = MATERIAL_EXCESS * (median_step_ns or float(np.median(b)))
-        mine_sw = others_sw = None
-        if self.invol is not None:
-            sw = self.invol[:, keep]
-            if not np.isnan(sw).any():
-                mine_sw = float(np.median(sw[i]))
-                others_sw = float(np.median(np.median(np.delete(sw, i, axis=0), axis=0)))
+        wait_excess = None
+        if self.run_wait is not None:
+            rw = self.run_wait[:, keep]
+            if not np.isnan(rw).any():
+                wait_excess = int(np.median(rw[i] - np.median(np.delete(rw, i, axis=0), axis=0)))
         return BusyExcess(
             rank=rank, kind=self.kind, most=most, steps=n, ranks_tested=len(self.ranks),
             p_value=min(1.0, p * len(self.ranks)), p_uncorrected=p,
             median_ns=int(np.median(np.median(others, axis=0))),
             excess_ns=int(np.median(lead)), data_excess_ns=int(np.median(data_lead)),
-            need_ns=int(need), invol=mine_sw, others_invol=others_sw)
+            need_ns=int(need), run_wait_excess_ns=wait_excess, lead_ns=lead_ns)
 
 
 RankBusy = tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """One rank's busy time: its kind, and per step (in step order) the step number, the busy time
-and the data wait (0 where unknown), ns, and the involuntary context switches (NaN: unknown)."""
+and the data wait (0 where unknown), ns, and the run-queue wait (ns; NaN: unknown)."""
 
 
 def table_busy(table: pa.Table) -> RankBusy | None:
@@ -221,13 +223,13 @@ def table_busy(table: pa.Table) -> RankBusy | None:
     if kind is None:
         return None
     has = cpu.is_valid()
-    invol = (table.column("ctx_invol").filter(has).cast(pa.float64())
-             .fill_null(float("nan")).to_numpy() if "ctx_invol" in table.column_names else
-             np.full(int(pc.sum(has).as_py() or 0), np.nan))
+    run_wait = (table.column("run_wait_ns").filter(has).cast(pa.float64())
+                .fill_null(float("nan")).to_numpy() if "run_wait_ns" in table.column_names else
+                np.full(int(pc.sum(has).as_py() or 0), np.nan))
     return (kind, table.column("step").filter(has).to_numpy(),
             cpu.filter(has).to_numpy().astype(np.float64),
             pc.fill_null(table.column("data_wait_ns"), 0).filter(has).to_numpy()
-            .astype(np.float64), invol)
+            .astype(np.float64), run_wait)
 
 
 def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | None:
@@ -257,7 +259,7 @@ def busy_of_ranks(ranks: Iterable[tuple[int, RankBusy | None]]) -> BusyTimes | N
         kind=kinds.pop(), ranks=ranks_, steps=common.astype(np.int64),
         busy=np.array([at_common(r, series[r][2]) for r in ranks_], np.float64),
         data_wait=np.array([at_common(r, series[r][3]) for r in ranks_], np.float64),
-        invol=np.array([at_common(r, series[r][4]) for r in ranks_], np.float64))
+        run_wait=np.array([at_common(r, series[r][4]) for r in ranks_], np.float64))
 
 
 def busy_times(ctx: RunContext) -> BusyTimes | None:

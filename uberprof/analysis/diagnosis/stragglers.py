@@ -30,9 +30,9 @@
   takes many of its "alone last"; it needs no last-fraction, and its lead need not exceed twice
   the others' spread (the spread rule tells chance from cause; its work is the cause): the
   lead's floors and the delay are still required. A candidate with no excess of its own time
-  (busy time or data wait) is not named when the OS delayed it (preempted: more involuntary
-  context switches than the others', or no record of them); one that was not preempted waited
-  off the CPU by its own doing (sleep, I/O, a lock) and is named, cause `off_cpu`.
+  (busy time or data wait) is not named when the OS delayed it (a run-queue wait excess of at
+  least half its lead, or no record of it); one the OS did not delay waited off the CPU by its own doing
+  (sleep, I/O, a lock) and is named, cause `off_cpu`.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -184,7 +184,7 @@ class StragglerTest:
             sentence = (f"no straggler: {freq}, but {self.busy.words() if self.busy else ''}: "
                         "the OS delayed it, not its work (nor its data loading)"
                         + ("" if self.busy is None or self.busy.preempted is not None else
-                           " (no record of its context switches to prove it)"))
+                           " (no record of its wait for a core to prove it)"))
         elif self.decision == "confirmed":
             sentence = f"{freq}, below the {rate} false-alarm rate; {lead}{work}: confirmed"
         elif self.decision == "suspected":
@@ -273,7 +273,8 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     lead, noise = lead_and_noise(iid, rank, late, n_part, r)
     med_lead = float(np.median(lead)) if lead.size else 0.0
     steps = sorted({int(s) for s in step[mine].tolist()})
-    work = busy.excess(r, set(step.tolist()), median_step_ns) if busy is not None else None
+    work = busy.excess(r, set(step.tolist()), median_step_ns, med_lead) \
+        if busy is not None else None
     more_work = work is not None and work.confirmed
     need_lead, spread_waived = _needed_lead(median_step_ns, n_part[mine], noise, med_lead,
                                             more_work)

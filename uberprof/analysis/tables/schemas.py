@@ -99,6 +99,7 @@ TIMELINE_SCHEMA = pa.schema([
     ("cpu_ns", pa.int64()),  # the training thread's CPU time (busy time: diagnosis/busy.py)
     ("ctx_vol", pa.int64()),  # its voluntary context switches (own waits: sleep, I/O, locks)
     ("ctx_invol", pa.int64()),  # its involuntary ones (preempted by other load)
+    ("run_wait_ns", pa.int64()),  # its time runnable but waiting for a core (the OS's delay)
     ("gpu_time_ns", pa.int64()),  # device time between step boundaries (device runs)
     ("gpu_mem_peak_bytes", pa.int64()),  # caching allocator's all-time peak allocated so far
     ("gpu_mem_bytes", pa.int64()),  # allocated now: both read at the step's gpu row

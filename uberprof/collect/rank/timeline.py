@@ -12,15 +12,17 @@ scheduler did to its wall time. It tells a rank that computes more from one the 
 optimizer detector places its boundary an iteration late, when it ends step 1 too: the CPU
 time at that boundary is not known) and where the previous boundary was on another thread.
 Beside it, on the same rows, `ctx_vol` and `ctx_invol`: the thread's voluntary and involuntary
-context switches since the previous boundary (`getrusage(RUSAGE_THREAD)`, Linux; about 1 µs).
-Voluntary ones are the thread's own waits (sleep, I/O, a lock, a collective); involuntary ones
-are the scheduler taking the core away for other load: what tells a rank that waits off the CPU
-by its own doing from one the OS delayed (analysis/diagnosis/busy.py).
+context switches since the previous boundary (`getrusage(RUSAGE_THREAD)`, Linux; about 1 µs),
+and `run_wait_ns`: the time it spent runnable but waiting for a core (the run queue,
+`/proc/thread-self/schedstat`, about 2 µs). The run-queue wait is what tells a rank the OS
+delayed from one that waits off the CPU by its own doing (sleep, I/O, a lock): a woken thread
+that waits for a core counts no involuntary switch (analysis/diagnosis/busy.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -64,6 +66,8 @@ class StepTimeline:
         self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
         self._cpu_mark = (0, 0)  # (thread ident, its CPU time) at the previous boundary
         self._switch_mark: tuple[int, int] | None = None  # (voluntary, involuntary) then
+        self._run_wait_mark: int | None = None  # run-queue wait (ns) at the previous boundary
+        self._schedstat: int | None = None  # an open /proc/thread-self/schedstat (-1: none)
 
     def add_data_wait(self, ns: int, end_ns: int) -> None:
         self.data_wait_ns += ns
@@ -79,6 +83,7 @@ class StepTimeline:
         ended = self.step
         cpu_ns = self._thread_cpu_ns()
         switches = self._thread_switches()
+        run_wait = self._thread_run_wait()
         carried = 0
         if self._early_waits is not None:
             carried = sum(ns for end, ns in self._early_waits if end > t_ns)
@@ -97,6 +102,8 @@ class StepTimeline:
             row["cpu_ns"] = cpu_ns
             if switches is not None:
                 row["ctx_vol"], row["ctx_invol"] = switches
+            if run_wait is not None:
+                row["run_wait_ns"] = run_wait
         self._write(row)
         self.steps_written += 1
         if torch_cuda is not None:
@@ -118,6 +125,24 @@ class StepTimeline:
         now = (ru.ru_nvcsw, ru.ru_nivcsw)
         prev, self._switch_mark = self._switch_mark, now
         return None if prev is None else (now[0] - prev[0], now[1] - prev[1])
+
+    def _thread_run_wait(self) -> int | None:
+        """The calling thread's run-queue wait (ns) since the previous boundary, or None (not
+        Linux, no schedstats, the first boundary). The file is opened once, by the thread that
+        ends steps (a boundary on another thread gives no `cpu_ns`, so its value is unused)."""
+        if self._schedstat is None:
+            try:
+                self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            except OSError:
+                self._schedstat = -1
+        if self._schedstat < 0:
+            return None
+        try:
+            now = int(os.pread(self._schedstat, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        prev, self._run_wait_mark = self._run_wait_mark, now
+        return None if prev is None else now - prev
 
     def _thread_cpu_ns(self) -> int | None:
         """The calling thread's CPU time since the previous boundary, or None: the first two
@@ -170,6 +195,9 @@ class StepTimeline:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._schedstat is not None and self._schedstat >= 0:
+            os.close(self._schedstat)
+            self._schedstat = -1
 
     def _write(self, row: dict[str, Any]) -> None:
         """One whole line or nothing; after an I/O error (a full disk) the timeline stops: the
