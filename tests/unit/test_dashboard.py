@@ -82,6 +82,24 @@ def _text(component: Any) -> str:
     return " ".join(out)
 
 
+def _component(component: Any, cid: str) -> Any:
+    """The first component of a Dash tree whose id is `cid` (fails the test when none is)."""
+    found: list[Any] = []
+
+    def walk(c: Any) -> None:
+        if isinstance(c, (list, tuple)):
+            for x in c:
+                walk(x)
+        elif c is not None and not isinstance(c, (str, int, float)):
+            if getattr(c, "id", None) == cid:
+                found.append(c)
+            walk(getattr(c, "children", None))
+
+    walk(component)
+    assert found, cid
+    return found[0]
+
+
 def _ids(component: Any) -> set[str]:
     found: set[str] = set()
 

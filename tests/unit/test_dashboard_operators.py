@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests._jobs import SAMPLES
-from tests.unit.test_dashboard import _client, _ids, _route, _text
+from tests.unit.test_dashboard import _client, _component, _ids, _route, _text
 
 STRAGGLER = 1  # samples/gpu/straggler: rank 1 computes twice
 
@@ -29,23 +29,6 @@ def gpu_data(tmp_path_factory: pytest.TempPathFactory) -> Any:
     data = RunData(root=run, workers=1).load()
     data.warm()
     return data
-
-
-def _find(component: Any, cid: str) -> Any:
-    found: list[Any] = []
-
-    def walk(c: Any) -> None:
-        if isinstance(c, (list, tuple)):
-            for x in c:
-                walk(x)
-        elif c is not None and not isinstance(c, (str, int, float)):
-            if getattr(c, "id", None) == cid:
-                found.append(c)
-            walk(getattr(c, "children", None))
-
-    walk(component)
-    assert found, cid
-    return found[0]
 
 
 def _layout(data: Any) -> Any:
@@ -84,7 +67,7 @@ def test_the_table_holds_the_reports_rows_of_each_kind(gpu_data: Any) -> None:
     lay = _layout(gpu_data)
     assert {"operators-table", "operators-kind", "operators-ranks", "card-top-operator",
             "operators-cards"} <= _ids(lay)
-    table = _find(lay, "operators-table")
+    table = _component(lay, "operators-table")
     assert table.sort_action == "native"
     names = [c["name"] for c in table.columns]
     assert names[:5] == ["name", "calls", "self ms", "total ms", "mean µs"]
@@ -100,11 +83,11 @@ def test_the_table_holds_the_reports_rows_of_each_kind(gpu_data: Any) -> None:
             (s["min"], s["min_rank"], s["max"], s["max_rank"])
     assert table.data[0]["name"] == "aten::mm"  # the top operator by self time
     # the selector offers what the run has: a Gloo job has no communication kernel
-    options = _find(lay, "operators-kind").options
+    options = _component(lay, "operators-kind").options
     assert [o["value"] for o in options] == ["operator", "kernel", "memory"]
     assert not doc["comm_kernels"]
     assert f"operators (30 of {doc['operators_total']})" in options[0]["label"]
-    assert "aten::mm" in _text(_find(lay, "operators-picked"))
+    assert "aten::mm" in _text(_component(lay, "operators-picked"))
 
 
 def test_the_kind_selector_fills_the_table_with_that_kind(gpu_data: Any) -> None:

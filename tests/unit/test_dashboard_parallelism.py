@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_dashboard import _client, _ids, _route, _text, synth_run  # noqa: F401
+from tests.unit.test_dashboard import _client, _component, _ids, _route, _text, synth_run  # noqa: F401
 from uberprof.analysis.diagnosis.model import Finding
 
 # `uberprof report --json` of a 2-rank 1F1B pipeline whose stage 1 computes twice as much.
@@ -110,20 +110,7 @@ def _layout(data: Any) -> Any:
 
 
 def _figure(layout: Any, graph_id: str) -> Any:
-    found: list[Any] = []
-
-    def walk(c: Any) -> None:
-        if isinstance(c, (list, tuple)):
-            for x in c:
-                walk(x)
-        elif c is not None and not isinstance(c, (str, int, float)):
-            if getattr(c, "id", None) == graph_id:
-                found.append(c.figure)
-            walk(getattr(c, "children", None))
-
-    walk(layout)
-    assert found, graph_id
-    return found[0]
+    return _component(layout, graph_id).figure
 
 
 def test_pipeline_page_shows_each_stage_its_waits_and_names_stage_1_slowest(opened: Any

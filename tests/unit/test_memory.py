@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from tests.unit.test_dashboard import _client, _ids, _route, _text
+from tests.unit.test_dashboard import _client, _component, _ids, _route, _text
 from uberprof.analysis.diagnosis.memory import rank_memory
 from uberprof.cli import main
 from uberprof.units import fmt_bytes
@@ -237,20 +237,7 @@ def _layout(data: Any, rank: int | None = None) -> Any:
 
 
 def _figure(layout: Any, graph_id: str) -> Any:
-    found: list[Any] = []
-
-    def walk(c: Any) -> None:
-        if isinstance(c, (list, tuple)):
-            for x in c:
-                walk(x)
-        elif c is not None and not isinstance(c, (str, int, float)):
-            if getattr(c, "id", None) == graph_id:
-                found.append(c.figure)
-            walk(getattr(c, "children", None))
-
-    walk(layout)
-    assert found, graph_id
-    return found[0]
+    return _component(layout, graph_id).figure
 
 
 def test_memory_page_draws_each_ranks_gpu_memory_per_step_from_the_saved_timeline(

@@ -15,13 +15,13 @@ from uberprof.analysis.diagnosis.whatif import (
     project,
     replay_doc,
 )
-from uberprof.analysis.tables.graph import (
+from uberprof.analysis.tables.graph import build_graph
+from uberprof.analysis.tables.lanes import (
     COMPLETE,
     COMPUTE,
     HOST,
     WAIT,
     RankLane,
-    build_graph,
 )
 from uberprof.analysis.tables.replay import critical_path, replay, step_spans
 from uberprof.cli import main

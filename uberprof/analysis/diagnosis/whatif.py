@@ -28,14 +28,13 @@ import pyarrow as pa
 
 from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.analysis.tables.context import RunContext
-from uberprof.analysis.tables.graph import (
+from uberprof.analysis.tables.graph import StepGraph, build_graph
+from uberprof.analysis.tables.lanes import (
     BETWEEN,
     COMM,
     COMPUTE,
     DATA,
     HOST,
-    StepGraph,
-    build_graph,
     lane_passes,
 )
 from uberprof.analysis.tables.replay import (

@@ -51,43 +51,16 @@ from uberprof.analysis.tables.lanes import (
     BETWEEN,
     COMM,
     COMPLETE,
-    COMPUTE,
-    DATA,
     EDGE_KINDS,
-    HOST,
     KINDS,
     LAUNCH,
     PROGRAM,
     REACH,
     WAIT,
     RankLane,
-    lane_pass,
-    lane_passes,
-    rank_lane,
 )
 
-__all__ = [
-    "ARRIVE",
-    "BARRIER",
-    "BETWEEN",
-    "COMM",
-    "COMPLETE",
-    "COMPUTE",
-    "DATA",
-    "EDGE_KINDS",
-    "HOST",
-    "KINDS",
-    "LAUNCH",
-    "PROGRAM",
-    "REACH",
-    "WAIT",
-    "RankLane",
-    "StepGraph",
-    "build_graph",
-    "lane_pass",
-    "lane_passes",
-    "rank_lane",
-]
+__all__ = ["StepGraph", "build_graph"]
 
 # A comm ends a waiting segment when it ends this close to the segment's end, before or after:
 # the waiter may wake before the comm's own span is closed (Gloo signals, then records).

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uberprof.analysis.tables.graph import (
+from uberprof.analysis.tables.graph import StepGraph
+from uberprof.analysis.tables.lanes import (
     ARRIVE,
     BARRIER,
     BETWEEN,
@@ -41,7 +42,6 @@ from uberprof.analysis.tables.graph import (
     PROGRAM,
     REACH,
     WAIT,
-    StepGraph,
 )
 
 __all__ = ["PATH_KINDS", "Path", "Replay", "critical_path", "replay", "step_spans"]

@@ -196,7 +196,10 @@ class StepTimeline:
             self._file.close()
             self._file = None
         if self._schedstat is not None and self._schedstat >= 0:
-            os.close(self._schedstat)
+            try:
+                os.close(self._schedstat)
+            except OSError:  # at exit: nothing to lose
+                pass
             self._schedstat = -1
 
     def _write(self, row: dict[str, Any]) -> None:
