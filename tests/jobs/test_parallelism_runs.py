@@ -25,10 +25,12 @@ from tests._parallel_runs import (  # noqa: F401
 )
 
 ALL_RUNS = ("tp_run", "fsdp2_run", "pipeline_run", "pp_dp_run", "fsdp_tp_run")
-# Differences, signed by definition (not durations): a rank's lead, CPU time or per-step excess
-# against the others' median, a clock's offset. Every time and size must be >= 0.
+# Differences, signed by definition (not durations): a rank's lead, CPU time, run-queue wait or
+# per-step excess against the others' median, a clock's offset, memory growth between steps.
+# Every time and size must be >= 0.
 SIGNED = ("excess_ms", "excess_pct", "median_lead_ms", "data_wait_excess_ms",
-          "excess_per_step_ms", "offset_ns", "correction_ns")
+          "run_wait_excess_ms", "excess_per_step_ms", "offset_ns", "correction_ns",
+          "gpu_growth_bytes")
 
 
 def _negatives(x: Any, path: str = "") -> list[str]:
