@@ -35,6 +35,7 @@ from uberprof.analysis.tables.derived import (
     replacing,
     write_parquet,
 )
+from uberprof.analysis.tables.enclosing import EnclosingSpans
 from uberprof.analysis.tables.launches import link_launches
 from uberprof.analysis.tables.memory_timeline import memory_timeline
 from uberprof.analysis.tables.modules import module_table
@@ -341,27 +342,28 @@ def _fill_from_launching_span(ev: pa.Table, act: M.Activity, keep: np.ndarray,
     ext = ev.column("external_id").to_numpy()
     tid_all = ev.column("tid").to_numpy()
     ts_all = ev.column("ts").to_numpy()
-    end_all = ts_all + ev.column("dur").to_numpy()
     rt_idx = np.flatnonzero(M.kind_mask(ev, (K.RUNTIME, K.SYNC)) & (corr >= 0))
     order = np.argsort(corr[rt_idx], kind="stable")
     rt_corr, rt_rows = corr[rt_idx][order], rt_idx[order]
     spans = np.flatnonzero(span_m)
+    enclosing = EnclosingSpans(tid_all[spans], ts_all[spans],
+                               ts_all[spans] + ev.column("dur").to_numpy()[spans])
+    by_ext: dict[int, list[int]] = {}
+    for s, x in zip(spans.tolist(), ext[spans].tolist()):
+        by_ext.setdefault(x, []).append(s)
     names = ev.column("coll_name").cast(pa.string()).to_pylist()
     in_b = ev.column("in_bytes").to_pylist()
     dtypes = ev.column("dtype").cast(pa.string()).to_pylist()
     peers = ev.column("peer").to_pylist()
     for i in missing:
         r = rows[i]
-        candidates = np.zeros(0, dtype=np.int64)
+        candidates: list[int] = []
         p = np.searchsorted(rt_corr, corr[r]) if rt_corr.size and corr[r] >= 0 else -1
         if 0 <= p < rt_corr.size and rt_corr[p] == corr[r]:
             launch = rt_rows[p]
-            t, thread = ts_all[launch], tid_all[launch]
-            inside = spans[(tid_all[spans] == thread) & (ts_all[spans] <= t)
-                           & (end_all[spans] >= t)]
-            candidates = inside[np.argsort(-ts_all[inside])]  # innermost first
-        if not candidates.size and ext[r] >= 0:
-            candidates = spans[ext[spans] == ext[r]]
+            candidates = spans[enclosing.around(tid_all[launch], ts_all[launch])].tolist()
+        if not candidates and ext[r] >= 0:
+            candidates = by_ext.get(int(ext[r]), [])
         for s in candidates:  # innermost first, until one gives the size (`c10d::` ones do not)
             if names[s] is not None:
                 cols["name"][i] = cols["name"][i] or names[s]
