@@ -1,7 +1,10 @@
 """`/compare` (`uberprof dashboard B --compare A`): this run against a baseline, as `uberprof
 diff A B` compares them: the step time of each, their ratio and whether the change is beyond
 noise (and by which test), where the time moved per step, and the operators and kernels whose
-time changed most."""
+time changed most. With several runs (`--compare A --compare C`), or two of other world sizes, a
+scaling section as `uberprof scaling` prints it: throughput per rank, efficiency against the
+smallest run, and where the step time went, part by part (the document as the analysis made
+it; nothing is computed here)."""
 
 from __future__ import annotations
 
@@ -28,11 +31,13 @@ def layout(data: RunData, sel: Selection) -> html.Div:
         return ui.page("page-compare", ui.notice(
             "No baseline: start the dashboard with `uberprof dashboard B --compare A` to "
             "compare this run (B) against run A.", "info", id="no-baseline"))
+    scaled = scaling_section(c.scaling, c.scaling_error)
     if c.doc is None:
-        return ui.page("page-compare", ui.notice(c.error, "warn", id="no-comparison"))
+        return ui.page("page-compare", ui.notice(c.error, "warn", id="no-comparison"), scaled)
     doc = c.doc
     return ui.page(
         "page-compare",
+        scaled,
         headline(doc),
         html.Div([ui.notice(f"note: {n}", "info") for n in doc["notes"]], id="compare-notes"),
         html.Div([
@@ -114,3 +119,76 @@ def ops_table(doc: dict[str, Any]) -> Any:
              (r["only_in"] or "").upper()] for r in ops]
     return ui.table(["kind", "name", "calls A", "calls B", "A ms", "B ms", "B − A", "share %",
                      "only in"], rows, id="compare-ops-table")
+
+
+# --- scaling (several runs) ---------------------------------------------------------------------
+
+def _run_name(r: dict[str, Any]) -> str:
+    return shorten(r["run_id"] or r["path"], 30)
+
+
+def scaling_section(doc: dict[str, Any] | None, error: str | None) -> Any:
+    """The runs' scaling (docs/scaling.md), or why there is none; nothing when the runs do
+    not call for one."""
+    if doc is None:
+        return ui.notice(error, "warn", id="no-scaling") if error else html.Div()
+    unit = doc["throughput_unit"]
+    notes = [ui.notice(f"differs: {d}", "warn") for d in doc["differences"]] + \
+        [ui.notice(f"note: {n}", "info") for n in doc["notes"]]
+    return html.Div([
+        ui.section("Scaling", scaling_table(doc), *notes, id="compare-scaling",
+                   sub=f"Against the smallest run; throughput in {unit}. "
+                       f"{doc['basis']['efficiency']}; {doc['basis']['throughput']}."),
+        html.Div([
+            ui.section("Scaling efficiency", ui.graph("compare-scaling-efficiency",
+                                                      efficiency_figure(doc))),
+            ui.section("Where the step time went", ui.graph("compare-scaling-lost",
+                                                            lost_figure(doc)),
+                       sub="ms per step, against the smallest run; "
+                           f"{doc['basis']['breakdown']}."),
+        ], className="row"),
+    ], id="compare-scaling-block")
+
+
+def scaling_table(doc: dict[str, Any]) -> Any:
+    rows = [[_run_name(r), str(r["world_size"]), str(r["nodes"]), str(r["ranks"]),
+             str(r["batch_per_rank"]) if r["batch_per_rank"] is not None else "?",
+             fmt_num(r["step_ms"], 1), fmt_num(r["throughput_per_rank"], 3),
+             fmt_num(r["throughput_total"], 3), fmt_num(r["efficiency"] * 100, 1),
+             fmt_num(r["lost_ms_per_step"], 1)] for r in doc["runs"]]
+    return ui.table(["run", "world", "nodes", "ranks", "batch/rank", "step ms", "per rank",
+                     "total", "efficiency %", "lost ms/step"], rows, id="compare-scaling-table")
+
+
+def efficiency_figure(doc: dict[str, Any]) -> go.Figure:
+    runs = doc["runs"]
+    fig = ui.new_figure()
+    xs = [r["world_size"] for r in runs]
+    fig.add_scatter(x=xs, y=[100.0] * len(xs), mode="lines", name="ideal",
+                    line={"dash": "dot", "color": "#888"})
+    fig.add_scatter(x=xs, y=[r["efficiency"] * 100 for r in runs], mode="lines+markers",
+                    name="efficiency", text=[_run_name(r) for r in runs],
+                    hovertemplate="%{text}: %{y:.1f}%<extra></extra>")
+    fig.update_xaxes(title={"text": "world size"}, tickvals=sorted(set(xs)))
+    fig.update_yaxes(title={"text": "efficiency %"}, rangemode="tozero")
+    return ui.base_layout(fig, height=320)
+
+
+def lost_figure(doc: dict[str, Any]) -> go.Figure:
+    runs = doc["runs"][1:]
+    if not runs:
+        return ui.empty_figure("One run only.")
+    x = [f"{r['world_size']} · {_run_name(r)}" for r in runs]
+    fig = ui.new_figure()
+    for p in doc["parts"]:
+        ys = [r["delta_parts_ms"][p["key"]] for r in runs]
+        if any(abs(v) >= 0.005 for v in ys):
+            fig.add_bar(x=x, y=ys, name=p["label"],
+                        hovertemplate=f"{p['label']}: %{{y:+.2f}} ms<extra></extra>")
+    fig.add_scatter(x=x, y=[r["delta_step_ms"] for r in runs], mode="markers",
+                    name="change in step time",
+                    marker={"symbol": "diamond", "size": 11, "color": "#222"},
+                    hovertemplate="step time: %{y:+.2f} ms<extra></extra>")
+    fig.update_layout(barmode="relative")
+    fig.update_yaxes(title={"text": "ms per step"}, zeroline=True)
+    return ui.base_layout(fig, height=320)

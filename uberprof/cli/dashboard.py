@@ -39,12 +39,13 @@ from uberprof.dashboards.server import (
               help="Where the analysis tables are (default: PATH/derived).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for reading traces when the analysis must run first.")
-@click.option("--compare", "baseline", type=click.Path(exists=True, path_type=Path),
-              default=None, metavar="A",
+@click.option("--compare", "baselines", type=click.Path(exists=True, path_type=Path),
+              multiple=True, metavar="A",
               help="Also compare PATH against run A (the baseline) on a /compare page, as "
-                   "`uberprof diff A PATH` does.")
+                   "`uberprof diff A PATH` does. Given more than once (runs of the job at other "
+                   "sizes), the page also shows their scaling, as `uberprof scaling` does.")
 def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file: Path | None,
-              out: Path | None, workers: int | None, baseline: Path | None) -> None:
+              out: Path | None, workers: int | None, baselines: tuple[Path, ...]) -> None:
     """Serve the dashboard of PATH (a uberprof run directory or a folder of Kineto traces).
 
     \b
@@ -58,6 +59,7 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     """
     err = Console(stderr=True)
     say = Console(highlight=False)
+    baseline = baselines[0] if baselines else None
     try:
         creds = credentials(auth_text, auth_file, os.environ)
         for note in creds.notes:
@@ -90,7 +92,8 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
         """The run prepared and switched to (said), or False when there is nothing to show."""
         try:
             t0 = time.perf_counter()
-            prepared = _prepare(path, out, workers, baseline, auth, allowed, stage, err)
+            prepared = _prepare(path, out, workers, baseline, auth, allowed, stage, err,
+                                baselines[1:])
             if prepared is None:
                 return False
             app, data = prepared
@@ -111,7 +114,7 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
 
 def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path | None,
              auth: tuple[str, str] | None, allowed: tuple[str, ...] | None, stage: list[str],
-             err: Console) -> tuple[Any, Any] | None:
+             err: Console, others: tuple[Path, ...] = ()) -> tuple[Any, Any] | None:
     """Open, diagnose and warm the run while the server already answers (with the page of
     dashboards/preparing.py, `stage[0]` saying how far): (the dashboard's app, the run's
     RunData), or None when there is nothing to show (said). The run is opened the one way a
@@ -148,10 +151,12 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
         from uberprof.dashboards.queries.compare import compare_with
 
         with step(f"comparing with {baseline}"):
-            data.comparison = compare_with(data.baseline, root, out=out, workers=workers)
-        if data.comparison.error:
-            err.print(f"uberprof dashboard: --compare: {data.comparison.error}", markup=False,
-                      highlight=False)
+            data.comparison = compare_with(data.baseline, root, out=out, workers=workers,
+                                           others=tuple(p.resolve() for p in others))
+        for why in (data.comparison.error, data.comparison.scaling_error):
+            if why:
+                err.print(f"uberprof dashboard: --compare: {why}", markup=False,
+                          highlight=False)
     for p in data.problems[:5]:
         err.print(f"uberprof dashboard: {p}", markup=False, highlight=False)
     with step("preparing the overview"):
