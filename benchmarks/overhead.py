@@ -9,9 +9,12 @@
    sample): the work the agent adds there, which the scheduler's noise does not hide, with a
    95% bootstrap interval over the interleaved rounds.
 2. A trace window's cost: under `uberprof run` with a window in the middle of the run (a few
-   runs), traced steps against untraced ones, the teardown (extra wall time of the steps after
-   the window, and the agent's own share of it on the training thread), and the median step
-   after the window against the one before it (target <= 1.02).
+   runs), traced steps against untraced ones, the window's stall on the training thread (the
+   agent's own time in the step after it: the profiler's stop and the Flight Recorder's dump;
+   median and max over the windows, and against the run's untraced step), the teardown (extra
+   wall time of the steps after the window), and the median step after the window against the
+   one before it (target <= 1.02). `--hog` runs each round again beside one busy process per
+   core.
 3. Self-accounting: the agent's own time on the training thread per step, from steps.jsonl.
 5. `--side-by-side`: plain and `uberprof run --no-trace` at once, on equal terms
    (`tests/side_by_side.py`: both start their steps together and trade the two cores every
@@ -25,6 +28,8 @@
     python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
     python benchmarks/overhead.py --side-by-side --rounds 10
+    python benchmarks/overhead.py --modes plain,uberprof --rounds 1 --window-rounds 4 --hog \
+        [--sync-baseline]   (the window's stall, beside a CPU hog; against the old sync export)
     python benchmarks/overhead.py --module-hooks [--rounds 20]   (in one process, no job)
     python benchmarks/overhead.py --modes plain,uberprof --rounds 1 \
         --window-variants ",--modules,--profile-memory"   (what each option adds to a window)
@@ -33,13 +38,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +116,11 @@ def main() -> None:
                     help="skip the trace window's measurement")
     ap.add_argument("--window-rounds", type=int, default=3,
                     help="runs with a trace window in the middle")
+    ap.add_argument("--hog", action="store_true",
+                    help="run each trace-window round also beside one busy process per core")
+    ap.add_argument("--sync-baseline", action="store_true",
+                    help="each trace-window round also with the export on the training thread "
+                    "(UBERPROF_SYNC_EXPORT=1), as before the exporter thread")
     ap.add_argument("--window-args", default="",
                     help="extra `uberprof run` options for them (e.g. '--record-shapes off')")
     ap.add_argument("--window-variants", default=None, metavar="A,B,...",
@@ -243,37 +256,94 @@ def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
 
 def window_cost(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
     """A trace window's cost, from `--window-rounds` runs with a window in the middle: traced
-    steps against untraced ones, the teardown (the extra wall time of the steps after the
-    window, and the agent's own time on the training thread in the step after it, from its
-    self-accounting: profiler stop, export, Flight Recorder dump), and the steps after against
-    those before."""
+    steps against untraced ones, the window's stall on the training thread (the agent's own
+    time in the step after it, from its self-accounting: the profiler's stop and the Flight
+    Recorder's dump; the trace's export and compression run on the exporter thread), against
+    the run's own untraced median step, with its parts from the agent's log, the teardown (the
+    extra wall time of the 3 steps after the window), and the steps after against those
+    before. With `--hog`, every round runs again beside one busy process per core."""
     n = args.steps * 2
     first = n // 2
     last = first + 2
-    traced, teardown, own, after = [], [], [], []
+    conditions = ["quiet", "hog"] if args.hog else ["quiet"]
+    if args.sync_baseline:  # the export on the training thread, as before its own thread
+        conditions += [f"{c}, sync export" for c in conditions]
+    res: dict[str, dict[str, list[float]]] = {
+        c: {k: [] for k in ("traced", "teardown", "stall", "base", "after", "stop", "export")}
+        for c in conditions}
     for i in range(args.window_rounds):
-        times = tmp / f"window-{i}.json"
-        run([sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id",
-             f"window-{i}", "--trace-steps", f"{first}-{last}", *args.window_args.split(), "--",
-             *torchrun(args.nproc, n, times, extra)])
-        # the uberprof step timeline: steps numbered as the window's
-        rows = [json.loads(x) for x in (tmp / f"window-{i}/ranks/0/steps.jsonl").open()]
-        wall = {r["step"]: (r["host_end_ns"] - r["host_start_ns"]) / 1e6 for r in rows
-                if r["kind"] == "step"}
-        mine = {r["step"]: r["uberprof_ns"] / 1e6 for r in rows if r["kind"] == "step"}
-        before = statistics.median(wall[s] for s in range(WARMUP, first))
-        traced.append(statistics.median(wall[s] for s in range(first + 1, last + 1)) / before)
-        teardown.append(sum(wall[s] for s in range(last + 1, last + 4)) - 3 * before)
-        own.append(mine[last + 1])
-        after.append(statistics.median(wall[s] for s in wall if s > last + 3) / before)
-        print(f"window round {i + 1}/{args.window_rounds}: traced {traced[-1]:.3f}x, teardown "
-              f"{teardown[-1]:.0f} ms ({own[-1]:.0f} ms on the training thread)", flush=True)
+        for cond in (conditions if i % 2 == 0 else conditions[::-1]):
+            rid = f"window-{conditions.index(cond)}-{i}"
+            times = tmp / f"{rid}.json"
+            with cpu_hog(cond.startswith("hog")):
+                run([sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id",
+                     rid, "--trace-steps", f"{first}-{last}", *args.window_args.split(), "--",
+                     *torchrun(args.nproc, n, times, extra)],
+                    {"UBERPROF_SYNC_EXPORT": "1"} if cond.endswith("sync export") else None)
+            r = res[cond]
+            for rank_dir in sorted((tmp / f"{rid}/ranks").iterdir()):
+                # the uberprof step timeline: steps numbered as the window's
+                rows = [json.loads(x) for x in (rank_dir / "steps.jsonl").open()]
+                wall = {r["step"]: (r["host_end_ns"] - r["host_start_ns"]) / 1e6 for r in rows
+                        if r["kind"] == "step"}
+                mine = {r["step"]: r["uberprof_ns"] / 1e6 for r in rows if r["kind"] == "step"}
+                before = statistics.median(wall[s] for s in range(WARMUP, first))
+                r["base"].append(before)
+                r["stall"].append(mine[last + 1])
+                r["traced"].append(statistics.median(wall[s] for s in range(first + 1, last + 1))
+                                   / before)
+                r["teardown"].append(sum(wall[s] for s in range(last + 1, last + 4)) - 3 * before)
+                r["after"].append(statistics.median(wall[s] for s in wall if s > last + 3)
+                                  / before)
+                for part, ms in window_parts(rank_dir).items():
+                    r[part].append(ms)
+            print(f"window round {i + 1}/{args.window_rounds} ({cond}): stall "
+                  f"{r['stall'][-1]:.0f} ms on the training thread (untraced step "
+                  f"{r['base'][-1]:.0f} ms), traced {r['traced'][-1]:.3f}x, teardown "
+                  f"{r['teardown'][-1]:.0f} ms", flush=True)
     med = statistics.median
-    print(f"traced steps / untraced (median of {args.window_rounds} runs):   {med(traced):.3f}")
-    print(f"teardown, extra wall time of the 3 steps after:   {med(teardown):.0f} ms "
-          f"(agent's own time on the training thread {med(own):.0f} ms)")
-    print(f"steps after a trace window / before it:           {med(after):.4f}  "
-          f"(target <= 1.02)")
+    for cond in conditions:
+        r = res[cond]
+        ratios = [s / b for s, b in zip(r["stall"], r["base"])]
+        print(f"[{cond}] {len(r['stall'])} windows (ranks x runs):")
+        print(f"  the window's stall on the training thread:      median {med(r['stall']):.0f} ms,"
+              f" max {max(r['stall']):.0f} ms; {med(ratios):.2f}x the run's untraced step "
+              f"(median; max {max(ratios):.2f}x; untraced step median {med(r['base']):.0f} ms)")
+        if r["stop"]:
+            where = "on" if cond.endswith("sync export") else "off"
+            print(f"    of which the profiler's stop:                 median "
+                  f"{med(r['stop']):.0f} ms; the export ({where} the training thread): median "
+                  f"{med(r['export']):.0f} ms, max {max(r['export']):.0f} ms")
+        print(f"  traced steps / untraced:                        {med(r['traced']):.3f}")
+        print(f"  teardown, extra wall time of the 3 steps after: {med(r['teardown']):.0f} ms")
+        print(f"  steps after a trace window / before it:         {med(r['after']):.4f}  "
+              f"(target <= 1.02)")
+
+
+_PARTS = re.compile(r"profiler stop ([0-9.]+) ms on the training thread, export ([0-9.]+) ms")
+
+
+def window_parts(rank_dir: Path) -> dict[str, float]:
+    """The window's profiler stop and export times (ms) from the rank agent's log line."""
+    for log in rank_dir.glob("*.log"):
+        m = _PARTS.search(log.read_text(errors="replace"))
+        if m:
+            return {"stop": float(m.group(1)), "export": float(m.group(2))}
+    return {}
+
+
+@contextlib.contextmanager
+def cpu_hog(on: bool) -> Iterator[None]:
+    """One busy-looping process per core beside the job while the block runs (when `on`): the
+    busy machine on which a window's end stalls the most."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(os.cpu_count() or 1)] if on else []
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def window_variants(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from uberprof.collect.config import ENV_NODE, ENV_RUN_DIR, CollectConfig
 from uberprof.collect.rank import exits
@@ -129,6 +129,7 @@ def install_hooks() -> None:
     exits.install(log, on_exception=_spawned_rank_exception)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     atexit.register(_at_exit)
+    _wrap_os_exit()
 
 
 def _mine() -> bool:
@@ -223,6 +224,31 @@ def _after_fork_in_child() -> None:
 
 def _at_exit() -> None:
     close_agent("exit")
+
+
+def _wrap_os_exit() -> None:
+    """`os._exit` skips atexit: in the rank's own process it first lets the trace in flight
+    finish writing (the exporter thread would die with the process), as long as a synchronous
+    export would have held the training thread. Other processes (forked workers) go straight
+    through."""
+    original = os._exit
+
+    def _exit(status: int) -> NoReturn:
+        _finish_trace_export()
+        original(status)
+
+    _exit.__wrapped__ = original  # type: ignore[attr-defined]
+    _exit.__doc__ = original.__doc__
+    os._exit = _exit
+
+
+@swallowing(log, "finishing the trace export at os._exit")
+def _finish_trace_export() -> None:
+    agent = S.agent
+    if agent is not None and _mine():
+        from uberprof.collect.rank.windows import EXIT_WAIT_S
+
+        agent.windows.wait_for_export(EXIT_WAIT_S)
 
 
 # ---- hooks -----------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class RankAgent:
         self._cuda: Any = None
         self._cuda_possible = True
         self._meta_lock = threading.Lock()
+        self._write_lock = threading.RLock()  # re-entered by a signal handler: no deadlock
         self._layout_due = False  # the process group exists: record the layout at a step's end
         self._layout_key: LayoutKey | None = None  # (groups, apis) as last recorded
         self.meta: dict[str, Any] = {
@@ -75,7 +76,7 @@ class RankAgent:
                                      on_error=lambda e: log.error("writing the step timeline", e))
         self.flight_log = FlightLog(lambda: self.dir / FLIGHT_LOG_FILE, log, ring_size())
         self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank,
-                                    on_stop=self._window_stopped)
+                                    on_stop=self._window_stopped, on_export=self._trace_export)
         self.detector = StepDetector(self._boundary)
         self.closed = False
         self.windows.step_started(0)
@@ -145,6 +146,18 @@ class RankAgent:
                     self._record_layout()
             except Exception as exc:  # noqa: BLE001
                 self.log.error("checking the parallel layout", exc)
+
+    def _trace_export(self) -> None:
+        """As a window's export starts and ends (windows.py): rank.json names the
+        window in flight (`trace.exporting`) and the traces written so far, so that a rank
+        killed while writing its trace says which one it lost."""
+        with self._meta_lock:
+            exporting = self.windows.exporting
+            self.meta["trace"]["exporting"] = list(exporting) if exporting else None
+            self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
+        # bounded: an exit that waits for this thread may come from a signal handler on the
+        # training thread while it writes rank.json itself
+        self._write_meta(lock_wait_s=5.0)
 
     def _record_layout(self) -> None:
         """Write the process groups of this rank and the parallel APIs the process imported
@@ -265,16 +278,25 @@ class RankAgent:
             self.meta["device"] = device
         self._write_meta()
 
-    def _write_meta(self, final: bool = False) -> None:
-        """After a full disk, only the last write is tried (in place), to record the end."""
+    def _write_meta(self, final: bool = False, lock_wait_s: float = -1) -> None:
+        """After a full disk, only the last write is tried (in place), to record the end.
+        `lock_wait_s`: how long to wait for another thread's write (-1: as long as it takes);
+        past it this write is skipped."""
         if diskfull.is_full() and not final:
             return
-        with self._meta_lock:
-            snapshot = dict(self.meta)
+        # One write at a time (the exporter and clock threads write too): the last snapshot
+        # taken is the last one renamed into place.
+        if not self._write_lock.acquire(timeout=lock_wait_s):
+            return
         try:
-            diskfull.write_json_final(self.dir / RANK_FILE, snapshot)
-        except OSError as exc:
-            self.log.error("writing rank metadata", exc)
+            with self._meta_lock:
+                snapshot = {**self.meta, "trace": dict(self.meta["trace"])}
+            try:
+                diskfull.write_json_final(self.dir / RANK_FILE, snapshot)
+            except OSError as exc:
+                self.log.error("writing rank metadata", exc)
+        finally:
+            self._write_lock.release()
 
 
 def process_group_info(dist: Any) -> dict[str, Any]:

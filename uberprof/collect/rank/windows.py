@@ -2,18 +2,25 @@
 
 A window starts at the boundary that opens its first step and stops at the boundary that ends its
 last, with `ProfilerStep#N` annotations numbered like uberprof's steps, so traces from all ranks and
-the step timeline share one step index. The trace is exported on the training thread and gzipped
-on a background thread. If the script runs a profiler of its own,
-uberprof backs off for the rest of the run: Kineto allows one at a time.
+the step timeline share one step index. If the script runs a profiler of its own, uberprof backs
+off for the rest of the run: Kineto allows one at a time.
 
-The window's end costs the step after it the profiler's stop, the export and the Flight
-Recorder's dump, on the training thread. Operator input shapes (`record_shapes`) cost the most
-there: the CPU sample's stop took 31 ms with them and 9 ms without (three steps, two ranks on
-two cores). They are recorded where the analysis needs them, on CPU ranks and on GPU ranks whose
-default group runs Gloo (Gloo collectives' sizes come only from them), and not on NCCL ranks,
-whose kernels carry their own sizes, unless asked (`uberprof run --record-shapes on`). Exporting on a background thread (Kineto's
-export releases the GIL) measured no better on two busy cores, as the CPU it needs is the
-ranks' own.
+What the window's end costs the training thread (docs/overhead.md has the measurements): the
+profiler's stop, which must run on the thread that started the profiler (stopped from another
+thread, torch 2.13 leaves its callbacks on the training thread) and is most of the stall (Kineto
+collects and converts the window's events; operator input shapes, `record_shapes`, make it about
+3x slower), and the Flight Recorder's dump (about a millisecond). The trace's export and its
+compression run on an exporter thread, one window at a time: Kineto writes `<name>.tmp` and
+renames it, and the gzip goes through `<name>.gz.tmp` the same way, so readers see whole files
+or none. The export holds the GIL while Kineto writes (a pybind call), so the training thread
+may still wait for it where it needs the GIL, but not where it runs without it (backward,
+collectives' waits) or on another core. Exits wait for the trace in flight: atexit and
+`os._exit` (activation.py); a SIGKILL cannot, and rank.json's `trace.exporting`, written before
+the job goes on, then names the window lost.
+
+Shapes are recorded where the analysis needs them, on CPU ranks and on GPU ranks whose default
+group runs Gloo (Gloo collectives' sizes come only from them), and not on NCCL ranks, whose kernels
+carry their own sizes, unless asked (`uberprof run --record-shapes on`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import gzip
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,15 +40,24 @@ from uberprof.collect.rank.modules import ModuleMarks
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import trace_file_name
 
+EXPORTER_NAME = "uberprof-trace-export"
+SYNC_EXPORT_ENV = "UBERPROF_SYNC_EXPORT"
+EXIT_WAIT_S = 300.0  # the most an exit waits for the trace in flight (a big window: minutes)
+
 
 class TraceWindows:
     def __init__(self, config: CollectConfig, traces_dir: Path, log: AgentLog, rank: int,
-                 on_stop: Callable[[], None] | None = None) -> None:
+                 on_stop: Callable[[], None] | None = None,
+                 on_export: Callable[[], None] | None = None) -> None:
         self._schedule = config.trace
         # called once a window's profiler stopped, before its trace is written and compressed
         # (the compressing thread, at the lowest priority, can hold the GIL for a long time on
         # a busy machine: what runs after it may wait)
         self._on_stop = on_stop
+        # called when an export starts (on the training thread) and ends (on the exporter's):
+        # `exporting` and `windows_written` changed; the agent records them in rank.json, so
+        # that a rank killed while its trace was being written says which window it lost
+        self._on_export = on_export
         self._config = config
         self._dir = traces_dir
         self._log = log
@@ -48,7 +65,12 @@ class TraceWindows:
         self._prof: Any = None
         self._window: tuple[int, int] | None = None
         self._step_annotation: Any = None
-        self._compressors: list[threading.Thread] = []
+        self._exporter: threading.Thread | None = None  # the window's export, in flight
+        self._lock = threading.Lock()
+        self.exporting: tuple[int, int] | None = None  # the window whose trace is being written
+        # benchmarks/overhead.py --sync-baseline: the training thread waits for the export, the
+        # cost the window had before the exporter thread, measured beside it in the same run
+        self._sync_export = os.environ.get(SYNC_EXPORT_ENV) == "1"
         self.disabled_reason: str | None = None
         self.windows_written: list[tuple[int, int]] = []
         self._modules = ModuleMarks(log) if config.modules else None  # --modules
@@ -77,6 +99,7 @@ class TraceWindows:
 
     def user_profiler_seen(self) -> None:
         """The script started its own profiler: finish ours now and stay out of the way."""
+        self.wait_for_export()  # one Kineto session at a time, our export included
         if self.disabled_reason is None:
             self.disabled_reason = "the script runs its own torch.profiler"
             self._log.notice(
@@ -92,8 +115,10 @@ class TraceWindows:
             first = self._window[0]
             # A job that ends where a window starts opened it on no step: nothing to keep.
             self._stop(first, last_step if last_step >= first else None)
-        for t in self._compressors:
-            t.join(timeout=60)
+        if not self.wait_for_export(EXIT_WAIT_S):
+            self._log.notice(f"the trace of steps {self.exporting} was still being written "
+                             f"{EXIT_WAIT_S:.0f} s after the job's end; it may be incomplete",
+                             key="trace-export-late")
 
     def not_reached(self, last_step: int) -> list[tuple[int, int]]:
         """The scheduled windows the job ended before (`last_step` was its last step), so that
@@ -114,6 +139,7 @@ class TraceWindows:
         if getattr(autograd_profiler, "_is_profiler_enabled", False):
             self.user_profiler_seen()
             return
+        self.wait_for_export()  # the previous window's trace first: one in Kineto's hands
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
@@ -147,43 +173,98 @@ class TraceWindows:
             self._step_annotation = None
 
     def _stop(self, first: int, last: int | None) -> None:
+        """End the window on the training thread: the profiler must stop on the thread that
+        started it (module docstring), and the Flight Recorder's dump holds
+        the GIL; the trace's export and compression go to the window's exporter thread."""
         prof, self._prof, self._window = self._prof, None, None
         self._end_annotation()
         if self._modules is not None:
             self._modules.stop()
+        t0 = time.perf_counter_ns()
         try:
             prof.stop()
         except Exception as exc:  # noqa: BLE001
             self._log.error("stopping the profiler", exc)
             return
+        stop_ns = time.perf_counter_ns() - t0
         if self._on_stop is not None:
             self._on_stop()
         if last is None or diskfull.is_full():
             return  # the user's own profiler interrupted it, it holds no step, or no disk left
+        # At most one export in flight: a window that ends before the previous one's trace is
+        # written waits for it here (bounded memory: one profile's events at a time).
+        self.wait_for_export()
         self._dir.mkdir(parents=True, exist_ok=True)
         path = self._dir / trace_file_name(first, last)
-        prof.export_chrome_trace(str(path))
-        if not path.exists():  # Kineto logs its failure and raises nothing; it leaves a .tmp
-            full = _no_room_left(self._dir)  # before the .tmp goes and frees its room
-            _unlink(path.with_name(path.name + ".tmp"))
-            if full:
-                diskfull.declare()
-            else:
-                self._log.notice(f"torch.profiler could not write the trace {path}",
-                                 key="trace-export")
-            return
-        self.windows_written.append((first, last))
-        self._log.write(f"trace window steps {first}-{last} -> {path}")
-        t = threading.Thread(target=_gzip_in_place, args=(path, self._log), daemon=True)
+        self.exporting = (first, last)
+        self._exported()  # in rank.json before the job goes on: a rank killed now names it
+        written = threading.Event()
+        t = threading.Thread(target=self._export,
+                             args=(prof, path, first, last, stop_ns, written),
+                             name=EXPORTER_NAME, daemon=True)
+        self._exporter = t
         t.start()
-        self._compressors.append(t)
+        if self._sync_export:  # as before the exporter thread: the training thread waits for
+            written.wait(EXIT_WAIT_S)  # the trace to be written (not for its compression)
+
+    def wait_for_export(self, timeout_s: float | None = None) -> bool:
+        """Wait for the trace in flight, if any, to be written (and compressed); True when none
+        is left. The process's exit paths call it, so that no trace is lost to an exit."""
+        t = self._exporter
+        if t is None or t is threading.current_thread():
+            return True
+        t.join(timeout_s)
+        if t.is_alive():
+            return False
+        self._exporter = None
+        return True
+
+    def _export(self, prof: Any, path: Path, first: int, last: int, stop_ns: int,
+                written: threading.Event) -> None:
+        """The exporter thread: Kineto writes `<name>.tmp` and renames it, so readers see the
+        whole trace or none; then it is compressed the same way. Never raises."""
+        try:
+            t0 = time.perf_counter_ns()
+            prof.export_chrome_trace(str(path))
+            export_ns = time.perf_counter_ns() - t0
+            written.set()
+            del prof  # the window's events: freed before the compression
+            if not path.exists():  # Kineto logs its failure and raises nothing; it leaves a .tmp
+                full = _no_room_left(self._dir)  # before the .tmp goes and frees its room
+                _unlink(path.with_name(path.name + ".tmp"))
+                if full:
+                    diskfull.declare()
+                else:
+                    self._log.notice(f"torch.profiler could not write the trace {path}",
+                                     key="trace-export")
+                return
+            with self._lock:
+                self.windows_written.append((first, last))
+            self._log.write(f"trace window steps {first}-{last} -> {path} (profiler stop "
+                            f"{stop_ns / 1e6:.1f} ms on the training thread, export "
+                            f"{export_ns / 1e6:.1f} ms on {EXPORTER_NAME})")
+            _gzip_in_place(path, self._log)
+        except Exception as exc:  # noqa: BLE001 - the job goes on without this trace
+            self._log.error(f"writing the trace of steps {first}-{last}", exc)
+        finally:
+            written.set()
+            self.exporting = None
+            self._exported()
+
+    def _exported(self) -> None:
+        if self._on_export is not None:
+            try:
+                self._on_export()
+            except Exception as exc:  # noqa: BLE001
+                self._log.error("recording the trace export", exc)
 
 
 def _gzip_in_place(path: Path, log: AgentLog) -> None:
     """`trace.json` -> `trace.json.gz`, the original kept until the archive is complete.
 
-    The thread lowers its own priority (Linux nice values are per thread), so compression uses
-    idle CPU rather than time the training steps after the window need.
+    The exporter thread lowers its own priority for this (Linux nice values are per thread), so
+    compression uses idle CPU rather than time the training steps need. It holds the GIL only
+    between zlib's calls, which release it.
     """
     tmp = path.with_name(path.name + ".gz.tmp")
     try:
