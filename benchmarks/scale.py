@@ -13,7 +13,12 @@ rank count, so total events grow with ranks). Then, each in a fresh process:
   forked process pool (`pool`) or on a `dask.distributed.LocalCluster` of as many worker
   processes (`dask`; cluster start-up is timed apart);
 - `reduce`: `analyze` again with every input up to date, so only the cross-rank step runs;
-- `report`: the diagnosis behind `uberprof report` (`advisor.diagnose`) over the analysed run.
+- `report`: the diagnosis behind `uberprof report` (`advisor.diagnose`) over the analysed run;
+- `whatif` (pool only): the step graph of issue 26 timed part by part over the analysed run:
+  each rank's lane (on the workers), the graph's assembly, the replay, the critical path and
+  replay documents (what the diagnosis adds with them), and the default projections
+  (`project` on the base replay for --remove straggler, --remove data, --remove exposed-comm,
+  a link 2x faster, and three of them at once).
 
 Client memory is the peak resident set of the process that calls `analyze` (`ru_maxrss`): the
 map's workers are other processes (forked, or Dask's), so it is what the coordinating machine
@@ -22,7 +27,10 @@ compare. Times on a shared machine are noisy: compare ratios, and re-run.
 
 At the end, issue 18's targets: `report`'s client below REPORT_PEAK_MIB at REPORT_AT_RANKS ranks
 or more, and times that grow linearly with events (from one rank count to the next, time grows
-at most LINEAR_SLACK times as much as events). Exit code 1 when a target is missed.
+at most LINEAR_SLACK times as much as events); issue 26's: the step graph's time (critical path
+and default projections) at most WHATIF_RATIO x `analyze`'s at REPORT_AT_RANKS ranks or more,
+and linear in the graph's nodes from one rank count to the next (each part's growth printed).
+Exit code 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -45,6 +53,13 @@ DATA = HERE / ".bench-data"
 REPORT_PEAK_MIB = 300
 REPORT_AT_RANKS = 512
 LINEAR_SLACK = 1.25
+# Issue 26's target: the critical path and the default projections add at most the analysis's
+# own time (WHATIF_RATIO x analyze's wall time) at REPORT_AT_RANKS ranks.
+WHATIF_RATIO = 1.0
+# The default projections: what `uberprof whatif` is asked most, one change set each.
+DEFAULT_CHANGES: tuple[tuple[tuple[str, float], ...], ...] = (
+    (("straggler", 1.0),), (("data", 1.0),), (("exposed-comm", 1.0),), (("link", 2.0),),
+    (("straggler", 1.0), ("data", 1.0), ("link", 2.0)))
 
 
 def _peak_mib() -> float:
@@ -91,7 +106,10 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
 
     res: dict[str, Any] = {}
     cpu = _cpu_s()
-    if phase == "report":
+    if phase == "whatif":
+        keep_pandas_out()
+        res.update(whatif_costs(run, derived, workers))
+    elif phase == "report":
         from uberprof.analysis.diagnosis.advisor import diagnose
 
         if mode == "dask":
@@ -124,11 +142,56 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
         t = time.perf_counter()
         a = analyze(run, out=derived, workers=workers, force=phase == "analyze")
         res["work_s"] = time.perf_counter() - t
-    if phase != "report":
+    if phase not in ("report", "whatif"):
         res.update(ranks=len(a.ranks), analysed=a.analysed,
                    events=sum(_events(a.derived, e) for e in a.inputs.values()))
     res["client_peak_mib"] = _peak_mib()
     res["cpu_s"] = _cpu_s() - cpu  # the cluster's start and close included (dask)
+    return res
+
+
+def whatif_costs(run: Path, derived: Path, workers: int) -> dict[str, Any]:
+    """The step graph's parts timed one by one over an analysed run (issue 26 item 8): each
+    rank's lane (on the workers), the graph's assembly, the replay, the report's critical path
+    and replay documents (together `run_docs`, which the diagnosis runs), and the default
+    projections (`project` once per change set of DEFAULT_CHANGES). `work_s` is their sum."""
+    from uberprof.analysis.diagnosis.advisor import diagnose_context
+    from uberprof.analysis.diagnosis.whatif import (
+        Change,
+        critical_path_doc,
+        project,
+        replay_doc,
+        straggler_of,
+    )
+    from uberprof.analysis.tables.context import load_context
+    from uberprof.analysis.tables.graph import build_graph
+    from uberprof.analysis.tables.lanes import lane_passes
+    from uberprof.analysis.tables.replay import replay
+
+    ctx = load_context(run, out=derived, workers=workers)
+    res: dict[str, Any] = {}
+
+    def timed(key: str, fn: Any, *a: Any) -> Any:
+        """fn(*a), its wall time as `key` and the client's CPU time as `key`_cpu (the
+        lanes' workers are other processes: their CPU time is not in it)."""
+        t, c = time.perf_counter(), time.process_time()
+        out = fn(*a)
+        res[key], res[key + "_cpu"] = time.perf_counter() - t, time.process_time() - c
+        return out
+
+    d = timed("diagnose_s", diagnose_context, ctx)
+    lanes = timed("lanes_s", lane_passes, ctx, d.steps)
+    g = timed("build_s", build_graph, lanes, d.alignment.offsets(), d.matched.instances, d.p2p)
+    r = timed("replay_s", replay, g)
+    fit = timed("docs_s", lambda: (critical_path_doc(g, r), replay_doc(g, d.steps, r)))[1]
+    rank, basis = straggler_of(d)
+    timed("projections_s", lambda: [project(g, d.steps, [Change(k, f) for k, f in kinds], rank,
+                                            basis, base=r, fit=fit)
+                                    for kinds in DEFAULT_CHANGES])
+    res["projections"] = len(DEFAULT_CHANGES)
+    res.update(nodes=int(g.n), edges=int(g.src.size))
+    res["work_s"] = sum(res[k] for k in ("lanes_s", "build_s", "replay_s", "docs_s",
+                                         "projections_s"))
     return res
 
 
@@ -182,6 +245,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs of each measurement; the fastest is kept (noisy machines)")
     ap.add_argument("--no-report", action="store_true", help="skip the diagnosis")
+    ap.add_argument("--no-whatif", action="store_true",
+                    help="skip the step graph's timing (critical path, replay, projections)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -200,9 +265,16 @@ def main() -> None:
                                                 run.parent / f"derived-{mode}", args.workers,
                                                 args.repeat)
         row["events"] = row[modes[0]]["events"]
+        if not args.no_whatif:
+            row["whatif"] = measure("whatif", "pool", run, run.parent / f"derived-{modes[0]}",
+                                    args.workers, args.repeat)
         rows.append(row)
         print(_line(row, modes), flush=True)
+        if "whatif" in row:
+            print(_whatif_line(row, modes[0]), flush=True)
     missed = report_targets(rows, modes)
+    missed += whatif_targets(rows, modes[0])
+    print(f"targets: {'all met' if not missed else f'{len(missed)} missed'}")
     if args.json:
         args.json.write_text(json.dumps({"workers": args.workers, "layers": args.layers,
                                          "traced_steps": args.traced_steps,
@@ -237,7 +309,47 @@ def report_targets(rows: list[dict[str, Any]], modes: list[str]) -> list[str]:
                   f"{'met' if ok else 'missed'}, events {grew:.2f}x, time {took:.2f}x")
             if not ok:
                 missed.append(f"{label} linear {a['ranks']}->{b['ranks']}")
-    print(f"targets: {'all met' if not missed else f'{len(missed)} missed'}")
+    return missed
+
+
+def _whatif_line(r: dict[str, Any], mode: str) -> str:
+    w = r["whatif"]
+    return (f"     step graph: {w['nodes'] / 1e6:.2f} M nodes {w['edges'] / 1e6:.2f} M edges; "
+            f"lanes {w['lanes_s']:.2f} s, build {w['build_s']:.2f} s, replay "
+            f"{w['replay_s']:.2f} s, critical path + replay docs {w['docs_s']:.2f} s, "
+            f"{w['projections']} projections {w['projections_s']:.2f} s; in all "
+            f"{w['work_s']:.2f} s = {w['work_s'] / r[mode]['work_s']:.2f}x analyze ({mode}); "
+            f"the diagnosis (which runs lanes..docs once) {w['diagnose_s']:.2f} s; client CPU: "
+            f"replay {w['replay_s_cpu']:.2f} s, projections {w['projections_s_cpu']:.2f} s")
+
+
+def whatif_targets(rows: list[dict[str, Any]], mode: str) -> list[str]:
+    """Issue 26 item 8: the step graph's cost (critical path and default projections) against
+    the analysis's at REPORT_AT_RANKS ranks or more, and linear in the graph's nodes from one
+    rank count to the next (each part printed: which one grows faster)."""
+    missed = []
+    rows = [r for r in rows if "whatif" in r]
+    for r in rows:
+        if r["ranks"] < REPORT_AT_RANKS:
+            continue
+        ratio = r["whatif"]["work_s"] / max(r[mode]["work_s"], 1e-9)
+        ok = ratio <= WHATIF_RATIO
+        print(f"target: critical path + default projections at {r['ranks']} ranks, at most "
+              f"{WHATIF_RATIO:g}x analyze ({mode}): {'met' if ok else 'missed'}, {ratio:.2f}x "
+              f"({r['whatif']['work_s']:.2f} s against {r[mode]['work_s']:.2f} s)")
+        if not ok:
+            missed.append(f"whatif cost at {r['ranks']} ranks")
+    for a, b in itertools.pairwise(rows):
+        wa, wb = a["whatif"], b["whatif"]
+        grew = wb["nodes"] / max(wa["nodes"], 1)
+        took = wb["work_s"] / max(wa["work_s"], 1e-9)
+        ok = took <= grew * LINEAR_SLACK
+        parts = ", ".join(f"{k[:-2]} {wb[k] / max(wa[k], 1e-9):.2f}x" for k in
+                          ("lanes_s", "build_s", "replay_s", "docs_s", "projections_s"))
+        print(f"target: step graph linear in its nodes, {a['ranks']} -> {b['ranks']} ranks: "
+              f"{'met' if ok else 'missed'}, nodes {grew:.2f}x, time {took:.2f}x ({parts})")
+        if not ok:
+            missed.append(f"whatif linear {a['ranks']}->{b['ranks']}")
     return missed
 
 

@@ -2,7 +2,9 @@
 GPU's peak allocated bytes and what it holds between steps, step by step (the saved step
 timeline), the host process's resident set size over time (the counters), and the summary the
 diagnosis saved (`run.memory`: peak against the device, median in use, first and last step,
-host RSS). A run without GPU memory rows or counters gets what it has, or one sentence."""
+host RSS), and the memory timeline of the trace window (`run.memory_timeline`, `uberprof run
+--profile-memory`: allocated bytes over the window, its peak's moment and operator marked). A
+run without GPU memory rows, counters or memory events gets what it has, or one sentence."""
 
 from __future__ import annotations
 
@@ -20,20 +22,24 @@ from uberprof.units import fmt_bytes
 PATH = "/memory"
 TITLE = "Memory"
 _GIB = float(1 << 30)
+_MIB = float(1 << 20)
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
     body: list[Any] = [ui.missing_notices(data.missing())]
     rows = q.summary(data)
-    if not rows:
+    entries = q.timeline_entries(data)
+    if not rows and not entries:
         body.append(ui.notice("No memory to show: the step timelines hold no GPU memory rows "
-                              "(a CPU run, or recorded by an older uberprof) and the counters "
-                              "no process memory; or this diagnosis was saved before uberprof "
-                              "saved memory (run `uberprof report` on the run again).", "info",
-                              id="memory-none"))
+                              "(a CPU run, or recorded by an older uberprof), the counters "
+                              "no process memory and the traces no memory events (`uberprof "
+                              "run --profile-memory`); or this diagnosis was saved before "
+                              "uberprof saved memory (run `uberprof report` on the run again).",
+                              "info", id="memory-none"))
         return ui.page("page-memory", *body)
     ranks = q.drawn_ranks(data, sel.rank)
-    body.append(cards(rows))
+    if rows:
+        body.append(cards(rows))
     gpu = q.gpu_series(data, ranks)
     if gpu:
         body.append(ui.section(
@@ -53,13 +59,80 @@ def layout(data: RunData, sel: Selection) -> html.Div:
             id="memory-rss-section",
             sub="Each rank process's resident set size, sampled by the counters (seconds "
                 "from the run's first step)."))
-    body.append(ui.section("Per rank", summary_table(rows, sel.rank), id="memory-summary",
-                           sub=q.basis(data)))
-    if len(ranks) < len(rows):
+    if entries:
+        body.append(window_section(data, ranks, entries, sel.rank))
+    if rows:
+        body.append(ui.section("Per rank", summary_table(rows, sel.rank), id="memory-summary",
+                               sub=q.basis(data)))
+    if len(ranks) < len(rows or {e["rank"] for e in entries}):
         body.append(ui.notice(f"The plots draw {len(ranks)} of {len(rows)} ranks (the highest "
                               "peaks, and the selected rank); the table has every rank.",
                               "info", id="memory-drawn"))
     return ui.page("page-memory", *body)
+
+
+def window_section(data: RunData, ranks: list[int], entries: list[dict[str, Any]],
+                   selected: int | None) -> html.Div:
+    """The trace window's memory timeline (allocated bytes after each allocation and free,
+    its peak marked with step and operator) and its peaks per rank."""
+    series = q.timeline_series(data, ranks)
+    kids: list[Any] = []
+    if series:
+        kids.append(ui.graph("memory-window", data.figure(
+            f"memory-window:{ranks}:{selected}", lambda: window_figure(series, selected))))
+    else:
+        kids.append(ui.notice("The memory events behind this timeline were not found in the "
+                              "saved tables (run `uberprof analyze` on the run again).", "info",
+                              id="memory-window-none"))
+    kids.append(window_table(entries, selected))
+    thin = " Long windows are thinned to each time bucket's lowest and highest points." \
+        if any(s.thinned for s in series) else ""
+    return ui.section(
+        "Memory timeline of the trace window", *kids, id="memory-window-section",
+        sub="Allocated bytes after each allocation and free torch.profiler recorded (`uberprof "
+            "run --profile-memory`), per rank from the start of its first analysed step; the "
+            "diamond marks the peak, with its step and the operator running then. "
+            + (q.timeline_note(data) or "") + "." + thin)
+
+
+def window_figure(series: list[q.WindowSeries], selected: int | None) -> go.Figure:
+    fig = ui.new_figure()
+    colors: dict[int, str] = {}
+    # one peak is labelled in the plot (the selected rank's, else the highest), the rest on hover
+    labelled = next((s for s in series if s.rank == selected),
+                    max(series, key=lambda s: s.peak_bytes, default=None))
+    for s in series:
+        color = colors.setdefault(s.rank, _color(len(colors)))
+        name = f"rank {s.rank} {s.device}"
+        width = 3 if s.rank == selected else 1.5
+        fig.add_scatter(x=s.ms, y=s.allocated / _MIB, mode="lines", name=name,
+                        line={"color": color, "width": width, "shape": "hv"},
+                        legendgroup=name,
+                        hovertemplate=f"{name}, %{{x:.2f}} ms: %{{y:.2f}} MiB allocated"
+                                      "<extra></extra>")
+        what = (f"peak {fmt_bytes(s.peak_bytes)}, step {s.peak_step}, "
+                f"{s.peak_operator or 'no operator'}")
+        fig.add_scatter(x=[s.peak_ms], y=[s.peak_bytes / _MIB],
+                        mode="markers+text" if s is labelled else "markers",
+                        name=f"{name} peak", legendgroup=name, showlegend=False,
+                        marker={"color": color, "size": 11, "symbol": "diamond"},
+                        text=[what], textposition="top right",
+                        hovertemplate=f"{name}: {what} at %{{x:.2f}} ms<extra></extra>")
+    fig.update_xaxes(title="ms from the first analysed step")
+    fig.update_yaxes(title="MiB allocated", rangemode="tozero")
+    return ui.base_layout(fig, height=380)
+
+
+def window_table(entries: list[dict[str, Any]], selected: int | None) -> html.Table:
+    body = [[str(e["rank"]), str(e["device"]), _b(e.get("peak_allocated_bytes")),
+             "-" if e.get("peak_step") is None else str(e["peak_step"]),
+             "-" if e.get("peak_in_step_ms") is None else f"{e['peak_in_step_ms']:.2f}",
+             str(e.get("peak_operator") or "-"), _b(e.get("first_allocated_bytes")),
+             _b(e.get("last_allocated_bytes")), str(e.get("events"))] for e in entries]
+    return ui.table(["rank", "device", "peak", "peak at step", "ms into the step",
+                     "operator then", "allocated at the start", "at the end", "events"],
+                    body, id="memory-window-table",
+                    row_classes=["selected" if e["rank"] == selected else "" for e in entries])
 
 
 def cards(rows: list[dict[str, Any]]) -> html.Div:

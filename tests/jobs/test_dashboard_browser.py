@@ -356,6 +356,33 @@ def test_gpu_sample_memory_page(browser: Any, gpu_sample: Served) -> None:
     v.done()
 
 
+@pytest.fixture(scope="module")
+def memory_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A 2-rank CPU run of samples/train_ddp.py whose window records the allocator's events
+    (`--profile-memory`, steps 3-4)."""
+    out = tmp_path_factory.mktemp("dash-memwin")
+    uberprof_run(out, "mem", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
+                 "--profile-memory", "--trace-steps", "3-4", "--counters", "none")
+    yield from _served(out / "mem")
+
+
+def test_memory_page_draws_the_trace_windows_timeline(browser: Any, memory_run: Served
+                                                      ) -> None:
+    from uberprof.units import fmt_bytes
+
+    entries = memory_run.data.diagnose().run["memory_timeline"]["ranks"]
+    v = _visit(browser, memory_run, "/memory", "memory-window")
+    assert v.count("#memory-window .main-svg")
+    assert v.count("#memory-window .scatterlayer .trace") == 2 * len(entries)  # line, peak
+    drawn = v.text("#memory-window")
+    assert "MiB allocated" in drawn
+    top = max(entries, key=lambda e: e["peak_allocated_bytes"])  # labelled; the rest on hover
+    assert (f"peak {fmt_bytes(top['peak_allocated_bytes'])}, step {top['peak_step']}, "
+            f"{top['peak_operator']}") in drawn
+    assert v.count("#memory-window-table tbody tr") == len(entries)
+    v.done()
+
+
 def _column(v: Visit, column: str) -> list[str]:
     """The cells of one column of the operators table, top to bottom, as shown."""
     return [c.strip() for c in v.page.locator(

@@ -86,16 +86,20 @@ def test_slow_data_loader_names_its_rank_and_cause_data(slow_data_run: Path,  # 
 
 def test_a_rank_that_sleeps_each_step_is_an_off_cpu_straggler_not_cleared(
         sleeping_rank_run: Path, tmp_path: Path) -> None:  # noqa: F811
-    """Its CPU time per step is the others' and the OS did not preempt it more (its
-    involuntary context switches): it waited off the CPU by its own doing. Before, such a
-    rank was cleared as 'the OS delayed it'."""
+    """Its CPU time per step explains under half of its lead and the OS did not keep it from a
+    core more than the others (its run-queue wait): it waited off the CPU by its own doing.
+    Before, such a rank was cleared as 'the OS delayed it'."""
     d = diagnose(sleeping_rank_run, out=tmp_path / "derived")
     found = _stragglers(d)
     assert len(found) == 1, (d.run["straggler_test"], [x.as_dict() for x in d.findings])
     [f] = found
     assert f.ranks == [1] and f.cause == "off_cpu", f.as_dict()
     busy = f.evidence["test"]["busy_time"]
-    assert busy["decision"] == "off_cpu" and busy["preempted"] is False, busy
+    # the OS did not keep it from a core, and its own CPU time explains under half its lead
+    # (on a loaded machine its CPU time can still be measurably above the others')
+    assert busy["preempted"] is False, busy
+    assert busy["decision"] == "off_cpu" or \
+        busy["excess_ms"] < 0.5 * f.evidence["median_lead_ms"], busy
     assert "waits off the CPU" in f.remedy or "off the CPU" in f.remedy
 
 

@@ -1,8 +1,10 @@
 """`uberprof whatif` and the report's replay and critical path on a real 4-rank CPU (Gloo) run
 whose rank 2 runs its forward pass four times (tests/_diag_runs.py): the step graph replays the
 measured steps within 5%, its critical path runs mostly on the straggler, and removing the
-straggler's extra work projects a shorter step with its interval. By hand: tests/unit/
-test_whatif_graph.py."""
+straggler's extra work projects a shorter step with its interval; the other changes act on it
+as they should, and the findings rank by projected gain (the straggler's first; on the
+unbalanced pipeline of tests/_parallel_runs.py, the imbalance's). By hand:
+tests/unit/test_whatif_graph.py, test_whatif_changes.py, test_whatif_gains.py."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from tests._diag_runs import slow_compute_run  # noqa: F401
+from tests._parallel_runs import Report, pipeline_run  # noqa: F401
 from uberprof.cli import main
 
 STRAGGLER = 2
@@ -62,3 +65,73 @@ def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
     assert res.exit_code == 0, res.output
     assert "projected" in res.stdout and "shorter" in res.stdout
     assert "replay error" in res.stdout
+
+
+def _whatif(run: Path, *options: str) -> dict:
+    res = CliRunner().invoke(main, ["whatif", str(run), *options, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_link_bandwidth_exposed_comm_launch_and_sync_on_a_cpu_run(
+        slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+    """On loopback Gloo: a 0.1 Gbit/s link makes the steps longer and a 1000 Gbit/s one no
+    longer; hidden communication unblocks the ranks' waits; launch and sync find nothing to
+    remove on CPU ranks and say so; changes together project no longer than one of them."""
+    run = _copy(slow_compute_run, tmp_path)
+    slow = _whatif(run, "--link-gbps", "0.1")
+    ch = slow["changes"][0]
+    assert ch["transfers"] > 0 and ch["projected_transfer_ms"] > ch["transfer_ms"], ch
+    assert slow["projected_step_ms"] > slow["baseline_step_ms"], slow
+    fast = _whatif(run, "--link-gbps", "1000")
+    assert fast["changes"][0]["projected_transfer_ms"] < fast["changes"][0]["transfer_ms"]
+    assert fast["projected_step_ms"] <= fast["baseline_step_ms"], fast
+    hidden = _whatif(run, "--remove", "exposed-comm")
+    ch = hidden["changes"][0]
+    assert ch["collectives"] >= 4 * 10 and ch["unblocked_waits"] > 0, ch
+    assert hidden["projected_step_ms"] <= hidden["baseline_step_ms"], hidden
+    none = _whatif(run, "--remove", "launch", "--remove", "sync")
+    assert none["projected_step_ms"] == none["baseline_step_ms"]
+    assert all("CPU ranks have none" in c["note"] for c in none["changes"]), none["changes"]
+    together = _whatif(run, "--remove", "straggler", "--remove", "exposed-comm",
+                       "--link-gbps", "1000")
+    assert together["projected_step_ms"] <= _whatif(run, "--remove", "straggler")[
+        "projected_step_ms"]
+
+
+def test_the_straggler_finding_ranks_first_by_its_projected_gain(
+        slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The injected straggler's finding carries what removing its extra work gains in the
+    replay, the same figure `whatif --remove straggler` projects, and is ranked first by it;
+    the terminal report prints it."""
+    run = _copy(slow_compute_run, tmp_path)
+    res = CliRunner().invoke(main, ["report", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    findings = json.loads(res.stdout)["findings"]
+    first = findings[0]
+    assert first["kind"] == "straggler" and first["ranks"] == [STRAGGLER], findings
+    gain = first["projected_gain"]
+    assert gain is not None and gain["gain_ms"] > 0, first
+    assert gain["projected_step_ms"] == _whatif(run, "--remove", "straggler")[
+        "projected_step_ms"]
+    for f in findings:
+        assert (f["projected_gain"] is None) == bool(f["projected_gain_why"]), f
+    res = CliRunner().invoke(main, ["report", str(run)], terminal_width=120)
+    assert f"fixing this: step {gain['baseline_step_ms']:.1f} -> " in res.stdout
+
+
+def test_balancing_the_pipeline_projects_a_shorter_step_and_ranks_the_imbalance_first(
+        pipeline_run: Report, tmp_path: Path) -> None:  # noqa: F811
+    """The unbalanced 1F1B pipeline (stage 1 holds three times stage 0's blocks): its stages
+    at their mean compute shorten the step, and the imbalance finding, with that gain, comes
+    first."""
+    run = _copy(pipeline_run[0], tmp_path)
+    doc = _whatif(run, "--balance-stages")
+    stages = doc["changes"][0]["stages"]
+    assert len(stages) == 2 and stages[1]["compute_ms"] > stages[0]["compute_ms"], stages
+    assert doc["fit_for_projection"], doc["why"]
+    assert doc["projected_step_ms"] < doc["baseline_step_ms"], doc
+    res = CliRunner().invoke(main, ["report", str(run), "--json"])
+    first = json.loads(res.stdout)["findings"][0]
+    assert first["kind"] == "pipeline_imbalance", first
+    assert first["projected_gain"]["projected_step_ms"] == doc["projected_step_ms"]

@@ -241,7 +241,7 @@ def _traced(rows: list[tuple[int, int, int, int]]) -> pa.Table:
 def _facts(traced: pa.Table, found: list[Finding]) -> SimpleNamespace:
     return SimpleNamespace(
         traced=traced, lateness=pa.table({"rank": pa.array([], pa.int64())}),
-        wall_ns=1_000_000_000, classes=[], p2p=None, found=found,
+        wall_ns=1_000_000_000, classes=[], p2p=None, found=found, exposed_around=None,
         parallelism=SimpleNamespace(kinds=()),
         first=lambda kind: next((f for f in found if f.kind == kind), None),
         of_kind=lambda kind: [f for f in found if f.kind == kind])

@@ -262,7 +262,12 @@ def test_a_killed_agent_leaves_its_counters_readable(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
-        time.sleep(2.0)
+        # kill it once it has flushed 8 samples (0.8 s of sampling on a quiet machine; a busy
+        # one schedules its thread later, so wait for the samples, not for a time)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and \
+                (read_counters(tmp_path / "k", "n0").metric == "cpu.util").sum() < 8:
+            time.sleep(0.2)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

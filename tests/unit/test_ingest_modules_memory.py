@@ -118,6 +118,8 @@ def test_memory_timeline_has_step_operator_and_the_peak(tmp_path: Path) -> None:
     (r,) = doc["ranks"]
     assert r["peak_allocated_bytes"] == 18_194 and r["peak_step"] == 2
     assert r["peak_operator"] == "aten::mm" and r["peak_in_step_ms"] == 0.33
+    assert r["peak_ns"] == T.BASE_NS + 2_330_000  # the trace's clock, as the saved events
+    assert r["start_ns"] == tables.steps.column("host_start_ns").to_pylist()[0]
     assert r["steps"] == [1, 2] and r["events"] == 6  # the event after the steps is left out
     assert r["first_allocated_bytes"] == 10_001 - 4096 and r["last_allocated_bytes"] == 10_000
     mods = tables.modules.add_column(0, "rank", pa.array([0] * tables.modules.num_rows,

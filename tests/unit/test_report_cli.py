@@ -13,7 +13,8 @@ from tests import _traces as T
 from uberprof.cli import main
 
 FINDING_KEYS = {"kind", "severity", "title", "ranks", "steps", "cause", "time_at_stake_ms",
-                "evidence", "remedy", "confidence", "observed_ms", "own_pct", "caused_by"}
+                "evidence", "remedy", "confidence", "observed_ms", "own_pct", "caused_by",
+                "projected_gain", "projected_gain_why"}
 RANK_KEYS = {"rank", "host", "mode", "device_type", "steps", "step_time_ms", "breakdown_pct",
              "analysed", "idle_gaps", "lateness_ms"}
 RUN_KEYS = {"schema_version", "uberprof_version", "path", "run_id", "kind", "world_size", "ranks",
@@ -52,7 +53,11 @@ def test_json_document_is_stable(tmp_path: Path) -> None:
     for f in doc["findings"]:
         assert set(f) == FINDING_KEYS
         assert f["severity"] in ("high", "medium", "low")
-    stakes = [f["time_at_stake_ms"] for f in doc["findings"]]
+    # ranked by projected gain where the replay gives one, then the rest by time at stake
+    gains = [(f["projected_gain"] or {}).get("gain_ms") or 0 for f in doc["findings"]]
+    first = [g for g in gains if g > 0]
+    assert gains[:len(first)] == sorted(first, reverse=True)
+    stakes = [f["time_at_stake_ms"] for f, g in zip(doc["findings"], gains) if g <= 0]
     assert stakes == sorted(stakes, reverse=True)
     # saved beside the derived tables for the dashboard
     saved = json.loads((tmp_path / "d" / "diagnosis.json").read_text())

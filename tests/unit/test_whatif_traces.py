@@ -63,3 +63,18 @@ def test_the_launch_bound_trace_has_its_path_on_the_host(tmp_path: Path) -> None
     doc = project(g, d.steps, parse_changes([], None, [f"{g.names[longest]}=2"]),
                   straggler=None)
     assert doc["changes"][0]["operator_ms"] > 0 and doc["gain_pct"] < 2.0
+
+
+def test_removing_launch_overhead_on_a_launch_bound_gpu_trace_shortens_its_steps(
+        tmp_path: Path) -> None:
+    """ResNet-50 on one GPU with its device waiting for launches: the launch-bound finding
+    carries the gain `--remove launch` projects, and the change removes device idle that
+    waited for launches and time in launch calls."""
+    g, d = _graph("tb_plugin/resnet50_num_workers_4", tmp_path)
+    doc = project(g, d.steps, parse_changes(["launch"], None, []), straggler=None)
+    ch = doc["changes"][0]
+    assert ch["device_idle_ms"] > 0 and ch["launch_calls_ms"] > 0, ch
+    assert doc["projected_step_ms"] < doc["baseline_step_ms"], doc
+    (f,) = [f for f in d.findings if f.kind == "launch_bound"]
+    assert f.projected_gain["projected_step_ms"] == doc["projected_step_ms"]
+    assert f.projected_gain["gain_pct"] == doc["gain_pct"]

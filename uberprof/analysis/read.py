@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_THRESHOLD_NS", "MIN_INSTANCES", "OpenedRun", "SavedFindings", "compare_runs",
            "diagnose_opened", "empty_report", "live_signals", "open_run", "open_tables",
-           "saved_findings", "sql_table"]
+           "saved_findings", "scaling_of", "sql_table"]
 
 
 @dataclass
@@ -216,3 +216,17 @@ def compare_runs(a: str | os.PathLike[str], b: str | os.PathLike[str],
     from uberprof.analysis.diff import compare, profile_run
 
     return compare(profile_run(a, **kwargs), profile_run(b, out=out, **kwargs))
+
+
+def scaling_of(paths: list[str | os.PathLike[str]],
+               outs: list[str | os.PathLike[str] | None] | None = None, force: bool = False,
+               batches: list[int] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """The `uberprof scaling --json` document of `paths` (docs/scaling.md; the dashboard's
+    /compare scaling section): each run read as `report` reads it. `outs`: where each run's
+    tables are (None: the default place); `kwargs` go to every run (workers, threshold_ns).
+    Raises ValueError (`ScalingError`) with a one-line reason naming the run."""
+    from uberprof.analysis.diff.scaling import read_scaling_point, scaling
+
+    places = list(outs) if outs is not None else [None] * len(paths)
+    points = [read_scaling_point(p, out=o, **kwargs) for p, o in zip(paths, places)]
+    return scaling(points, force=force, batches=batches).to_json()

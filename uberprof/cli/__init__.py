@@ -14,6 +14,7 @@ from uberprof.cli.export import export
 from uberprof.cli.info import info
 from uberprof.cli.report import report
 from uberprof.cli.run import run
+from uberprof.cli.scaling import scaling
 from uberprof.cli.watch import watch
 from uberprof.cli.whatif import whatif
 
@@ -21,10 +22,10 @@ HELP = """\
 Profile and troubleshoot distributed PyTorch training: where every rank's
 time goes, and why. `run` collects; `info` and `watch` show what was collected;
 `analyze`, `report` and `diff` diagnose it; `whatif` projects what fixing it
-would gain; `dashboard` and `export` let you look around; `doctor` and
-`calibrate` check the machine and its links. Each command's --help lists its
-options; docs/<command>.md in the repository
-explains them.
+would gain; `scaling` compares runs of one job at several sizes; `dashboard`
+and `export` let you look around; `doctor` and `calibrate` check the machine
+and its links. Each command's --help lists its options; docs/<command>.md in
+the repository explains them.
 
 \b
 Wrap the command you already use; no change to your script:
@@ -59,3 +60,4 @@ main.add_command(export)
 main.add_command(diff)
 main.add_command(watch)
 main.add_command(whatif)
+main.add_command(scaling)

@@ -17,6 +17,8 @@ EPILOG = """\
 Examples:
   uberprof whatif uberprof-runs/RUN --remove straggler
   uberprof whatif uberprof-runs/RUN --remove data --link-scale 2
+  uberprof whatif uberprof-runs/RUN --link-gbps 4 --remove exposed-comm
+  uberprof whatif uberprof-runs/RUN --balance-stages --remove sync --remove launch
   uberprof whatif uberprof-runs/RUN --op aten::mm=2 --op "nccl:all_reduce=1.5" --json
 \b
 How to read it: each traced step is replayed twice on the run's dependency
@@ -33,13 +35,26 @@ or removes, caches, a schedule the framework would pick instead.
 
 @click.command(epilog=EPILOG, short_help="Project the step time if a problem were fixed.")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-@click.option("--remove", "remove", multiple=True, type=click.Choice(["straggler", "data"]),
-              help="'straggler': the straggler's extra work (its compute and host time per "
-                   "step cut to the other ranks' median); 'data': every data-loader wait. "
-                   "Repeat to combine.")
+@click.option("--remove", "remove", multiple=True,
+              type=click.Choice(["straggler", "data", "launch", "sync", "exposed-comm"]),
+              help="'straggler': the straggler's extra work (its compute, host and data-loader "
+                   "time per step cut to the other ranks' median); 'data': every data-loader wait; "
+                   "'launch': the host's kernel-launch calls and the device's idle waiting "
+                   "for launches (GPU ranks); 'sync': the host's waits for the device (GPU "
+                   "ranks); 'exposed-comm': collectives' transfers hidden under compute "
+                   "(waiting for late peers, receives and each collective's end before its "
+                   "step's end kept). Repeat to combine.")
 @click.option("--link-scale", type=FiniteRange(min=0, min_open=True), default=None,
               metavar="F", help="Collective and send/recv transfer time divided by F (a link "
                                 "F times faster); time waiting for late peers is unchanged.")
+@click.option("--link-gbps", type=FiniteRange(min=0, min_open=True), default=None,
+              metavar="X", help="Transfers at X Gbit/s: each collective's and send/recv's "
+                                "bytes on the link / X plus the run's measured latency "
+                                "(transfers without a byte count keep their time; the "
+                                "output says how many).")
+@click.option("--balance-stages", is_flag=True,
+              help="Pipeline stages' compute at their mean in each step (layers moved from "
+                   "the slow stages to the fast ones).")
 @click.option("--op", "ops", multiple=True, metavar="NAME=F",
               help="Operator or kernel NAME F times faster (its self time / F). An exact name, "
                    "else every name containing NAME. Repeatable.")
@@ -49,8 +64,8 @@ or removes, caches, a schedule the framework would pick instead.
 @gap_threshold_option("used by the diagnosis it reads")
 @workers_option()
 @derived_option("--out", "Where derived tables go (default: PATH/derived).")
-def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None, ops: tuple[str, ...],
-           as_json: bool, gap_threshold_us: float, workers: int | None,
+def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None,
+           link_gbps: float | None, balance_stages: bool, ops: tuple[str, ...], as_json: bool, gap_threshold_us: float, workers: int | None,
            out: Path | None) -> None:
     """Project PATH's step time (a run directory, a folder of Kineto traces, or one trace) if
     the given problems were fixed: the traced steps replayed on the run's dependency graph
@@ -66,12 +81,13 @@ def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None, ops: t
     keep_pandas_out()
     err = Console(stderr=True)
     try:
-        changes = parse_changes(list(remove), link_scale, list(ops))
+        changes = parse_changes(list(remove), link_scale, list(ops), link_gbps, balance_stages)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if not changes:
-        raise click.UsageError("say what to change: --remove straggler, --remove data, "
-                               "--link-scale F or --op NAME=F (see --help)")
+        raise click.UsageError("say what to change: --remove straggler|data|launch|sync|"
+                               "exposed-comm, --link-scale F, --link-gbps X, --balance-stages "
+                               "or --op NAME=F (see --help)")
     with ReadProgress(err) as update:
         opened = open_run(path, out=out, threshold_ns=int(gap_threshold_us * 1000),
                           workers=workers, progress=update)

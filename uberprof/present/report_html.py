@@ -14,6 +14,7 @@ import numpy as np
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.present.html_memory import memory_html
+from uberprof.present.html_modules import memory_timeline_html, modules_html
 from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
 from uberprof.present.report_terminal import parallelism_line
@@ -58,6 +59,7 @@ def render_html(d: Diagnosis) -> str:
              _parallelism_html(r),
              "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
              parallel_html(r), operators_html(r), memory_html(r),
+             modules_html(r), memory_timeline_html(r),
              "<h2>Plots</h2>", *plots, "<h2>Run</h2>",
              f"<pre>{e(_run_text(d))}</pre>", "</body></html>"]
     return "\n".join(parts)
@@ -114,10 +116,25 @@ def _findings_html(d: Diagnosis) -> str:
             f"&middot; {f.time_at_stake_ms:.1f} ms at stake"
             f"{' &middot; ranks ' + e(ranks) if ranks else ''}<br>{e(f.title)}"
             f"{_test_html(f)}"
+            f"{_gain_html(f)}"
             f"<div class='remedy'>&rarr; {e(f.remedy)}</div>"
             f"<details><summary class='dim'>evidence</summary><pre>{e(_pretty(f.evidence))}"
             f"</pre></details></div>")
+    both = d.run.get("fix_top_two")
+    if isinstance(both, dict) and both.get("sentence"):
+        out.append(f"<p class='together'><b>Together</b>: {e(both['sentence'])}</p>")
     return "\n".join(out)
+
+
+def _gain_html(f: Finding) -> str:
+    """What fixing the finding gains in the replay (diagnosis/gains.py), as saved."""
+    g = f.projected_gain
+    if not g:
+        return ""
+    lo, hi = g.get("interval_ms") or (None, None)
+    span = f"{lo:.1f}-{hi:.1f}" if lo is not None and hi is not None else "?"
+    return (f"<div class='gain'><b>{html.escape(str(g.get('sentence')))}</b> "
+            f"<span class='dim'>(projected {span} ms)</span></div>")
 
 
 def _test_html(f: Finding) -> str:
@@ -127,6 +144,9 @@ def _test_html(f: Finding) -> str:
     test = (f.evidence.get("test") or {}).get("sentence")
     if test:
         out += f"<div class='dim'>test: {e(test)}</div>"
+    around = (f.evidence.get("around") or {}).get("sentence")
+    if around:
+        out += f"<div class='dim around'>around it: {e(around)}</div>"
     if f.caused_by:
         links = "; ".join(f"{c.get('ms')} ms is {c.get('part') or c.get('kind')} (finding "
                           f"{(c['index'] + 1) if c.get('index') is not None else '?'})"

@@ -229,10 +229,16 @@ def _findings(d: Diagnosis, console: Console) -> None:
                       "the thresholds (no straggler, idle, exposed communication or link limit).")
         console.print()
         return
-    console.print(f"[bold]Findings[/bold] ({len(d.findings)}, ranked by their own time at stake "
-                  "over the analysed steps; each millisecond is counted once)")
+    console.print(f"[bold]Findings[/bold] ({len(d.findings)}, ranked by the step time fixing "
+                  "each gains in the replay, then by their own time at stake over the analysed "
+                  "steps; each millisecond is counted once)")
     for i, f in enumerate(d.findings, 1):
         _finding(i, f, console)
+    both = d.run.get("fix_top_two")
+    if isinstance(both, dict) and both.get("sentence"):
+        line = Text("Together", style="bold")
+        line.append(f": {both['sentence']}")
+        console.print(line, highlight=False)
     console.print()
 
 
@@ -261,6 +267,14 @@ def _finding(i: int, f: Finding, console: Console) -> None:
                           f"{(c['index'] + 1) if c.get('index') is not None else '?'})"
                           for c in f.caused_by)
         console.print(f"    [dim]accounted elsewhere:[/dim] {links}", highlight=False)
+    if f.projected_gain:  # diagnosis/gains.py: its remedy replayed on the step graph
+        g = f.projected_gain
+        lo, hi = g.get("interval_ms") or (None, None)
+        line = Text("    ")
+        line.append(str(g["sentence"]), style="bold")
+        line.append(f" (projected {fmt_num(lo, 1, missing='?')}-{fmt_num(hi, 1, missing='?')}"
+                    " ms; uberprof whatif)")
+        console.print(line, highlight=False)
     console.print(f"    [green]→[/green] {f.remedy}", highlight=False)
 
 
@@ -326,11 +340,13 @@ def _evidence_line(f: Finding) -> str:
         return (f"{e.get('gaps')} gaps; idle ms per rank: "
                 + ", ".join(f"{r}: {v}" for r, v in top)
                 + (f"; largest {g.get('ms')} ms on rank {g.get('rank')} step {g.get('step')} "
-                   f"after {_short(g.get('before'))}" if g else ""))
+                   f"after {_short(g.get('before'))}" if g else "")
+                + _around_text(e))
     if f.kind == "exposed_comm":
         return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank "
                 f"({e.get('wait_ms')} ms waiting for peers, {e.get('transfer_ms')} ms "
-                f"transfer), {e.get('exposed_of_comm_pct')}% of its communication")
+                f"transfer), {e.get('exposed_of_comm_pct')}% of its communication"
+                + _around_text(e))
     if f.kind == "tp_exposed_comm":
         if e.get("separable") is False:
             return (f"{e.get('combined_exposed_ms')} ms exposed over all groups together "
@@ -364,6 +380,13 @@ def _evidence_line(f: Finding) -> str:
                          f"{g.get('slowdown_pct')}% {g.get('reasons')}"
                          for r, g in (e.get("gpus") or {}).items())
     return ", ".join(f"{k}={v}" for k, v in e.items() if not isinstance(v, (dict, list)))
+
+
+def _around_text(e: dict[str, Any]) -> str:
+    """The operators (kernels) right before and after the time an idle or exposed_comm finding
+    counts, as its evidence says them (`around.sentence`)."""
+    sentence = (e.get("around") or {}).get("sentence")
+    return f"; around it: {sentence}" if sentence else ""
 
 
 def _bandwidth(d: Diagnosis, console: Console) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,8 @@ from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
 from uberprof.analysis.diagnosis.document import ranks_doc, run_doc_of
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings import produce
-from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS, GAP_SCHEMA
+from uberprof.analysis.diagnosis.gains import attach_gains, run_projector, top_two, unfit_why
+from uberprof.analysis.diagnosis.gaps import AROUND_SCHEMA, DEFAULT_THRESHOLD_NS, GAP_SCHEMA
 from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks, gpu_clocks, throttled_vs_others
 from uberprof.analysis.diagnosis.group_comm import GroupComm, group_comm
 from uberprof.analysis.diagnosis.lateness import lateness
@@ -54,7 +56,7 @@ from uberprof.analysis.diagnosis.memory import run_memory
 from uberprof.analysis.diagnosis.memory_timeline import run_memory_timeline
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
-from uberprof.analysis.diagnosis.rank_diagnosis import rank_passes
+from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
     Straggler,
@@ -66,7 +68,6 @@ from uberprof.analysis.diagnosis.stragglers import (
 from uberprof.analysis.diagnosis.summaries import sql_rows, summarise
 from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
-from uberprof.analysis.diagnosis.whatif import run_docs
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
@@ -75,7 +76,7 @@ from uberprof.analysis.tables.parallelism import Parallelism, read_parallelism
 from uberprof.analysis.tables.steptime import step_time_doc
 from uberprof.units import ns_to_ms as _ms
 
-__all__ = ["account", "analysed_steps", "diagnose", "diagnose_context"]
+__all__ = ["account", "analysed_steps", "diagnose", "diagnose_context", "finding_order"]
 
 
 def diagnose(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
@@ -119,8 +120,12 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
                   classes=classes, clocks=clocks, straggler=tests.straggler,
                   summaries=summaries, device_type=device_type, window=window, p2p=p2p,
                   parallelism=parallelism, pipeline=pipeline,
-                  groups=groups)
-    findings = account(produce(facts), wall_ns)
+                  groups=groups, exposed_around=_exposed_around(per_rank.values()))
+    proj, cp_doc, rp_doc = run_projector(ctx, traced, matched.instances, alignment.offsets(),
+                                         p2p.pairs, parallelism.stage_of or {})
+    produced = produce(facts)
+    attach_gains(produced, proj, unfit_why(rp_doc))  # before the order, which uses them
+    findings = account(produced, wall_ns)
 
     if matched.unmatched.num_rows:
         problems.append(f"{matched.unmatched.num_rows} collective call(s) could not be matched "
@@ -139,14 +144,20 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
     run["memory"] = run_memory(ctx)
     run["modules"] = run_modules(ctx, traced)
     run["memory_timeline"] = run_memory_timeline(ctx, traced)
-    run["critical_path"], run["replay"] = run_docs(ctx, traced, matched.instances,
-                                                   alignment.offsets(), p2p.pairs)
+    run["critical_path"], run["replay"] = cp_doc, rp_doc  # the graph built once, above
+    run["fix_top_two"] = top_two(findings, proj)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     return Diagnosis(run=run, ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
                      classes=classes, straggler=tests.straggler, steps=traced,
                      summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+
+
+def _exposed_around(results: Iterable[RankResult]) -> pa.Table:
+    """Every rank's exposed communication by the compute around it (gaps.AROUND_SCHEMA)."""
+    return pa.concat_tables([AROUND_SCHEMA.empty_table(),
+                             *(p.exposed_around for p in results)])
 
 
 def _parallel_facts(ctx: RunContext, alignment: Alignment, traced: pa.Table, matched: Matched,
@@ -362,13 +373,27 @@ def _device_type(ctx: RunContext) -> str:
                  i.device_type), "cpu")
 
 
+_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+def finding_order(f: Finding) -> tuple[Any, ...]:
+    """The report's order (docs/findings.md): a hang or crash first (a job that stops costs
+    most); then the findings whose fix the replay projects to shorten the step, by that gain
+    (`projected_gain.gain_ms`, largest first; severity breaks a tie); then the rest (no
+    projection, or none that gains) by own time at stake, as before projections (severity
+    breaks a tie)."""
+    gain = (f.projected_gain or {}).get("gain_ms")
+    gains = isinstance(gain, (int, float)) and gain > 0
+    return (f.kind not in ("hang", "crash"), not gains,
+            -gain if gains else -f.time_at_stake_ms, _SEVERITY_RANK.get(f.severity, 3),
+            -f.time_at_stake_ms, f.kind)
+
+
 def account(findings: list[Finding], wall_ns: int) -> list[Finding]:
-    """Rank the findings (a hang or crash first: a job that stops costs most; then by their own
-    time), resolve `caused_by` links to indices, and hold
+    """Rank the findings (`finding_order`), resolve `caused_by` links to indices, and hold
     the invariant: their times at stake add up to at most the analysed wall time (a finding
     that would cross it keeps only what is left, and says so in `evidence["capped_ms"]`)."""
-    findings = sorted(findings, key=lambda f: (f.kind not in ("hang", "crash"),
-                                               -f.time_at_stake_ms, f.kind))
+    findings = sorted(findings, key=finding_order)
     index = {id(f): i for i, f in enumerate(findings)}
     left = wall_ns / 1e6
     for f in findings:

@@ -75,6 +75,7 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
         "memory": None,
         "critical_path": None,  # diagnosis/whatif.py
         "replay": None,
+        "fix_top_two": None,  # diagnosis/gains.py: the top two findings' fixes together
     }
 
 

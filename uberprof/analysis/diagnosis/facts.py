@@ -49,6 +49,7 @@ class Facts:
     pipeline: PipelineStages | None = None  # the pipeline's stages, when there is one
     groups: list[GroupComm] = field(default_factory=list)  # exposed communication per group
     parallelism: Parallelism = field(default_factory=Parallelism)  # read once, used by all
+    exposed_around: pa.Table | None = None  # gaps.AROUND_SCHEMA: exposed comm by its neighbours
     found: list[Finding] = field(default_factory=list)
 
     def first(self, kind: str) -> Finding | None:

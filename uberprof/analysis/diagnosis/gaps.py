@@ -18,6 +18,7 @@ neither an operator nor a Gloo collective running, so its cause is `data` or `ho
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,12 +28,17 @@ from uberprof.analysis.diagnosis.causes import GAP_CAUSES
 from uberprof.analysis.tables import intervals as iv
 from uberprof.analysis.tables import metrics as M
 from uberprof.ingest import classify as K
+from uberprof.units import ns_to_ms as _ms
+from uberprof.units import shorten
 
 __all__ = [
+    "AROUND_SCHEMA",
     "CAUSES",
     "DEFAULT_THRESHOLD_NS",
     "GAP_SCHEMA",
     "RankGaps",
+    "around_evidence",
+    "exposed_around",
     "gap_context",
     "idle_gaps",
     "main_thread",
@@ -52,6 +58,19 @@ GAP_SCHEMA = pa.schema([
     ("before", pa.string()),  # the activity that ended just before the gap
     ("after", pa.string()),  # the activity that ended the gap
 ])
+
+
+# The exposed communication of one rank, per step, by the compute that ran right before it and
+# right after it (`exposed_around`): what the exposed_comm finding names.
+AROUND_SCHEMA = pa.schema([
+    ("rank", pa.int64()),
+    ("step", pa.int64()),
+    ("before", pa.string()),  # the compute that ended last before the exposed stretch
+    ("after", pa.string()),  # the compute that started first after it
+    ("dur_ns", pa.int64()),  # exposed time in such stretches of the step
+    ("n", pa.int64()),  # stretches
+])
+AROUND_TOP = 3  # names kept on each side in a finding's evidence
 
 
 @dataclass
@@ -205,3 +224,101 @@ def gap_context(events: pa.Table, gaps: pa.Table, limit: int = 5) -> list[dict[s
             host = f"{kind_col[j]}: {names[j]}"
         out.append({**g, "host": host})
     return out
+
+
+def exposed_around(rank: int, events: pa.Table, steps: pa.Table, act: M.Activity) -> pa.Table:
+    """Each stretch of exposed communication (communication under no compute, the breakdown's
+    `exposed_comm`) in the device windows of `steps`, with the compute activity that ended last
+    before it and the one that started first after it (operators on CPU ranks, kernels on
+    accelerator ranks), summed per step and pair of names (AROUND_SCHEMA). From the event table
+    the rank pass already holds: no second read of the trace."""
+    exposed = iv.subtract(act.comm, act.compute)
+    if not len(exposed) or not steps.num_rows:
+        return AROUND_SCHEMA.empty_table()
+    parts_s, parts_e, parts_step = [], [], []
+    for s, lo, hi in zip(steps.column("step").to_pylist(),
+                         steps.column("device_start_ns").to_pylist(),
+                         steps.column("device_end_ns").to_pylist()):
+        if lo is None or hi is None or hi <= lo:
+            continue
+        x = iv.clip(exposed, int(lo), int(hi))
+        parts_s.append(x.starts)
+        parts_e.append(x.ends)
+        parts_step.append(np.full(len(x), s, dtype=np.int64))
+    if not parts_s or not sum(p.size for p in parts_s):
+        return AROUND_SCHEMA.empty_table()
+    x0, x1 = np.concatenate(parts_s), np.concatenate(parts_e)
+    before, after = _compute_around(events, act, x0, x1)
+    t = pa.table({"step": np.concatenate(parts_step), "before": pa.array(before, pa.string()),
+                  "after": pa.array(after, pa.string()), "dur_ns": x1 - x0})
+    t = t.group_by(["step", "before", "after"], use_threads=False).aggregate(
+        [("dur_ns", "sum"), ("dur_ns", "count")])
+    return pa.table({
+        "rank": pa.array(np.full(t.num_rows, rank), pa.int64()),
+        "step": t.column("step"), "before": t.column("before"), "after": t.column("after"),
+        "dur_ns": t.column("dur_ns_sum"), "n": t.column("dur_ns_count").cast(pa.int64()),
+    }, schema=AROUND_SCHEMA)
+
+
+def _compute_around(events: pa.Table, act: M.Activity, lo: np.ndarray, hi: np.ndarray
+                    ) -> tuple[list[str | None], list[str | None]]:
+    """For each stretch `[lo, hi)`, the name of the compute activity ending last at or before
+    `lo` and of the one starting first at or after `hi` (None: there is none)."""
+    keep = act.role == M.COMPUTE
+    rows, starts, ends = act.rows[keep], act.starts[keep], act.ends[keep]
+    if not rows.size:
+        return [None] * lo.size, [None] * lo.size
+    names = events.column("name").combine_chunks()
+    if isinstance(names, pa.DictionaryArray):
+        name_of = np.asarray(names.dictionary.to_pylist() + [None], dtype=object)
+        idx = names.indices.to_numpy(zero_copy_only=False)[rows]
+    else:
+        name_of = np.asarray(names.to_pylist(), dtype=object)
+        idx = rows
+    by_end = np.argsort(ends, kind="stable")
+    k = np.searchsorted(ends[by_end], lo, side="right") - 1
+    before = np.where(k >= 0, name_of[idx[by_end[np.maximum(k, 0)]]], None)
+    by_start = np.argsort(starts, kind="stable")
+    j = np.searchsorted(starts[by_start], hi, side="left")
+    after = np.where(j < rows.size, name_of[idx[by_start[np.minimum(j, rows.size - 1)]]], None)
+    return before.tolist(), after.tolist()
+
+
+def around_evidence(before: list[str | None], after: list[str | None], dur_ns: list[int],
+                    count: list[int], top: int = AROUND_TOP) -> dict[str, Any] | None:
+    """What a finding says of the activity around the time it counts: on each side the `top`
+    names by time, each with how many stretches it bordered, its time and share of the counted
+    time, and one sentence ("after aten::item 12x (80%), before aten::mm 12x (80%)"). None when
+    nothing was counted."""
+    total = sum(dur_ns)
+    if not total:
+        return None
+
+    def side(names: list[str | None]) -> list[dict[str, Any]]:
+        acc: dict[str, list[int]] = {}
+        for name, d, n in zip(names, dur_ns, count):
+            if name is not None:
+                a = acc.setdefault(name, [0, 0])
+                a[0] += d
+                a[1] += n
+        order = sorted(acc.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))[:top]
+        return [{"name": k, "count": n, "ms": _ms(d), "pct": round(100 * d / total, 1)}
+                for k, (d, n) in order]
+
+    b, a = side(before), side(after)
+
+    def words(rows: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{_label(r['name'])} {r['count']}x ({r['pct']:g}%)" for r in rows)
+
+    parts = ([f"after {words(b)}"] if b else []) + ([f"before {words(a)}"] if a else [])
+    return {"before": b, "after": a, "ms": _ms(total), "stretches": int(sum(count)),
+            "sentence": "; ".join(parts)}
+
+
+def _label(name: str, n: int = 60) -> str:
+    """A kernel's name as a sentence can hold it: no `void`, template arguments or parameter
+    list (`void at::native::elementwise_kernel<128, 2, ...>(...)` -> `at::native::
+    elementwise_kernel`); operator names stay as they are. The evidence keeps the full name."""
+    short = name.removeprefix("void ")
+    cut = min((i for i in (short.find("<"), short.find("(")) if i > 0), default=len(short))
+    return shorten(short[:cut].strip() or name, n)

@@ -73,6 +73,7 @@ def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | Non
         p = int(idx[int(np.argmax(total[idx]))])
         first, last = int(idx[0]), int(idx[-1])
         start = starts.get((r, int(step[p])))
+        first_start = starts.get((r, int(step[idx].min())))
         entries.append({
             "rank": r, "device": d, "trace": cols["trace"][p], "events": int(idx.size),
             "steps": [int(step[idx].min()), int(step[idx].max())],
@@ -80,6 +81,9 @@ def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | Non
             "peak_step": int(step[p]) if step[p] >= 0 else None,
             "peak_in_step_ms": _ms(int(ts[p]) - int(start)) if start is not None else None,
             "peak_operator": cols["operator"][p],
+            # the rank's own clock (ns), for views that draw the window's timeline
+            "peak_ns": int(ts[p]),
+            "start_ns": int(first_start) if first_start is not None else int(ts[first]),
             "first_allocated_bytes": int(total[first] - delta[first]),
             "last_allocated_bytes": int(total[last]),
             "max_reserved_bytes": int(reserved[idx].max()) if d != "cpu" else None,

@@ -61,6 +61,10 @@ class Finding:
     confidence: str = "confirmed"  # confirmed | suspected (evidence["test"] says why)
     observed_ms: float | None = None  # the whole time it observed (own + caused_by)
     caused_by: list[dict[str, Any]] = field(default_factory=list)  # {index, kind, ms}
+    # what fixing it gains in the replay (diagnosis/gains.py): baseline and projected step ms,
+    # gain, interval, sentence; None with `projected_gain_why` when it cannot be projected
+    projected_gain: dict[str, Any] | None = None
+    projected_gain_why: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         observed = self.observed_ms if self.observed_ms is not None else self.time_at_stake_ms
@@ -71,7 +75,8 @@ class Finding:
                 "confidence": self.confidence, "observed_ms": round(observed, 3),
                 "own_pct": round(100 * self.time_at_stake_ms / observed, 1) if observed else
                 100.0,
-                "caused_by": self.caused_by}
+                "caused_by": self.caused_by, "projected_gain": self.projected_gain,
+                "projected_gain_why": self.projected_gain_why}
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,13 @@ import numpy as np
 import pyarrow as pa
 
 from uberprof.analysis.diagnosis.bandwidth import exposed_ns
-from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA, gap_context, idle_gaps
+from uberprof.analysis.diagnosis.gaps import (
+    AROUND_SCHEMA,
+    GAP_SCHEMA,
+    exposed_around,
+    gap_context,
+    idle_gaps,
+)
 from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.context import RunContext
@@ -39,6 +45,8 @@ class RankResult:
     exposed: dict[tuple[int, int], int]  # (instance, rank) -> exposed ns of its span
     top_gaps: list[dict[str, Any]]
     problem: str | None = None  # why this rank has no result (its process died)
+    # its exposed communication per step by the compute around it (gaps.AROUND_SCHEMA)
+    exposed_around: pa.Table = field(default_factory=AROUND_SCHEMA.empty_table)
 
     @classmethod
     def empty(cls, rank: int, problem: str | None = None) -> RankResult:
@@ -66,7 +74,8 @@ def rank_pass(derived: str, keys: list[str], rank: int, steps: pa.Table, instanc
         exposed = {(int(i), rank): int(x) for i, x in
                    zip(instances.column("instance").to_numpy().tolist(), ex.tolist())}
     top = [{**g, "rank": rank} for g in gap_context(events, rg.gaps, TOP_GAPS)]
-    return RankResult(rank, rg.gaps, exposed, top)
+    return RankResult(rank, rg.gaps, exposed, top,
+                      exposed_around=exposed_around(rank, events, steps, act))
 
 
 def rank_passes(ctx: RunContext, traced: pa.Table, instances: pa.Table,

@@ -10,8 +10,9 @@ Three documents, each a plain dict (docs/json.md, docs/whatif.md):
   steps, and the document says why.
 - `critical_path_doc`: per step the pieces of the path that set its length, by kind (compute,
   transfer, waiting, data, host) and by rank, with the operators on it; summed over the steps.
-- `project`: the replay with `Change`s (`--remove straggler`, `--remove data`,
-  `--link-scale F`, `--op NAME=F`; several compose) against the replay without them.
+- `project`: the replay with `Change`s (`--remove straggler|data|launch|sync|exposed-comm`,
+  `--link-scale F`, `--link-gbps X`, `--balance-stages`, `--op NAME=F`; several compose; each
+  is a graph edit of `whatif_changes.py`) against the replay without them.
 
 A projection is the graph's answer, no more: it keeps every dependency and every recorded
 duration it was not told to change, so it cannot know contention that a change would add or
@@ -20,21 +21,18 @@ remove, caches warming differently, or a schedule the framework would pick inste
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from uberprof.analysis.diagnosis.bandwidth import bus_factor, message_bytes
 from uberprof.analysis.diagnosis.model import Diagnosis
+from uberprof.analysis.diagnosis.whatif_changes import Change, apply_changes, parse_changes
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.graph import StepGraph, build_graph
 from uberprof.analysis.tables.lanes import (
-    BETWEEN,
-    COMM,
     COMPUTE,
-    DATA,
-    HOST,
     lane_passes,
 )
 from uberprof.analysis.tables.replay import (
@@ -47,7 +45,8 @@ from uberprof.analysis.tables.replay import (
 from uberprof.analysis.tables.steptime import median_interval
 
 __all__ = ["FIT_PCT", "Change", "critical_path_doc", "parse_changes", "project",
-           "project_run", "replay_doc", "run_docs", "run_graph", "step_ends", "straggler_of"]
+           "project_run", "replay_doc", "run_docs", "run_graph", "run_graph_docs", "stages_of", "step_ends",
+           "straggler_of", "with_bytes"]
 
 FIT_PCT = 5.0  # a replay whose median error per step is above this is unfit for projection
 TOP_OPS = 5
@@ -57,7 +56,24 @@ def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
               offsets: dict[int, int], pairs: pa.Table | None) -> StepGraph:
     """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
     the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock."""
-    return build_graph(lane_passes(ctx, traced), offsets, instances, pairs)
+    return build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs)
+
+
+def with_bytes(instances: pa.Table) -> pa.Table:
+    """`instances` with each row's transfer size S and bus factor as `bandwidth.py` defines
+    them (`bytes`, `bus_factor`: what `--link-gbps` re-times), null where unknown."""
+    if instances.num_rows == 0 or "bytes" in instances.schema.names:
+        return instances
+    cols = instances.select(["name", "in_bytes", "out_bytes", "group_size",
+                             "participants"]).to_pydict()
+    size, bus = [], []
+    for name, i, o, gs, n in zip(cols["name"], cols["in_bytes"], cols["out_bytes"],
+                                 cols["group_size"], cols["participants"]):
+        k = int(gs or n or 1)
+        size.append(message_bytes(name or "", i, o, k))
+        bus.append(bus_factor(name or "", k))
+    return instances.append_column("bytes", pa.array(size, pa.int64())) \
+        .append_column("bus_factor", pa.array(bus, pa.float64()))
 
 
 def run_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table, offsets: dict[int, int],
@@ -65,17 +81,27 @@ def run_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table, offsets: di
     """`run.critical_path` and `run.replay` of the report (None, None without a traced step
     on any rank's lane). A graph that cannot be built costs the report these two fields only:
     the reason goes to `run.replay.why`."""
+    _, _, cp, rp = run_graph_docs(ctx, traced, instances, offsets, pairs)
+    return cp, rp
+
+
+def run_graph_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table,
+                   offsets: dict[int, int], pairs: pa.Table | None
+                   ) -> tuple[StepGraph | None, Replay | None, dict[str, Any] | None,
+                              dict[str, Any] | None]:
+    """`run_docs` with the graph and its replay kept (for the findings' projected gains)."""
     try:
         g = run_graph(ctx, traced, instances, offsets, pairs)
         if not g.lanes:
-            return None, None
+            return None, None, None, None
         r = replay(g)
-        return critical_path_doc(g, r), replay_doc(g, traced, r)
+        return g, r, critical_path_doc(g, r), replay_doc(g, traced, r)
     except Exception as exc:  # noqa: BLE001 - a projection aid never stops the report
-        return None, {"steps": [], "median_error_pct": None, "max_error_pct": None,
-                      "fit_for_projection": False, "threshold_pct": FIT_PCT,
-                      "why": f"the step graph could not be built ({type(exc).__name__}: "
-                             f"{exc})", "graph": None}
+        return None, None, None, {
+            "steps": [], "median_error_pct": None, "max_error_pct": None,
+            "fit_for_projection": False, "threshold_pct": FIT_PCT,
+            "why": f"the step graph could not be built ({type(exc).__name__}: {exc})",
+            "graph": None}
 
 
 def _ms(ns: float) -> float:
@@ -205,106 +231,7 @@ def _path_sentence(rank: int | None, kind: str | None, kinds: dict[str, int],
             f"rank {rank}; by kind, {kind} sets most of it ({round(100 * kinds[kind] / total)}%)")
 
 
-# --- changes and projections -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Change:
-    """One change to replay: `straggler` (its extra work at the others' median), `data` (data
-    waits removed), `link` (transfer / factor), `op` (operator `name` factor times faster)."""
-
-    kind: str
-    factor: float = 1.0
-    name: str = ""
-
-    def describe(self) -> str:
-        return {"straggler": "the straggler's extra work removed (its compute and host time "
-                             "per step at the others' median)",
-                "data": "data-loader waits removed",
-                "link": f"collective and send/recv transfer time / {self.factor:g} (waiting "
-                        "for peers unchanged)",
-                "op": f"operator {self.name} {self.factor:g}x faster"}[self.kind]
-
-
-def parse_changes(remove: list[str], link_scale: float | None, ops: list[str]) -> list[Change]:
-    """The changes of `uberprof whatif`'s options; ValueError with a sentence on a bad one."""
-    out: list[Change] = []
-    for what in remove:
-        if what not in ("straggler", "data"):
-            raise ValueError(f"--remove {what}: say 'straggler' or 'data'")
-        out.append(Change(what))
-    if link_scale is not None:
-        if not link_scale > 0:
-            raise ValueError(f"--link-scale {link_scale}: a factor above 0 (2: twice as fast)")
-        out.append(Change("link", float(link_scale)))
-    for spec in ops:
-        name, sep, f = spec.rpartition("=")
-        try:
-            factor = float(f)
-        except ValueError:
-            factor = -1.0
-        if not sep or not name or not factor > 0:
-            raise ValueError(f"--op {spec}: say NAME=F, e.g. aten::mm=2 (twice as fast)")
-        out.append(Change("op", factor, name))
-    return out
-
-
-def _scales(g: StepGraph, changes: list[Change], straggler: int | None
-            ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """Per node, the factor on its own work and on its tail, and what each change touched."""
-    own = np.ones(g.n)
-    tail = np.ones(g.n)
-    notes: list[dict[str, Any]] = []
-    for c in sorted(changes, key=lambda c: ("data", "op", "link", "straggler").index(c.kind)):
-        if c.kind == "data":
-            m = g.kind == DATA
-            own[m] = 0.0
-            notes.append({"change": c.describe(), "removed_ms": _ms(g.dur[m].sum())})
-        elif c.kind == "link":
-            tail[g.kind == COMM] /= c.factor
-            notes.append({"change": c.describe(), "transfer_ms": _ms(g.tail.sum())})
-        elif c.kind == "op":
-            notes.append(_scale_op(g, own, c))
-        else:
-            notes.append(_scale_straggler(g, own, straggler, c))
-    return own, tail, notes
-
-
-def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
-    names = [i for i, n in enumerate(g.names) if n == c.name] or \
-        [i for i, n in enumerate(g.names) if c.name in n]
-    m = np.isin(g.op_name, names)
-    cut = np.zeros(g.n)
-    np.add.at(cut, g.op_node[m], g.op_ns[m] * (1 - 1 / c.factor))
-    has = cut > 0
-    dur = g.dur[has].astype(np.float64)
-    own[has] *= np.clip((dur - cut[has]) / np.where(dur > 0, dur, 1), 0, 1)
-    return {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
-            "operator_ms": _ms(g.op_ns[m].sum())}
-
-
-def _scale_straggler(g: StepGraph, own: np.ndarray, rank: int | None,
-                     c: Change) -> dict[str, Any]:
-    """The straggler's work in each step scaled down to the others' median there: its compute
-    and its host time (what it does, not what it waits for), each kind on its own (a device
-    rank's kernels and its host's work are two lanes)."""
-    if rank is None or rank not in g.lanes or len(g.lanes) < 2:
-        return {"change": c.describe(), "rank": rank, "removed_ms": 0.0,
-                "note": "no straggler to remove" if rank is None else
-                f"rank {rank} is not in the graph with another rank"}
-    removed = 0.0
-    work = g.dur * own
-    for kind in (COMPUTE, HOST):
-        of_kind = g.kind == kind
-        for s in np.unique(g.step[of_kind & (g.rank == rank) & (g.step != BETWEEN)]).tolist():
-            in_s = of_kind & (g.step == s)
-            per = {r: float(work[in_s & (g.rank == r)].sum()) for r in g.lanes}
-            mine = per.pop(rank)
-            target = float(np.median(list(per.values())))
-            if mine > target:
-                own[in_s & (g.rank == rank)] *= target / mine
-                removed += mine - target
-    return {"change": c.describe(), "rank": rank, "removed_ms": _ms(removed)}
-
+# --- projections -------------------------------------------------------------------------------
 
 def step_ends(g: StepGraph, r: Replay) -> dict[int, int]:
     """Per step, when its last rank finishes it (the replayed end of its window)."""
@@ -312,15 +239,21 @@ def step_ends(g: StepGraph, r: Replay) -> dict[int, int]:
 
 
 def project(g: StepGraph, traced: pa.Table, changes: list[Change],
-            straggler: int | None, straggler_basis: str = "") -> dict[str, Any]:
-    """Replay `g` as recorded and with `changes`. A step's gain is how much earlier its last
-    rank finishes it, less the gain of the step before (so the gains add up to the whole
-    window's, and a rank that merely starts a step earlier gains nothing); the projected step
-    is the measured one less its gain. Medians over the steps, with a 95% interval of the
-    projected median (module docstring; docs/whatif.md)."""
-    base = replay(g)
-    own, tail, notes = _scales(g, changes, straggler)
-    new = replay(g, own, tail)
+            straggler: int | None, straggler_basis: str = "", base: Replay | None = None,
+            stages: dict[int, int] | None = None,
+            fit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Replay `g` as recorded (`base`, when the caller has it) and with `changes`
+    (`whatif_changes.apply_changes`; `stages`: each rank's pipeline stage). A step's gain is
+    how much earlier its last rank finishes it, less the gain of the step before (so the
+    gains add up to the whole window's, and a rank that merely starts a step earlier gains
+    nothing); the projected step is the measured one less its gain. Medians over the steps,
+    with a 95% interval of the projected median (module docstring; docs/whatif.md)."""
+    base = base if base is not None else replay(g)
+    edit = apply_changes(g, changes, straggler, stages)
+    unchanged = edit.graph is g and bool((edit.own == 1).all()) and \
+        bool((edit.tail == g.tail).all())
+    new = base if unchanged else replay(edit.graph, edit.own, None, edit.tail)  # nothing to
+    #                                       replay again where the changes touched nothing
     meas, rep = measured_steps(traced), replayed_steps(g, base)
     e0, e1 = step_ends(g, base), step_ends(g, new)
     steps = sorted(set(meas) & set(rep) & set(e0) & set(e1))
@@ -331,13 +264,14 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
     p = m - gain
     rows = [{"step": s, "measured_ms": _ms(a), "replayed_ms": _ms(b), "gain_ms": _ms(c),
              "projected_ms": _ms(d)} for s, a, b, c, d in zip(steps, m, rp, gain, p)]
-    fit = replay_doc(g, traced, base)
+    fit = fit if fit is not None else replay_doc(g, traced, base)
     doc: dict[str, Any] = {
-        "changes": notes, "straggler": straggler, "straggler_basis": straggler_basis,
+        "changes": edit.notes, "straggler": straggler, "straggler_basis": straggler_basis,
         "steps": rows, "baseline_step_ms": None, "replayed_step_ms": None,
         "projected_step_ms": None, "interval_ms": None, "interval": None, "gain_ms": None,
         "gain_pct": None, "fit_for_projection": fit["fit_for_projection"],
-        "replay_error_pct": fit["median_error_pct"], "why": fit["why"]}
+        "replay_error_pct": fit["median_error_pct"], "why": fit["why"],
+        "dropped_dependencies": new.broken}
     if not steps:
         return doc
     iv = median_interval(p)
@@ -352,6 +286,17 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
                gain_pct=round(100 * (base_ms - float(np.median(p))) / base_ms, 1)
                if base_ms else None)
     return doc
+
+
+def stages_of(d: Diagnosis) -> dict[int, int]:
+    """Each rank's pipeline stage as the diagnosis read it (`run.pipeline`), else none."""
+    pipe = d.run.get("pipeline")
+    out: dict[int, int] = {}
+    if isinstance(pipe, dict):
+        for st in pipe.get("per_stage") or []:
+            for r in st.get("ranks") or []:
+                out[int(r)] = int(st["stage"])
+    return out
 
 
 def straggler_of(d: Diagnosis) -> tuple[int | None, str]:
@@ -376,4 +321,4 @@ def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change]) -> dict[st
     collectives, send/recv pairs and clock alignment) replayed with `changes`."""
     g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
     rank, basis = straggler_of(d)
-    return project(g, d.steps, changes, rank, basis)
+    return project(g, d.steps, changes, rank, basis, stages=stages_of(d))

@@ -63,8 +63,13 @@ from uberprof.analysis.tables.lanes import (
 __all__ = ["StepGraph", "build_graph"]
 
 # A comm ends a waiting segment when it ends this close to the segment's end, before or after:
-# the waiter may wake before the comm's own span is closed (Gloo signals, then records).
+# the waiter may wake before the comm's own span is closed (Gloo signals, then records), or
+# some time after it (a thread waiting for a core on a busy host: milliseconds). The closeness
+# allowed is WAKE_TOLERANCE_NS, or up to WAKE_SHARE of the segment's length, at most
+# WAKE_MAX_NS: a wait far longer than its comm's end explains is left as recorded.
 WAKE_TOLERANCE_NS = 100_000
+WAKE_SHARE = 0.1
+WAKE_MAX_NS = 10_000_000
 
 
 @dataclass
@@ -92,6 +97,14 @@ class StepGraph:
     lanes: dict[int, tuple[int, int]]  # rank -> its (host) lane's node ids [lo, hi)
     device_lanes: dict[int, tuple[int, int]] = field(default_factory=dict)  # device ranks'
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    # per node, what link what-ifs need (comm nodes; -1 / 0 elsewhere or unknown): the bytes S
+    # the transfer moves as nccl-tests counts them, its bus factor (busbw = S * bus / t), and
+    # whether it is a send/recv rather than a collective; per host-lane node, its time in
+    # kernel-launch calls (lanes.RankLane.launch_ns)
+    nbytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    bus: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    p2p: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def n(self) -> int:
@@ -109,7 +122,8 @@ def build_graph(lanes: dict[int, RankLane], offsets: dict[int, int], instances: 
                 pairs: pa.Table | None = None) -> StepGraph:
     """The graph of `lanes` (own clocks, moved by `offsets` onto the aligned clock) joined by
     the matched collective `instances` (rank, instance, start_ns, end_ns on each rank's own
-    clock) and the send/recv `pairs` (p2p.PAIR_SCHEMA, aligned)."""
+    clock; optional `bytes` and `bus_factor` columns give each transfer's size) and the
+    send/recv `pairs` (p2p.PAIR_SCHEMA, aligned)."""
     b = _Builder()
     for r in sorted(lanes):
         b.add_lane(lanes[r], int(offsets.get(r, 0)))
@@ -120,8 +134,8 @@ def build_graph(lanes: dict[int, RankLane], offsets: dict[int, int], instances: 
 
 def _participations(instances: pa.Table, pairs: pa.Table | None,
                     offsets: dict[int, int]) -> tuple[np.ndarray, ...]:
-    """(instance, rank, start, end) of every rank's part in a collective or a send/recv,
-    aligned; send/recv pairs are numbered after the collectives."""
+    """(instance, rank, start, end, bytes, bus factor, is send/recv) of every rank's part in a
+    collective or a send/recv, aligned; send/recv pairs are numbered after the collectives."""
     inst = instances.column("instance").to_numpy().astype(np.int64) if instances.num_rows \
         else np.zeros(0, np.int64)
     rank = instances.column("rank").to_numpy().astype(np.int64) if instances.num_rows \
@@ -129,15 +143,25 @@ def _participations(instances: pa.Table, pairs: pa.Table | None,
     off = np.array([offsets.get(int(r), 0) for r in rank.tolist()], np.int64)
     s = instances.column("start_ns").to_numpy().astype(np.int64) + off if rank.size else inst
     e = instances.column("end_ns").to_numpy().astype(np.int64) + off if rank.size else inst
-    parts = [(inst, rank, s, e)]
+    names = instances.schema.names if rank.size else []
+    nb = np.nan_to_num(instances.column("bytes").to_numpy(zero_copy_only=False)
+                       .astype(np.float64), nan=-1).astype(np.int64) if "bytes" in names \
+        else np.full(rank.size, -1, np.int64)
+    bus = np.nan_to_num(instances.column("bus_factor").to_numpy(zero_copy_only=False)
+                        .astype(np.float64), nan=0.0) if "bus_factor" in names \
+        else np.zeros(rank.size)
+    parts = [(inst, rank, s, e, nb, bus, np.zeros(rank.size, bool))]
     if pairs is not None and pairs.num_rows:
         base = int(inst.max()) + 1 if inst.size else 0
         pid = pairs.column("pair").to_numpy().astype(np.int64) + base
+        pb = np.nan_to_num(pairs.column("bytes").to_numpy(zero_copy_only=False)
+                           .astype(np.float64), nan=-1).astype(np.int64)
         for side, who in (("send", "src"), ("recv", "dst")):
             parts.append((pid, pairs.column(who).to_numpy().astype(np.int64),
                           pairs.column(f"{side}_start_ns").to_numpy().astype(np.int64),
-                          pairs.column(f"{side}_end_ns").to_numpy().astype(np.int64)))
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
+                          pairs.column(f"{side}_end_ns").to_numpy().astype(np.int64),
+                          pb, np.ones(pid.size), np.ones(pid.size, bool)))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(7))
 
 
 class _Builder:
@@ -151,6 +175,7 @@ class _Builder:
         self.device_lanes: dict[int, tuple[int, int]] = {}
         self.ops: list[tuple[np.ndarray, list[str], np.ndarray]] = []
         self.comm: dict[str, np.ndarray] = {}
+        self.launch: list[tuple[np.ndarray, np.ndarray]] = []
 
     def _nodes(self, **cols: np.ndarray) -> np.ndarray:
         k = cols["kind"].size
@@ -191,6 +216,8 @@ class _Builder:
         self._edges(ids[:-1], ids[1:], PROGRAM)
         if lane.op_seg.size:
             self.ops.append((lane.op_seg + ids[0], lane.op_name, lane.op_ns))
+        if lane.launch_ns.size == k and lane.launch_ns.any():
+            self.launch.append((ids, lane.launch_ns))
         return ids
 
     def _lane_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -201,7 +228,7 @@ class _Builder:
     def add_comms(self, parts: tuple[np.ndarray, ...]) -> None:
         """Comm nodes issued from the lane segment their start falls in, and one barrier per
         instance; an instance a participant of which lies outside its lane is left out."""
-        inst, rank, s, e = parts
+        inst, rank, s, e, nb, bus, p2p = parts
         _, lstart, ldur = self._lane_arrays()
         seg = np.full(inst.size, -1, np.int64)
         for r in self.lanes:  # a device rank's communication runs on its device lane
@@ -214,6 +241,7 @@ class _Builder:
         bad = np.unique(inst[seg < 0])
         keep = ~np.isin(inst, bad)
         inst, rank, s, e, seg = inst[keep], rank[keep], s[keep], e[keep], seg[keep]
+        nb, bus, p2p = nb[keep], bus[keep], p2p[keep]
         if inst.size == 0:
             self.comm = {"node": np.zeros(0, np.int64)}
             return
@@ -232,11 +260,12 @@ class _Builder:
         self._edges(seg, comm, LAUNCH, s - lstart[seg])
         self._edges(comm, bar[inv], ARRIVE)
         self._edges(bar[inv], comm, COMPLETE)
-        self.comm = {"node": comm, "rank": rank, "start": s, "end": e}
+        self.comm = {"node": comm, "rank": rank, "start": s, "end": e, "bytes": nb,
+                      "bus": bus, "p2p": p2p}
 
     def bind_waits(self) -> None:
         """Each waiting segment ends when the comm of its rank that ends nearest its end does
-        (within WAKE_TOLERANCE_NS): a `complete` edge, the difference its lag."""
+        (within the wake-up tolerance above): a `complete` edge, the difference its lag."""
         c = self.comm
         if not self.nodes or c.get("node") is None or c["node"].size == 0:
             return
@@ -254,8 +283,8 @@ class _Builder:
             j = np.searchsorted(ends, b1, side="left")
             lo_j, hi_j = np.clip(j - 1, 0, ends.size - 1), np.clip(j, 0, ends.size - 1)
             jc = np.where(np.abs(ends[lo_j] - b1) <= np.abs(ends[hi_j] - b1), lo_j, hi_j)
-            ok = (np.abs(ends[jc] - b1) <= WAKE_TOLERANCE_NS) & (ends[jc] > b0) & \
-                (starts[jc] < b1)
+            tol = np.maximum(WAKE_TOLERANCE_NS, np.minimum(WAKE_SHARE * (b1 - b0), WAKE_MAX_NS))
+            ok = (np.abs(ends[jc] - b1) <= tol) & (ends[jc] > b0) & (starts[jc] < b1)
             self._edges(nodes[jc[ok]], w[ok], COMPLETE)
             lag[w[ok]] = b1[ok] - ends[jc[ok]]  # negative: it woke before the span closed
         at = 0
@@ -281,8 +310,17 @@ class _Builder:
             op_name.append(np.array([names.setdefault(x, len(names)) for x in nm], np.int64))
             op_ns.append(ns)
         cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+        n = col["kind"].size
+        nbytes, bus = np.full(n, -1, np.int64), np.zeros(n)
+        p2p, launch = np.zeros(n, bool), np.zeros(n, np.int64)
+        c = self.comm
+        if c.get("node") is not None and c["node"].size:
+            nbytes[c["node"]], bus[c["node"]], p2p[c["node"]] = c["bytes"], c["bus"], c["p2p"]
+        for ids, ns in self.launch:
+            launch[ids] = ns
         return StepGraph(rank=col["rank"], kind=col["kind"].astype(np.int8), step=col["step"],
                          start=col["start"], dur=col["dur"], tail=col["tail"], lag=col["lag"],
                          src=src, dst=dst, etype=et, offset=off, op_node=cat(op_node),
                          op_name=cat(op_name), op_ns=cat(op_ns), names=list(names),
-                         lanes=self.lanes, device_lanes=self.device_lanes)
+                         lanes=self.lanes, device_lanes=self.device_lanes, nbytes=nbytes,
+                         bus=bus, p2p=p2p, launch_ns=launch)

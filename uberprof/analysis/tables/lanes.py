@@ -35,6 +35,7 @@ __all__ = [
     "HOST",
     "KINDS",
     "LAUNCH",
+    "NEED",
     "PROGRAM",
     "REACH",
     "WAIT",
@@ -46,8 +47,10 @@ __all__ = [
 
 KINDS = ("compute", "data", "host", "waiting", "comm", "barrier")
 COMPUTE, DATA, HOST, WAIT, COMM, BARRIER = range(6)
-EDGE_KINDS = ("program", "launch", "arrive", "complete", "reach")
-PROGRAM, LAUNCH, ARRIVE, COMPLETE, REACH = range(5)
+EDGE_KINDS = ("program", "launch", "arrive", "complete", "reach", "need")
+PROGRAM, LAUNCH, ARRIVE, COMPLETE, REACH, NEED = range(6)
+# `need` (an end before an end) is added only by what-if changes (diagnosis/whatif.py): a
+# collective hidden under compute must still end before its step does
 BETWEEN = -(1 << 40)  # the step of a segment between two steps' windows (a pseudo-step is -1)
 
 
@@ -67,6 +70,9 @@ class RankLane:
     links: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))  # reach
     #   edges between the two: (src lane, src segment, dst lane, dst segment, offset); lane 0
     #   is this one, 1 the device's
+    launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per
+    #   segment of a device rank's host lane: its time inside kernel-launch runtime calls
+    #   (what `whatif --remove launch` takes off the host); empty: none known
 
     @classmethod
     def empty(cls, rank: int) -> RankLane:
@@ -105,7 +111,35 @@ def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
                                       "device_end_ns"), [(COMPUTE, work), (WAIT, act.comm)])
     _add_ops(lane.device, events, act)
     _link(lane, act, syncs)
+    lane.launch_ns = _launch_time(lane, events)
     return lane
+
+
+_LAUNCH_CALL = "Launch"  # cudaLaunchKernel, cuLaunchKernelEx, hipLaunchKernel, cudaGraphLaunch
+
+
+def _launch_time(lane: RankLane, events: pa.Table) -> np.ndarray:
+    """Per host segment (host work only), its time inside launch runtime calls on the
+    step-carrying threads: the host's launch overhead."""
+    tid = events.column("tid").to_numpy()
+    threads = np.unique(tid[M.kind_mask(events, (K.STEP,))])
+    m = M.kind_mask(events, (K.RUNTIME,)) & np.isin(tid, threads)
+    rows = np.flatnonzero(m)
+    out = np.zeros(lane.start.size, np.int64)
+    if rows.size == 0 or lane.start.size == 0:
+        return out
+    names = events.column("name").combine_chunks()
+    vocab = names.dictionary.to_pylist()
+    is_launch = np.array([_LAUNCH_CALL in str(v) for v in vocab], bool)
+    codes = names.indices.to_numpy(zero_copy_only=False)[rows]
+    rows = rows[is_launch[codes]]
+    if rows.size == 0:
+        return out
+    ts = events.column("ts").to_numpy()[rows]
+    calls = iv.union(ts, ts + events.column("dur").to_numpy()[rows])
+    host = lane.kind == HOST
+    out[host] = iv.covered_in(calls, lane.start[host], lane.end[host])
+    return out
 
 
 def _windows(st: pa.Table, lo: str, hi: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -11,8 +11,9 @@ The graph is replayed as 2 events per node (its start, its end), in one topologi
   node, a barrier or a waiting segment that a comm or a `reach` ends), the latest of its
   `reach` edges (another node's start plus an offset into it, scaled with it), its `arrive`
   (a barrier: the participants' starts) and `complete` (the barrier, or the comm that ends a
-  waiting segment, plus that segment's recorded lag) edges; a comm node adds its tail
-  (its transfer after the last arrival, `tail_scale` times the recorded one).
+  waiting segment, plus that segment's recorded lag) and `need` (another node's end: only
+  what-if changes add them) edges; a comm node adds its tail (its transfer after the last
+  arrival, `tail_scale` times the recorded one, or `tail_ns` given outright).
 
 With the recorded durations this reproduces the recorded times wherever the trace is
 self-consistent; what it does not reproduce (clock error, work the trace does not show) is the
@@ -39,6 +40,7 @@ from uberprof.analysis.tables.lanes import (
     DATA,
     HOST,
     LAUNCH,
+    NEED,
     PROGRAM,
     REACH,
     WAIT,
@@ -115,15 +117,17 @@ def _structure(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[i
 def _event_edges(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     """Each edge as (from event, to event): event 2v is node v's start, 2v+1 its end."""
     et = g.etype
-    from_ev = np.where((et == PROGRAM) | (et == COMPLETE), 2 * g.src + 1, 2 * g.src)
+    from_ev = np.where((et == PROGRAM) | (et == COMPLETE) | (et == NEED), 2 * g.src + 1,
+                       2 * g.src)
     to_ev = np.where((et == PROGRAM) | (et == LAUNCH), 2 * g.dst, 2 * g.dst + 1)  # others: ends
     return from_ev.astype(np.int64), to_ev.astype(np.int64)
 
 
 def replay(g: StepGraph, scale: np.ndarray | None = None,
-           tail_scale: np.ndarray | None = None) -> Replay:
+           tail_scale: np.ndarray | None = None, tail_ns: np.ndarray | None = None) -> Replay:
     """Replay `g` (module docstring); `scale` multiplies each node's own work, `tail_scale`
-    each comm node's tail (both 1 by default)."""
+    each comm node's tail (both 1 by default); `tail_ns`, where given, is each node's tail
+    before `tail_scale` instead of the recorded one."""
     n = g.n
     order_e, ptr, from_ev, order, broken = _structure(g)
     sc = np.ones(n) if scale is None else np.asarray(scale, np.float64)
@@ -132,7 +136,7 @@ def replay(g: StepGraph, scale: np.ndarray | None = None,
     waits[g.dst[(g.etype == COMPLETE) | (g.etype == REACH)]] = True
     own = np.where((g.kind == COMM) | (g.kind == BARRIER) | ((g.kind == WAIT) & waits), 0,
                    np.rint(g.dur * sc)).astype(np.int64)
-    tail = np.rint(g.tail * ts).astype(np.int64)
+    tail = np.rint((g.tail if tail_ns is None else tail_ns) * ts).astype(np.int64)
     weight = np.where((g.etype == LAUNCH) | (g.etype == REACH), np.rint(g.offset * sc[g.src]),
                       np.where(g.etype == COMPLETE, g.lag[g.dst], 0)).astype(np.int64)
     heads = np.zeros(n, bool)
@@ -224,7 +228,7 @@ def critical_path(g: StepGraph, r: Replay, last: int, t0: int) -> Path:
             kind = _OWN_KIND[int(g.kind[v])]
         else:
             u, et = int(g.src[arg]), int(g.etype[arg])
-            prev = 2 * u + 1 if et in (PROGRAM, COMPLETE) else 2 * u
+            prev = 2 * u + 1 if et in (PROGRAM, COMPLETE, NEED) else 2 * u
             kind = _OWN_KIND[int(g.kind[u])] if et in (LAUNCH, REACH) else \
                 4 if et == COMPLETE else -1
             if et == ARRIVE:

@@ -60,8 +60,9 @@ def render_whatif(doc: dict[str, Any], console: Console) -> None:
     lo, hi = doc["interval_ms"]
     _say(console, f"step time: measured {_ms(doc['baseline_step_ms'])} ms (replayed "
                   f"{_ms(doc['replayed_step_ms'])} ms), projected {_ms(doc['projected_step_ms'])}"
-                  f" ms ({_ms(lo)}-{_ms(hi)}, {doc['interval']}): {_ms(doc['gain_ms'])} ms "
-                  f"({doc['gain_pct']}%) shorter")
+                  f" ms ({_ms(lo)}-{_ms(hi)}, {doc['interval']}): {_ms(abs(doc['gain_ms']))} ms "
+                  f"({abs(doc['gain_pct'] or 0)}%) "
+                  + ("longer" if (doc['gain_ms'] or 0) < 0 else "shorter"))
     if doc.get("fit_for_projection"):
         _say(console, f"replay error {doc['replay_error_pct']}% (median per step): the graph "
                       "reproduces the measured steps")
@@ -73,8 +74,22 @@ def render_whatif(doc: dict[str, Any], console: Console) -> None:
 
 
 def _touched(c: dict[str, Any]) -> str:
+    if "transfers" in c and "latency_us" in c:  # --link-gbps
+        return (f" ({c['transfers']} transfers: {_ms(c.get('transfer_ms'))} -> "
+                f"{_ms(c.get('projected_transfer_ms'))} ms; latency {c['latency_us']} us, "
+                f"{c.get('latency_basis')}" + (f"; {c['note']}" if c.get("note") else "") + ")")
     if c.get("note"):
         return f" ({c['note']})"
+    if "unblocked_waits" in c:  # --remove exposed-comm
+        return (f" ({c['unblocked_waits']} waits on {c['collectives']} collectives unblocked, "
+                f"{_ms(c.get('transfer_ms'))} ms of their transfers)")
+    if "device_idle_ms" in c:  # --remove launch
+        return (f" ({_ms(c['device_idle_ms'])} ms of device idle waiting for launches, "
+                f"{_ms(c.get('launch_calls_ms'))} ms in launch calls)")
+    if "stages" in c:  # --balance-stages
+        return " (" + ", ".join(f"stage {s['stage']} {_ms(s['compute_ms'])} -> "
+                                f"{_ms(s['balanced_ms'])} ms" for s in c["stages"]) + \
+            " of compute over the steps)"
     if "rank" in c:
         return f" (rank {c['rank']}: {_ms(c.get('removed_ms'))} ms of work removed)"
     if "matched" in c:

@@ -16,6 +16,7 @@ from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
 from uberprof.analysis.diagnosis.causes import exposed_comm_remedy
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.gaps import around_evidence
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
 from uberprof.units import ns_to_ms as _ms
@@ -33,7 +34,8 @@ def exposed_comm_findings(facts: Facts) -> list[Finding]:
                                   facts.first("straggler"), facts.of_kind("bandwidth"),
                                   exposed_comm_remedy(facts.parallelism.kinds),
                                   facts.p2p.per_rank_step() if facts.p2p else None,
-                                  facts.first("pipeline_imbalance"), left_out)
+                                  facts.first("pipeline_imbalance"), left_out,
+                                  facts.exposed_around)
 
 
 def failed_in(found: list[Finding]) -> int | None:
@@ -70,12 +72,25 @@ def complete_steps(traced: pa.Table, failed_step: int | None
     return traced.filter(keep), left
 
 
+def _around(around: pa.Table | None, counted: set[tuple[int, int]]) -> dict[str, Any] | None:
+    """The compute right before and right after the exposed communication counted (per step,
+    the least exposed rank's), by exposed time (`gaps.around_evidence`)."""
+    if around is None or not around.num_rows:
+        return None
+    rows = [x for x in zip(*(around.column(c).to_pylist()
+                             for c in ("rank", "step", "before", "after", "dur_ns", "n")))
+            if (x[0], x[1]) in counted]
+    return around_evidence([x[2] for x in rows], [x[3] for x in rows], [x[4] for x in rows],
+                           [x[5] for x in rows])
+
+
 def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
                            classes: list[BandwidthClass], straggler_finding: Finding | None,
                            bandwidth: list[Finding], remedy: str | None = None,
                            p2p_split: dict[tuple[int, int], tuple[int, int]] | None = None,
                            pipeline_finding: Finding | None = None,
-                           left_out: dict[int, str] | None = None) -> list[Finding]:
+                           left_out: dict[int, str] | None = None,
+                           around: pa.Table | None = None) -> list[Finding]:
     """Communication not hidden under compute that every rank pays (per step, the least
     exposed rank's), so that waiting for a straggler is not counted twice. Split into waiting
     for peers and transfer in the proportion of that rank's collective time before and after
@@ -83,7 +98,9 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
     the wait is a straggler's or an unbalanced pipeline's when there is one, the transfer a
     latency- or bandwidth-bound class's when there is one (`caused_by`). `remedy`: the one that
     fits the run's parallelism (`causes.exposed_comm_remedy`). `left_out`: steps left out as
-    incomplete (`complete_steps`), said in the evidence and its test."""
+    incomplete (`complete_steps`), said in the evidence and its test. `around`: each rank's
+    exposed communication by the compute right before and after it (gaps.AROUND_SCHEMA); the
+    evidence names those of the rank-steps counted."""
     if traced.num_rows == 0 or not wall_ns:
         return []
     per_step: dict[int, list[tuple[int, int, int]]] = {}
@@ -101,8 +118,10 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
     stake = wait = 0.0
     comm_total = 0
     steps = []
+    counted: set[tuple[int, int]] = set()
     for s, rows in per_step.items():
         r_least, least, _ = min(rows, key=lambda x: x[1])
+        counted.add((r_least, s))
         stake += least
         w, t = split.get((r_least, s), (0.0, 0.0))
         wait += least * w / (w + t) if w + t > 0 else 0.0
@@ -137,7 +156,8 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
           "comm_ms_least_rank": _ms(comm_total),
           "exposed_of_comm_pct": round(100 * stake / comm_total, 1) if comm_total else None,
           "share_pct": round(100 * share, 1),
-          "limited_collectives": bound[:3]}
+          "limited_collectives": bound[:3],
+          "around": _around(around, counted)}
     note = ""
     if left_out:
         ev["steps_left_out"] = {str(k): v for k, v in sorted(left_out.items())}

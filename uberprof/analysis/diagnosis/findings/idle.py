@@ -16,7 +16,7 @@ import pyarrow as pa
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, remedy_for
 from uberprof.analysis.diagnosis.evidence import count_test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
-from uberprof.analysis.diagnosis.gaps import CAUSES
+from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
 from uberprof.units import ns_to_ms as _ms
@@ -67,12 +67,15 @@ class _GapTotals:
     counts: dict[str, int]  # cause -> gaps
     n_of: dict[tuple[str, int], int]  # (cause, rank) -> gaps
     largest: dict[str, dict[str, Any]]  # cause -> its largest gap (rank, step, ...)
+    # cause -> (rank, activity before, activity after, idle ns, gaps) of its gaps
+    around: dict[str, list[tuple[int, str | None, str | None, int, int]]]
 
 
 def _gap_totals(gaps: pa.Table) -> _GapTotals:
     """The gaps of the run summed by cause and rank (one query), and each cause's largest."""
     t = _GapTotals(by={c: {} for c in CAUSES}, steps_of={c: {} for c in CAUSES},
-                   counts={c: 0 for c in CAUSES}, n_of={}, largest={})
+                   counts={c: 0 for c in CAUSES}, n_of={}, largest={},
+                   around={c: [] for c in CAUSES})
     for c, r, total, n, steps in sql_rows(
             "SELECT cause, rank, sum(dur_ns), count(*), list(DISTINCT step) FROM g "
             "GROUP BY cause, rank", g=gaps):
@@ -85,7 +88,19 @@ def _gap_totals(gaps: pa.Table) -> _GapTotals:
                     "arg_max(before, dur_ns), arg_max(after, dur_ns) FROM g GROUP BY cause",
                     g=gaps):
         t.largest[row[0]] = dict(zip(fields, row))
+    for c, r, before, after, total, n in sql_rows(
+            "SELECT cause, rank, before, after, sum(dur_ns), count(*) FROM g GROUP BY ALL",
+            g=gaps):
+        t.around[c].append((r, before, after, int(total), int(n)))
     return t
+
+
+def _around(t: _GapTotals, cause: str, ranks: list[int]) -> dict[str, Any] | None:
+    """The activity right before and right after the gaps of `cause` on `ranks`, by idle time
+    (`gaps.around_evidence`: operators on CPU ranks, kernels on accelerator ranks)."""
+    rows = [x for x in t.around[cause] if x[0] in ranks]
+    return around_evidence([x[1] for x in rows], [x[2] for x in rows], [x[3] for x in rows],
+                           [x[4] for x in rows])
 
 
 def _cause_finding(cause: str, t: _GapTotals, rank_time: dict[int, int], wall_ns: int,
@@ -119,6 +134,7 @@ def _cause_finding(cause: str, t: _GapTotals, rank_time: dict[int, int], wall_ns
                         "before": g["before"], "after": g["after"]},
         "share_pct": round(100 * share, 1),
         "observed_share_pct": round(100 * stake / wall_ns, 1),
+        "around": _around(t, cause, ranks),
     }
     c = GAP_CAUSES[cause]
     title = (f"Device idle {_ms(stake)} ms on {ranks_text([worst])} ({c.phrase}); "

@@ -1,0 +1,94 @@
+"""The what-if validation benchmark's arithmetic and printing (benchmarks/whatif.py) on made-up
+pair results: the signed error, which option a checkout offers, the median and maximum against
+the targets, and the lines it prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests._jobs import ROOT, load_script
+
+W = load_script(ROOT / "benchmarks" / "whatif.py", "_whatif_bench")
+
+
+def _result(pair: str, projected: float | None, measured: float | None,
+            replay: tuple[float, float] = (0.0, 0.0), skipped: str | None = None) -> object:
+    r = W.PairResult(pair, 0, ["--remove", pair], skipped=skipped)
+    if skipped is None:
+        r.projected_ms, r.projected_interval_ms, r.baseline_ms = projected, [90.0, 110.0], 150.0
+        r.problem = W.RunFigures(150.0, [140.0, 160.0], replay[0], 8)
+        r.measured = W.RunFigures(measured, [95.0, 105.0], replay[1], 8)
+    return r
+
+
+def test_projection_error_is_signed_percent_of_measured() -> None:
+    assert W.projection_error_pct(110.0, 100.0) == pytest.approx(10.0)
+    assert W.projection_error_pct(90.0, 100.0) == pytest.approx(-10.0)
+    assert W.projection_error_pct(None, 100.0) is None
+    assert W.projection_error_pct(100.0, 0.0) is None
+
+
+def test_pick_option_takes_the_first_option_the_help_lists() -> None:
+    opts = (("--link-gbps", "4"), ("--link-scale", "4"))
+    assert W.pick_option(opts, "  --link-gbps X  ...\n  --link-scale F") == ["--link-gbps", "4"]
+    assert W.pick_option(opts, "  --link-scale F  transfer time / F") == ["--link-scale", "4"]
+    assert W.pick_option((("--balance-stages",),), "  --link-scale F") is None
+
+
+def test_summary_takes_median_and_max_of_absolute_errors_against_targets() -> None:
+    rs = [_result("straggler", 104.0, 100.0), _result("data", 88.0, 100.0),
+          _result("link", 101.0, 100.0, replay=(1.0, 6.0)),
+          _result("pipeline", None, None, skipped="option not available")]
+    s = W.summarise(rs)
+    assert s["projection"]["median_pct"] == pytest.approx(4.0)
+    assert s["projection"]["max_pct"] == pytest.approx(12.0)
+    assert s["projection"]["pairs"] == 3
+    assert not s["projection"]["met"] and s["missed_pairs"] == ["data"]
+    assert s["replay"]["max_pct"] == pytest.approx(6.0) and not s["replay"]["met"]
+    assert s["skipped"] == ["pipeline: option not available"]
+
+
+def test_summary_meets_targets_only_with_figures_within_them() -> None:
+    ok = W.summarise([_result("straggler", 105.0, 100.0, replay=(0.5, 4.9))])
+    assert ok["projection"]["met"] and ok["replay"]["met"]
+    none = W.summarise([_result("pipeline", None, None, skipped="option not available")])
+    assert not none["projection"]["met"] and not none["replay"]["met"]
+
+
+def test_lines_show_each_pair_figures_or_why_it_was_skipped() -> None:
+    rs = [_result("straggler", 104.0, 100.0, replay=(0.3, 1.2)),
+          _result("pipeline", None, None, skipped="option not available")]
+    lines = W.result_lines(rs)
+    row = next(x for x in lines if x.startswith("straggler"))
+    for text in ("104.0", "100.0", "+4.0", "90.0-110.0", "95.0-105.0", "0.3 / 1.2"):
+        assert text in row
+    assert any(x.startswith("pipeline") and "skipped: option not available" in x
+               for x in lines)
+    summary = "\n".join(W.summary_lines(W.summarise(rs)))
+    assert "median 4.0%, max 4.0%" in summary and "skipped pipeline" in summary
+
+
+def test_contention_is_the_median_step_of_the_ranks_mean_core_wait_and_cpu(tmp_path: Path) -> None:
+    rows = {0: [(1, 10e6, 20e6), (2, 30e6, 20e6), (3, 50e6, 40e6), (9, 999e6, 999e6)],
+            1: [(1, 30e6, 40e6), (2, 50e6, 40e6), (3, 70e6, 60e6)]}
+    for rank, steps in rows.items():
+        d = tmp_path / "ranks" / str(rank)
+        d.mkdir(parents=True)
+        lines = [json.dumps({"kind": "step", "step": s, "run_wait_ns": w, "cpu_ns": c})
+                 for s, w, c in steps]
+        (d / "steps.jsonl").write_text("\n".join([*lines, "{torn"]) + "\n")
+    # per step, the ranks' means: wait 20/40/60 ms, cpu 30/30/50 ms; step 9 is not traced
+    assert W.contention(tmp_path, [1, 2, 3]) == (40.0, 30.0)
+    assert W.contention(tmp_path, [7]) == (None, None)
+    row = W.result_lines([_with_contention()])[1]
+    assert "40/30; 12/8" in row
+
+
+def _with_contention() -> object:
+    r = _result("straggler", 104.0, 100.0)
+    r.problem.core_wait_ms, r.problem.cpu_ms = 40.0, 30.0
+    r.measured.core_wait_ms, r.measured.cpu_ms = 12.0, 8.0
+    return r

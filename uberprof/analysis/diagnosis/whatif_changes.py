@@ -1,0 +1,409 @@
+"""The changes `uberprof whatif` replays (docs/whatif.md), each as an edit of the step graph
+(`tables/graph.py`): a factor on some nodes' own work, a new transfer time for some comm
+nodes, and, for the changes that lift a dependency, a copy of the graph with those edges
+dropped, moved or added. `apply_changes` composes any set of them in one fixed order (data,
+operators, launches, syncs, link bandwidth, link scale, hidden communication, pipeline
+balance, then the straggler against the others' median of what is left), so a change never
+depends on the order the options were given in.
+
+Each change also says what it touched (`changes[]` of the projection): the milliseconds it
+removed, the transfers it re-timed, and a `note` where it could not act (no such work, no byte
+counts, no pipeline stages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from uberprof.analysis.tables.graph import StepGraph
+from uberprof.analysis.tables.lanes import (
+    ARRIVE,
+    BETWEEN,
+    COMM,
+    COMPLETE,
+    COMPUTE,
+    DATA,
+    HOST,
+    LAUNCH,
+    NEED,
+    REACH,
+    WAIT,
+)
+
+__all__ = ["REMOVABLE", "Change", "Edit", "apply_changes", "parse_changes"]
+
+REMOVABLE = ("straggler", "data", "launch", "sync", "exposed-comm")
+_ORDER = ("data", "op", "launch", "sync", "gbps", "link", "exposed-comm", "balance",
+          "straggler")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change to replay. `kind`: `straggler` (its extra work at the others' median; `rank`
+    names it, else the run's), `data` (data waits removed), `launch` (launch overhead and
+    launch-bound device idle removed), `sync` (host synchronisation waits removed),
+    `exposed-comm` (collectives' transfers no longer block their waiter), `link` (transfer
+    time / `factor`), `gbps` (transfers at `factor` Gbit/s plus the measured latency),
+    `balance` (pipeline stages' compute at their mean), `op` (operator `name` `factor`
+    times faster). `sizes` limits a link change to transfers of those byte counts and
+    `groups` hidden communication to collectives within those ranks (a finding's scope)."""
+
+    kind: str
+    factor: float = 1.0
+    name: str = ""
+    rank: int | None = None
+    sizes: tuple[int, ...] = ()
+    groups: tuple[tuple[int, ...], ...] = ()
+
+    def describe(self) -> str:
+        scope = f" (transfers of {', '.join(map(str, self.sizes))} bytes)" if self.sizes else ""
+        return {"straggler": "the straggler's extra work removed (its compute, host and "
+                             "data-loader time per step at the others' median)",
+                "data": "data-loader waits removed",
+                "launch": "launch overhead removed (the host's kernel-launch calls, and the "
+                          "device's idle waiting for launches)",
+                "sync": "host synchronisation waits removed",
+                "exposed-comm": "communication hidden under compute (collectives' transfers "
+                                "no longer block the work after them" +
+                                (", within the groups given" if self.groups else "") +
+                                "; waiting for late peers, receives and each collective's "
+                                "end before its step's end kept)",
+                "link": f"collective and send/recv transfer time / {self.factor:g}{scope} "
+                        "(waiting for peers unchanged)",
+                "gbps": f"transfers at {self.factor:g} Gbit/s: bytes on the link / "
+                        f"{self.factor:g} Gbit/s plus the measured latency (waiting for "
+                        "peers unchanged)",
+                "balance": "pipeline stages' compute at their mean per step",
+                "op": f"operator {self.name} {self.factor:g}x faster"}[self.kind]
+
+
+def parse_changes(remove: list[str], link_scale: float | None, ops: list[str],
+                  link_gbps: float | None = None, balance_stages: bool = False
+                  ) -> list[Change]:
+    """The changes of `uberprof whatif`'s options; ValueError with a sentence on a bad one."""
+    out: list[Change] = []
+    for what in remove:
+        if what not in REMOVABLE:
+            raise ValueError(f"--remove {what}: say one of {', '.join(REMOVABLE)}")
+        out.append(Change(what))
+    if link_scale is not None:
+        if not link_scale > 0:
+            raise ValueError(f"--link-scale {link_scale}: a factor above 0 (2: twice as fast)")
+        out.append(Change("link", float(link_scale)))
+    if link_gbps is not None:
+        if not link_gbps > 0:
+            raise ValueError(f"--link-gbps {link_gbps}: a bandwidth above 0 in Gbit/s")
+        out.append(Change("gbps", float(link_gbps)))
+    if balance_stages:
+        out.append(Change("balance"))
+    for spec in ops:
+        name, sep, f = spec.rpartition("=")
+        try:
+            factor = float(f)
+        except ValueError:
+            factor = -1.0
+        if not sep or not name or not factor > 0:
+            raise ValueError(f"--op {spec}: say NAME=F, e.g. aten::mm=2 (twice as fast)")
+        out.append(Change("op", factor, name))
+    return out
+
+
+def _ms(ns: float) -> float:
+    return round(float(ns) / 1e6, 3)
+
+
+@dataclass
+class Edit:
+    """What the changes do to the graph: each node's factor on its own work, its tail (ns),
+    the graph to replay (the same one, or a copy with edges dropped, moved or added) and what
+    each change touched."""
+
+    own: np.ndarray
+    tail: np.ndarray
+    graph: StepGraph
+    notes: list[dict[str, Any]]
+    drop: np.ndarray  # edges dropped
+    src: np.ndarray  # each edge's source (moved by hidden communication)
+    extra: list[tuple[np.ndarray, np.ndarray, int]]  # edges added (src, dst, kind)
+
+
+def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
+                  stages: dict[int, int] | None = None) -> Edit:
+    """The graph edit of `changes` (module docstring); `straggler` is the run's straggler
+    (what a straggler change without a rank acts on), `stages` each rank's pipeline stage."""
+    e = Edit(np.ones(g.n), g.tail.astype(np.float64), g, [], np.zeros(g.src.size, bool),
+             g.src.copy(), [])
+    for c in sorted(changes, key=lambda c: _ORDER.index(c.kind)):
+        if c.kind == "data":
+            m = g.kind == DATA
+            e.own[m] = 0.0
+            e.notes.append(_note(c, removed_ms=_ms(g.dur[m].sum()),
+                                 none="no data-loader wait in the traced steps"))
+        elif c.kind == "op":
+            e.notes.append(_scale_op(g, e.own, c))
+        elif c.kind == "launch":
+            e.notes.append(_remove_launch(g, e, c))
+        elif c.kind == "sync":
+            e.notes.append(_remove_sync(g, e, c))
+        elif c.kind == "gbps":
+            e.notes.append(_link_gbps(g, e, c))
+        elif c.kind == "link":
+            m = (g.kind == COMM) & (np.isin(g.nbytes, c.sizes) if c.sizes else True)
+            e.tail[m] /= c.factor
+            e.notes.append({"change": c.describe(), "transfer_ms": _ms(g.tail[m].sum())})
+        elif c.kind == "exposed-comm":
+            e.notes.append(_hide_comm(g, e, c))
+        elif c.kind == "balance":
+            e.notes.append(_balance(g, e, c, stages or {}))
+        else:
+            e.notes.append(_scale_straggler(g, e.own, c.rank if c.rank is not None
+                                            else straggler, c))
+    if e.drop.any() or e.extra or (e.src != g.src).any():
+        keep = ~e.drop
+        src = [e.src[keep]] + [x[0] for x in e.extra]
+        dst = [g.dst[keep]] + [x[1] for x in e.extra]
+        et = [g.etype[keep]] + [np.full(x[0].size, x[2], np.int8) for x in e.extra]
+        off = [g.offset[keep]] + [np.zeros(x[0].size, np.int64) for x in e.extra]
+        e.graph = dataclasses.replace(g, src=np.concatenate(src).astype(np.int64),
+                                      dst=np.concatenate(dst).astype(np.int64),
+                                      etype=np.concatenate(et).astype(np.int8),
+                                      offset=np.concatenate(off).astype(np.int64), cache={})
+    return e
+
+
+def _note(c: Change, none: str, **touched: Any) -> dict[str, Any]:
+    """A change's entry in `changes[]`, with a note when it touched nothing."""
+    doc = {"change": c.describe(), **touched}
+    if not any(v for v in touched.values()):
+        doc["note"] = none
+    return doc
+
+
+def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
+    names = [i for i, n in enumerate(g.names) if n == c.name] or \
+        [i for i, n in enumerate(g.names) if c.name in n]
+    m = np.isin(g.op_name, names)
+    cut = np.zeros(g.n)
+    np.add.at(cut, g.op_node[m], g.op_ns[m] * (1 - 1 / c.factor))
+    has = cut > 0
+    dur = g.dur[has].astype(np.float64)
+    own[has] *= np.clip((dur - cut[has]) / np.where(dur > 0, dur, 1), 0, 1)
+    return {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
+            "operator_ms": _ms(g.op_ns[m].sum())}
+
+
+def _lane_mask(g: StepGraph, device: bool) -> np.ndarray:
+    """The nodes of the device lanes (`device`), or of the host lanes of device ranks."""
+    m = np.zeros(g.n, bool)
+    for r, (lo, hi) in (g.device_lanes.items() if device else
+                        ((r, g.lanes[r]) for r in g.device_lanes)):
+        m[lo:hi] = True
+    return m
+
+
+def _remove_launch(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
+    """Device idle waiting for the host to launch its next work (a waiting segment of a
+    device lane that a `reach` edge from the host ends) takes no time and no longer waits for
+    the launch; the host's own work loses its time inside kernel-launch calls."""
+    dev = _lane_mask(g, device=True)
+    reach = (g.etype == REACH) & dev[g.dst] & ~dev[g.src]
+    waits = np.unique(g.dst[reach])
+    idle_ns = int(g.dur[waits].sum())
+    e.drop |= reach
+    e.own[waits] = 0.0
+    host = (g.kind == HOST) & (g.launch_ns > 0)
+    dur = g.dur[host].astype(np.float64)
+    e.own[host] *= np.clip((dur - g.launch_ns[host]) / np.where(dur > 0, dur, 1), 0, 1)
+    return _note(c, device_idle_ms=_ms(idle_ns), launch_calls_ms=_ms(g.launch_ns[host].sum()),
+                 none="nothing launch-bound: no device lane waits for a launch (CPU ranks "
+                      "have none) and no launch call is on the host's path")
+
+
+def _remove_sync(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
+    """The host's waits for the device (a synchronize, a blocking copy: the waiting segments
+    of a device rank's host lane) take no time and wait for nothing."""
+    m = _lane_mask(g, device=False) & (g.kind == WAIT)
+    e.own[m] = 0.0
+    e.drop |= m[g.dst] & ((g.etype == REACH) | (g.etype == COMPLETE))
+    return _note(c, removed_ms=_ms(g.dur[m].sum()),
+                 none="no host synchronisation wait: no device rank's host waited for its "
+                      "device (CPU ranks have none)")
+
+
+def _barrier_of(g: StepGraph) -> np.ndarray:
+    """Each comm node's barrier (-1 elsewhere)."""
+    out = np.full(g.n, -1, np.int64)
+    a = g.etype == ARRIVE
+    out[g.src[a]] = g.dst[a]
+    return out
+
+
+def _instances(g: StepGraph, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The barriers of comm `nodes`, and each node's instance index into them."""
+    return np.unique(_barrier_of(g)[nodes], return_inverse=True)
+
+
+GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+
+
+def _link_gbps(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
+    """Each transfer whose bytes are known takes latency + S * bus / bandwidth after its last
+    participant arrived (each participant keeps its own wake-up after the first exit);
+    transfers without a byte count keep their time, and the note says how many."""
+    comm = np.flatnonzero((g.kind == COMM) & (_barrier_of(g) >= 0))
+    if comm.size == 0:
+        return _note(c, transfers=0, none="no collective or send/recv in the graph")
+    bars, inv = _instances(g, comm)
+    first = np.full(bars.size, np.iinfo(np.int64).max)
+    np.minimum.at(first, inv, e.tail[comm].astype(np.int64))  # the first exit's transfer
+    size = np.full(bars.size, -1.0)
+    np.maximum.at(size, inv, (g.nbytes[comm] * g.bus[comm]).astype(np.float64))
+    known = size > 0
+    alpha, basis = _latency(size[known], first[known].astype(np.float64))
+    new = alpha + size / (c.factor * GBIT) * 1e9
+    at = comm[known[inv]]
+    k = inv[known[inv]]
+    e.tail[at] = np.maximum(e.tail[at] - first[k], 0) + new[k]
+    doc: dict[str, Any] = {
+        "change": c.describe(), "transfers": int(known.sum()),
+        "transfer_ms": _ms(first[known].sum()), "projected_transfer_ms": _ms(new[known].sum()),
+        "latency_us": round(alpha / 1e3, 1), "latency_basis": basis}
+    if not known.all():
+        doc["note"] = (f"{int((~known).sum())} of {bars.size} transfers have no byte count "
+                       "in the traces (kept as recorded)")
+    return doc
+
+
+def _latency(size: np.ndarray, t: np.ndarray) -> tuple[float, str]:
+    """The run's measured latency (ns): the intercept of the transfer time against the bytes
+    on the link, fitted to each message size's median transfer; with one size (or sizes less
+    than 2x apart, where noise decides the intercept) it cannot be told from the bandwidth and
+    is taken as 0, which makes a faster link's gain an upper bound."""
+    if size.size == 0:
+        return 0.0, "no transfer with a byte count"
+    sizes = np.unique(size)
+    med = np.array([np.median(t[size == s]) for s in sizes])
+    if sizes.size < 2 or sizes[-1] < 2 * sizes[0]:
+        what = "one message size" if sizes.size < 2 else \
+            "message sizes less than 2x apart"
+        return 0.0, (f"{what}: the latency cannot be told from the bandwidth and is taken as 0 "
+                     "(the projected gain of a faster link is an upper bound)")
+    slope, icpt = np.polyfit(sizes, med, 1)
+    if slope <= 0:
+        return float(med.min()), (f"the transfer time does not grow with size over "
+                                  f"{sizes.size} message sizes: the smallest one's median "
+                                  "transfer taken as the latency")
+    return float(np.clip(icpt, 0, med.min())), (
+        f"intercept of the median transfer time against the bytes on the link, over "
+        f"{sizes.size} message sizes")
+
+
+def _hide_comm(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
+    """A collective's transfer no longer ends the waiting segment it ended: that segment ends
+    when the collective's last participant arrives (plus its wake-up lag), so waiting for a
+    late peer stays; the collective itself must still end before the end of the step it was
+    issued in (a `need` edge to that step's last segment of its lane). Send/recv are kept:
+    the work after a receive uses what it received."""
+    bar = _barrier_of(g)
+    coll = (g.kind == COMM) & ~g.p2p & (bar >= 0)
+    if c.groups and coll.any():
+        ids = np.flatnonzero(coll)
+        bars, inv = np.unique(bar[ids], return_inverse=True)
+        members: dict[int, set[int]] = {}
+        for b, r in zip(bars[inv].tolist(), g.rank[ids].tolist()):
+            members.setdefault(b, set()).add(r)
+        groups = [set(x) for x in c.groups]
+        inside = {b for b, rs in members.items() if any(rs <= x for x in groups)}
+        coll[ids[~np.isin(bar[ids], list(inside))]] = False
+    moved = (g.etype == COMPLETE) & coll[g.src] & (g.kind[g.dst] == WAIT)
+    e.src[moved] = bar[g.src[moved]]
+    hidden = np.unique(g.src[moved])
+    first: dict[int, int] = {}  # per hidden instance, its transfer (the first exit's)
+    for b, t in zip(bar[hidden].tolist(), g.tail[hidden].tolist()):
+        first[b] = min(first.get(b, t), t)
+    # the step's last segment of the lane each collective was issued from
+    seg_of = np.full(g.n, -1, np.int64)
+    la = g.etype == LAUNCH
+    seg_of[g.dst[la]] = g.src[la]
+    last = _last_of_step(g)
+    v = np.flatnonzero(coll & (seg_of >= 0))
+    v = v[g.step[seg_of[v]] != BETWEEN]
+    if v.size:
+        e.extra.append((v, last[seg_of[v]], NEED))
+    return _note(c, collectives=int(coll.sum()), unblocked_waits=int(moved.sum()),
+                 transfer_ms=_ms(sum(first.values())),
+                 none="no collective ends a waiting segment: nothing to hide")
+
+
+def _last_of_step(g: StepGraph) -> np.ndarray:
+    """For each lane node, the last node of its lane in the same step (itself elsewhere)."""
+    out = np.arange(g.n, dtype=np.int64)
+    for lo, hi in (*g.lanes.values(), *g.device_lanes.values()):
+        st = g.step[lo:hi]
+        ends = np.r_[np.flatnonzero(st[1:] != st[:-1]), st.size - 1]  # each run's last
+        run = np.searchsorted(ends, np.arange(st.size), side="left")
+        out[lo:hi] = ends[run] + lo
+    return out
+
+
+def _balance(g: StepGraph, e: Edit, c: Change, stages: dict[int, int]) -> dict[str, Any]:
+    """In each step, each stage's compute (its ranks' mean) scaled to the mean over the
+    stages: the slow stages lose what the fast ones gain, the total stays."""
+    stage_of = {r: s for r, s in stages.items() if r in g.lanes}
+    if len(set(stage_of.values())) < 2:
+        return {"change": c.describe(), "stages": [],
+                "note": "no pipeline stages: the run has no send/recv between stages (or one "
+                        "stage only)"}
+    work = g.dur * e.own
+    comp = (g.kind == COMPUTE) & (g.step != BETWEEN)
+    before: dict[int, float] = {}
+    moved = 0.0
+    for s in np.unique(g.step[comp]).tolist():
+        in_s = comp & (g.step == s)
+        per = {r: float(work[in_s & (g.rank == r)].sum()) for r in stage_of}
+        mean_of: dict[int, float] = {}
+        for k in set(stage_of.values()):
+            vals = [per[r] for r, x in stage_of.items() if x == k]
+            mean_of[k] = sum(vals) / len(vals)
+        target = sum(mean_of.values()) / len(mean_of)
+        for r, k in stage_of.items():
+            if mean_of[k] > 0:
+                e.own[in_s & (g.rank == r)] *= target / mean_of[k]
+        for k, v in mean_of.items():
+            before[k] = before.get(k, 0.0) + v
+        moved += sum(max(v - target, 0.0) for v in mean_of.values())
+    n = len(np.unique(g.step[comp]))
+    return {"change": c.describe(), "moved_ms": _ms(moved),
+            "stages": [{"stage": k, "ranks": sorted(r for r, x in stage_of.items() if x == k),
+                        "compute_ms": _ms(v), "balanced_ms": _ms(sum(before.values()) /
+                                                                 len(before))}
+                       for k, v in sorted(before.items())], "steps": n}
+
+
+def _scale_straggler(g: StepGraph, own: np.ndarray, rank: int | None,
+                     c: Change) -> dict[str, Any]:
+    """The straggler's work in each step scaled down to the others' median there: its compute,
+    its host time and its data-loader waits (what it does or waits for on its own, not what
+    it waits for on its peers), each kind on its own (a device rank's kernels and its host's
+    work are two lanes)."""
+    if rank is None or rank not in g.lanes or len(g.lanes) < 2:
+        return {"change": c.describe(), "rank": rank, "removed_ms": 0.0,
+                "note": "no straggler to remove" if rank is None else
+                f"rank {rank} is not in the graph with another rank"}
+    removed = 0.0
+    work = g.dur * own
+    for kind in (COMPUTE, HOST, DATA):
+        of_kind = g.kind == kind
+        for s in np.unique(g.step[of_kind & (g.rank == rank) & (g.step != BETWEEN)]).tolist():
+            in_s = of_kind & (g.step == s)
+            per = {r: float(work[in_s & (g.rank == r)].sum()) for r in g.lanes}
+            mine = per.pop(rank)
+            target = float(np.median(list(per.values())))
+            if mine > target:
+                own[in_s & (g.rank == rank)] *= target / mine
+                removed += mine - target
+    return {"change": c.describe(), "rank": rank, "removed_ms": _ms(removed)}
