@@ -190,6 +190,12 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
             + (f" after step {last}: its {len(steps)} finished steps are kept" if steps
                else " before finishing any step")
         )
+        lost = _step_ranges([meta.trace.get("exporting")])
+        if lost and not any(list(w["steps"]) == lost[0] for w in windows):
+            a, b = lost[0]
+            problems.append(f"rank {rank}: the trace of steps {a}-{b} was being written when "
+                            "it last recorded: lost if the rank was killed or crashed (a normal "
+                            "exit waits for it), still to come if it runs")
     for w in windows:
         p = Path(w["path"])
         if check_traces and p.suffix == ".gz" and not gzip_is_complete(p):
@@ -219,6 +225,7 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         "trace_windows": windows,
         "trace_disabled_reason": meta.trace.get("disabled_reason"),
         "trace_not_reached": _step_ranges(meta.trace.get("not_reached")),
+        "trace_exporting": next(iter(_step_ranges([meta.trace.get("exporting")])), None),
         "clock": meta.clock or None,
     }
 

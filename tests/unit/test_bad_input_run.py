@@ -20,6 +20,7 @@ from rich.console import Console
 
 from tests import _traces as T
 from uberprof.cli import main
+from uberprof.inventory import inventory
 from uberprof.rundir import RunDir, claim_dir, read_step_timeline, step_row_problem
 
 STEP_NS = 1_000_000  # the synthetic trace's steps: 1000 µs each, starting 1000 µs after base
@@ -408,3 +409,20 @@ def test_report_tables_are_never_cut_when_piped(tmp_path: Path) -> None:
     row = next(line for line in text.splitlines() if "12345678" in line)
     assert "123456.79" in row and "aten::a_long_operator_name_1234" in row
     assert "annotation: Optimizer.step#AdamW.step" in row and len(row) > 80
+
+
+def test_info_names_a_trace_window_that_was_still_being_written_when_a_rank_stopped(
+        tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", finished=False, steps=6)
+    meta_file = run / "ranks" / "1" / "rank.json"
+    meta = json.loads(meta_file.read_text())
+    meta["trace"]["exporting"] = [4, 5]  # the agent's record before the export of 4-5 began
+    meta_file.write_text(json.dumps(meta))
+    inv = inventory([run])
+    [lost] = [p for p in inv["problems"] if "steps 4-5" in p]
+    assert lost.startswith("rank 1: the trace of steps 4-5 was being written")
+    assert {r["rank"]: r["trace_exporting"] for r in inv["ranks"]} == {0: None, 1: [4, 5]}
+    # a window whose trace was written after all is no problem
+    meta["trace"]["exporting"] = [1, 2]
+    meta_file.write_text(json.dumps(meta))
+    assert not [p for p in inventory([run])["problems"] if "being written" in p]
