@@ -65,6 +65,8 @@ FWD_KERNELS = 24
 BWD_KERNELS = 48
 OPT_KERNELS = 4
 GPU_NAME = "NVIDIA H100 80GB HBM3"
+GPU_HELD_BYTES = 22 * 2**30  # what a rank holds between steps (synthetic)
+GPU_ACTIVATION_BYTES = 30 * 2**30  # a step's peak above that
 BUCKET_NELEMS = 6_553_600  # 25 MiB of fp32 gradients per bucket
 SM_CLOCK_MAX = 1980.0
 SAMPLE_HZ = 2.0
@@ -433,12 +435,18 @@ def write_run(cfg: Config, log: Any = print) -> Path:
                                     "backend": "nccl"}],
                 "steps": cfg.steps})
             lines = []
+            # the GPU memory the step timeline records: in use between steps (weights and
+            # optimizer state), the step's peak above it (activations), a little noise
+            held = int(GPU_HELD_BYTES * (1 + 0.02 * (r % 7)))
+            noise = np.random.default_rng(r).uniform(0.97, 1.03, cfg.steps)  # not the run's rng
+            peaks = held + (GPU_ACTIVATION_BYTES * noise).astype(np.int64)
             for s in range(cfg.steps):
                 lines.append(orjson.dumps({
                     "kind": "step", "step": s,
                     "host_start_ns": int(tl.start[s, r] - off),
                     "host_end_ns": int(tl.end[s, r] - off),
                     "data_wait_ns": int(tl.data[s, r]), "uberprof_ns": 0,
+                    "gpu_mem_peak_bytes": int(peaks[s]), "gpu_mem_bytes": held,
                     "source": "optimizer"}))
             (rd / STEPS_FILE).write_bytes(b"\n".join(lines) + b"\n")
             for lo, hi in cfg.windows:
