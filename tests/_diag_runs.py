@@ -83,10 +83,10 @@ def shift_node(src: Path, dst: Path, ranks: list[int], host: str, shift_ns: int)
 
 @pytest.fixture(scope="session")
 def sleeping_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two ranks; rank 1 sleeps 40 ms per step on its training thread (as blocking I/O or a
+    """Two ranks; rank 1 sleeps 100 ms per step on its training thread (as blocking I/O or a
     lock would): late by its own doing, with the others' CPU time."""
     out = tmp_path_factory.mktemp("diag-sleep")
     uberprof_run(out, "sleep", torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(STEPS),
-                                        "--sleep-rank", "1", "--sleep-ms", "40"),
+                                        "--sleep-rank", "1", "--sleep-ms", "100"),
                  "--trace-steps", TRACE, "--counters", "none")
     return out / "sleep"

@@ -44,9 +44,13 @@ def test_ddp_run_holds_host_counters_for_its_whole_duration(tmp_path: Path) -> N
     cpu = df[(df.source == "host") & (df.metric == "cpu.util")]
     expected = (end - start) / 1e9 * hz
     assert abs(len(cpu) - expected) <= 0.2 * expected, (len(cpu), expected)
-    # The whole duration: from the first period after start to the end of the command.
-    assert cpu.ts_ns.min() - start < 2e9 / hz
-    assert end - cpu.ts_ns.max() < 2e9 / hz and cpu.ts_ns.max() >= end - 1e9
+    # The whole duration: sampling began before the ranks did (their agents start after
+    # torch's import) and went on until the last rank had ended, within one period; the
+    # sampler is a thread that a busy machine schedules late, so no tighter bound on its start.
+    ranks_meta = [json.loads(p.read_text()) for p in (run / "ranks").glob("*/rank.json")]
+    assert cpu.ts_ns.min() < min(m["start_ns"] for m in ranks_meta)
+    assert cpu.ts_ns.max() >= max(m["end_ns"] for m in ranks_meta) - 1e9 / hz
+    assert start <= cpu.ts_ns.min()
     # NICs, and both ranks' processes (labelled by rank through their rank.json).
     assert {"rx_rate", "tx_rate"} <= set(df[df.source == "nic"].metric)
     ranks = df[(df.source == "proc") & df.device.str.startswith("rank:")]
