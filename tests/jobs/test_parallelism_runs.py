@@ -26,11 +26,13 @@ from tests._parallel_runs import (  # noqa: F401
 
 ALL_RUNS = ("tp_run", "fsdp2_run", "pipeline_run", "pp_dp_run", "fsdp_tp_run")
 # Differences, signed by definition (not durations): a rank's lead, CPU time, run-queue wait or
-# per-step excess against the others' median, a clock's offset, memory growth between steps.
+# per-step excess against the others' median, a clock's offset, memory growth between steps, a
+# projection's gain (the measured median step less the projected median: below 0 where the
+# replay finds that fixing a finding gains nothing and the steps' medians differ).
 # Every time and size must be >= 0.
 SIGNED = ("excess_ms", "excess_pct", "median_lead_ms", "data_wait_excess_ms",
           "run_wait_excess_ms", "excess_per_step_ms", "offset_ns", "correction_ns",
-          "gpu_growth_bytes")
+          "gpu_growth_bytes", "gain_ms", "gain_pct")
 
 
 def _negatives(x: Any, path: str = "") -> list[str]:
