@@ -20,27 +20,20 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests._gpu_samples import GPU, copy_samples, report_all
 from uberprof.cli import main
 
-GPU = Path(__file__).resolve().parents[2] / "samples" / "gpu"
 RUNS = ("nccl1", "gloo2", "straggler", "oom")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Copies of the sample runs (the analysis writes derived/ into a run directory)."""
-    root = tmp_path_factory.mktemp("gpu-samples")
-    return {r: Path(shutil.copytree(GPU / r, root / r)) for r in RUNS}
+    return copy_samples(tmp_path_factory.mktemp("gpu-samples"), RUNS)
 
 
 @pytest.fixture(scope="module")
 def reports(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name, path in runs.items():
-        res = CliRunner().invoke(main, ["report", str(path), "--json"])
-        assert res.exit_code == 0, (name, res.output)
-        out[name] = json.loads(res.stdout)
-    return out
+    return report_all(runs)
 
 
 def _findings(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:

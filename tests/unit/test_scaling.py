@@ -6,36 +6,27 @@ are one job at world sizes 1 and 2 (their scripts differ in `--backend`, so they
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from tests._gpu_samples import copy_samples, report_all
 from uberprof.analysis.diff.scaling import ScalingError, scaling, scaling_point_of
 from uberprof.cli import main
 
-GPU = Path(__file__).resolve().parents[2] / "samples" / "gpu"
 RUNS = ("nccl1", "gloo2", "straggler")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Copies of the sample runs (the analysis writes derived/ into a run directory)."""
-    root = tmp_path_factory.mktemp("scaling-samples")
-    return {r: Path(shutil.copytree(GPU / r, root / r)) for r in RUNS}
+    return copy_samples(tmp_path_factory.mktemp("scaling-samples"), RUNS)
 
 
 @pytest.fixture(scope="module")
 def reports(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    """Each run's `uberprof report --json` (which also saves the diagnosis scaling reuses)."""
-    out = {}
-    for name, path in runs.items():
-        res = CliRunner().invoke(main, ["report", str(path), "--json"])
-        assert res.exit_code == 0, (name, res.output)
-        out[name] = json.loads(res.stdout)
-    return out
+    return report_all(runs)
 
 
 def _argv(run: Path) -> list[str]:

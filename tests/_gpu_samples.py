@@ -1,0 +1,30 @@
+"""The real GPU run directories kept in samples/gpu/, for CPU tests: copied (the analysis
+writes derived/ into a run directory) and reported once per test module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from uberprof.cli import main
+
+GPU = Path(__file__).resolve().parents[1] / "samples" / "gpu"
+
+
+def copy_samples(root: Path, names: tuple[str, ...]) -> dict[str, Path]:
+    """Copies of the named sample runs under `root`."""
+    return {r: Path(shutil.copytree(GPU / r, root / r)) for r in names}
+
+
+def report_all(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Each run's `uberprof report --json` (which also saves its diagnosis)."""
+    out = {}
+    for name, path in runs.items():
+        res = CliRunner().invoke(main, ["report", str(path), "--json"])
+        assert res.exit_code == 0, (name, res.output)
+        out[name] = json.loads(res.stdout)
+    return out
