@@ -56,9 +56,14 @@ class WindowSeries:
     thinned: bool  # the line keeps each time bucket's lowest and highest points only
 
 
-def _memory(data: RunData) -> dict[str, Any]:
+def _run_doc(data: RunData, key: str) -> dict[str, Any]:
+    """`run.<key>` of the saved diagnosis, {} when there is none."""
     d = data.diagnose()
-    return (d.run.get("memory") if d is not None else None) or {}
+    return (d.run.get(key) if d is not None else None) or {}
+
+
+def _memory(data: RunData) -> dict[str, Any]:
+    return _run_doc(data, "memory")
 
 
 def summary(data: RunData) -> list[dict[str, Any]]:
@@ -134,8 +139,7 @@ def rss_series(data: RunData, ranks: list[int]) -> dict[int, tuple[np.ndarray, n
 
 
 def _timeline(data: RunData) -> dict[str, Any]:
-    d = data.diagnose()
-    return (d.run.get("memory_timeline") if d is not None else None) or {}
+    return _run_doc(data, "memory_timeline")
 
 
 def timeline_entries(data: RunData) -> list[dict[str, Any]]:
