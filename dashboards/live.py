@@ -53,7 +53,7 @@ class Live:
         self._traces = trace_files(data.root)
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
-        self._signals: tuple[int, list[Any]] = (-1, [])
+        self._signals: tuple[tuple[int, bool], list[Any]] = ((-1, False), [])
 
     def current(self) -> RunData:
         """The run as the pages show it: the last analysis, with the steps read since."""
@@ -129,15 +129,16 @@ class Live:
 
     def signals(self) -> Any:
         """The indications of the step timelines (`read.live_signals`), asked again when
-        steps arrived."""
+        steps arrived or the final diagnosis was made (its straggler verdict replaces theirs)."""
         with self._lock:
-            if self._signals[0] != self._rows:
-                self._signals = (self._rows, live_signals(self.follower))
+            key = (self._rows, self.final)
+            if self._signals[0] != key:
+                self._signals = (key, live_signals(self.follower))
             found = self._signals[1]
         return [html.Div([html.Span(s.kind.replace("_", " ")
                                     + (" · suspected" if s.confidence == "suspected" else ""),
                                     className="kind"),
-                          " ", s.title],
+                          " ", s.title, html.Span(f" · {s.source}", className="source")],
                          className=f"live-signal {s.kind} {s.confidence}",
                          title=s.test.get("sentence", ""), **{"data-rank": str(s.rank)})
                 for s in found]

@@ -46,15 +46,19 @@ def test_the_straggler_is_named_from_every_untraced_step(short_window_run: Path,
     t = d.run["straggler_test"]
     # two traced steps: 4 all-reduces, too few to tell a straggler from chance
     assert t["traced"]["instances"] <= 4 and t["traced"]["decision"] != "confirmed", t
-    # steps 1-9 and 13-29: not the first, the traced ones, nor the one after the window
-    assert t["basis"] == "flight_recorder" and t["instances"] >= 2 * (STEPS - 4), t
+    # steps 1-9 and 13-29: not the first, the traced ones, nor the one after the window;
+    # pooled with the traced window's, each instance once
+    assert t["basis"] == "arrivals", t
+    bases = t["test"]["bases"]
+    assert bases["flight_recorder"]["instances"] >= 2 * (STEPS - 4), bases
+    assert t["instances"] == bases["flight_recorder"]["instances"] + bases["traces"]["instances"]
     assert t["flight_recorder"]["first_step"] == 1 and t["flight_recorder"]["steps"] == 26
     assert t["flight_recorder"]["lost_entries"] == 0
     assert t["decision"] == "confirmed" and t["rank"] == 1, t["test"]["sentence"]
     [f] = [f for f in d.findings if f.kind == "straggler"]
     assert f.ranks == [1] and f.cause == "compute" and f.confidence == "confirmed"
     e = f.evidence
-    assert e["basis"]["source"] == "flight_recorder"
+    assert e["basis"]["source"] == "arrivals"
     assert f"{e['basis']['last_in']} of {e['basis']['instances']} collectives" in \
         e["test"]["sentence"]
     assert "Flight Recorder" in e["test"]["sentence"] and "Flight Recorder" in f.title

@@ -41,6 +41,15 @@ def test_report_on_a_run_analyses_first_and_names_the_straggler(
     assert not re.search(r"<script[^>]+src=", text)
     assert text.count("Plotly.newPlot") >= 4
 
+    # the job ended and its diagnosis is saved: `watch` says the report's verdict, not an
+    # indication of its own (the live dashboard reads the same `live_signals`)
+    res = CliRunner().invoke(main, ["watch", "--once", str(run)])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.stdout.split())
+    title = " ".join(doc["findings"][0]["title"].split())
+    assert f"• {title} (saved diagnosis of every step)" in said, said
+    assert "(live, from the step timelines)" not in said.replace("waits for data", "")
+
 
 def test_calibrate_records_the_peak_in_the_run(slow_compute_run: Path,  # noqa: F811
                                                tmp_path: Path) -> None:

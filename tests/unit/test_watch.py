@@ -124,7 +124,7 @@ def test_watch_shows_saved_findings_and_lateness_and_says_when_they_are_old() ->
                           saved_ns=100)
 
     # rank 3's 10 steps: 100 ms each, 30 ms of it waiting for data
-    notes = [s.title for s in step_signals([(3, np.arange(10), np.full(10, 10**8))],
+    notes = [f"{s.title}  ({s.source})" for s in step_signals([(3, np.arange(10), np.full(10, 10**8))],
                                            [(3, np.arange(10), np.full(10, 3 * 10**7))])]
 
     def shown(state: LiveState) -> str:

@@ -302,6 +302,14 @@ class RunFollower:
         alone: what `poll` says, without reading any step."""
         return _running([n for n in list_nodes(self.run) if n.readable])
 
+    def ended_ns(self) -> int | None:
+        """When the job ended (its last node), None while it runs or where no node.json says:
+        from the nodes' metadata alone, without reading any step."""
+        nodes = [n for n in list_nodes(self.run) if n.readable]
+        if _running(nodes) is not False:
+            return None
+        return max((n.end_ns for n in nodes if n.end_ns is not None), default=None)
+
     def poll(self) -> LiveState:
         """Read what is new and say where the job stands."""
         self._discover()

@@ -59,8 +59,11 @@ from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline
 from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
+    BASIS_TRACES,
+    ArrivalBasis,
     Straggler,
     StragglerTest,
+    combined_straggler_test,
     find_straggler,
     straggler_cause,
     straggler_test,
@@ -73,7 +76,7 @@ from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, mat
 from uberprof.analysis.tables.context import RunContext, load_context
 from uberprof.analysis.tables.p2p import P2P, match_p2p, p2p_doc
 from uberprof.analysis.tables.parallelism import Parallelism, read_parallelism
-from uberprof.analysis.tables.steptime import step_time_doc
+from uberprof.analysis.tables.steptime import step_time_doc, step_walls
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["account", "analysed_steps", "diagnose", "diagnose_context", "finding_order"]
@@ -195,8 +198,8 @@ def _aligned_collectives(ctx: RunContext) -> tuple[Matched, Alignment, pa.Table]
 
 @dataclass
 class _StragglerTests:
-    """The straggler test on the run's basis, the traced window's own, the named straggler
-    and the Flight Recorder basis described (None when the traced steps decided)."""
+    """The straggler test over all the run's arrivals, the traced window's own, the named
+    straggler and the Flight Recorder basis described (None when the run has none)."""
 
     test: StragglerTest | None
     traced: StragglerTest | None
@@ -211,8 +214,8 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
     clocks and its busy time (stragglers.py)."""
     busy = busy_times(ctx)
     traced_test = straggler_test(lat, median_step, wall_ns, busy=busy)
-    s_test, straggler, basis_doc = _straggler_on_best_basis(ctx, alignment, lat, traced_test,
-                                                           median_step, wall_ns, busy)
+    s_test, straggler, basis_doc = _straggler_on_all_arrivals(ctx, alignment, lat, traced_test,
+                                                            median_step, wall_ns, busy)
     if straggler is not None:
         clock_ev = throttled_vs_others(straggler.rank, clocks)
         work = s_test.busy if s_test is not None else None
@@ -247,22 +250,27 @@ def _add_verdict_docs(run: dict[str, Any], ctx: RunContext, tests: _StragglerTes
                 "collective is the late rank's, transfer after the last arrival is the link's"}
 
 
-def _straggler_on_best_basis(ctx: RunContext, alignment: Alignment, lat: pa.Table,
-                             traced_test: StragglerTest | None, median_step: float | None,
-                             wall_ns: int, busy: BusyTimes | None = None
-                             ) -> tuple[StragglerTest | None, Straggler | None,
-                                        dict[str, Any] | None]:
-    """The straggler test on one basis (stragglers.py): the Flight Recorder's arrivals over
-    every untraced step when they are at least as many instances as the traced window's,
-    else the traced collectives. Returns the test, the straggler (its cost from the traced
-    steps) and the Flight Recorder basis described (None when it was not used)."""
+def _straggler_on_all_arrivals(ctx: RunContext, alignment: Alignment, lat: pa.Table,
+                               traced_test: StragglerTest | None, median_step: float | None,
+                               wall_ns: int, busy: BusyTimes | None = None
+                               ) -> tuple[StragglerTest | None, Straggler | None,
+                                          dict[str, Any] | None]:
+    """The one straggler test over every arrival the run has (stragglers.py): the traced
+    window's collectives and the Flight Recorder's arrivals over the untraced steps, pooled.
+    Returns the test, the straggler (its cost from the traced steps) and the Flight Recorder
+    basis described (None when the run has none)."""
     fr = flight_basis(ctx, alignment.offsets())
-    if fr is None or fr.instances < (traced_test.instances if traced_test else 0):
+    if fr is None:
         return traced_test, find_straggler(lat, median_step, wall_ns, test=traced_test), None
-    test = straggler_test(fr.lateness, fr.median_step_ns, fr.wall_ns, BASIS_FLIGHT_RECORDER,
-                          busy)
+    walls = step_walls(ctx.steps())
+    covered = set(lat.column("step").to_pylist()) | set(fr.steps)
+    w = [walls[s][0] for s in covered if s in walls]
+    test, pooled = combined_straggler_test(
+        [ArrivalBasis(BASIS_TRACES, lat, median_step, wall_ns),
+         ArrivalBasis(BASIS_FLIGHT_RECORDER, fr.lateness, fr.median_step_ns, fr.wall_ns)],
+        float(np.median(w)) if w else median_step, busy)
     return test, find_straggler(lat, median_step, wall_ns, test=test,
-                                basis=fr.lateness), fr.as_dict()
+                                basis=pooled), fr.as_dict()
 
 
 def _note_traced_view(s: Straggler, traced: StragglerTest | None,

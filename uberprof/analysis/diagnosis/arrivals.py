@@ -1,5 +1,5 @@
 """Arrivals at collectives on every untraced step, from the Flight Recorder
-(rundir/flight_log.py): the straggler test's basis when a run has them (stragglers.py).
+(rundir/flight_log.py): with the traced window, the straggler test's basis (stragglers.py).
 
 The traced window holds a few steps; the Flight Recorder's `time_created_ns` (when a rank
 called the collective, epoch ns on its host's clock) is there for every step at no tracing
@@ -14,8 +14,9 @@ no end: its transfer and wait are null).
   teardown, which lands on the ranks unevenly): `steptime.own_cost_steps`, and the traced
   steps themselves. The profiler slows ranks unevenly: over the traced steps of healthy
   4-rank runs on 2 cores one rank was alone last in 14-15 of 20 all-reduces (chance < 0.1%)
-  and in 14-15 of 38 over the untraced ones (chance); the traced window is the other basis,
-  never mixed with this one.
+  and in 14-15 of 38 over the untraced ones (chance). The straggler test pools both, each
+  instance once (`stragglers.combined_straggler_test`): the untraced steps outweigh a skewed
+  window by their number, and a clear traced straggler is not cleared by a few of them.
 - Clocks: each rank's arrivals move onto the reference clock by its host's offset
   (`align.Alignment`), as the traced collectives do.
 - Completeness: an instance counts only when every rank seen in its group called it (a rank

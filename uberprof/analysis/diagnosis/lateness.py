@@ -24,6 +24,7 @@ __all__ = [
     "lead_and_noise",
     "matrix_lateness",
     "others_lateness",
+    "pooled_lateness",
     "rank_frequency",
     "rank_lead",
     "robust_sigma",
@@ -100,6 +101,21 @@ def matrix_lateness(ranks: list[int], steps: np.ndarray, m: np.ndarray, name: st
         "last": last.ravel(), "sole_last": sole.ravel(),
         "delay_ns": delay.ravel().astype(np.int64), "transfer_ns": zeros, "wait_ns": zeros,
     }, schema=LATENESS_SCHEMA)
+
+
+def pooled_lateness(tables: list[pa.Table]) -> pa.Table:
+    """One LATENESS_SCHEMA table of several that cover different steps (the traced window's
+    matched collectives and the Flight Recorder's untraced arrivals), every instance kept
+    apart: each table's instance ids are moved past the previous table's."""
+    out, base = [], 0
+    for t in tables:
+        if t.num_rows == 0:
+            continue
+        iid = t.column("instance").to_numpy()
+        out.append(t.cast(LATENESS_SCHEMA).set_column(
+            0, "instance", pa.array(iid - int(iid.min()) + base, pa.int64())))
+        base += int(iid.max()) - int(iid.min()) + 1
+    return pa.concat_tables(out) if out else LATENESS_SCHEMA.empty_table()
 
 
 def robust_sigma(x: np.ndarray) -> float:

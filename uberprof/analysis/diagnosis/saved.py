@@ -234,6 +234,7 @@ class SavedFindings:
     lateness_ns: dict[int, float]
     saved_ns: int
     parallelism: str | None = None  # the saved reading's summary line (run.parallelism)
+    straggler_test: dict[str, Any] | None = None  # run.straggler_test, the decision and why
 
     def fresh_for(self, state: LiveState) -> bool:
         """Whether it was made after the job ended (a running job's inputs still change)."""
@@ -255,8 +256,10 @@ def read_saved_findings(run: RunDir | Path | str) -> SavedFindings | None:
     run = doc.get("run") if isinstance(doc, dict) else None
     par = run.get("parallelism") if isinstance(run, dict) else None
     summary = par.get("summary") if isinstance(par, dict) else None
+    test = run.get("straggler_test") if isinstance(run, dict) else None
     return SavedFindings(findings, _saved_lateness(derived), saved_ns,
-                         summary if isinstance(summary, str) else None)
+                         summary if isinstance(summary, str) else None,
+                         test if isinstance(test, dict) else None)
 
 
 def _saved_lateness(derived: Path) -> dict[int, float]:

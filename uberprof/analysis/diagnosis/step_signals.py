@@ -40,6 +40,7 @@ from uberprof.analysis.diagnosis.busy import followed_busy
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness
 from uberprof.analysis.diagnosis.model import MIN_SHARE
+from uberprof.analysis.diagnosis.saved import SavedFindings, read_saved_findings
 from uberprof.analysis.diagnosis.stragglers import BASIS_STEP_TIMELINE, straggler_test
 from uberprof.analysis.tables.parallelism import is_pipeline_group, mesh_dim
 from uberprof.rundir import RANK_FILE
@@ -48,10 +49,12 @@ from uberprof.rundir.ranks import ranks_by_id
 if TYPE_CHECKING:
     from uberprof.rundir.follow import RunFollower
 
-__all__ = ["WINDOW", "Peers", "Signal", "followed_peers", "followed_signals", "peer_sets",
-           "step_signals"]
+__all__ = ["SOURCE_DIAGNOSIS", "SOURCE_LIVE", "WINDOW", "Peers", "Signal", "diagnosed",
+           "followed_peers", "followed_signals", "peer_sets", "step_signals"]
 
 WINDOW = 100  # the latest steps every rank finished: what "now" means for an indication
+SOURCE_LIVE = "live, from the step timelines"
+SOURCE_DIAGNOSIS = "saved diagnosis of every step"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,35 @@ class Signal:
     confidence: str  # "confirmed" | "suspected"; "none": a note, no verdict (the pipeline's)
     title: str
     test: dict[str, Any]  # evidence.Test.as_dict()
+    source: str = SOURCE_LIVE  # where it comes from, in words (SOURCE_LIVE | SOURCE_DIAGNOSIS)
+
+
+def diagnosed(found: list[Signal], saved: SavedFindings | None,
+              ended_ns: int | None) -> list[Signal]:
+    """`found` with the straggler verdict of the saved diagnosis in place of the step
+    timelines' indication, where that diagnosis was made after the job ended: it covers every
+    step the indication looks at, from stronger evidence (every arrival at the collectives,
+    traced and Flight Recorder, with busy time), so `uberprof watch`, the live dashboard and
+    `uberprof report` say the same on the same steps. Where the diagnosis names no straggler
+    and the step timelines hinted at one, a note says the diagnosis cleared it and why."""
+    if saved is None or ended_ns is None or saved.saved_ns < ended_ns:
+        return found
+    rest = [s for s in found if s.kind != "straggler"]
+    hinted = [s for s in found if s.kind == "straggler"]
+    named = [f for f in saved.findings if f.get("kind") == "straggler" and f.get("ranks")]
+    if named:
+        f = named[0]
+        test = (f.get("evidence") or {}).get("test") or {}
+        return [Signal("straggler", int(f["ranks"][0]), str(f.get("confidence", "confirmed")),
+                       str(f.get("title", "")), test, SOURCE_DIAGNOSIS), *rest]
+    if not hinted:
+        return rest
+    t = saved.straggler_test or {}
+    why = (t.get("test") or {}).get("sentence") or "no straggler test (no matched collective)"
+    title = (f"no straggler: the step timelines hinted at rank {hinted[0].rank}, but the "
+             f"diagnosis of every step does not name it ({why})")
+    return [Signal("straggler", -1, "none", title, t.get("test") or {}, SOURCE_DIAGNOSIS),
+            *rest]
 
 
 def _matrix(series: Sequence[Series], window: int) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -231,9 +263,11 @@ def followed_peers(follower: RunFollower) -> Peers:
 def followed_signals(follower: RunFollower, window: int = WINDOW) -> list[Signal]:
     """The indications of a run followed while its job runs (`uberprof watch`, the live
     dashboard): step time, data wait and, where the run has it, busy time per rank, each
-    rank compared with its peers only (`followed_peers`); in a pipeline, a note that says so."""
+    rank compared with its peers only (`followed_peers`); in a pipeline, a note that says so.
+    Once the job ended and a diagnosis was saved, its straggler verdict (`diagnosed`)."""
     peers = followed_peers(follower)
     found = step_signals(follower.series("duration_ns"), follower.series("data_wait_ns"),
                          window, busy=followed_busy(follower, window), peers=peers.sets)
+    found = diagnosed(found, read_saved_findings(follower.run), follower.ended_ns())
     note = peers.note()
     return found + [note] if note is not None else found

@@ -16,12 +16,17 @@
   is not enough: on oversubscribed cores one healthy rank can be last more often than chance
   (12 of 20 with 4 ranks) without being the one that holds the job back. Every traced
   collective instance counts, not one per step.
-- The test's *basis* is one source per run, no instance counted twice: the Flight
-  Recorder's arrivals over every untraced step (analysis/diagnosis/arrivals.py: the profiler slows
-  ranks unevenly) when the run has them and they are at least as many as the traced
-  window's, else the traced collectives. The cost (the
-  delay over the analysed steps, `find_straggler`) always comes from the traced ones, as do
-  the cause and the split of collective time into wait and transfer.
+- The test's *basis* is every arrival the run recorded, each instance once
+  (`combined_straggler_test`): the traced window's matched collectives and the Flight
+  Recorder's arrivals over every untraced step (analysis/diagnosis/arrivals.py), pooled into
+  one test. Neither basis overrules the other: a clear straggler in the traced window is not
+  cleared by a few untraced instances that cannot tell it from chance, and a traced window the
+  profiler skewed (it slows ranks unevenly) is outweighed by many untraced steps where the
+  rank is not late. Each basis's own test is kept beside the pooled one (`alone`) and said
+  where it decides otherwise. A run with one basis (no Flight Recorder: older runs, plain
+  traces) is tested on it. The cost (the delay over the analysed steps, `find_straggler`)
+  always comes from the traced ones, as do the cause and the split of collective time into
+  wait and transfer.
 - *Busy time* (analysis/diagnosis/busy.py: the training thread's CPU time per step, where the step
   timelines have it): arrival order cannot tell a rank that computes more from one the OS
   scheduler delayed. For a candidate whose busy-time excess is confirmed: the frequency may
@@ -62,8 +67,10 @@ from uberprof.analysis.diagnosis.evidence import (
     trace_more_hint,
 )
 from uberprof.analysis.diagnosis.lateness import (
+    LATENESS_SCHEMA,
     later_than_most,
     lead_and_noise,
+    pooled_lateness,
     sole_last_frequency,
 )
 
@@ -71,12 +78,16 @@ if TYPE_CHECKING:
     from uberprof.analysis.diagnosis.busy import BusyExcess, BusyTimes
 
 __all__ = [
+    "BASIS_ARRIVALS",
     "BASIS_FLIGHT_RECORDER",
     "BASIS_STEP_TIMELINE",
     "BASIS_TRACES",
     "STRAGGLER_CAUSES",
+    "ArrivalBasis",
     "Straggler",
     "StragglerTest",
+    "basis_words",
+    "combined_straggler_test",
     "find_straggler",
     "straggler_cause",
     "straggler_test",
@@ -89,11 +100,18 @@ MATERIAL_SHARE = 0.02  # of the analysed wall time: the delay a straggler must a
 SIGMA_FACTOR = 2.0  # its lead over the others' spread (3 or more participants)
 BASIS_TRACES = "traces"  # the traced window's matched collectives
 BASIS_FLIGHT_RECORDER = "flight_recorder"  # untraced steps' arrivals (diagnosis/arrivals.py)
+BASIS_ARRIVALS = "arrivals"  # both of the above pooled, each instance once
 BASIS_STEP_TIMELINE = "step_timeline"  # live: per step, the longest (diagnosis/step_signals.py)
 DECIDED_BY_BUSY = "busy time"  # no excess of its own time cleared the candidate
 _BASIS_WORDS = {BASIS_TRACES: "traced window",
                 BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)",
+                BASIS_ARRIVALS: "traced window and Flight Recorder (untraced steps) together",
                 BASIS_STEP_TIMELINE: "step timelines of the last steps every rank finished"}
+
+
+def basis_words(basis: str) -> str:
+    """A test basis in words, as the test's sentence and the finding's title say it."""
+    return _BASIS_WORDS.get(basis, basis)
 
 @dataclass
 class Straggler:
@@ -145,9 +163,22 @@ class StragglerTest:
     fraction_waived: bool = False  # the last-fraction rule waived by a confirmed excess
     spread_waived: bool = False  # the lead's 2x-spread rule waived by a confirmed excess
     later_than_most: tuple[int, float] | None = None  # (instances, corrected p): second look
+    alone: dict[str, StragglerTest | None] = field(default_factory=dict)  # pooled: per basis
+
+    def _alone_words(self) -> str:
+        """Each pooled basis's own test, where one alone would decide otherwise."""
+        if not any(t is not None and (t.decision, t.rank) != (self.decision, self.rank)
+                   for t in self.alone.values()):
+            return ""
+        said = [f"{basis_words(b)}: " + ("no matched instance" if t is None else
+                                         f"rank {t.rank} alone last at {t.last} of "
+                                         f"{t.instances}, {t.decision}")
+                for b, t in self.alone.items()]
+        return " (each basis alone: " + "; ".join(said) + "; pooled, every instance counts " \
+            "once and neither basis overrules the other)"
 
     def _confirm_hint(self) -> str:
-        if self.basis == BASIS_FLIGHT_RECORDER:
+        if self.basis in (BASIS_FLIGHT_RECORDER, BASIS_ARRIVALS):
             return "run more steps (the Flight Recorder covers every untraced step)"
         if self.basis == BASIS_STEP_TIMELINE:
             return "wait for more steps"
@@ -159,7 +190,7 @@ class StragglerTest:
                  if self.basis == BASIS_STEP_TIMELINE else
                  f"alone arrived last at {self.last} of {self.instances} collectives over "
                  f"{self.steps} step(s)")
-        freq = (f"rank {r} {alone}, {_BASIS_WORDS.get(self.basis, self.basis)}; "
+        freq = (f"rank {r} {alone}, {basis_words(self.basis)}; "
                 "the chance of this for a healthy rank is "
                 f"{chance_words(self.p_value)} (corrected for {self.ranks_tested} ranks)")
         if self.later_than_most is not None:
@@ -199,6 +230,7 @@ class StragglerTest:
                              "chance: " + self._confirm_hint())
         else:
             sentence = (f"no straggler: {freq}, but it is not material: {lead}{work}")
+        sentence += self._alone_words()
         return Test(name="sole-last frequency (Poisson-binomial, Bonferroni over ranks) and "
                          "materiality of the lead"
                          + (", with its busy-time excess" if self.busy is not None else ""),
@@ -222,7 +254,16 @@ class StragglerTest:
             k, p = self.later_than_most
             doc["later_than_most"] = {"instances": k, "of": self.instances,
                                       "p_value": float(f"{p:.3g}")}
+        if self.alone:
+            doc["bases"] = {b: None if t is None else t.brief() for b, t in self.alone.items()}
         return doc
+
+    def brief(self) -> dict[str, Any]:
+        """The decision and its main numbers, for one basis of a pooled test."""
+        return {"rank": self.rank, "decision": self.decision, "last_in": self.last,
+                "instances": self.instances, "steps": self.steps,
+                "p_value": float(f"{self.p_value:.3g}"),
+                "median_lead_ms": round(self.median_lead_ns / 1e6, 3)}
 
     def as_dict(self) -> dict[str, Any]:
         """`run.straggler_test` of the report document: the decision, even when it is none."""
@@ -234,6 +275,39 @@ class StragglerTest:
                 "delay_ms": round(self.delay_ns / 1e6, 3),
                 "share_pct": round(100 * self.share, 1) if self.share is not None else None,
                 "test": self.test_doc()}
+
+
+@dataclass(frozen=True)
+class ArrivalBasis:
+    """One source of arrivals for the straggler test: its lateness (LATENESS_SCHEMA) with the
+    median step time and wall time of the steps it covers."""
+
+    name: str  # BASIS_TRACES | BASIS_FLIGHT_RECORDER
+    lateness: pa.Table
+    median_step_ns: float | None
+    wall_ns: float | None
+
+
+def combined_straggler_test(bases: list[ArrivalBasis], median_step_ns: float | None,
+                            busy: BusyTimes | None = None
+                            ) -> tuple[StragglerTest | None, pa.Table]:
+    """The one straggler test of a run over all its arrivals (module docstring), and the
+    lateness it was made on. `bases` cover different steps; `median_step_ns` is that of all
+    the steps they cover. With two bases or more the test is made on them pooled, each
+    instance once, and each basis's own test is kept in `alone`."""
+    used = [b for b in bases if b.lateness.num_rows]
+    if not used:
+        return None, LATENESS_SCHEMA.empty_table()
+    if len(used) == 1:
+        b = used[0]
+        return straggler_test(b.lateness, b.median_step_ns, b.wall_ns, b.name, busy), b.lateness
+    pooled = pooled_lateness([b.lateness for b in used])
+    wall = sum(b.wall_ns or 0 for b in used) or None
+    test = straggler_test(pooled, median_step_ns, wall, BASIS_ARRIVALS, busy)
+    if test is not None:
+        test.alone = {b.name: straggler_test(b.lateness, b.median_step_ns, b.wall_ns, b.name,
+                                             busy) for b in bases}
+    return test, pooled
 
 
 def _delay_per_step(step: np.ndarray, delay: np.ndarray, n_part: np.ndarray

@@ -36,9 +36,10 @@ def _ms(ns: float | None) -> str:
 
 
 def live_notes(follower: RunFollower) -> list[str]:
-    """What the step timelines already show, before any diagnosis: the indications of
-    `uberprof.analysis.read.live_signals`, the same as the live dashboard's."""
-    return [s.title for s in live_signals(follower)]
+    """What the step timelines already show, before any diagnosis, or once the job ended
+    the saved diagnosis's straggler verdict: `uberprof.analysis.read.live_signals`, the same
+    as the live dashboard's, each with where it comes from."""
+    return [f"{s.title}  ({s.source})" for s in live_signals(follower)]
 
 
 def render(state: LiveState, saved: SavedFindings | None, title: str,
@@ -66,7 +67,7 @@ def render(state: LiveState, saved: SavedFindings | None, title: str,
     parts.append(table)
     if len(state.ranks) > MAX_ROWS:
         parts.append(Text(f"{MAX_ROWS} slowest of {len(state.ranks)} ranks shown", "dim"))
-    parts += [Text("• " + n + "  (live, from the step timelines)", "cyan")
+    parts += [Text("• " + n, "cyan")
               for n in notes or []]
     if saved is not None and saved.findings:
         fresh = saved.fresh_for(state)

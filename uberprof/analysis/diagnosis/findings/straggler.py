@@ -13,7 +13,12 @@ from uberprof.analysis.diagnosis.causes import STRAGGLER_CAUSES, remedy_for
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.model import Finding, severity_of
 from uberprof.analysis.diagnosis.op_excess import operator_excess
-from uberprof.analysis.diagnosis.stragglers import BASIS_FLIGHT_RECORDER, Straggler
+from uberprof.analysis.diagnosis.stragglers import (
+    BASIS_FLIGHT_RECORDER,
+    BASIS_TRACES,
+    Straggler,
+    basis_words,
+)
 from uberprof.analysis.diagnosis.summaries import RankSummaries
 from uberprof.analysis.tables.context import RunContext
 from uberprof.units import ns_to_ms as _ms
@@ -60,7 +65,7 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
         ev["gpu"] = {k: v for k, v in s.counters.items() if k != "available"}
     cause = s.cause or "compute"
     verb = "is a straggler" if s.confidence == "confirmed" else "may be a straggler (suspected)"
-    where = " (Flight Recorder, untraced steps)" if s.basis == BASIS_FLIGHT_RECORDER else ""
+    where = "" if s.basis == BASIS_TRACES else f" ({basis_words(s.basis)})"
     title = (f"Rank {s.rank} {verb} ({cause}): last at {s.last}/{s.instances} "
              f"collectives{where}, {ev['median_lead_ms']} ms behind the others' median")
     remedy = remedy_for(STRAGGLER_CAUSES[cause], device_type).format(r=s.rank)
