@@ -166,7 +166,7 @@ def whatif_costs(run: Path, derived: Path, workers: int) -> dict[str, Any]:
     from uberprof.analysis.tables.context import load_context
     from uberprof.analysis.tables.graph import build_graph
     from uberprof.analysis.tables.lanes import lane_passes
-    from uberprof.analysis.tables.replay import replay
+    from uberprof.analysis.tables.replay import _structure, replay
 
     ctx = load_context(run, out=derived, workers=workers)
     res: dict[str, Any] = {}
@@ -189,7 +189,7 @@ def whatif_costs(run: Path, derived: Path, workers: int) -> dict[str, Any]:
                                             basis, base=r, fit=fit)
                                     for kinds in DEFAULT_CHANGES])
     res["projections"] = len(DEFAULT_CHANGES)
-    res.update(nodes=int(g.n), edges=int(g.src.size))
+    res.update(nodes=int(g.n), edges=int(g.src.size), levels=_structure(g).levels)
     res["work_s"] = sum(res[k] for k in ("lanes_s", "build_s", "replay_s", "docs_s",
                                          "projections_s"))
     return res
@@ -314,7 +314,8 @@ def report_targets(rows: list[dict[str, Any]], modes: list[str]) -> list[str]:
 
 def _whatif_line(r: dict[str, Any], mode: str) -> str:
     w = r["whatif"]
-    return (f"     step graph: {w['nodes'] / 1e6:.2f} M nodes {w['edges'] / 1e6:.2f} M edges; "
+    return (f"     step graph: {w['nodes'] / 1e6:.2f} M nodes {w['edges'] / 1e6:.2f} M edges "
+            f"{w.get('levels', 0)} levels; "
             f"lanes {w['lanes_s']:.2f} s, build {w['build_s']:.2f} s, replay "
             f"{w['replay_s']:.2f} s, critical path + replay docs {w['docs_s']:.2f} s, "
             f"{w['projections']} projections {w['projections_s']:.2f} s; in all "

@@ -33,6 +33,7 @@ from uberprof.analysis.tables.lanes import (
     REACH,
     WAIT,
 )
+from uberprof.analysis.tables.replay import NODE_CACHE
 
 __all__ = ["REMOVABLE", "Change", "Edit", "apply_changes", "parse_changes"]
 
@@ -171,7 +172,9 @@ def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
         e.graph = dataclasses.replace(g, src=np.concatenate(src).astype(np.int64),
                                       dst=np.concatenate(dst).astype(np.int64),
                                       etype=np.concatenate(et).astype(np.int8),
-                                      offset=np.concatenate(off).astype(np.int64), cache={})
+                                      offset=np.concatenate(off).astype(np.int64),
+                                      cache={k: v for k, v in g.cache.items()
+                                             if k in NODE_CACHE})  # what the edges don't set
     return e
 
 
@@ -359,29 +362,28 @@ def _balance(g: StepGraph, e: Edit, c: Change, stages: dict[int, int]) -> dict[s
                 "note": "no pipeline stages: the run has no send/recv between stages (or one "
                         "stage only)"}
     work = g.dur * e.own
-    comp = (g.kind == COMPUTE) & (g.step != BETWEEN)
-    before: dict[int, float] = {}
-    moved = 0.0
-    for s in np.unique(g.step[comp]).tolist():
-        in_s = comp & (g.step == s)
-        per = {r: float(work[in_s & (g.rank == r)].sum()) for r in stage_of}
-        mean_of: dict[int, float] = {}
-        for k in set(stage_of.values()):
-            vals = [per[r] for r, x in stage_of.items() if x == k]
-            mean_of[k] = sum(vals) / len(vals)
-        target = sum(mean_of.values()) / len(mean_of)
-        for r, k in stage_of.items():
-            if mean_of[k] > 0:
-                e.own[in_s & (g.rank == r)] *= target / mean_of[k]
-        for k, v in mean_of.items():
-            before[k] = before.get(k, 0.0) + v
-        moved += sum(max(v - target, 0.0) for v in mean_of.values())
-    n = len(np.unique(g.step[comp]))
+    comp = g.kind == COMPUTE
+    steps, ranks, per = _work_by_step_rank(g, work, comp)
+    kinds = sorted(set(stage_of.values()))
+    who = np.array(sorted(stage_of), np.int64)
+    col = np.searchsorted(ranks, who)  # each staged rank's column
+    of = np.searchsorted(kinds, [stage_of[r] for r in who.tolist()])  # and its stage
+    mean_of = np.stack([per[:, col[of == i]].mean(axis=1) for i in range(len(kinds))], axis=1) \
+        if steps.size else np.zeros((0, len(kinds)))
+    target = mean_of.mean(axis=1) if steps.size else np.zeros(0)
+    fac = np.where(mean_of > 0, target[:, None] / np.where(mean_of > 0, mean_of, 1.0), 1.0)
+    # each staged rank's compute nodes in the steps, times its stage's factor in that step
+    nodes = np.flatnonzero(comp & (g.step != BETWEEN) & np.isin(g.rank, who))
+    si = np.searchsorted(steps, g.step[nodes])
+    ri = of[np.searchsorted(who, g.rank[nodes])]
+    e.own[nodes] *= fac[si, ri]
+    before = dict(zip(kinds, mean_of.sum(axis=0).tolist())) if steps.size else {}
+    moved = float(np.maximum(mean_of - target[:, None], 0.0).sum())
     return {"change": c.describe(), "moved_ms": _ms(moved),
             "stages": [{"stage": k, "ranks": sorted(r for r, x in stage_of.items() if x == k),
                         "compute_ms": _ms(v), "balanced_ms": _ms(sum(before.values()) /
                                                                  len(before))}
-                       for k, v in sorted(before.items())], "steps": n}
+                       for k, v in sorted(before.items())], "steps": int(steps.size)}
 
 
 def _scale_straggler(g: StepGraph, own: np.ndarray, rank: int | None,
@@ -397,13 +399,36 @@ def _scale_straggler(g: StepGraph, own: np.ndarray, rank: int | None,
     removed = 0.0
     work = g.dur * own
     for kind in (COMPUTE, HOST, DATA):
-        of_kind = g.kind == kind
-        for s in np.unique(g.step[of_kind & (g.rank == rank) & (g.step != BETWEEN)]).tolist():
-            in_s = of_kind & (g.step == s)
-            per = {r: float(work[in_s & (g.rank == r)].sum()) for r in g.lanes}
-            mine = per.pop(rank)
-            target = float(np.median(list(per.values())))
-            if mine > target:
-                own[in_s & (g.rank == rank)] *= target / mine
-                removed += mine - target
+        steps, ranks, per = _work_by_step_rank(g, work, g.kind == kind, rank)
+        if steps.size == 0:
+            continue
+        col = int(np.searchsorted(ranks, rank))
+        mine = per[:, col]
+        target = np.median(np.delete(per, col, axis=1), axis=1)
+        cut = mine > target
+        fac = np.where(cut, target / np.where(cut, mine, 1.0), 1.0)
+        nodes = np.flatnonzero((g.kind == kind) & (g.rank == rank))
+        at = np.searchsorted(steps, g.step[nodes])
+        ok = (at < steps.size) & (steps[np.clip(at, 0, steps.size - 1)] == g.step[nodes])
+        own[nodes[ok]] *= fac[at[ok]]
+        removed += float((mine - target)[cut].sum())
     return {"change": c.describe(), "rank": rank, "removed_ms": _ms(removed)}
+
+
+def _work_by_step_rank(g: StepGraph, work: np.ndarray, nodes: np.ndarray,
+                       rank: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The steps `rank`'s `nodes` (a mask; any rank's where None) are in, the ranks of the
+    lanes, and each step's and rank's `work` summed over `nodes` (steps x ranks; 0 where a
+    rank has none): one pass over the nodes, not one per step and rank."""
+    ranks = np.array(sorted(g.lanes), np.int64)
+    m = nodes & (g.step != BETWEEN)
+    steps = np.unique(g.step[m & (g.rank == rank) if rank is not None else m])
+    ri = np.searchsorted(ranks, g.rank)
+    m &= (ri < ranks.size) & (ranks[np.clip(ri, 0, ranks.size - 1)] == g.rank)
+    if steps.size == 0:
+        return steps, ranks, np.zeros((0, ranks.size))
+    si = np.searchsorted(steps, g.step)
+    m &= (si < steps.size) & (steps[np.clip(si, 0, steps.size - 1)] == g.step)
+    per = np.bincount(si[m] * ranks.size + ri[m], weights=work[m],
+                      minlength=steps.size * ranks.size).reshape(steps.size, ranks.size)
+    return steps, ranks, per

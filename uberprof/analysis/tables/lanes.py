@@ -203,36 +203,42 @@ def _link(lane: RankLane, act: M.Activity, syncs: tuple[np.ndarray, ...]) -> Non
     a host wait ends when the device work it waited for does."""
     dev = lane.device
     assert dev is not None
-    links: list[tuple[int, int, int, int, int]] = []  # src lane, src, dst lane, dst, offset
     # launches: an idle segment followed by work launched while it was idle (the device
     # waited for the host); idle for other reasons (a stream waiting on another) stays fixed
     order = np.argsort(act.starts, kind="stable")
     starts, launch, linked = act.starts[order], act.launch[order], act.linked[order]
     idle = np.flatnonzero((dev.kind[:-1] == HOST) & (dev.kind[1:] != HOST))
-    for i in idle.tolist():
-        s = dev.start[i + 1]
-        k = int(np.searchsorted(starts, s, side="left"))
-        if k >= starts.size or starts[k] != s or not linked[k]:
-            continue
-        h = _seg_at(lane, int(launch[k]))
-        if h >= 0 and dev.start[i] < launch[k] <= s:  # launched while the device sat idle
-            dev.kind[i] = WAIT
-            links.append((0, h, 1, i, int(s - lane.start[h])))
+    s = dev.start[idle + 1]
+    k = np.searchsorted(starts, s, side="left")
+    kc = np.clip(k, 0, max(starts.size - 1, 0))
+    ok = (k < starts.size) & (starts[kc] == s) & linked[kc] if starts.size else \
+        np.zeros(idle.size, bool)
+    at = launch[kc].astype(np.int64) if starts.size else s
+    h = _segs_at(lane, at)
+    ok &= (h >= 0) & (dev.start[idle] < at) & (at <= s)  # launched while the device sat idle
+    dev.kind[idle[ok]] = WAIT
+    launches = np.c_[np.zeros(ok.sum(), np.int64), h[ok], np.ones(ok.sum(), np.int64),
+                     idle[ok], s[ok] - lane.start[h[ok]]]
     # syncs: the host segment that ends with the call waits for the device node holding the
     # end of the work it waited for
-    for ce, d_end in zip(syncs[1].tolist(), syncs[2].tolist()):
-        h = int(np.searchsorted(lane.end, ce, side="left"))
-        d = _seg_at(dev, d_end - 1)
-        if h < lane.end.size and lane.end[h] == ce and lane.kind[h] == WAIT and d >= 0 \
-                and dev.start[d] < ce:
-            links.append((1, d, 0, h, int(ce - dev.start[d])))
-    lane.links = np.array(links, np.int64).reshape(-1, 5)
+    ce, d_end = syncs[1].astype(np.int64), syncs[2].astype(np.int64)
+    h = np.searchsorted(lane.end, ce, side="left")
+    hc = np.clip(h, 0, max(lane.end.size - 1, 0))
+    d = _segs_at(dev, d_end - 1)
+    ok = (h < lane.end.size) & (lane.end[hc] == ce) & (lane.kind[hc] == WAIT) & (d >= 0) & \
+        (dev.start[np.clip(d, 0, None)] < ce)
+    waits = np.c_[np.ones(ok.sum(), np.int64), d[ok], np.zeros(ok.sum(), np.int64), h[ok],
+                  ce[ok] - dev.start[d[ok]]]
+    lane.links = np.concatenate([launches, waits]).astype(np.int64).reshape(-1, 5)
 
 
-def _seg_at(lane: RankLane, t: int) -> int:
-    """The segment of `lane` holding time `t`, -1 outside it."""
-    i = int(np.searchsorted(lane.start, t, side="right")) - 1
-    return i if 0 <= i < lane.start.size and t < lane.end[i] else -1
+def _segs_at(lane: RankLane, t: np.ndarray) -> np.ndarray:
+    """The segment of `lane` holding each time of `t`, -1 outside it."""
+    i = np.searchsorted(lane.start, t, side="right") - 1
+    ic = np.clip(i, 0, max(lane.start.size - 1, 0))
+    ok = (i >= 0) & (i < lane.start.size) & (t < lane.end[ic]) if lane.start.size else \
+        np.zeros(t.size, bool)
+    return np.where(ok, i, -1).astype(np.int64)
 
 
 def _add_ops(lane: RankLane, events: pa.Table, act: M.Activity) -> None:

@@ -1,8 +1,17 @@
 """Replaying the step graph (`graph.py`): every node's start and end from its dependencies, with
 the recorded durations or changed ones, and the critical path that sets each step's length.
 
-The graph is replayed as 2 events per node (its start, its end), in one topological order
-(Kahn's, computed once per graph). An event's time is the latest of what it waits for:
+The graph is replayed as 2 events per node (its start, its end). Once per graph (kept in its
+`cache`, so every replay of it with other durations reuses it) Kahn's algorithm, run a whole
+frontier at a time in numpy, gives each event a *level*: the longest chain of dependencies
+from an event that waits for nothing (a node's own start -> end included). No event waits for
+one of its own level, so a replay walks the levels in order and computes each level's events
+at once: the latest of their incoming edges in one `maximum.reduceat`, the deciding edge the
+first in each event's edge order to reach it, as an event-at-a-time loop would keep it. The
+loop (`how="loop"`) is kept as the reference (tests/unit/test_replay_levels.py checks the two
+agree exactly) and runs where the levels are narrow (a few ranks: fewer than
+MIN_EVENTS_PER_LEVEL events a level, where a level's numpy steps cost more than its events in
+the loop). An event's time is the latest of what it waits for:
 
 - a start: the end of the previous segment of its lane (`program`), or for a comm node the
   point of its lane where it was issued (`launch`); the first segment of a lane starts where
@@ -15,6 +24,10 @@ The graph is replayed as 2 events per node (its start, its end), in one topologi
   what-if changes add them) edges; a comm node adds its tail (its transfer after the last
   arrival, `tail_scale` times the recorded one, or `tail_ns` given outright).
 
+A cycle (only clock error makes one) stops Kahn's algorithm: the earliest recorded event still
+waiting is released, and the dependencies into it not yet met are dropped (counted in
+`Replay.broken`); an event whose every dependency was dropped keeps its recorded start.
+
 With the recorded durations this reproduces the recorded times wherever the trace is
 self-consistent; what it does not reproduce (clock error, work the trace does not show) is the
 replay error that `diagnosis/whatif.py` reports. Each event keeps the edge that decided it, so
@@ -24,7 +37,6 @@ pieces that tile the step.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,11 +58,13 @@ from uberprof.analysis.tables.lanes import (
     WAIT,
 )
 
-__all__ = ["PATH_KINDS", "Path", "Replay", "critical_path", "replay", "step_spans"]
+__all__ = ["NODE_CACHE", "PATH_KINDS", "Path", "Replay", "critical_path", "replay", "step_spans"]
 
 PATH_KINDS = ("compute", "transfer", "waiting", "data", "host")
 _SELF = 4  # the implicit edge from a node's start to its end
 _NEG = -(1 << 62)
+NODE_CACHE = ("windows",)  # what a graph caches from its nodes alone: an edit of its edges
+#                            keeps it (the structure it must compute again)
 
 
 @dataclass
@@ -67,51 +81,94 @@ class Replay:
     broken: int  # dependencies dropped to break a cycle (clock error): 0 when consistent
 
 
-def _structure(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], int]:
-    """Incoming edges per event (CSR: order of edges, pointers) and a topological order of the
-    2n events; edges that close a cycle (only clock error makes one) are dropped and counted."""
-    if "order" in g.cache:
-        return g.cache["order"]
-    n = g.n
+@dataclass
+class _Structure:
+    """What a replay needs of a graph's shape, computed once per graph (its `cache`): the
+    events' levels and, per level, its events and their incoming edges (module docstring)."""
+
+    from_ev: np.ndarray  # per edge, its source event
+    order_e: np.ndarray  # kept edges by target event, each event's in edge order (CSR)
+    ptr: np.ndarray  # per event, its kept edges' range in order_e
+    ev: np.ndarray  # the events by level (a topological order)
+    lptr: np.ndarray  # per level, its events' range in ev
+    k: np.ndarray  # kept edges in the order of ev (each event's in edge order)
+    eptr: np.ndarray  # per level, its edges' range in k
+    seg: np.ndarray  # per event of ev with an edge, the offset of its first edge in its level
+    sptr: np.ndarray  # per level, its range in seg (and seg_ev)
+    seg_ev: np.ndarray  # per event of ev with an edge, its offset in its level
+    seg_of: np.ndarray  # per edge of k, the index of its event among its level's seg
+    single: np.ndarray  # per level: every event has exactly one edge (no reduction needed)
+    broken: int
+
+    @property
+    def levels(self) -> int:
+        return int(self.lptr.size - 1)
+
+
+def _structure(g: StepGraph) -> _Structure:
+    """Levels of the 2n events (module docstring), by Kahn's algorithm one level at a time;
+    where the graph has a cycle (only clock error makes one) the earliest recorded event still
+    waiting is released, and the edges into it not yet satisfied are dropped and counted."""
+    if "structure" in g.cache:
+        return g.cache["structure"]
+    n2 = 2 * g.n
     from_ev, to_ev = _event_edges(g)
-    order_e = np.argsort(to_ev, kind="stable")
-    ptr = np.searchsorted(to_ev[order_e], np.arange(2 * n + 1))
-    indeg = np.bincount(to_ev, minlength=2 * n).astype(np.int64)
-    out_order = np.argsort(from_ev, kind="stable")
-    out_ptr = np.searchsorted(from_ev[out_order], np.arange(2 * n + 1))
-    indeg_l, out_l, optr_l = indeg.tolist(), out_order.tolist(), out_ptr.tolist()
-    to_l = to_ev.tolist()
-    done = [False] * (2 * n)
-    # Kahn's algorithm, nodes' own edges included (start before end)
-    for v in range(n):
-        indeg_l[2 * v + 1] += 1
-    queue = deque(i for i in range(2 * n) if indeg_l[i] == 0)
-    order: list[int] = []
-    t_rec = np.empty(2 * n, np.int64)
-    t_rec[0::2], t_rec[1::2] = g.start, g.start + g.dur
-    pending = None
-    broken = 0
-    while len(order) < 2 * n:
-        if not queue:  # a cycle: release the earliest recorded event still waiting
+    own = np.arange(0, n2, 2, dtype=np.int64)
+    a_from, a_to = np.r_[from_ev, own], np.r_[to_ev, own + 1]  # with each node's own edge
+    out = np.argsort(a_from, kind="stable")
+    out_to = a_to[out]
+    optr = np.searchsorted(a_from[out], np.arange(n2 + 1))
+    indeg = np.bincount(a_to, minlength=n2).astype(np.int64)
+    level = np.full(n2, -1, np.int64)
+    front = np.flatnonzero(indeg == 0)
+    pending: np.ndarray | None = None
+    at, done, lv, broken = 0, 0, 0, 0
+    while done < n2:
+        if front.size == 0:  # a cycle: release the earliest recorded event still waiting
             if pending is None:
-                pending = sorted(range(2 * n), key=lambda i: t_rec[i])
-            i = next(i for i in pending if not done[i])
-            broken += indeg_l[i]
-            indeg_l[i] = 0
-            queue.append(i)
-        i = queue.popleft()
-        if done[i]:
+                t_rec = np.empty(n2, np.int64)
+                t_rec[0::2], t_rec[1::2] = g.start, g.start + g.dur
+                pending = np.argsort(t_rec, kind="stable")
+            while level[pending[at]] >= 0:
+                at += 1
+            i = int(pending[at])
+            broken += int(indeg[i])
+            indeg[i] = 0
+            front = np.array([i], np.int64)
+        level[front] = lv
+        lv += 1
+        done += front.size
+        lo, hi = optr[front], optr[front + 1]
+        cnt = hi - lo
+        tot = int(cnt.sum())
+        if tot == 0:
+            front = front[:0]
             continue
-        done[i] = True
-        order.append(i)
-        nxt = [i + 1] if i % 2 == 0 else []
-        nxt += [to_l[e] for e in out_l[optr_l[i]:optr_l[i + 1]]]
-        for j in nxt:
-            indeg_l[j] -= 1
-            if indeg_l[j] == 0 and not done[j]:
-                queue.append(j)
-    g.cache["order"] = (order_e, ptr, from_ev, order, broken)
-    return g.cache["order"]
+        nxt = out_to[np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(tot)]
+        np.subtract.at(indeg, nxt, 1)
+        nxt = nxt[(indeg[nxt] == 0) & (level[nxt] < 0)]
+        front = np.unique(nxt) if nxt.size > 1 else nxt  # an event two edges of it reached
+    kept = np.flatnonzero(level[from_ev] < level[to_ev])  # an edge into a released event
+    #                                                        from one not yet placed: dropped
+    order_e = kept[np.argsort(to_ev[kept], kind="stable")]
+    ptr = np.searchsorted(to_ev[order_e], np.arange(n2 + 1))
+    ev = np.argsort(level, kind="stable")
+    lptr = np.searchsorted(level[ev], np.arange(lv + 1))
+    cnt = ptr[ev + 1] - ptr[ev]  # per event of ev, its kept edges
+    ecum = np.r_[0, np.cumsum(cnt)]
+    k = order_e[np.repeat(ptr[ev] - ecum[:-1], cnt) + np.arange(int(ecum[-1]))]
+    eptr = ecum[lptr]
+    has = np.flatnonzero(cnt > 0)
+    lev_of = level[ev[has]]
+    seg = ecum[has] - eptr[lev_of]
+    sptr = np.searchsorted(lev_of, np.arange(lv + 1))
+    seg_ev = has - lptr[lev_of]
+    seg_of = np.repeat(np.arange(has.size) - sptr[lev_of], cnt[has])
+    per_level = np.diff(lptr)
+    single = (np.diff(sptr) == per_level) & (np.diff(eptr) == per_level)
+    g.cache["structure"] = _Structure(from_ev, order_e, ptr, ev, lptr, k, eptr, seg, sptr,
+                                      seg_ev, seg_of, single, broken)
+    return g.cache["structure"]
 
 
 def _event_edges(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
@@ -123,13 +180,23 @@ def _event_edges(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     return from_ev.astype(np.int64), to_ev.astype(np.int64)
 
 
+# A graph whose levels hold fewer events than this on average is replayed event by event: a
+# level's numpy steps cost tens of microseconds, an event in the loop about one. Measured
+# (2026-11-26, synthetic graphs): the two cost the same at about 20 events a level; the loop is
+# 3-7x faster at the 3-4 events a level of 2-4 ranks, the levels 4x faster at the 66 of 64
+# ranks and 33x at the 525 of 512 ranks.
+MIN_EVENTS_PER_LEVEL = 20
+
+
 def replay(g: StepGraph, scale: np.ndarray | None = None,
-           tail_scale: np.ndarray | None = None, tail_ns: np.ndarray | None = None) -> Replay:
+           tail_scale: np.ndarray | None = None, tail_ns: np.ndarray | None = None,
+           how: str = "auto") -> Replay:
     """Replay `g` (module docstring); `scale` multiplies each node's own work, `tail_scale`
     each comm node's tail (both 1 by default); `tail_ns`, where given, is each node's tail
-    before `tail_scale` instead of the recorded one."""
+    before `tail_scale` instead of the recorded one. `how`: `levels` (numpy, a level at a
+    time), `loop` (an event at a time: the reference) or `auto` (by events per level)."""
     n = g.n
-    order_e, ptr, from_ev, order, broken = _structure(g)
+    st = _structure(g)
     sc = np.ones(n) if scale is None else np.asarray(scale, np.float64)
     ts = np.ones(n) if tail_scale is None else np.asarray(tail_scale, np.float64)
     waits = np.zeros(n, bool)
@@ -141,12 +208,27 @@ def replay(g: StepGraph, scale: np.ndarray | None = None,
                       np.where(g.etype == COMPLETE, g.lag[g.dst], 0)).astype(np.int64)
     heads = np.zeros(n, bool)
     heads[[lo for lo, _ in (*g.lanes.values(), *g.device_lanes.values())]] = True
+    if how == "loop" or (how == "auto" and 2 * n < MIN_EVENTS_PER_LEVEL * st.levels):
+        t, by = _replay_loop(g, st, own, tail, weight, heads)
+    else:
+        t, by = _replay_levels(g, st, own, tail, weight, heads)
+    start, end = t[0::2].copy(), t[1::2].copy()
+    bar = g.kind == BARRIER
+    start[bar] = end[bar]
+    return Replay(start, end, by[0::2].copy(), by[1::2].copy(), own, tail, st.broken)
+
+
+def _replay_loop(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray,
+                 weight: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's time and deciding edge, one event at a time in topological order: the
+    reference the level replay must match exactly."""
+    n = g.n
     t = [0] * (2 * n)
     by = [_NEG] * (2 * n)
-    oe, pl, fe, w = order_e.tolist(), ptr.tolist(), from_ev.tolist(), weight.tolist()
+    oe, pl, fe, w = st.order_e.tolist(), st.ptr.tolist(), st.from_ev.tolist(), weight.tolist()
     own_l, tail_l, start_l = own.tolist(), tail.tolist(), g.start.tolist()
     kind_l, heads_l = g.kind.tolist(), heads.tolist()
-    for i in order:
+    for i in st.ev.tolist():
         v = i >> 1
         best, arg = _NEG, _NEG
         if i & 1:
@@ -163,26 +245,84 @@ def replay(g: StepGraph, scale: np.ndarray | None = None,
             best = start_l[v] if not i & 1 else t[i - 1] + own_l[v]
         t[i] = best + (tail_l[v] if i & 1 else 0)
         by[i] = arg
-    ta = np.array(t, np.int64)
-    start, end = ta[0::2], ta[1::2]
-    bar = g.kind == BARRIER
-    start[bar] = end[bar]
-    return Replay(start, end, np.array(by[0::2], np.int64), np.array(by[1::2], np.int64),
-                  own, tail, broken)
+    return np.array(t, np.int64), np.array(by, np.int64)
+
+
+def _replay_levels(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray,
+                   weight: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's time and deciding edge, a level at a time: the events of a level wait only
+    for events of earlier levels, so each level is a few numpy steps over its events and their
+    edges, with the loop's rules (its own work or recorded start first, then the first edge
+    in its order that is later)."""
+    ev = st.ev
+    v = ev >> 1
+    is_end = (ev & 1).astype(bool)
+    prev = np.where(is_end, ev - 1, ev)  # an end's start (a start: itself, unused)
+    worked = is_end & (g.kind[v] != BARRIER)  # an end after its own work
+    own_e = np.where(is_end, own[v], 0)
+    rec = g.start[v]
+    first = np.where(~is_end & heads[v], rec, _NEG)  # a lane's first start: as recorded
+    first_by = np.where(worked, -1 - v, _NEG)
+    add = np.where(is_end, tail[v], 0)
+    src, w, k = st.from_ev[st.k], weight[st.k], st.k
+    t = np.zeros(ev.size, np.int64)  # by event
+    by = np.full(ev.size, _NEG, np.int64)
+    lptr, eptr, sptr = st.lptr.tolist(), st.eptr.tolist(), st.sptr.tolist()
+    big = np.iinfo(np.int64).max
+    for lv, single in enumerate(st.single.tolist()):
+        a, b, ea, eb = lptr[lv], lptr[lv + 1], eptr[lv], eptr[lv + 1]
+        after = t[prev[a:b]] + own_e[a:b]  # an end: its start plus its own work
+        best = np.where(worked[a:b], after, first[a:b])
+        arg = first_by[a:b].copy()
+        if eb > ea:
+            x = t[src[ea:eb]] + w[ea:eb]
+            if single:  # one edge each: no reduction
+                later = x > best
+                best[later], arg[later] = x[later], k[ea:eb][later]
+            else:
+                sa, sb = sptr[lv], sptr[lv + 1]
+                at, seg = st.seg_ev[sa:sb], st.seg[sa:sb]
+                top = np.maximum.reduceat(x, seg)
+                pos = np.where(x == top[st.seg_of[ea:eb]], np.arange(eb - ea), big)
+                hit = k[ea + np.minimum.reduceat(pos, seg)]  # the first edge at the top
+                later = top > best[at]
+                best[at[later]], arg[at[later]] = top[later], hit[later]
+        none = best == _NEG  # nothing reaches it (its edges were dropped): as recorded
+        if none.any():
+            best[none] = np.where(is_end[a:b], after, rec[a:b])[none]
+        t[ev[a:b]] = best + add[a:b]
+        by[ev[a:b]] = arg
+    return t, by
 
 
 def step_spans(g: StepGraph, r: Replay) -> dict[int, dict[int, tuple[int, int, int, int]]]:
     """step -> rank -> (replayed start, replayed end, recorded start, recorded end) of the
     step's window on that rank's lane, and the last node of it (for the critical path)."""
+    step, rank, first, last = _windows(g)
     out: dict[int, dict[int, tuple[int, int, int, int]]] = {}
-    for rank, (lo, hi) in g.lanes.items():
-        step = g.step[lo:hi]
-        for s in np.unique(step[step != BETWEEN]).tolist():
-            idx = np.flatnonzero(step == s) + lo
-            a, b = int(idx[0]), int(idx[-1])
-            out.setdefault(int(s), {})[int(rank)] = (int(r.start[a]), int(r.end[b]),
-                                                     int(g.start[a]), b)
+    for s, k, a, b, x, y, z in zip(step.tolist(), rank.tolist(), first.tolist(), last.tolist(),
+                                   r.start[first].tolist(), r.end[last].tolist(),
+                                   g.start[first].tolist()):
+        out.setdefault(s, {})[k] = (x, y, z, b)
     return out
+
+
+def _windows(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each (step, rank) window of a host lane: its step, rank, first and last node (in one
+    sort of the lanes' nodes; kept in the graph's cache: a what-if edit keeps the nodes)."""
+    if "windows" not in g.cache:
+        on = np.zeros(g.n, bool)
+        for lo, hi in g.lanes.values():
+            on[lo:hi] = True
+        nodes = np.flatnonzero(on & (g.step != BETWEEN))
+        nodes = nodes[np.lexsort((nodes, g.step[nodes], g.rank[nodes]))]
+        st, rk = g.step[nodes], g.rank[nodes]
+        new = np.r_[True, (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])] if nodes.size else \
+            np.zeros(0, bool)
+        head = np.flatnonzero(new)
+        tail = np.r_[head[1:] - 1, nodes.size - 1] if head.size else head
+        g.cache["windows"] = (st[head], rk[head], nodes[head], nodes[tail])
+    return g.cache["windows"]
 
 
 @dataclass
