@@ -15,6 +15,7 @@ from uberprof.analysis.diagnosis.stragglers import (
     ArrivalBasis,
     combined_straggler_test,
     find_straggler,
+    straggler_cause,
 )
 
 STEP = 100e6  # 100 ms steps
@@ -103,3 +104,47 @@ def test_a_run_with_one_basis_is_tested_on_it_alone() -> None:
     assert test is not None and test.basis == BASIS_TRACES and not test.alone
     assert lat.num_rows == traced.lateness.num_rows
     assert combined_straggler_test([empty], STEP) == (None, empty.lateness.schema.empty_table())
+
+
+def test_the_larger_basis_decides_where_a_smaller_skewed_one_would_dilute_it() -> None:
+    """A rank alone last at 27 of 38 untraced collectives (confirmed on its own) and a traced
+    window of 20 where the profiler made another rank last at half of them: pooled, 60% last,
+    under the 62.5% the materiality rule needs with 4 ranks. The larger basis decides."""
+    rng = np.random.default_rng(5)
+    fr = rng.uniform(0, 2 * MS, size=(38, 4))
+    fr[:27, 1] += 40 * MS
+    fr[27:, 1] -= 5 * MS  # the first to arrive in the other 11
+    fr -= fr.min(1, keepdims=True)
+    untraced = ArrivalBasis(BASIS_FLIGHT_RECORDER, _lateness(fr, np.repeat(np.arange(20, 39), 2)),
+                            STEP, 19 * STEP)
+    skew = rng.uniform(0, 2 * MS, size=(20, 4))
+    skew[:10, 3] += 30 * MS
+    skew[10:, 1] += 40 * MS
+    skew[10:12, 2] += 60 * MS  # rank 1 last at 8 of these 10 only
+    skew -= skew.min(1, keepdims=True)
+    traced = ArrivalBasis(BASIS_TRACES, _lateness(skew, np.repeat(np.arange(4, 14), 2)), STEP,
+                          10 * STEP)
+    test, lat = combined_straggler_test([traced, untraced], STEP)
+    assert test is not None
+    alone = test.alone
+    assert alone[BASIS_FLIGHT_RECORDER].decision == "confirmed"
+    assert alone[BASIS_FLIGHT_RECORDER].rank == 1
+    assert (test.alone[BASIS_TRACES].last, test.alone[BASIS_TRACES].instances) == (10, 20)
+    assert test.rank == 1 and test.decision == "confirmed" and test.overrules_pool
+    assert test.basis == BASIS_FLIGHT_RECORDER and lat.num_rows == untraced.lateness.num_rows
+    assert "decided by the larger basis alone" in test.as_test().sentence
+
+
+def test_host_gaps_a_wait_for_a_core_explains_are_not_the_straggler_s_cause() -> None:
+    """Traced host gaps 28 ms over the others, compute 18 ms, CPU time +19 ms over every
+    step, and 50 ms more per step waiting for a core: compute, not host launch overhead."""
+    per_step = {s: {0: {"compute": 118e6, "host_launch": 58e6},
+                    1: {"compute": 100e6, "host_launch": 30e6},
+                    2: {"compute": 100e6, "host_launch": 30e6}} for s in range(4)}
+    assert straggler_cause(0, per_step)[0] == "host_launch"  # the trace alone
+    cause, factors = straggler_cause(0, per_step, busy_excess_ns=19_000_000,
+                                     run_wait_excess_ns=50_000_000)
+    assert cause == "compute" and factors["host_launch"] == 28_000_000  # reported as measured
+    # without a wait for a core to explain them, host gaps stay the cause
+    assert straggler_cause(0, per_step, busy_excess_ns=19_000_000,
+                           run_wait_excess_ns=-5_000_000)[0] == "host_launch"

@@ -221,13 +221,19 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
         work = s_test.busy if s_test is not None else None
         work_ns = work.excess_ns if work is not None and work.confirmed \
             and work.rank == straggler.rank else None
+        mine = work is not None and work.rank == straggler.rank
+        run_wait = work.run_wait_excess_ns if mine and work is not None else None
         straggler.cause, straggler.factors = straggler_cause(
-            straggler.rank, _factors(traced, gaps, lat), clock_ev, work_ns)
-        if work is not None and work.rank == straggler.rank and work.preempted is False \
+            straggler.rank, _factors(traced, gaps, lat), clock_ev, work_ns, run_wait)
+        # what makes it late: its lead, or the host gaps the traced steps blame, if larger
+        late_by = max(straggler.median_lead_ns, straggler.factors.get("host_launch", 0)
+                      if straggler.cause == "host_launch" else 0)
+        if mine and work is not None and work.preempted is False \
                 and work.data_excess_ns < work.need_ns \
-                and work.excess_ns < 0.5 * straggler.median_lead_ns:
-            straggler.cause = "off_cpu"  # its own CPU time explains under half of its lead,
-            #                              and the OS did not keep it from a core
+                and work.excess_ns + max(run_wait or 0, 0) < 0.5 * late_by:
+            straggler.cause = "off_cpu"  # its own CPU time and its wait for a core explain
+            #                              under half of it, and the OS did not keep it from
+            #                              a core: it waited off the CPU by itself
         straggler.counters = clock_ev
         if basis_doc is not None:
             _note_traced_view(straggler, traced_test, work_ns)

@@ -22,8 +22,11 @@
   one test. Neither basis overrules the other: a clear straggler in the traced window is not
   cleared by a few untraced instances that cannot tell it from chance, and a traced window the
   profiler skewed (it slows ranks unevenly) is outweighed by many untraced steps where the
-  rank is not late. Each basis's own test is kept beside the pooled one (`alone`) and said
-  where it decides otherwise. A run with one basis (no Flight Recorder: older runs, plain
+  rank is not late. And where the larger basis alone says more than the pool (the Flight
+  Recorder's 38 untraced instances confirm a rank that a skewed traced window of 20 dilutes
+  below the materiality rules), the larger basis decides: a weaker basis never overrules a
+  stronger one. Each basis's own test is kept beside the verdict (`alone`) and said where
+  it decides otherwise. A run with one basis (no Flight Recorder: older runs, plain
   traces) is tested on it. The cost (the delay over the analysed steps, `find_straggler`)
   always comes from the traced ones, as do the cause and the split of collective time into
   wait and transfer.
@@ -164,6 +167,7 @@ class StragglerTest:
     spread_waived: bool = False  # the lead's 2x-spread rule waived by a confirmed excess
     later_than_most: tuple[int, float] | None = None  # (instances, corrected p): second look
     alone: dict[str, StragglerTest | None] = field(default_factory=dict)  # pooled: per basis
+    overrules_pool: bool = False  # the larger basis alone decided: the pool said less
 
     def _alone_words(self) -> str:
         """Each pooled basis's own test, where one alone would decide otherwise."""
@@ -174,8 +178,11 @@ class StragglerTest:
                                          f"rank {t.rank} alone last at {t.last} of "
                                          f"{t.instances}, {t.decision}")
                 for b, t in self.alone.items()]
-        return " (each basis alone: " + "; ".join(said) + "; pooled, every instance counts " \
-            "once and neither basis overrules the other)"
+        how = ("decided by the larger basis alone: pooled with the smaller one it would say "
+               "less, and a weaker basis does not overrule a stronger one"
+               if self.overrules_pool else
+               "pooled, every instance counts once and neither basis overrules the other")
+        return " (each basis alone: " + "; ".join(said) + "; " + how + ")"
 
     def _confirm_hint(self) -> str:
         if self.basis in (BASIS_FLIGHT_RECORDER, BASIS_ARRIVALS):
@@ -304,10 +311,21 @@ def combined_straggler_test(bases: list[ArrivalBasis], median_step_ns: float | N
     pooled = pooled_lateness([b.lateness for b in used])
     wall = sum(b.wall_ns or 0 for b in used) or None
     test = straggler_test(pooled, median_step_ns, wall, BASIS_ARRIVALS, busy)
+    alone = {b.name: straggler_test(b.lateness, b.median_step_ns, b.wall_ns, b.name, busy)
+             for b in bases}
+    largest = max(used, key=lambda b: b.lateness.num_rows)
+    big = alone[largest.name]
+    if big is not None and (test is None or _STRENGTH[big.decision] > _STRENGTH[test.decision]):
+        # the larger basis alone says more than the pool: the smaller one (a traced window
+        # the profiler skewed, say) must not dilute it
+        big.alone, big.overrules_pool = alone, True
+        return big, largest.lateness
     if test is not None:
-        test.alone = {b.name: straggler_test(b.lateness, b.median_step_ns, b.wall_ns, b.name,
-                                             busy) for b in bases}
+        test.alone = alone
     return test, pooled
+
+
+_STRENGTH = {"none": 0, "suspected": 1, "confirmed": 2}
 
 
 def _delay_per_step(step: np.ndarray, delay: np.ndarray, n_part: np.ndarray
@@ -469,7 +487,8 @@ def find_straggler(lat: pa.Table, median_step_ns: float | None,
 
 def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],
                     clocks: dict[str, Any] | None = None,
-                    busy_excess_ns: int | None = None) -> tuple[str, dict[str, int]]:
+                    busy_excess_ns: int | None = None,
+                    run_wait_excess_ns: int | None = None) -> tuple[str, dict[str, int]]:
     """The straggler's cause and, per factor, its median per-step excess over the other ranks.
 
     `per_step[step][rank]` holds the factors of one rank in one step (ns): `compute`, `data`,
@@ -478,7 +497,10 @@ def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],
     says the rank's GPU ran slower clocks or had throttle reasons set and the others did not.
     `busy_excess_ns`, its confirmed busy-time excess (analysis/diagnosis/busy.py: every step,
     where the traced steps are a few), weighs for `compute` where it is larger than the traced
-    excess.
+    excess. `run_wait_excess_ns`, its wait for a core beyond the others' (busy.py, CPU runs),
+    weighs against `host_launch`: a thread the OS kept off a core between operators shows host
+    gaps that are no launch overhead of its own (a 1.3x compute straggler on a loaded host
+    waited 50 ms more per step for a core and showed 28 ms more host gaps than compute).
     """
     names = ("compute", "data", "host_launch", "network")
     excess: dict[str, list[float]] = {f: [] for f in names}
@@ -493,6 +515,8 @@ def straggler_cause(rank: int, per_step: dict[int, dict[int, dict[str, float]]],
     weight = dict(factors)
     if busy_excess_ns is not None:
         weight["compute"] = max(weight["compute"], busy_excess_ns)
+    if run_wait_excess_ns is not None and run_wait_excess_ns > 0:
+        weight["host_launch"] = max(0, weight["host_launch"] - run_wait_excess_ns)
     cause = max(names, key=lambda f: weight[f])
     if cause == "compute" and clocks and clocks.get("throttled"):
         cause = "clock_throttle"
