@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Claim", "Expect", "KindRow", "RunScore", "Truth", "false_stragglers",
-           "finding_key", "is_suspected", "score_run", "tally"]
+__all__ = ["Claim", "ConditionTarget", "Expect", "KindRow", "RunScore", "Truth",
+           "condition_targets", "false_stragglers", "finding_key", "is_suspected", "scenario_of",
+           "score_run", "tally"]
 
 CAUSE_KINDS = ("straggler", "bandwidth")  # kinds whose cause is part of the diagnosis
 
@@ -179,3 +180,88 @@ def false_stragglers(scores: Iterable[RunScore], scenarios: set[str] | None = No
     firm = sum(s.false_straggler for s in ok)
     soft = sum(s.suspected_false_straggler and not s.false_straggler for s in ok)
     return firm, soft, len(ok)
+
+
+HOG = "+hog"  # a condition's suffix: the scenario run beside a CPU hog
+
+
+def scenario_of(condition: str) -> str:
+    """The scenario a condition runs: `healthy+hog` -> `healthy`."""
+    return condition.removesuffix(HOG)
+
+
+@dataclass
+class ConditionTarget:
+    """Issue 29's target for one condition (a scenario, with or without a CPU hog): a healthy
+    condition must name no confirmed straggler in `need` runs; an injected one must name the
+    straggler, with its cause, in at least `need_found` of `need` runs (the same share when
+    more ran)."""
+
+    condition: str
+    healthy: bool
+    key: str | None  # injected: the expectation scored (`straggler:off_cpu`)
+    runs: int = 0  # scored runs (failed ones left out)
+    failed: int = 0
+    false: int = 0  # healthy: runs with a confirmed false straggler
+    suspected: int = 0  # ... with a suspected one only
+    found: int = 0  # injected: runs where the straggler was named with the right cause
+    other_straggler: int = 0  # ... runs not found that named a straggler all the same
+    need: int = 20
+    need_found: int = 19
+
+    @property
+    def met(self) -> bool:
+        if self.runs < self.need:
+            return False
+        if self.healthy:
+            return self.false == 0
+        return self.found * self.need >= self.need_found * self.runs
+
+    def line(self) -> str:
+        """One line for the summary: the counts, the target and whether it was met."""
+        if self.healthy:
+            what = (f"{self.false} false confirmed straggler(s) in {self.runs} run(s)"
+                    + (f" (+{self.suspected} suspected only)" if self.suspected else "")
+                    + f"; target 0 in >= {self.need}")
+        else:
+            what = (f"{self.key} named in {self.found} of {self.runs} run(s)"
+                    + (f" ({self.other_straggler} named another straggler)"
+                       if self.other_straggler else "")
+                    + f"; target >= {self.need_found} of {self.need}")
+        verdict = "MET" if self.met else (
+            f"not met (only {self.runs} run(s))" if self.runs < self.need
+            and (self.false == 0 if self.healthy
+                 else self.found * self.need >= self.need_found * self.runs)
+            else "not met")
+        failed = f", {self.failed} failed" if self.failed else ""
+        return f"{self.condition}: {what}{failed} -> {verdict}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "met": self.met}
+
+
+def condition_targets(scores: Iterable[RunScore], healthy: Iterable[str],
+                      injected: Mapping[str, str], need: int = 20, need_found: int = 19
+                      ) -> list[ConditionTarget]:
+    """Per condition (`RunScore.scenario`, e.g. `off-cpu+hog`) whose scenario is healthy or
+    injected (`injected` maps a scenario to its expectation key), in the order first seen."""
+    healthy = set(healthy)
+    out: dict[str, ConditionTarget] = {}
+    for s in scores:
+        base = scenario_of(s.scenario)
+        if base not in healthy and base not in injected:
+            continue
+        t = out.setdefault(s.scenario, ConditionTarget(
+            s.scenario, base in healthy, injected.get(base), need=need, need_found=need_found))
+        if s.error:
+            t.failed += 1
+            continue
+        t.runs += 1
+        if t.healthy:
+            t.false += s.false_straggler
+            t.suspected += s.suspected_false_straggler and not s.false_straggler
+        elif s.met.get(t.key or ""):
+            t.found += 1
+        elif any(k.startswith("straggler") for k in s.fp):
+            t.other_straggler += 1
+    return list(out.values())

@@ -7,6 +7,8 @@ false stragglers.
     python benchmarks/accuracy.py --scenarios healthy --ranks 4 --repeats 20 --json
     python benchmarks/accuracy.py --scenarios healthy --ranks 4 --rescore DIR   # kept runs,
                                                                # this checkout's analysis
+    python benchmarks/accuracy.py --scenarios healthy,compute-1.3x,off-cpu,grad-accum \
+        --ranks 4 --repeats 20 --hog both --keep --out DIR    # issue 29's targets
 
 Scenarios (samples/train_ddp.py with its fault knobs; each repeat has its own seed, and the
 faulty rank or node is drawn from it):
@@ -14,6 +16,10 @@ faulty rank or node is drawn from it):
   healthy          no fault
   compute-1.3x     one rank computes 1.3x as long per step (--slow-factor 1.3)
   compute-2x       ... 2x as long
+  off-cpu          one rank sleeps 30 ms per step on its training thread (--sleep-ms 30: off
+                   the CPU by its own doing, as blocking I/O or a lock would be); cause off_cpu
+  grad-accum       healthy, with gradient accumulation (--accum 4: four micro-batches per
+                   optimizer step, three of them under DDP's no_sync(), so no all-reduce)
   slow-data        one rank's data loader sleeps 5 ms per sample (40 ms per batch)
   exposed-comm     DDP with 0.05 MB buckets all-reduced inside backward (--no-overlap)
   tiny-allreduce   20 separate 4-float all-reduces per step (latency-bound)
@@ -24,37 +30,48 @@ each with 2 and 4 ranks on this machine's cores (two-node scenarios split them o
 they need root, iproute2 and tc, and are skipped without). Runs interleave scenarios, so a time
 budget cuts every scenario short alike.
 
+--hog on (or both) runs each scenario also beside a CPU hog, as condition `<scenario>+hog`:
+--hog-procs Python processes spinning at normal priority (default 1: on 2 cores, another job
+on the machine) from before the job starts until it has ended; they are killed in a finally
+block and end themselves when the benchmark's process is gone, so none outlives it.
+
 Ground truth: each scenario names the findings that must appear (kind, cause, rank) and those
 that must not (see benchmarks/_scoring.py for how findings are matched and counted). Findings
 marked "suspected" are counted apart: they are not verdicts. Targets stated by issue 14: no
 false straggler in at least 20 healthy runs; recall of at least 95% for the 1.3x compute
 straggler. Every run also checks that the findings' time at stake does not add up to more than
-the analysed wall time.
+the analysed wall time. Issue 29's targets, per condition (scenario x hog): 0 false confirmed
+stragglers in 20 healthy runs (healthy and grad-accum), and the injected straggler
+(compute-1.3x: cause compute; off-cpu: cause off_cpu) named with its cause in at least 19 of 20.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from _common import doc_parser
 from _scoring import (
+    HOG,
     Claim,
     Expect,
     RunScore,
     Truth,
+    condition_targets,
     false_stragglers,
     finding_key,
     is_suspected,
@@ -67,6 +84,8 @@ from tests._jobs import PY, SAMPLES, job_env, torchrun
 SAMPLE = SAMPLES / "train_ddp.py"
 CAP = "1gbit"
 SLOW_CAP = "250mbit"
+SLEEP_MS = 30
+ACCUM = 4
 STRAGGLER = Claim("straggler")
 DATA_STALL = Claim("data_stall")
 FOREIGN = (STRAGGLER, DATA_STALL)  # no scenario without that fault may name these
@@ -100,6 +119,19 @@ def _compute(factor: float) -> Callable[[int, random.Random], Plan]:
         return Plan(["--slow-rank", str(r), "--slow-factor", str(factor)],
                     Truth((want,), FOREIGN, frozenset({r})), f"rank {r} computes {factor}x")
     return plan
+
+
+def _off_cpu(n: int, rng: random.Random) -> Plan:
+    r = rng.randrange(n)
+    want = Expect("straggler:off_cpu", (Claim("straggler", "off_cpu", frozenset({r})),))
+    return Plan(["--sleep-rank", str(r), "--sleep-ms", str(SLEEP_MS)],
+                Truth((want,), FOREIGN, frozenset({r})), f"rank {r} sleeps {SLEEP_MS} ms/step")
+
+
+def _grad_accum(n: int, rng: random.Random) -> Plan:
+    return Plan(["--accum", str(ACCUM)],
+                Truth(forbid=(*FOREIGN, Claim("bandwidth", "bandwidth-bound"))),
+                f"{ACCUM} micro-batches/step")
 
 
 def _slow_data(n: int, rng: random.Random) -> Plan:
@@ -141,6 +173,8 @@ SCENARIOS = {s.name: s for s in (
     Scenario("healthy", _healthy),
     Scenario("compute-1.3x", _compute(1.3)),
     Scenario("compute-2x", _compute(2.0)),
+    Scenario("off-cpu", _off_cpu),
+    Scenario("grad-accum", _grad_accum),
     Scenario("slow-data", _slow_data),
     Scenario("exposed-comm", _exposed),
     Scenario("tiny-allreduce", _tiny),
@@ -150,17 +184,44 @@ SCENARIOS = {s.name: s for s in (
 QUICK = ("healthy", "compute-2x", "slow-data")
 TARGET_HEALTHY_RUNS = 20
 TARGET_RECALL = 0.95
+HEALTHY = ("healthy", "grad-accum")  # issue 29: no straggler may be confirmed in these
+INJECTED = {"compute-1.3x": "straggler:compute", "off-cpu": "straggler:off_cpu"}
+TARGET_FOUND = 19  # of TARGET_HEALTHY_RUNS injected stragglers, named with their cause
 
 
 @dataclass
 class Result:
-    scenario: str
+    scenario: str  # the condition: the scenario's name, `+hog` beside a CPU hog
     ranks: int
     seed: int
     fault: str
     seconds: float
     score: RunScore
     findings: list[dict[str, Any]]
+
+
+# A spinning process that also ends itself once the benchmark is gone (its parent changes),
+# whatever ended the benchmark: a check every ~10 ms of spinning.
+HOG_LOOP = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+            "    for _ in range(200_000):\n        pass\n")
+
+
+@contextlib.contextmanager
+def cpu_hog(procs: int) -> Iterator[None]:
+    """`procs` Python processes spinning at normal priority while the block runs: another
+    job on the machine, competing with the ranks for the cores."""
+    hogs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(procs):
+            hogs.append(subprocess.Popen([PY, "-c", HOG_LOOP], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL))
+        yield
+    finally:
+        for h in hogs:
+            h.kill()
+        for h in hogs:
+            h.wait()
 
 
 def _netns_ok() -> bool:
@@ -172,11 +233,29 @@ def _uberprof_run(out: Path, run_id: str, extra: list[str], command: list[str]) 
             *command]
 
 
+def run_job(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`cmd` (an `uberprof run`) captured; on a timeout or when the benchmark is ended
+    (SIGTERM, Ctrl-C) it gets SIGTERM first, which it passes on to the job's own process
+    group, so that no rank outlives the benchmark (SIGKILL after a grace period)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=job_env())
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def _run_one_node(out: Path, run_id: str, n: int, sample: list[str], extra: list[str],
                   timeout: float) -> None:
     cmd = _uberprof_run(out, run_id, extra, torchrun(n, SAMPLE, *sample))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env(),
-                          check=False)
+    proc = run_job(cmd, timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"uberprof run exited {proc.returncode}: {proc.stderr[-1500:]}")
 
@@ -214,16 +293,22 @@ def _report(run: Path, timeout: float) -> dict[str, Any]:
     return doc
 
 
-def _run_id(sc: Scenario, n: int, seed: int) -> str:
-    return f"{sc.name}-r{n}-s{seed}"
+def _condition(sc: Scenario, hog: bool) -> str:
+    return sc.name + (HOG if hog else "")
+
+
+def _run_id(sc: Scenario, n: int, seed: int, hog: bool = False) -> str:
+    # `uberprof run` keeps [A-Za-z0-9._-] of a run id, so the hog's runs are `<scenario>_hog-`
+    return f"{sc.name}{'_hog' if hog else ''}-r{n}-s{seed}"
 
 
 def run_case(sc: Scenario, n: int, seed: int, out: Path, args: Any, index: int,
-             rerun: bool = True) -> Result:
-    """One run of `sc` with `n` ranks, reported and scored; a failure is a scored error.
-    `rerun=False` reports a kept run again instead (`--rescore`)."""
-    plan = sc.plan(n, random.Random(f"{sc.name}/{n}/{seed}"))
-    run_id = _run_id(sc, n, seed)
+             rerun: bool = True, hog: bool = False) -> Result:
+    """One run of `sc` with `n` ranks (beside a CPU hog if `hog`), reported and scored; a
+    failure is a scored error. `rerun=False` reports a kept run again instead (`--rescore`)."""
+    plan = sc.plan(n, random.Random(f"{sc.name}/{n}/{seed}"))  # the same fault with a hog
+    run_id = _run_id(sc, n, seed, hog)
+    condition = _condition(sc, hog)
     sample = ["--steps", str(args.steps), "--seed", str(seed), *plan.args]
     extra = args.uberprof_args.split()
     t0 = time.monotonic()
@@ -231,23 +316,25 @@ def run_case(sc: Scenario, n: int, seed: int, out: Path, args: Any, index: int,
     try:
         if not rerun:
             _drop_saved_diagnosis(out / run_id)
-        elif sc.nodes == 2:
-            _run_two_nodes(out, run_id, n, sample, extra, args.run_timeout, plan.slow_node,
-                           29500 + index % 400)
         else:
-            _run_one_node(out, run_id, n, sample, extra, args.run_timeout)
+            with cpu_hog(args.hog_procs if hog else 0):
+                if sc.nodes == 2:
+                    _run_two_nodes(out, run_id, n, sample, extra, args.run_timeout,
+                                   plan.slow_node, 29500 + index % 400)
+                else:
+                    _run_one_node(out, run_id, n, sample, extra, args.run_timeout)
         report = _report(out / run_id, args.run_timeout)
         (out / f"{run_id}.report.json").write_text(json.dumps(report, indent=1))
-        score = score_run(sc.name, plan.truth, report)
+        score = score_run(condition, plan.truth, report)
         findings = [{"key": finding_key(f), "ranks": f.get("ranks"),
                      "suspected": is_suspected(f), "severity": f.get("severity"),
                      "time_at_stake_ms": f.get("time_at_stake_ms")}
                     for f in report.get("findings") or []]
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as e:
-        score = RunScore(sc.name, error=str(e)[-500:] or type(e).__name__)
+        score = RunScore(condition, error=str(e)[-500:] or type(e).__name__)
     if not args.keep and rerun:
         shutil.rmtree(out / run_id, ignore_errors=True)
-    return Result(sc.name, n, seed, plan.fault, time.monotonic() - t0, score, findings)
+    return Result(condition, n, seed, plan.fault, time.monotonic() - t0, score, findings)
 
 
 def _drop_saved_diagnosis(run: Path) -> None:
@@ -257,16 +344,30 @@ def _drop_saved_diagnosis(run: Path) -> None:
     (run / "derived" / "diagnosis.json").unlink(missing_ok=True)
 
 
-def kept_cases(out: Path, names: list[str], ranks: list[int]) -> list[tuple[Scenario, int, int]]:
-    """The runs kept in `out` (`--keep`) of the scenarios and rank counts asked for."""
+Case = tuple[Scenario, int, int, bool]  # scenario, ranks, seed, beside a CPU hog
+
+
+def kept_cases(out: Path, names: list[str], ranks: list[int],
+               hogs: tuple[bool, ...] = (False, True)) -> list[Case]:
+    """The runs kept in `out` (`--keep`) of the scenarios, rank counts and hog conditions
+    asked for."""
     cases = []
     for sc in (SCENARIOS[s] for s in names):
         for n in ranks:
-            prefix = _run_id(sc, n, 0)[:-1]
-            for p in sorted(out.glob(prefix + "*")):
-                if p.is_dir() and p.name[len(prefix):].isdigit():
-                    cases.append((sc, n, int(p.name[len(prefix):])))
-    return sorted(cases, key=lambda c: (c[2], c[1], names.index(c[0].name)))
+            for hog in hogs:
+                prefix = _run_id(sc, n, 0, hog)[:-1]
+                for p in sorted(out.glob(prefix + "*")):
+                    if p.is_dir() and p.name[len(prefix):].isdigit():
+                        cases.append((sc, n, int(p.name[len(prefix):]), hog))
+    return sorted(cases, key=lambda c: (c[2], c[1], c[3], names.index(c[0].name)))
+
+
+def _hogs(choice: str | None, rescore: bool) -> tuple[bool, ...]:
+    """The hog conditions: --hog off/on/both; unset, a new run has none and a rescore takes
+    whatever was kept."""
+    if choice is None:
+        choice = "both" if rescore else "off"
+    return {"off": (False,), "on": (True,), "both": (False, True)}[choice]
 
 
 def _pct(x: float | None) -> str:
@@ -294,6 +395,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
             "median_s": round(statistics.median(r.seconds for r in rs), 1)})
     firm_h, soft_h, n_h = false_stragglers(scores, {"healthy"})
     rec = tally(s for s in scores if s.scenario == "compute-1.3x").get("straggler:compute")
+    conditions = condition_targets(scores, HEALTHY, INJECTED, TARGET_HEALTHY_RUNS, TARGET_FOUND)
     targets = {
         "healthy_false_stragglers": {"false": firm_h, "suspected": soft_h, "runs": n_h,
                                      "met": firm_h == 0 and n_h >= TARGET_HEALTHY_RUNS},
@@ -301,7 +403,9 @@ def summary(results: list[Result]) -> dict[str, Any]:
                                 "runs": rec.expected if rec else 0,
                                 "recall": rec.recall if rec else None,
                                 "met": bool(rec and rec.recall is not None
-                                            and rec.recall >= TARGET_RECALL)}}
+                                            and rec.recall >= TARGET_RECALL)},
+        "conditions": [t.as_dict() for t in conditions],
+        "conditions_met": bool(conditions) and all(t.met for t in conditions)}
     firm, soft, n = false_stragglers(scores)
     return {"scenarios": scenarios, "kinds": [k.as_dict() for k in tally(scores).values()],
             "false_stragglers": {"false": firm, "suspected": soft, "runs": n},
@@ -314,7 +418,7 @@ def print_tables(summ: dict[str, Any], header: str) -> None:
 
     con = Console(width=None if sys.stdout.isatty() else 150)  # whole tables in logs
     con.print(header)
-    t = Table(title="Per scenario")
+    t = Table(title="Per scenario (+hog: beside a CPU hog)")
     for c in ("scenario", "ranks", "runs", "failed", "expected found", "suspected only",
               "false stragglers", "other false alarms", "stake > wall", "median s"):
         t.add_column(c, justify="left" if c == "scenario" else "right")
@@ -346,6 +450,19 @@ def print_tables(summ: dict[str, Any], header: str) -> None:
     con.print(f"Target: recall >= {TARGET_RECALL:.0%} for the 1.3x compute straggler: "
               f"{r['found']}/{r['runs']} ({_pct(r['recall'])}) -> "
               f"{'MET' if r['met'] else 'not met'}")
+    if tg["conditions"]:
+        con.print("Issue 29's targets, per condition (all rank counts together):")
+        for c in condition_lines(tg["conditions"]):
+            con.print("  " + c, markup=False)
+
+
+def condition_lines(conditions: list[dict[str, Any]]) -> list[str]:
+    """The summary's lines of issue 29's targets, from the saved JSON."""
+    from _scoring import ConditionTarget
+
+    fields = {f.name for f in dataclasses.fields(ConditionTarget)}
+    return [ConditionTarget(**{k: v for k, v in c.items() if k in fields}).line()
+            for c in conditions]
 
 
 def main() -> None:
@@ -361,6 +478,12 @@ def main() -> None:
     ap.add_argument("--budget-min", type=float, default=None,
                     help="start no new run after this many minutes")
     ap.add_argument("--run-timeout", type=float, default=600, help="seconds per run/report")
+    ap.add_argument("--hog", choices=("off", "on", "both"), default=None,
+                    help="run beside a CPU hog: off (default for new runs), on, or both "
+                         "(each scenario twice); with --rescore the kept runs of both unless "
+                         "given")
+    ap.add_argument("--hog-procs", type=int, default=1, metavar="N",
+                    help="spinning processes of the CPU hog (default 1)")
     ap.add_argument("--quick", action="store_true",
                     help=f"smoke test: {', '.join(QUICK)} at 2 ranks, once each")
     ap.add_argument("--out", type=Path, help="runs and reports go here (default: a temp dir)")
@@ -382,21 +505,25 @@ def main() -> None:
     out = args.rescore or args.out or Path(tempfile.mkdtemp(prefix="uberprof-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)
 
-    cases = kept_cases(out, names, ranks) if args.rescore else \
-        [(SCENARIOS[s], n, args.seed + i) for i in range(repeats) for n in ranks for s in names]
+    hogs = _hogs(args.hog, args.rescore is not None)
+    cases = kept_cases(out, names, ranks, hogs) if args.rescore else \
+        [(SCENARIOS[s], n, args.seed + i, hog) for i in range(repeats) for n in ranks
+         for hog in hogs for s in names]
+    # a SIGTERM ends the benchmark through its finally blocks (the hog is stopped)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load0 = os.getloadavg()
     t0 = time.monotonic()
     results: list[Result] = []
-    for i, (sc, n, seed) in enumerate(cases):
+    for i, (sc, n, seed, hog) in enumerate(cases):
         if args.budget_min is not None and time.monotonic() - t0 > args.budget_min * 60:
             print(f"time budget spent: {len(cases) - i} run(s) not started", file=sys.stderr)
             break
-        r = run_case(sc, n, seed, out, args, i, rerun=args.rescore is None)
+        r = run_case(sc, n, seed, out, args, i, rerun=args.rescore is None, hog=hog)
         results.append(r)
         status = r.score.error or ", ".join(
             f["key"] + ("?" if f["suspected"] else "") + (f"@{f['ranks']}" if f["ranks"] else "")
             for f in r.findings) or "no findings"
-        print(f"[{i + 1}/{len(cases)}] {sc.name} ranks={n} seed={seed} ({r.fault}) "
+        print(f"[{i + 1}/{len(cases)}] {r.scenario} ranks={n} seed={seed} ({r.fault}) "
               f"{r.seconds:.0f} s: {status}", file=sys.stderr, flush=True)
 
     summ = summary(results)

@@ -15,6 +15,9 @@ and tests of the diagnosis:
                                    blocking it (communication exposed)
   --tiny-allreduces N              every rank all-reduces N separate 4-float tensors per step
                                    (many small collectives: latency-bound)
+  --accum N                        gradient accumulation: N micro-batches per optimizer step,
+                                   all but the last under DDP's no_sync() (gradients reduced
+                                   once per step; a healthy job with uneven collectives)
   --start-gate FILE                each rank adds a line to FILE.ready, then waits for FILE to
                                    exist before its first step (jobs side by side start
                                    together: tests of `uberprof diff`)
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import statistics
@@ -98,6 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MB")
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--tiny-allreduces", type=int, default=0, metavar="N")
+    p.add_argument("--accum", type=int, default=1, metavar="N",
+                   help="micro-batches per optimizer step (gradient accumulation)")
     p.add_argument("--start-gate", metavar="FILE")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -214,8 +220,10 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     """The training loop shared by the samples, with the fault knobs applied on their rank."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     delay = args.data_delay_ms / 1e3 if rank == args.slow_data_rank else 0.0
-    data = SyntheticTokens(args.steps * args.batch, args.seq, args.vocab, delay)
+    accum = max(1, args.accum)
+    data = SyntheticTokens(args.steps * accum * args.batch, args.seq, args.vocab, delay)
     loader = DataLoader(data, batch_size=args.batch, num_workers=args.workers)
+    batches = iter(loader)
     extra = max(0, round(args.slow_compute) - 1) if rank == args.slow_rank else 0
     slow_factor = args.slow_factor if rank == args.slow_rank else 1.0
     own: list[float] = []  # this rank's steps so far, without the slow-factor work
@@ -225,13 +233,20 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     t_start = t_prev = time.perf_counter()
     cpu_prev = time.thread_time()
     durations, cpu_times = [], []
-    for step, (x, y) in enumerate(loader):
+    for step in range(args.steps):
+        micro = [next(batches) for _ in range(accum)]
         t_step = time.perf_counter()
         if rank == args.oom_rank and step == args.oom_step:
             _run_out_of_memory(device)
+        if accum > 1:  # all micro-batches but the last: gradients kept local, added up
+            opt.zero_grad(set_to_none=True)
+            _accumulate(model, loss_fn, micro[:-1], accum, args.vocab, device)
+        x, y = micro[-1]
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = model(x)
         loss = loss_fn(logits.reshape(-1, args.vocab), y.reshape(-1))
+        if accum > 1:
+            loss = loss / accum
         for _ in range(extra):  # a straggler: the same work again, outside autograd
             with torch.no_grad():
                 model(x)
@@ -247,8 +262,9 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
         if slow_factor > 1.0 and own:  # a straggler by a fraction of its own step
             _compute_for((slow_factor - 1.0) * statistics.median(own[-9:]), device)
         t_slow = time.perf_counter() - t_slow
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if accum == 1:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()  # with DDP: the step's one gradient all-reduce
         opt.step()
         for _ in range(args.tiny_allreduces if world > 1 else 0):  # metrics, one at a time
             dist.all_reduce(torch.ones(4, device=device))
@@ -263,8 +279,6 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
             cpu_now = time.thread_time()
             cpu_times.append(cpu_now - cpu_prev)
             cpu_prev = cpu_now
-        if step + 1 >= args.steps:
-            break
     if args.step_times and rank == 0:
         with open(args.step_times, "w") as f:
             json.dump(durations, f)
@@ -278,6 +292,19 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
         what = "steps" if kind == "DDP" else f"{kind} steps"
         print(f"trained {args.steps} {what} on {world} rank(s) in {elapsed:.2f} s, "
               f"final loss {loss.item():.3f}", flush=True)
+
+
+def _accumulate(model: nn.Module, loss_fn: nn.Module,
+                micro: list[tuple[torch.Tensor, torch.Tensor]], accum: int, vocab: int,
+                device: torch.device) -> None:
+    """Forward and backward of micro-batches whose gradients are only added up locally: under
+    DDP's `no_sync()` no all-reduce runs, so the step's last micro-batch reduces them all."""
+    sync_off = model.no_sync() if isinstance(model, DDP) else contextlib.nullcontext()
+    with sync_off:
+        for x, y in micro:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = loss_fn(model(x).reshape(-1, vocab), y.reshape(-1)) / accum
+            loss.backward()
 
 
 def _compute_for(seconds: float, device: torch.device) -> None:

@@ -2,6 +2,7 @@
 crash tests. Under torchrun, or with --spawn N (torch.multiprocessing.spawn, no torchrun).
 
     --fault sleep     rank R sleeps forever in Python before its collective of step S
+    --fault spin      rank R spins forever in a Python loop there (busy, on the CPU)
     --fault pause     rank R sleeps --pause-s seconds there, then goes on
     --fault skip      rank R skips step S's all-reduce and waits in a collective of another group
     --fault mismatch  rank R skips a 1-element all-reduce that the others issue at step S
@@ -14,6 +15,8 @@ crash tests. Under torchrun, or with --spawn N (torch.multiprocessing.spawn, no 
     --fault stop      rank R sends itself SIGSTOP at step S (frozen: alive, never answering)
     --fault raise     rank R raises RuntimeError at step S
     --fault kill      rank R kills itself with SIGKILL at step S
+    --fault segv      rank R reads address 0 at step S (a segmentation fault, SIGSEGV)
+    --fault exit      rank R ends with os._exit(3) at step S (no exception, no Python exit)
     --own-profiler    the script steps its own torch.profiler every step
 """
 
@@ -35,6 +38,12 @@ STATS = 10_000  # elements of the statistics that --fault skip-one all-reduces e
 def stuck_forever() -> None:
     while True:
         time.sleep(1)
+
+
+def spin_forever() -> None:
+    n = 0
+    while True:  # pure Python work: the GIL is taken and given back, signals are handled
+        n += 1
 
 
 def train(args: argparse.Namespace) -> None:
@@ -62,6 +71,14 @@ def train(args: argparse.Namespace) -> None:
                 raise RuntimeError(f"boom at step {step}")
             if args.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.fault == "spin":
+                spin_forever()
+            if args.fault == "segv":
+                import ctypes
+
+                ctypes.string_at(0)  # reads address 0: SIGSEGV
+            if args.fault == "exit":
+                os._exit(3)
             if args.fault == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
             if args.fault == "skip":
@@ -98,7 +115,7 @@ def spawned(i: int, world: int, port: int, args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     faults = ("none", "sleep", "pause", "skip", "mismatch", "mismatch-op", "barrier",
-              "skip-one", "stop", "raise", "kill")
+              "skip-one", "stop", "raise", "kill", "spin", "segv", "exit")
     ap.add_argument("--fault", choices=faults, default="none")
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--at-step", type=int, default=3)

@@ -131,3 +131,129 @@ def test_run_score_as_dict_is_json() -> None:
     s = S.score_run("c", _compute_truth(2), _report(_f("straggler", "compute", [2])))
     doc = json.loads(json.dumps(s.as_dict()))
     assert doc["tp"] == {"straggler:compute": 1} and doc["met"] == {"straggler:compute": True}
+
+
+def _off_cpu_truth(rank: int) -> Any:
+    want = S.Expect("straggler:off_cpu", (S.Claim("straggler", "off_cpu", frozenset({rank})),))
+    return S.Truth((want,), (STRAGGLER, DATA), frozenset({rank}))
+
+
+INJECTED = {"compute-1.3x": "straggler:compute", "off-cpu": "straggler:off_cpu"}
+
+
+def test_scenario_of_strips_the_hog_suffix() -> None:
+    assert S.scenario_of("off-cpu+hog") == "off-cpu"
+    assert S.scenario_of("healthy") == "healthy"
+
+
+def test_off_cpu_straggler_named_compute_is_a_miss_not_a_false_straggler() -> None:
+    s = S.score_run("off-cpu", _off_cpu_truth(1), _report(_f("straggler", "compute", [1])))
+    assert s.met == {"straggler:off_cpu": False} and s.fp == {"straggler:compute": 1}
+    assert not s.false_straggler
+    hit = S.score_run("off-cpu", _off_cpu_truth(1), _report(_f("straggler", "off_cpu", [1])))
+    assert hit.met == {"straggler:off_cpu": True}
+
+
+def test_condition_targets_keep_hog_and_plain_apart_and_count_each_kind() -> None:
+    healthy = S.Truth(forbid=(STRAGGLER, DATA))
+    runs = [
+        S.score_run("healthy", healthy, _report()),
+        S.score_run("healthy+hog", healthy, _report(_f("straggler", "host_launch", [1]))),
+        S.score_run("healthy+hog", healthy,
+                    _report(_f("straggler", "compute", [2], confidence="suspected"))),
+        S.score_run("grad-accum", healthy, _report()),
+        S.score_run("off-cpu+hog", _off_cpu_truth(3), _report(_f("straggler", "off_cpu", [3]))),
+        S.score_run("off-cpu+hog", _off_cpu_truth(3), _report(_f("straggler", "compute", [3]))),
+        S.score_run("off-cpu+hog", _off_cpu_truth(3), _report()),
+        S.RunScore("off-cpu+hog", error="uberprof run exited 1"),
+        S.score_run("slow-data", S.Truth(), _report()),  # neither healthy nor injected
+    ]
+    got = {t.condition: t for t in S.condition_targets(runs, ("healthy", "grad-accum"),
+                                                       INJECTED)}
+    assert list(got) == ["healthy", "healthy+hog", "grad-accum", "off-cpu+hog"]
+    assert (got["healthy"].runs, got["healthy"].false) == (1, 0)
+    hog = got["healthy+hog"]
+    assert (hog.healthy, hog.runs, hog.false, hog.suspected) == (True, 2, 1, 1)
+    off = got["off-cpu+hog"]
+    assert (off.healthy, off.key, off.runs, off.failed) == (False, "straggler:off_cpu", 3, 1)
+    assert (off.found, off.other_straggler) == (1, 1)
+    assert not any(t.met for t in got.values())  # far fewer than 20 runs each
+
+
+def _many(condition: str, truth: Any, hits: int, misses: int) -> list[Any]:
+    rank = next(iter(truth.slow_ranks), 0)
+    found = _report(_f("straggler", "compute", [rank]))
+    return [S.score_run(condition, truth, found) for _ in range(hits)] + \
+        [S.score_run(condition, truth, _report()) for _ in range(misses)]
+
+
+def test_injected_target_needs_19_of_20_with_the_right_cause() -> None:
+    (met,) = S.condition_targets(_many("compute-1.3x", _compute_truth(0), 19, 1), (), INJECTED)
+    assert met.met and met.found == 19 and met.line().endswith("-> MET")
+    (missed,) = S.condition_targets(_many("compute-1.3x", _compute_truth(0), 18, 2), (),
+                                    INJECTED)
+    assert not missed.met and missed.line().endswith("-> not met")
+    (few,) = S.condition_targets(_many("compute-1.3x", _compute_truth(0), 5, 0), (), INJECTED)
+    assert not few.met and few.line().endswith("not met (only 5 run(s))")
+    assert "named in 5 of 5 run(s); target >= 19 of 20" in few.line()
+
+
+def test_healthy_target_needs_20_runs_without_a_confirmed_straggler() -> None:
+    truth = S.Truth(forbid=(STRAGGLER,))
+    clean = [S.score_run("grad-accum", truth, _report()) for _ in range(20)]
+    (ok,) = S.condition_targets(clean, ("grad-accum",), INJECTED)
+    assert ok.met and ok.as_dict()["met"] is True
+    soft = clean[:19] + [S.score_run("grad-accum", truth, _report(
+        _f("straggler", "compute", [1], confidence="suspected")))]
+    (still,) = S.condition_targets(soft, ("grad-accum",), INJECTED)
+    assert still.met and still.suspected == 1  # suspected ones are counted apart
+    firm = clean[:19] + [S.score_run("grad-accum", truth,
+                                     _report(_f("straggler", "compute", [1])))]
+    (bad,) = S.condition_targets(firm, ("grad-accum",), INJECTED)
+    assert not bad.met and bad.false == 1
+    assert bad.line().startswith("grad-accum: 1 false confirmed straggler(s) in 20 run(s)")
+
+
+def _accuracy() -> Any:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return load_script(ROOT / "benchmarks" / "accuracy.py", "_accuracy_bench")
+
+
+def test_cpu_hog_spins_while_the_block_runs_and_is_gone_after_it_even_on_an_error() -> None:
+    import os
+
+    acc = _accuracy()
+    pids: list[int] = []
+    with pytest.raises(KeyError), acc.cpu_hog(2):
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_hog(p)]
+        assert len(pids) >= 2
+        raise KeyError("the benchmark fails mid-run")
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+def _is_hog(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return False
+    import os
+
+    return b"os.getppid() == parent" in cmd and ppid == os.getpid()
+
+
+def test_kept_runs_are_found_per_hog_condition(tmp_path: Any) -> None:
+    acc = _accuracy()
+    for name in ("healthy-r4-s0", "healthy-r4-s3", "healthy_hog-r4-s1", "off-cpu_hog-r4-s2",
+                 "healthy-r2-s0", "healthy-r4-sx"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "healthy-r4-s5.report.json").write_text("{}")
+    found = [(sc.name, n, seed, hog) for sc, n, seed, hog in
+             acc.kept_cases(tmp_path, ["healthy", "off-cpu"], [4])]
+    assert found == [("healthy", 4, 0, False), ("healthy", 4, 1, True),
+                     ("off-cpu", 4, 2, True), ("healthy", 4, 3, False)]
+    assert [c[3] for c in acc.kept_cases(tmp_path, ["healthy"], [4], (False,))] == [False, False]
