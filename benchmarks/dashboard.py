@@ -16,11 +16,17 @@ Target (issue 6): the overview of a 64-rank, 2000-step run renders in under 2 s.
 5. With --restart, stops the dashboard and starts it again: the start-up of a run analysed
    before (target 3 s). With --reanalyse the first start has no derived tables (the run's
    derived/ is deleted first): the fresh start-up (target 20 s at 512 ranks x 10,000 steps).
+6. With --drawn, only what a user sees: from `uberprof dashboard` started (the process) to the
+   overview's plots drawn in Chromium (a browser already open, pointed at the URL the moment
+   it is printed; the preparing page reloads itself until the dashboard answers), once with
+   nothing analysed (derived/ deleted) and once on the run analysed by that first start.
+   Targets (issue 32): 20 s fresh, 3 s analysed, at 512 ranks x 10,000 steps.
 
     python benchmarks/dashboard.py                       # /tmp/uberprof-synth-64x2000
     python benchmarks/dashboard.py --ranks 64 --steps 2000 --loads 5 --json
     python benchmarks/dashboard.py --run uberprof-runs/RUN
     python benchmarks/dashboard.py --ranks 512 --steps 10000 --reanalyse --restart --loads 2
+    python benchmarks/dashboard.py --ranks 512 --steps 10000 --drawn --synth-dir /tmp/d512
 Exit code 1 when any target printed is missed.
 """
 
@@ -146,6 +152,98 @@ def measure_pages(url: str) -> dict[str, float]:
     return out
 
 
+def start_to_drawn(run: Path, timeout: float = 1800) -> dict[str, float]:
+    """Seconds from `uberprof dashboard RUN` started (the process) to the overview's plots
+    drawn (`READY_JS`) in headless Chromium, launched before the clock starts as a user's
+    browser is; also when the URL was printed and when the server said it was ready."""
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "uberprof", "dashboard", str(run),
+                                 "--port", "0"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        assert proc.stdout is not None
+        lines: list[str] = []
+        out: dict[str, float] = {}
+        try:
+            url = None
+            while url is None:  # the URL is printed at once, before any preparation
+                line = proc.stdout.readline()
+                if not line:
+                    raise RuntimeError("uberprof dashboard exited:\n" + "".join(lines))
+                lines.append(line)
+                m = re.search(r"(http://\S+/)", line)
+                if m:
+                    url = m.group(1)
+            out["url_printed_s"] = time.perf_counter() - t0
+            # The rest of the output (its "ready in" line) is read on a thread, so that the
+            # pipe never fills while the browser is watched.
+            import threading
+
+            def _drain() -> None:
+                for ln in proc.stdout:  # type: ignore[union-attr]
+                    lines.append(ln)
+                    if "ready in" in ln and "server_ready_s" not in out:
+                        out["server_ready_s"] = time.perf_counter() - t0
+
+            threading.Thread(target=_drain, daemon=True).start()
+            page.goto(url, wait_until="commit")
+            while True:
+                try:  # the preparing page reloads itself: a check can meet a navigation
+                    if page.evaluate(READY_JS):
+                        break
+                except PlaywrightError:
+                    pass
+                if proc.poll() is not None:
+                    raise RuntimeError("uberprof dashboard exited:\n" + "".join(lines))
+                if time.perf_counter() - t0 > timeout:
+                    raise RuntimeError(f"overview not drawn after {timeout:.0f} s")
+                time.sleep(0.05)
+            out["drawn_s"] = time.perf_counter() - t0
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            browser.close()
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def drawn_main(run: Path, json_out: bool) -> int:
+    """--drawn: start-to-drawn with nothing analysed, then on the run that start analysed."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    shutil.rmtree(run / "derived", ignore_errors=True)
+    fresh = start_to_drawn(run)
+    analysed = start_to_drawn(run)
+    result = {"run": str(run), "fresh": fresh, "analysed": analysed,
+              "fresh_target_s": FRESH_START_TARGET_S,
+              "analysed_target_s": ANALYSED_START_TARGET_S,
+              "fresh_meets_target": fresh["drawn_s"] < FRESH_START_TARGET_S,
+              "analysed_meets_target": analysed["drawn_s"] < ANALYSED_START_TARGET_S,
+              "load_average_before": load,
+              "load_average_after": [round(x, 2) for x in os.getloadavg()],
+              "cpus": os.cpu_count()}
+    if json_out:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"run: {run} (load average {load[0]} before, "
+              f"{result['load_average_after'][0]} after, on {result['cpus']} CPUs)")
+        for label, r, target, ok in (
+                ("nothing analysed", fresh, FRESH_START_TARGET_S, result["fresh_meets_target"]),
+                ("analysed before", analysed, ANALYSED_START_TARGET_S,
+                 result["analysed_meets_target"])):
+            print(f"{label}: `uberprof dashboard` started -> overview's plots drawn in Chromium "
+                  f"{r['drawn_s']:.1f} s, target {target:.0f} s: {'OK' if ok else 'MISSED'} "
+                  f"(URL printed {r['url_printed_s']:.1f} s, server ready "
+                  f"{r.get('server_ready_s', float('nan')):.1f} s)")
+    return 0 if result["fresh_meets_target"] and result["analysed_meets_target"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = doc_parser(__doc__)
     p.add_argument("--run", type=Path, help="an existing run directory (else a synthetic one)")
@@ -163,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="delete the run's derived tables first: time a fresh start-up")
     p.add_argument("--restart", action="store_true",
                    help="start the dashboard a second time: the start-up of an analysed run")
+    p.add_argument("--drawn", action="store_true",
+                   help="time only `uberprof dashboard` started -> overview drawn in Chromium, "
+                        "fresh (derived/ deleted) and analysed (targets 20 s / 3 s)")
     a = p.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"no browser at {CHROMIUM} (apt-get install chromium)", file=sys.stderr)
@@ -179,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             synth_run.main([str(run), "--ranks", str(a.ranks), "--steps", str(a.steps)])
             generated = round(time.perf_counter() - t, 1)
             shutil.rmtree(run / "derived", ignore_errors=True)
+    if a.drawn:
+        return drawn_main(run, a.json)
     fresh = generated is not None or a.reanalyse
     if a.reanalyse:
         shutil.rmtree(run / "derived", ignore_errors=True)

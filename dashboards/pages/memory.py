@@ -49,7 +49,9 @@ def layout(data: RunData, sel: Selection) -> html.Div:
             id="memory-gpu-section",
             sub="Per rank at each step boundary: the caching allocator's peak allocated bytes "
                 "so far (dashed) and what is allocated between steps (solid). A steady job "
-                "holds the same at every step; a line that climbs is a leak."))
+                "holds the same at every step; a line that climbs is a leak."
+                + (f" Over {q.STEP_BUCKETS} runs of steps, each one's lowest and highest "
+                   "points are drawn." if any(s.thinned for s in gpu) else "")))
     rss = q.rss_series(data, ranks)
     if rss:
         body.append(ui.section(
@@ -62,11 +64,15 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     if entries:
         body.append(window_section(data, ranks, entries, sel.rank))
     if rows:
-        body.append(ui.section("Per rank", summary_table(rows, sel.rank), id="memory-summary",
+        shown = q.table_rows(data, sel.rank)
+        body.append(ui.section("Per rank", summary_table(shown, sel.rank), id="memory-summary",
                                sub=q.basis(data)))
     if len(ranks) < len(rows or {e["rank"] for e in entries}):
+        table = ("the table has every rank" if len(shown) == len(rows) else
+                 f"the table {len(shown)} (every rank is in `uberprof report --json`, "
+                 "run.memory.ranks)") if rows else "the table has every rank"
         body.append(ui.notice(f"The plots draw {len(ranks)} of {len(rows)} ranks (the highest "
-                              "peaks, and the selected rank); the table has every rank.",
+                              f"peaks, and the selected rank); {table}.",
                               "info", id="memory-drawn"))
     return ui.page("page-memory", *body)
 

@@ -2,12 +2,14 @@
 and device kernels the analysed steps spent their time in, as the report saved them
 (`run.operators`: calls, self and total time, mean per call, shares of the analysed steps' time,
 the spread across ranks per step with the rank at each end), in a table that sorts on any
-column; a kind selector (operators, kernels, communication kernels, memory copies); and the
-picked row on every rank (its self time per analysed step from the saved operator table), so a
-rank that does more of it than the others stands out.
+column; a kind selector (operators, kernels, communication kernels, memory copies); for host
+operators whose traces recorded input shapes, a grouping toggle (by name / by name and input
+shapes: the document's `operators` or `operators_by_shapes`); and the picked row on every rank
+(its self time per analysed step from the saved operator table), so a rank that does more of it
+than the others stands out.
 
-The kind and the picked row are the page's own state (not in the address): the table and the
-bars change in place."""
+The kind, the grouping and the picked row are the page's own state (not in the address): the
+table and the bars change in place."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
         dcc.RadioItems(id="operators-kind", value=kind, inline=True, className="kind-picker",
                        options=[{"label": f" {_kind_label(data, k)}", "value": k}
                                 for k in kinds], inputStyle={"marginLeft": "12px"}),
+        grouping(data, kind),
         table(rows, kind),
         html.P(f"Basis: {doc.get('basis', '')}. Click a row to see it on every rank.",
                className="section-sub", id="operators-basis"),
@@ -70,6 +73,22 @@ def layout(data: RunData, sel: Selection) -> html.Div:
             "time; device work: its time), the dashed line the median rank: a rank far above "
             "the others does extra work there."))
     return ui.page("page-operators", *body)
+
+
+GROUPINGS = (("name", "by name"), ("shapes", "by name and input shapes"))
+
+
+def _grouping_style(data: RunData, kind: str) -> dict[str, str]:
+    """The grouping toggle shows for host operators whose traces recorded input shapes."""
+    return {} if kind == "operator" and q.shapes_recorded(data) else {"display": "none"}
+
+
+def grouping(data: RunData, kind: str) -> Any:
+    """By name, or by name and input shapes (always in the layout: the callback reads it)."""
+    return dcc.RadioItems(id="operators-group", value="name", inline=True,
+                          className="kind-picker", style=_grouping_style(data, kind),
+                          options=[{"label": f" {label}", "value": v} for v, label in GROUPINGS],
+                          inputStyle={"marginLeft": "12px"})
 
 
 def _kind_label(data: RunData, kind: str) -> str:
@@ -104,7 +123,7 @@ def cards(doc: dict[str, Any]) -> html.Div:
     return html.Div(kids, className="cards", id="operators-cards")
 
 
-def _columns(kind: str) -> list[dict[str, Any]]:
+def _columns(kind: str, by_shapes: bool = False) -> list[dict[str, Any]]:
     from dash.dash_table.Format import Format, Scheme
 
     def num(cid: str, name: str, digits: int = 2) -> dict[str, Any]:
@@ -113,6 +132,8 @@ def _columns(kind: str) -> list[dict[str, Any]]:
 
     host = kind == "operator"
     cols = [{"id": "name", "name": "name", "type": "text"}]
+    if host and by_shapes:
+        cols.append({"id": "shapes", "name": "input shapes", "type": "text"})
     if kind == "memory":
         cols.append({"id": "kind", "name": "kind", "type": "text"})
     cols += [{"id": "calls", "name": "calls", "type": "numeric"}]
@@ -136,12 +157,15 @@ def _records(rows: list[q.Row]) -> list[dict[str, Any]]:
                                           "share_pct", "total_pct", "ranks", "min_ms",
                                           "min_rank", "max_ms", "max_rank")}
         rec["name"] = r.name if r.kind == "operator" else kernel_label(r.name, NAME_CHARS)
+        rec["shapes"] = r.shapes if r.shapes is not None else "(not recorded)"
         out.append(rec)
     return out
 
 
 def _tooltips(rows: list[q.Row]) -> list[dict[str, Any]]:
-    return [{"name": {"value": r.name, "type": "text"}} for r in rows]
+    return [{"name": {"value": r.name, "type": "text"},
+             **({"shapes": {"value": r.shapes, "type": "text"}} if r.shapes else {})}
+            for r in rows]
 
 
 def table(rows: list[q.Row], kind: str) -> Any:
@@ -160,7 +184,9 @@ def table(rows: list[q.Row], kind: str) -> Any:
             style_cell={"fontFamily": "Inter, system-ui, sans-serif", "fontSize": "12px",
                         "padding": "4px 6px", "textAlign": "right"},
             style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"}
-                                    for c in ("name", "kind")] + [
+                                    for c in ("name", "kind", "shapes")] + [
+                {"if": {"column_id": "shapes"}, "maxWidth": "260px", "overflow": "hidden",
+                 "textOverflow": "ellipsis", "whiteSpace": "nowrap"}] + [
                 {"if": {"column_id": "name"}, "maxWidth": "320px", "overflow": "hidden",
                  "textOverflow": "ellipsis", "whiteSpace": "nowrap"}],
             style_data_conditional=[{"if": {"state": s}, "backgroundColor": "#eef4fb",
@@ -172,11 +198,13 @@ def table(rows: list[q.Row], kind: str) -> Any:
 def picked_text(row: q.Row) -> str:
     what = "self time" if row.kind == "operator" else "time"
     name = row.name if row.kind == "operator" else kernel_label(row.name, 120)
+    if row.shapes is not None:
+        name = f"{name} {shorten(row.shapes, 80)}"
     return f"{name}: {what} per analysed step by rank"
 
 
 def bars_figure(data: RunData, row: q.Row, selected: int | None) -> go.Figure:
-    bars = q.per_rank(data, row.kind, row.name)
+    bars = q.per_rank(data, row.kind, row.name, row.shapes)
     if bars is None or not bars.ranks:
         return ui.empty_figure("No rank has this operator in its analysed steps.")
     straggler = data.straggler_rank()
@@ -199,42 +227,46 @@ def bars_figure(data: RunData, row: q.Row, selected: int | None) -> go.Figure:
     return ui.base_layout(fig, height=320)
 
 
-def _row_of(data: RunData, kind: str, row_id: Any) -> q.Row | None:
-    rows = q.rows(data, kind)
+def _row_of(data: RunData, kind: str, row_id: Any, by_shapes: bool = False) -> q.Row | None:
+    rows = q.rows(data, kind, by_shapes)
     return next((r for r in rows if r.id == row_id), rows[0] if rows else None)
 
 
 def register(app: Any, data_of: Any) -> None:
-    """The kind selector fills the table with that kind (its top row picked); a click on a
-    row draws that row on every rank."""
+    """The kind selector and the grouping toggle fill the table (its top row picked); a
+    click on a row draws that row on every rank."""
     @app.callback(Output("operators-table", "data"), Output("operators-table", "columns"),
                   Output("operators-table", "tooltip_data"),
                   Output("operators-table", "active_cell"),
                   Output("operators-table", "selected_cells"),
                   Output("operators-table", "sort_by"),
                   Output("operators-ranks", "figure"), Output("operators-picked", "children"),
-                  Input("operators-kind", "value"), Input("operators-table", "active_cell"),
+                  Output("operators-group", "style"),
+                  Input("operators-kind", "value"), Input("operators-group", "value"),
+                  Input("operators-table", "active_cell"),
                   State("url", "search"), prevent_initial_call=True)
-    def _pick(kind: str | None, cell: dict[str, Any] | None, search: str | None
-              ) -> tuple[Any, ...]:
+    def _pick(kind: str | None, group: str | None, cell: dict[str, Any] | None,
+              search: str | None) -> tuple[Any, ...]:
         data = data_of()
         kind = kind or "operator"
+        by_shapes = group == "shapes" and kind == "operator"
         sel = Selection.parse(search)
-        if dash.ctx.triggered_id == "operators-kind":
-            rows = q.rows(data, kind)
+        if dash.ctx.triggered_id in ("operators-kind", "operators-group"):
+            style = _grouping_style(data, kind)
+            rows = q.rows(data, kind, by_shapes)
             if not rows:
-                return ([], _columns(kind), [], None, [], [],
-                        ui.empty_figure("Nothing of this kind."), "")
+                return ([], _columns(kind, by_shapes), [], None, [], [],
+                        ui.empty_figure("Nothing of this kind."), "", style)
             row = rows[0]
-            fig = data.recent(("operators-bars", row.kind, row.name, sel.rank),
+            fig = data.recent(("operators-bars", row.kind, row.name, row.shapes, sel.rank),
                               lambda: bars_figure(data, row, sel.rank))
-            return (_records(rows), _columns(kind), _tooltips(rows), None, [], [], fig,
-                    picked_text(row))
+            return (_records(rows), _columns(kind, by_shapes), _tooltips(rows), None, [], [],
+                    fig, picked_text(row), style)
         if not cell or cell.get("row_id") is None:
-            return (no_update,) * 8
-        row = _row_of(data, kind, cell["row_id"])
+            return (no_update,) * 9
+        row = _row_of(data, kind, cell["row_id"], by_shapes)
         if row is None:
-            return (no_update,) * 8
-        fig = data.recent(("operators-bars", row.kind, row.name, sel.rank),
+            return (no_update,) * 9
+        fig = data.recent(("operators-bars", row.kind, row.name, row.shapes, sel.rank),
                           lambda: bars_figure(data, row, sel.rank))
-        return (no_update,) * 6 + (fig, picked_text(row))
+        return (no_update,) * 6 + (fig, picked_text(row), no_update)

@@ -42,16 +42,19 @@ OUTPUTS = [("operators-table", "data"), ("operators-table", "columns"),
            ("operators-table", "tooltip_data"), ("operators-table", "active_cell"),
            ("operators-table", "selected_cells"),
            ("operators-table", "sort_by"), ("operators-ranks", "figure"),
-           ("operators-picked", "children")]
+           ("operators-picked", "children"), ("operators-group", "style")]
 
 
-def _pick(client: Any, kind: str, cell: dict[str, Any] | None, changed: str) -> dict[str, Any]:
-    """What the page's callback answers when the kind selector or the active cell changes (the
-    request the browser makes); {output id: value}, absent where it did not change."""
+def _pick(client: Any, kind: str, cell: dict[str, Any] | None, changed: str,
+          group: str = "name") -> dict[str, Any]:
+    """What the page's callback answers when the kind selector, the grouping toggle or the
+    active cell changes (the request the browser makes); {output id: value}, absent where it
+    did not change."""
     r = client.post("/_dash-update-component", json={
         "output": ".." + "...".join(f"{i}.{p}" for i, p in OUTPUTS) + "..",
         "outputs": [{"id": i, "property": p} for i, p in OUTPUTS],
         "inputs": [{"id": "operators-kind", "property": "value", "value": kind},
+                   {"id": "operators-group", "property": "value", "value": group},
                    {"id": "operators-table", "property": "active_cell", "value": cell}],
         "changedPropIds": [changed],
         "state": [{"id": "url", "property": "search", "value": ""}]})
@@ -157,3 +160,33 @@ def test_a_diagnosis_without_operators_says_so(gpu_data: Any) -> None:
     lay = _layout(data)
     assert "operators-none" in _ids(lay) and "operators-table" not in _ids(lay)
     assert "uberprof report" in _text(lay)
+
+
+def test_the_grouping_toggle_shows_operators_by_name_and_input_shapes(gpu_data: Any) -> None:
+    """The sample's traces recorded input shapes (its ranks run Gloo): the toggle shows, and
+    by name and input shapes the table holds the document's `operators_by_shapes`, with an
+    input shapes column; a row picked there is drawn with only its calls of those shapes."""
+    doc = gpu_data.diagnose().run["operators"]
+    assert doc["shapes_recorded"] and doc["operators_by_shapes"]
+    lay = _layout(gpu_data)
+    assert _component(lay, "operators-group").style == {}  # shown for host operators
+    c = _client(gpu_data)
+    got = _pick(c, "operator", None, "operators-group.value", group="shapes")
+    rows = got["operators-table.data"]
+    shaped = doc["operators_by_shapes"]
+    assert [(r["name"], r["shapes"], r["calls"], r["self_ms"]) for r in rows] == \
+        [(e["name"], e["shapes"] or "(not recorded)", e["calls"], e["self_ms"]) for e in shaped]
+    assert "input shapes" in [col["name"] for col in got["operators-table.columns"]]
+    # one operator name split by shapes: its by-shape rows are more than its by-name row
+    assert doc["operators_by_shapes_total"] > doc["operators_total"]
+    i = next(i for i, e in enumerate(shaped) if e["shapes"])
+    cell = {"row": i, "column": 0, "column_id": "name", "row_id": f"operator+shapes:{i}"}
+    got = _pick(c, "operator", cell, "operators-table.active_cell", group="shapes")
+    (bars,) = [t for t in got["operators-ranks.figure"]["data"] if t["type"] == "bar"]
+    s = shaped[i]["self_ms_per_step"]
+    assert round(max(bars["y"]), 3) == s["max"] and round(min(bars["y"]), 3) == s["min"]
+    assert sum(cd[1] for cd in bars["customdata"]) == shaped[i]["calls"]
+    # kernels have no shapes: the toggle hides
+    got = _pick(c, "kernel", None, "operators-kind.value", group="shapes")
+    assert got["operators-group.style"] == {"display": "none"}
+    assert "input shapes" not in [col["name"] for col in got["operators-table.columns"]]

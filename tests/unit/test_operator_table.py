@@ -9,6 +9,7 @@ the JSON of real GPU traces in ../shared/traces.
 from __future__ import annotations
 
 import gzip
+import html
 import io
 import json
 from pathlib import Path
@@ -23,6 +24,7 @@ from uberprof.analysis.diagnosis.advisor import analysed_steps, diagnose
 from uberprof.analysis.diff.profile import _ops
 from uberprof.analysis.tables.context import load_context
 from uberprof.analysis.tables.derived import read_operators
+from uberprof.analysis.tables.operators import by_name, rank_ops
 from uberprof.analysis.tables.rank import analyze_trace
 from uberprof.present.report_html import render_html
 from uberprof.present.report_terminal import render_report
@@ -37,8 +39,9 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not pre
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A tiny MLP trained 6 steps under torch.profiler (1 warm-up, 4 active steps), its trace
-    exported, and key_averages() of the same window."""
+    """A tiny MLP trained 6 steps under torch.profiler (1 warm-up, 4 active steps, input
+    shapes recorded as `uberprof run` records them on CPU ranks), its trace exported, and
+    key_averages() of the same window, by name and by name and input shapes."""
     torch = pytest.importorskip("torch")
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -50,7 +53,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                 torch.nn.Linear(256, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
-    with profile(activities=[ProfilerActivity.CPU],
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                  schedule=schedule(wait=0, warmup=1, active=4, repeat=1),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for _ in range(6):
@@ -59,7 +62,9 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             opt.step()
             prof.step()
     averages = {e.key: e for e in prof.key_averages()}
-    return {"folder": folder, "path": path, "averages": averages}
+    by_shape = {(e.key, json.dumps(e.input_shapes)): e
+                for e in prof.key_averages(group_by_input_shape=True)}
+    return {"folder": folder, "path": path, "averages": averages, "by_shape": by_shape}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,7 @@ def cpu_report(profiled: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
 def test_operator_self_times_and_calls_agree_with_key_averages(
         profiled: dict[str, Any], cpu_report: dict[str, Any]) -> None:
     table = cpu_report["table"].filter(pc.equal(cpu_report["table"]["kind"], "operator"))
-    ours = {r["name"]: r for r in table.to_pylist()}
+    ours = {r["name"]: r for r in by_name(table).to_pylist()}
     averages = profiled["averages"]
     top = sorted((e for k, e in averages.items() if k in ours),
                  key=lambda e: -e.self_cpu_time_total)[:TOP]
@@ -86,6 +91,43 @@ def test_operator_self_times_and_calls_agree_with_key_averages(
         assert mine["incl_ns"] / 1e3 == pytest.approx(e.cpu_time_total, rel=TOLERANCE), e.key
     # every aten operator key_averages saw in the window is in the table (names, not shapes)
     assert {k for k in averages if k.startswith("aten::")} <= set(ours)
+
+
+def test_operators_by_name_and_shapes_agree_with_key_averages_grouped_by_input_shape(
+        profiled: dict[str, Any], cpu_report: dict[str, Any]) -> None:
+    """The saved rows keep input shapes: they are key_averages(group_by_input_shape=True)'s
+    groups, with its calls, self and total time within 1%, for the top operators."""
+    table = cpu_report["table"].filter(pc.equal(cpu_report["table"]["kind"], "operator"))
+    ours = {(r["name"], json.dumps(json.loads(r["shapes"]))): r for r in table.to_pylist()
+            if r["shapes"] is not None}
+    by_shape = profiled["by_shape"]
+    top = sorted((e for k, e in by_shape.items() if k in ours),
+                 key=lambda e: -e.self_cpu_time_total)[:TOP]
+    assert len(top) == TOP, sorted(by_shape)
+    for e in top:
+        mine = ours[(e.key, json.dumps(e.input_shapes))]
+        assert mine["calls"] == e.count, (e.key, e.input_shapes)
+        assert mine["self_ns"] / 1e3 == pytest.approx(e.self_cpu_time_total, rel=TOLERANCE), \
+            (e.key, e.input_shapes)
+        assert mine["incl_ns"] / 1e3 == pytest.approx(e.cpu_time_total, rel=TOLERANCE), \
+            (e.key, e.input_shapes)
+    # the MLP's three Linear layers: aten::linear with three input shapes, three rows
+    linear = {k for k in by_shape if k[0] == "aten::linear"}
+    assert len(linear) == 3 and linear <= set(ours)
+    doc = cpu_report["diagnosis"].to_json()["run"]["operators"]
+    assert doc["shapes_recorded"]
+    assert doc["operators_by_shapes_total"] == table.num_rows > doc["operators_total"]
+    names = [r["name"] for r in doc["operators_by_shapes"]]
+    assert any(names.count(n) >= 2 for n in names)  # one operator, rows for its shapes
+
+
+def test_report_html_offers_operators_by_name_and_by_name_and_input_shapes(
+        cpu_report: dict[str, Any]) -> None:
+    d = cpu_report["diagnosis"]
+    shaped = d.run["operators"]["operators_by_shapes"]
+    page = render_html(d)
+    assert "by name and input shapes" in page and "Operators by name and input shapes" in page
+    assert html.escape(shaped[0]["shapes"] or "(not recorded)") in page
 
 
 def test_report_document_ranks_operators_by_self_time_with_shares_of_step_time(
@@ -227,6 +269,40 @@ def test_diff_reads_the_saved_table_with_the_same_numbers_as_the_events(tmp_path
     for key, st in from_events.items():
         assert (saved[key].calls, saved[key].self_ns, saved[key].incl_ns) == pytest.approx(
             (st.calls, st.self_ns, st.incl_ns)), key
+
+
+# --- input shapes on a real trace ------------------------------------------------------------
+
+@needs_shared
+def test_by_shape_rows_sum_to_the_by_name_totals_and_split_one_operators_shapes() -> None:
+    """tb_plugin's ResNet50 trace records `Input Dims`: its saved rows by name and shapes add
+    up, per operator, to the by-name totals the events give (`rank_ops`, what diff compares),
+    and aten::conv2d's calls of each input shape, counted straight from the JSON inside the
+    ProfilerStep spans, are rows of their own."""
+    path = SHARED / "tb_plugin/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz"
+    tables = analyze_trace(path)
+    saved = tables.operators
+    summed = {(r["kind"], r["name"]): r for r in by_name(saved).to_pylist()}
+    steps = set(tables.steps.column("step").to_pylist())
+    want = rank_ops(tables.events, steps)
+    assert summed.keys() == want.keys()
+    for key, st in want.items():
+        r = summed[key]
+        assert (r["calls"], r["self_ns"], r["incl_ns"]) == (st.calls, st.self_ns, st.incl_ns), key
+    assert saved.num_rows > len(want)  # some operators split by shapes
+    assert all(r["shapes"] is None for r in saved.to_pylist() if r["kind"] != "operator")
+    with gzip.open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    spans = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    calls: dict[str, int] = {}
+    for e in events:
+        if e.get("name") == "aten::conv2d" and any(
+                s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in spans):
+            k = json.dumps(e["args"]["Input Dims"])
+            calls[k] = calls.get(k, 0) + 1
+    conv = {json.dumps(json.loads(r["shapes"])): r["calls"] for r in saved.to_pylist()
+            if r["name"] == "aten::conv2d"}
+    assert len(calls) >= 2 and conv == calls
 
 
 def _self_times_by_stack(tid, ts, dur):  # type: ignore[no-untyped-def]

@@ -41,18 +41,41 @@ class _DeviceCats(dict):  # type: ignore[type-arg]
 # Field getters of events (and of their args), mapped over a batch in C.
 _CAT, _NAME, _PID, _TID, _ARGS, _PH, _TS, _DUR = map(
     operator.attrgetter, ("cat", "name", "pid", "tid", "args", "ph", "ts", "dur"))
-_STREAM, _CORRELATION, _EXTERNAL_ID, _EXTERNAL_ID_OLD = map(
-    operator.attrgetter, ("stream", "correlation", "external_id", "external_id_old"))
+_STREAM, _CORRELATION, _EXTERNAL_ID, _EXTERNAL_ID_OLD, _INPUT_DIMS = map(
+    operator.attrgetter, ("stream", "correlation", "external_id", "external_id_old",
+                          "input_dims"))
 _NO_ARGS = IngestArgs()
 _DEVICE_CAT = _DeviceCats()
+_PH_X, _PH_M, _PH_I, _PH_NONE = 1, 2, 3, 4
 
 
-def decode_columns(raw_events: list[msgspec.Raw]) -> Columns:
-    """The columns of a trace's raw events, decoded `BATCH` at a time to bound memory."""
+class _PhCodes(dict):  # type: ignore[type-arg]
+    """ph value -> code: the phases decoding tells apart, 0 for any other."""
+
+    def __missing__(self, key: Any) -> int:
+        return 0
+
+
+_PH_CODE = _PhCodes({"X": _PH_X, "M": _PH_M, "i": _PH_I, None: _PH_NONE})
+
+
+def decode_columns(raw_events: list[msgspec.Raw], consume: bool = False) -> Columns:
+    """The columns of a trace's raw events, decoded `BATCH` at a time to bound memory.
+
+    With `consume` the list gives up each batch's slices as it is decoded (None in their
+    place): a slice object costs about 70 bytes an event, a third of a gigabyte on a 1 GB
+    trace, which is then freed while the columns grow instead of held until the end."""
     cols = Columns()
     for i in range(0, len(raw_events), BATCH):
-        cols.add(decode_events(raw_events[i:i + BATCH], _BATCH_DECODER, IngestEvent))
+        batch = raw_events[i:i + BATCH]
+        if consume:
+            raw_events[i:i + BATCH] = _NONES[:len(batch)]
+        cols.add(decode_events(batch, _BATCH_DECODER, IngestEvent))
+        del batch
     return cols
+
+
+_NONES: list[None] = [None] * BATCH
 
 
 class Columns:
@@ -69,6 +92,10 @@ class Columns:
         self.stream: list[np.ndarray] = []
         self.correlation: list[np.ndarray] = []
         self.external_id: list[np.ndarray] = []
+        # Operators' `Input Dims` (record_shapes), coded by their JSON text as written: b""
+        # where the event has none. Only operators keep them (table.py).
+        self.shapes: list[np.ndarray] = []
+        self.shape_texts = Coder()
         self.cats = Coder()
         self.names = Coder()
         self.id_codes: dict[str, int] = {}
@@ -112,8 +139,13 @@ class Columns:
         has, stream = stream_column(list(map(_STREAM, args)))
         # Known device categories carry no stream arg in old traces: the stream is in the tid.
         device = np.fromiter(map(_DEVICE_CAT.__getitem__, cats), bool, m)
-        for i in np.flatnonzero(device & ~has).tolist():
-            stream[i] = stream_from_tid(tid_raw[i], int(tid[i]))
+        no_stream = np.flatnonzero(device & ~has)
+        if no_stream.size:  # once per distinct tid (its code tells the raw value's stream)
+            codes, first, where = np.unique(tid[no_stream], return_index=True,
+                                            return_inverse=True)
+            per_tid = [stream_from_tid(tid_raw[i], int(c))
+                       for i, c in zip(no_stream[first].tolist(), codes.tolist())]
+            stream[no_stream] = np.array(per_tid, dtype=stream.dtype)[where.reshape(-1)]
         self.tid.append(tid)
         self.has_stream.append(has)
         self.stream.append(stream)
@@ -122,6 +154,8 @@ class Columns:
         if None in ext:  # 2021 traces spell it "external id"
             ext = [o if e is None else e for e, o in zip(ext, map(_EXTERNAL_ID_OLD, args))]
         self.external_id.append(int_column(ext))
+        self.shapes.append(np.fromiter(map(self.shape_texts.__getitem__,
+                                           map(bytes, map(_INPUT_DIMS, args))), np.int32, m))
         for i, ca in comm_args_of(names, comm, args).items():
             self.comm_args[self.n + i] = ca
         self.ts.append(ts)
@@ -131,17 +165,25 @@ class Columns:
     def _complete(self, events: list[IngestEvent]) -> list[IngestEvent]:
         """The batch's complete ("X") events; thread names are taken from its metadata ones."""
         n = len(events)
-        ph = np.fromiter(map(_PH, events), object, n)
-        meta = np.flatnonzero(ph == "M")
+        phs = list(map(_PH, events))
+        if phs.count("X") == n:
+            return events
+        # Phases as small codes, looked up once per distinct value (a dict mapped in C).
+        try:
+            ph = np.fromiter(map(_PH_CODE.__getitem__, phs), np.int8, n)
+        except TypeError:  # an unhashable ph (a list, say): neither of the kinds kept
+            ph = np.fromiter((_PH_CODE[p] if p is None or isinstance(p, str) else 0
+                              for p in phs), np.int8, n)
+        meta = np.flatnonzero(ph == _PH_M)
         if meta.size:
             _thread_names([events[i] for i in meta.tolist()], self.threads)
-        is_x = ph == "X"
+        is_x = ph == _PH_X
         if not is_x.all():
-            instant = np.flatnonzero(ph == "i")
+            instant = np.flatnonzero(ph == _PH_I)
             if instant.size:
                 self.memory.add([events[i] for i in instant.tolist()
                                  if events[i].name == MEMORY_EVENT])
-            no_ph = np.flatnonzero(np.equal(ph, None)).tolist()
+            no_ph = np.flatnonzero(ph == _PH_NONE).tolist()
             for i in no_ph:  # Chrome's default phase: complete events may leave it out
                 is_x[i] = events[i].dur is not None
             return list(compress(events, is_x.tolist()))

@@ -41,6 +41,10 @@ EVENT_SCHEMA = pa.schema([
     ("pg_ranks", pa.dictionary(pa.int32(), pa.string())),
     ("seq", pa.int64()),
     ("peer", pa.int32()),  # send/recv launches (c10d::send, c10d::recv_): the peer's group rank
+    # Host operators' input shapes (`Input Dims`, JSON text as the trace writes it: "[[64, 256],
+    # [256]]"), recorded by record_shapes; null elsewhere. Operators group by name and shapes
+    # on it (analysis/tables/operators.py).
+    ("shapes", pa.dictionary(pa.int32(), pa.string())),
 ])
 
 
@@ -99,9 +103,28 @@ def _assemble(cols: Columns, ts_ns: np.ndarray, dur_ns: np.ndarray, kind_codes: 
             pa.array(cols.array("correlation", np.int64), pa.int64()),
             pa.array(cols.array("external_id", np.int64), pa.int64()),
             *coll,
+            _shapes(cols, kind_codes),
         ],
         schema=EVENT_SCHEMA,
     )
+
+
+def _shapes(cols: Columns, kind_codes: np.ndarray) -> pa.DictionaryArray:
+    """The `shapes` column: each operator's `Input Dims` text where the trace recorded them,
+    null on every other event (device work, runtime calls, operators without shapes). The
+    texts are decoded once per distinct value, not per event."""
+    texts = list(cols.shape_texts)
+    codes = cols.array("shapes", np.int32)
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    keep = kind_codes == K.ALL_KINDS.index(K.OPERATOR)
+    if empty:
+        keep &= ~np.isin(codes, empty)
+    if not keep.any():
+        return pa.DictionaryArray.from_arrays(pa.nulls(cols.n, pa.int32()),
+                                              pa.array([], pa.string()))
+    return pa.DictionaryArray.from_arrays(
+        pa.array(codes, pa.int32(), mask=~keep),
+        pa.array([t.decode("utf-8", "replace") for t in texts], pa.string()))
 
 
 def _in_time_order(table: pa.Table, ts_ns: np.ndarray, keep: np.ndarray | None) -> pa.Table:

@@ -203,8 +203,8 @@ def ingest_trace(path: str | Path) -> IngestedTrace:
         if not raw_events:
             raise TraceError(path, "no trace events (the traceEvents list is missing or empty)")
         header.traceEvents = None
-        cols = decode_columns(raw_events)
-        del raw_events  # the JSON text goes with the last raw slice
+        cols = decode_columns(raw_events, consume=True)
+        del raw_events  # the JSON text went with the last raw slice
     finally:
         if was_enabled:
             gc.enable()

@@ -16,7 +16,7 @@ __all__ = ["operators_html"]
 def operators_html(run: dict[str, Any]) -> str:
     """An <h2> section with the top operators, kernels and communication kernels tables."""
     ops = run.get("operators") or {}
-    parts = [_host(ops.get("operators") or [], ops.get("operators_total")),
+    parts = [_host_groupings(ops),
              _device(ops.get("kernels") or [], ops.get("kernels_total"), "Kernels"),
              _device(ops.get("comm_kernels") or [], ops.get("comm_kernels_total"),
                      "Communication kernels")]
@@ -52,9 +52,44 @@ def _title(what: str, total: int | None, shown: int) -> str:
     return f"{what} (top {shown} of {total})" if total and total > shown else what
 
 
-def _host(rows: list[dict[str, Any]], total: int | None) -> str:
+# A toggle without script: two radio buttons, and the table of the checked one shown (CSS).
+_TOGGLE_CSS = ("<style>.op-by-shapes{display:none}"
+               "#opg-shapes:checked~.op-by-shapes{display:block}"
+               "#opg-shapes:checked~.op-by-name{display:none}"
+               ".opgroup label{margin-right:1em}</style>")
+
+
+def _host_groupings(ops: dict[str, Any]) -> str:
+    """The host operators by name, and, when the trace recorded input shapes, a toggle to the
+    same operators by name and input shapes (`operators_by_shapes`)."""
+    by_name = _host(ops.get("operators") or [], ops.get("operators_total"))
+    shaped = ops.get("operators_by_shapes") or []
+    if not by_name or not ops.get("shapes_recorded") or not shaped:
+        return by_name
+    by_shapes = _host(shaped, ops.get("operators_by_shapes_total"), shapes=True)
+    return ("<div class='opgroup'>" + _TOGGLE_CSS
+            + "<input type='radio' name='opgroup' id='opg-name' checked>"
+              "<label for='opg-name'>by name</label>"
+              "<input type='radio' name='opgroup' id='opg-shapes'>"
+              "<label for='opg-shapes'>by name and input shapes</label>"
+            + f"<div class='op-by-name'>{by_name}</div>"
+            + f"<div class='op-by-shapes'>{by_shapes}</div></div>")
+
+
+def _host(rows: list[dict[str, Any]], total: int | None, shapes: bool = False) -> str:
     if not rows:
         return ""
+    if shapes:
+        head = ["operator", "input shapes", "calls", "self ms", "self % of step", "total ms",
+                "total % of step", "mean µs", "self mean µs", "ranks", "self ms/step min",
+                "median", "max", "rank of max"]
+        body = [(r["name"], r["name"],
+                 [r.get("shapes") or "(not recorded)", str(r["calls"]), _num(r["self_ms"]),
+                  _num(r["self_pct"]), _num(r["total_ms"]), _num(r["total_pct"]),
+                  _num(r["mean_us"]), _num(r["self_mean_us"]), str(r["ranks"]),
+                  *_spread(r.get("self_ms_per_step"))]) for r in rows]
+        return _table(_title("Operators by name and input shapes, by self time", total,
+                             len(rows)), head, body)
     head = ["operator", "calls", "self ms", "self % of step", "total ms", "total % of step",
             "mean µs", "self mean µs", "ranks", "self ms/step min", "median", "max",
             "rank of max"]

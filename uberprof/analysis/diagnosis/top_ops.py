@@ -10,6 +10,11 @@ time of the ranks that have operators; a kernel's time over all device activity 
 communication kernels, copies and sets: "share of device time") and over the analysed steps'
 time. The spread across ranks is per analysed step, so ranks traced over different numbers of
 steps compare; a rank that never ran an operator counts as 0.
+
+Host operators come twice: grouped by name (`operators`, key_averages()) and by name and input
+shapes (`operators_by_shapes`, key_averages(group_by_input_shape=True)), from the one saved
+table, whose rows keep the shapes where the trace recorded them (record_shapes); the views
+offer both groupings and compute neither.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ KERNEL_KINDS = (K.KERNEL, K.MEMCPY, K.MEMSET)
 COMM_KINDS = (K.COMM_KERNEL,)
 DEVICE_KINDS = (*KERNEL_KINDS, *COMM_KINDS)
 BASIS = ("sums over every rank's analysed steps (an operator in the step it starts in, device "
-         "work in the step that launched it); operators grouped by name (input shapes are not "
-         "kept); self time = total minus direct child operators on the same thread, as "
-         "torch.profiler's key_averages(); spread: per rank, per analysed step")
+         "work in the step that launched it); operators grouped by name, and in "
+         "operators_by_shapes by name and input shapes (where the trace recorded them); self "
+         "time = total minus direct child operators on the same thread, as torch.profiler's "
+         "key_averages(); spread: per rank, per analysed step")
 
 
 def run_operators(ctx: RunContext, traced: pa.Table) -> dict[str, Any] | None:
@@ -61,6 +67,7 @@ def operators_doc(ops: pa.Table, traced: pa.Table, top: int = TOP) -> dict[str, 
     n_steps = np.array([max(steps[r][0], 1) for r in ranks], dtype=np.float64)
     ctx = _Ctx(ranks, n_steps, step_ns, device_ns)
     host, n_host = _rows(ops, HOST_KINDS, "self_ns", top, ctx)
+    shaped, n_shaped = _rows(ops, HOST_KINDS, "self_ns", top, ctx, by_shapes=True)
     kernels, n_kernels = _rows(ops, KERNEL_KINDS, "incl_ns", top, ctx)
     comm, n_comm = _rows(ops, COMM_KINDS, "incl_ns", top, ctx)
     return {
@@ -72,6 +79,9 @@ def operators_doc(ops: pa.Table, traced: pa.Table, top: int = TOP) -> dict[str, 
         "device_time_ms": _ms(device_ns) if device.num_rows else None,
         "operators": [_host_entry(r, ctx) for r in host],
         "operators_total": n_host,
+        "shapes_recorded": _shapes_recorded(ops),
+        "operators_by_shapes": [{**_host_entry(r, ctx), "shapes": r["shapes"]} for r in shaped],
+        "operators_by_shapes_total": n_shaped,
         "kernels": [_device_entry(r, ctx) for r in kernels],
         "kernels_total": n_kernels,
         "comm_kernels": [_device_entry(r, ctx) for r in comm],
@@ -103,22 +113,35 @@ def _rank_steps(traced: pa.Table) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _rows(ops: pa.Table, kinds: tuple[str, ...], by: str, top: int, ctx: _Ctx
-          ) -> tuple[list[dict[str, Any]], int]:
-    """The `top` (kind, name) groups of `kinds` by `by` summed over ranks, each with its
-    per-rank totals; and how many groups there are in all."""
+def _shapes_recorded(ops: pa.Table) -> bool:
+    """Whether any host operator of the table has its input shapes (record_shapes)."""
+    if "shapes" not in ops.column_names:
+        return False
+    host = ops.filter(pc.is_in(ops.column("kind"), value_set=pa.array(HOST_KINDS)))
+    return host.column("shapes").null_count < host.num_rows
+
+
+def _rows(ops: pa.Table, kinds: tuple[str, ...], by: str, top: int, ctx: _Ctx,
+          by_shapes: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """The `top` (kind, name) groups (`by_shapes`: (kind, name, shapes)) of `kinds` by `by`
+    summed over ranks, each with its per-rank totals; and how many groups there are in all."""
     sub = ops.filter(pc.is_in(ops.column("kind"), value_set=pa.array(kinds)))
     if sub.num_rows == 0:
         return [], 0
-    sums = sub.group_by(["kind", "name"]).aggregate(
+    group = ["kind", "name"]
+    if by_shapes:
+        if "shapes" not in sub.column_names:
+            sub = sub.append_column("shapes", pa.nulls(sub.num_rows, pa.string()))
+        group.append("shapes")
+    sums = sub.group_by(group).aggregate(
         [("calls", "sum"), ("self_ns", "sum"), ("incl_ns", "sum"), ("rank", "count_distinct")])
     sums = sums.sort_by([(f"{by}_sum", "descending"), ("name", "ascending")])
     chosen = sums.slice(0, top).to_pylist()
-    keys = {(r["kind"], r["name"]): i for i, r in enumerate(chosen)}
+    keys = {tuple(r[g] for g in group): i for i, r in enumerate(chosen)}
     per_rank = np.zeros((len(chosen), len(ctx.ranks)), dtype=np.float64)
     pos = ctx.pos
-    for k, nm, rank, v in zip(*(sub.column(c).to_pylist() for c in ("kind", "name", "rank", by))):
-        i = keys.get((k, nm))
+    for *key, rank, v in zip(*(sub.column(c).to_pylist() for c in (*group, "rank", by))):
+        i = keys.get(tuple(key))
         if i is not None:
             per_rank[i, pos[rank]] += v or 0
     for row, values in zip(chosen, per_rank):

@@ -9,8 +9,9 @@ reading. Whoever needs a derived path or table asks this module.
     <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
     <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
     <derived>/collectives.parquet   one row per collective instance on each rank
-    <derived>/operators.parquet     one row per rank, kind and name: operators' and kernels'
-                                    calls, self and inclusive time over the analysed steps
+    <derived>/operators.parquet     one row per rank, kind, name and input shapes (where
+                                    recorded): operators' and kernels' calls, self and
+                                    inclusive time over the analysed steps
     <derived>/modules.parquet       one row per rank and module path: calls, total and self
                                     time (tables/modules.py; empty without module spans)
     <derived>/memory.parquet        one row per rank and [memory] event: the memory timeline
@@ -88,7 +89,7 @@ __all__ = [
     "write_parquet",
 ]
 
-FORMAT_VERSION = 7  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 8  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"

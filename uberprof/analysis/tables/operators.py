@@ -5,8 +5,8 @@ Host operators nest (aten::linear calls aten::addmm ...), so their inclusive tim
 across levels. Comparisons rank them by **self time** (inclusive minus the direct children
 on the same thread): self times of a thread add up to at most its busy time, so their deltas
 can be set against the change in step time. Device activity (kernels, copies, sets) does not
-nest: its time is its duration. Operators are matched between runs by kind and name (the event
-table does not keep input shapes).
+nest: its time is its duration. Operators are matched between runs by kind and name (`rank_ops`:
+what `diff` and the straggler finding compare), whatever their input shapes.
 
 `operator_table` is what `uberprof analyze` saves of one trace (derived `operators.parquet`, per
 input, then per rank): every operator's and kernel's calls, self and inclusive time over the
@@ -14,7 +14,12 @@ trace's steps, so that the report, `diff` and the straggler finding read one sma
 of each rank's events. Self times are worked out over the whole trace before the steps are
 selected, so an operator's self time never depends on whether its parent started in the window.
 These are the numbers of torch.profiler's `key_averages()` (self and total CPU time, count) for
-host operators, grouped by name (tests/unit/test_operator_table.py checks them on a real job).
+host operators (tests/unit/test_operator_table.py checks them on a real job). The saved table
+keeps host operators apart by input shapes where the trace recorded them (`shapes`, the
+`Input Dims` the ingest keeps when the job profiled with record_shapes, which `uberprof run`
+does on CPU ranks): its rows are key_averages(group_by_input_shape=True)'s, and summing them over
+`shapes` gives key_averages()'s by name (`by_name`). Keeping the finer grouping costs a few rows
+per operator, and no view needs a second pass over the events to offer both.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from uberprof.analysis.tables.metrics import kind_mask
 from uberprof.analysis.tables.schemas import OPERATOR_SCHEMA
 from uberprof.ingest import classify as K
 
-__all__ = ["DEVICE_OP_KINDS", "OP_KINDS", "OpStat", "operator_table", "rank_ops", "self_times"]
+__all__ = ["DEVICE_OP_KINDS", "OP_KINDS", "OpStat", "by_name", "operator_table", "rank_ops",
+           "self_times"]
 
 DEVICE_OP_KINDS = (K.KERNEL, K.COMM_KERNEL, K.MEMCPY, K.MEMSET)
 # CUDA runtime calls (cudaLaunchKernel, cudaMemcpyAsync, synchronisations) inside an operator
@@ -113,23 +119,34 @@ def rank_ops(events: pa.Table, steps: set[int] | None) -> dict[tuple[str, str], 
 
 
 def operator_table(events: pa.Table) -> pa.Table:
-    """OPERATOR_SCHEMA rows of one trace's events (with their `step`): per kind and name, the
-    calls, self and inclusive time of its steps' events (an event belongs to the step it
-    starts in, device work to the step that launched it); of the whole trace when it has no
-    step annotation (the diagnosis then analyses it as one pseudo-step). Largest self time
-    first."""
+    """OPERATOR_SCHEMA rows of one trace's events (with their `step`): per kind, name and input
+    shapes (operators that recorded them; null otherwise), the calls, self and inclusive time
+    of its steps' events (an event belongs to the step it starts in, device work to the step
+    that launched it); of the whole trace when it has no step annotation (the diagnosis then
+    analyses it as one pseudo-step). Largest self time first."""
     steps: set[int] | None = None
     if "step" in events.column_names:
         step = events.column("step").to_numpy(zero_copy_only=False)
         if (step >= 0).any():
             steps = {int(s) for s in np.unique(step[step >= 0])}
-    return _sums(events, steps).sort_by([("self_ns", "descending"), ("name", "ascending")])
+    return _sums(events, steps, by_shapes=True).sort_by(
+        [("self_ns", "descending"), ("name", "ascending")])
 
 
-def _sums(events: pa.Table, steps: set[int] | None) -> pa.Table:
-    """OPERATOR_SCHEMA: calls, self and inclusive ns by kind and name of the events in `steps`
-    (None: all). Self times are computed over every operator of the trace first (see the
-    module docstring), then the steps are selected."""
+def by_name(ops: pa.Table, keys: tuple[str, ...] = ("kind", "name")) -> pa.Table:
+    """An operator table (OPERATOR_SCHEMA, or the run's with `rank` among `keys`) summed over
+    input shapes: `keys` and calls, self_ns and incl_ns, as key_averages() groups by name."""
+    sums = ops.group_by(list(keys)).aggregate(
+        [("calls", "sum"), ("self_ns", "sum"), ("incl_ns", "sum")])
+    return pa.table({**{k: sums.column(k) for k in keys},
+                     **{c: sums.column(f"{c}_sum") for c in ("calls", "self_ns", "incl_ns")}})
+
+
+def _sums(events: pa.Table, steps: set[int] | None, by_shapes: bool = False) -> pa.Table:
+    """OPERATOR_SCHEMA: calls, self and inclusive ns by kind and name (and, `by_shapes`, input
+    shapes; else `shapes` is null) of the events in `steps` (None: all). Self times are
+    computed over every operator of the trace first (see the module docstring), then the
+    steps are selected."""
     ev = events.filter(pa.array(kind_mask(events, OP_KINDS + _RUNTIME_KINDS)))
     if ev.num_rows == 0:
         return OPERATOR_SCHEMA.empty_table()
@@ -145,11 +162,16 @@ def _sums(events: pa.Table, steps: set[int] | None) -> pa.Table:
     if steps is not None and "step" in ev.column_names:
         step = ev.column("step").to_numpy(zero_copy_only=False)
         keep &= np.isin(step, np.fromiter(steps, dtype=np.int64))
-    sums = pa.table({"kind": pc.cast(ev.column("kind"), pa.string()),
-                     "name": pc.cast(ev.column("name"), pa.string()),
-                     "self": self_ns, "dur": dur}).filter(pa.array(keep)).group_by(
-        ["kind", "name"]).aggregate([("dur", "count"), ("self", "sum"), ("dur", "sum")])
+    cols = {"kind": pc.cast(ev.column("kind"), pa.string()),
+            "name": pc.cast(ev.column("name"), pa.string())}
+    keys = ["kind", "name"]
+    if by_shapes and "shapes" in ev.column_names:
+        cols["shapes"] = pc.cast(ev.column("shapes"), pa.string())
+        keys.append("shapes")
+    sums = pa.table({**cols, "self": self_ns, "dur": dur}).filter(pa.array(keep)).group_by(
+        keys).aggregate([("dur", "count"), ("self", "sum"), ("dur", "sum")])
+    shapes = sums.column("shapes") if "shapes" in keys else pa.nulls(sums.num_rows, pa.string())
     return pa.table({"kind": sums.column("kind"), "name": sums.column("name"),
-                     "calls": sums.column("dur_count").cast(pa.int64()),
+                     "shapes": shapes, "calls": sums.column("dur_count").cast(pa.int64()),
                      "self_ns": sums.column("self_sum").cast(pa.int64()),
                      "incl_ns": sums.column("dur_sum").cast(pa.int64())}, schema=OPERATOR_SCHEMA)

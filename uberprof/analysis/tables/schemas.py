@@ -67,7 +67,8 @@ COLLECTIVE_SCHEMA = pa.schema([
 
 OPERATOR_SCHEMA = pa.schema([  # one trace's operators and device activity over its steps
     ("kind", pa.string()),  # operator, kernel, comm_kernel, memcpy, memset (ingest/classify.py)
-    ("name", pa.string()),  # the event's name (input shapes are not kept: grouped by name only)
+    ("name", pa.string()),  # the event's name
+    ("shapes", pa.string()),  # operators' input shapes (Input Dims) where recorded, else null
     ("calls", pa.int64()),
     ("self_ns", pa.int64()),  # operators: minus direct children on the thread; device: = incl
     ("incl_ns", pa.int64()),  # the events' durations, summed (key_averages' total time)
