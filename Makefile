@@ -33,12 +33,18 @@ demo: $(STAMP)
 	$(BIN)/uberprof dashboard $(DEMO_OUT)/$(DEMO_RUN) --port $(DEMO_PORT)
 
 # tests/unit first (fast, no jobs), then tests/jobs (real jobs, browsers, terminals, namespaces).
+# The unit tests start no job, so they run on UNIT_WORKERS processes (pytest-xdist), a test
+# file per worker at a time; tests/jobs stays serial: its jobs take every core they find.
+UNIT_WORKERS ?= 2
+UNIT_PYTEST := $(BIN)/python -m pytest -q -ra -n $(UNIT_WORKERS) --dist loadfile tests/unit
+
 test: $(STAMP) netns-tools browser terminal-tools
-	$(BIN)/python -m pytest -q -ra tests/unit tests/jobs
+	$(UNIT_PYTEST)
+	$(BIN)/python -m pytest -q -ra tests/jobs
 
 # tests/unit only: no training job, browser, terminal or network namespace (a minute or two).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra tests/unit
+	$(UNIT_PYTEST)
 
 # Multi-node tests run "nodes" in network namespaces; they need root, iproute2 and unshare.
 netns-tools:

@@ -1,4 +1,7 @@
-"""Real 4-rank CPU (Gloo) runs for the diagnosis tests, each made once per test session."""
+"""Real 4-rank CPU (Gloo) runs for the diagnosis tests, each made once per test session.
+
+Registered once in tests/jobs/conftest.py: a test names the fixture as an argument and imports
+nothing of it (imported into a test module, it would run again for that module)."""
 
 from __future__ import annotations
 

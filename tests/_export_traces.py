@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from tests._jobs import SAMPLES, torchrun, uberprof_run
-
 BASE_NS = 1_790_000_000_000_000_000
 
 
@@ -90,13 +88,11 @@ def write_traces(folder: Path, world: int = 2, hosts: tuple[str, ...] = ("host-a
 
 
 @pytest.fixture(scope="session")
-def counters_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def counters_run(ddp_runs: dict[int, Path]) -> Path:
     """A real 4-rank DDP run (CPU, Gloo), traced on steps 4-6, with its node's counters (host
-    and NIC here), made once per test session."""
-    out = tmp_path_factory.mktemp("export-runs")
-    uberprof_run(out, "ddp4", torchrun(4, SAMPLES / "train_ddp.py", "--steps", "10"),
-                 "--trace-steps", "4-6", "--sample-hz", "10")
-    return out / "ddp4"
+    and NIC here) at 10 Hz: the session's 4-rank run of tests/_runs.py (both fixtures are
+    registered in tests/jobs/conftest.py)."""
+    return ddp_runs[4]
 
 
 def run_sources(run: Path) -> dict[int, list[Path]]:

@@ -1,6 +1,9 @@
 """Real CPU (Gloo) jobs of each parallelism (samples/), each run once per test session under
 `uberprof run` and reported with `report --json`: tensor parallel, FSDP2, an unbalanced 1F1B
-pipeline, and two 2x2 meshes (pipeline x DDP, FSDP2 x tensor parallel)."""
+pipeline, and two 2x2 meshes (pipeline x DDP, FSDP2 x tensor parallel).
+
+Registered once in tests/jobs/conftest.py: a test names the fixture as an argument and imports
+nothing of it (imported into a test module, it would run again for that module)."""
 
 from __future__ import annotations
 

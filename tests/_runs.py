@@ -1,8 +1,12 @@
 """Real DDP runs under `uberprof run`, shared by the analysis tests (session-scoped: each job
-runs once per test session)."""
+runs once per test session).
+
+Registered once in tests/jobs/conftest.py: a test names the fixture as an argument and imports
+nothing of it (imported into a test module, it would run again for that module)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,16 +19,48 @@ STEPS = 10
 
 @pytest.fixture(scope="session")
 def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """2- and 4-rank CPU (Gloo) runs of samples/train_ddp.py, traced on steps 4-6."""
+    """2- and 4-rank CPU (Gloo) runs of samples/train_ddp.py, traced on steps 4-6, with their
+    node's counters at 10 Hz: the analysis and scaling tests' runs, the dashboard's healthy
+    sample (2 ranks) and the export's counters run (4 ranks), which were four more jobs."""
     out = tmp_path_factory.mktemp("ddp-runs")
     runs = {}
     for n in (2, 4):
         uberprof_run(out, f"ddp{n}",
                      torchrun(n, SAMPLES / "train_ddp.py", "--steps", str(STEPS)),
-                     "--trace-steps", f"{TRACE_STEPS[0]}-{TRACE_STEPS[1]}", "--counters", "none",
+                     "--trace-steps", f"{TRACE_STEPS[0]}-{TRACE_STEPS[1]}", "--sample-hz", "10",
                      timeout=400)
         runs[n] = out / f"ddp{n}"
     return runs
+
+
+ShortRun = tuple[Path, subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="session")
+def short_ddp_run(tmp_path_factory: pytest.TempPathFactory) -> ShortRun:
+    """A 2-rank samples/train_ddp.py run of 6 steps traced on steps 2-3, `uberprof run`'s other
+    options left at their defaults (host counters on): its directory and what `uberprof run`
+    printed. The small real run that the fuzz, the closing-line and the no-module-spans tests
+    read (they made it three times); a test that changes it works on a copy."""
+    out = tmp_path_factory.mktemp("short-ddp")
+    proc = uberprof_run(out, "short", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
+                        "--trace-steps", "2-3")
+    return out / "short", proc
+
+
+MODULES_MEMORY_WINDOW = (3, 5)
+
+
+@pytest.fixture(scope="session")
+def modules_memory_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-rank samples/train_ddp.py run of 8 steps under `uberprof run --modules
+    --profile-memory`, traced on steps 3-5: the run the module and memory report tests and the
+    dashboard's memory page read (two jobs before)."""
+    out = tmp_path_factory.mktemp("modules-memory")
+    w = MODULES_MEMORY_WINDOW
+    uberprof_run(out, "mm", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "8"),
+                 "--modules", "--profile-memory", "--trace-steps", f"{w[0]}-{w[1]}")
+    return out / "mm"
 
 
 def sample_parameter_count() -> int:

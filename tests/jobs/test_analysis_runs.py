@@ -11,14 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 import uberprof
-from tests._runs import STEPS, TRACE_STEPS, ddp_runs, sample_parameter_count  # noqa: F401
+from tests._runs import STEPS, TRACE_STEPS, sample_parameter_count
 from uberprof.cli import main
 
 TRACED = list(range(TRACE_STEPS[0], TRACE_STEPS[1] + 1))
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_summary(ddp_runs: dict[int, Path], n: int) -> None:  # noqa: F811
+def test_summary(ddp_runs: dict[int, Path], n: int) -> None:
     res = CliRunner().invoke(main, ["analyze", str(ddp_runs[n]), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -33,7 +33,7 @@ def test_summary(ddp_runs: dict[int, Path], n: int) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_steps_add_up_to_the_step_window(ddp_runs: dict[int, Path], n: int) -> None:  # noqa: F811
+def test_steps_add_up_to_the_step_window(ddp_runs: dict[int, Path], n: int) -> None:
     run = uberprof.load(ddp_runs[n])
     steps = run.steps()
     for rank in range(n):
@@ -55,7 +55,7 @@ def test_steps_add_up_to_the_step_window(ddp_runs: dict[int, Path], n: int) -> N
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_gloo_all_reduces_are_communication_with_bytes(ddp_runs: dict[int, Path],  # noqa: F811
+def test_gloo_all_reduces_are_communication_with_bytes(ddp_runs: dict[int, Path],
                                                        n: int) -> None:
     grad_bytes = 4 * sample_parameter_count()  # float32 gradients, all-reduced once per step
     run = uberprof.load(ddp_runs[n])

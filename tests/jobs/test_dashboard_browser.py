@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests._diag_runs import slow_compute_run  # noqa: F401
-from tests._jobs import ROOT, SAMPLES, browser_timeout_ms, torchrun, uberprof_run
+from tests._jobs import ROOT, SAMPLES, browser_timeout_ms
 from tests.unit.test_dashboard import SYNTH_STRAGGLER, baseline_run, synth_run  # noqa: F401
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -49,12 +48,10 @@ SETTLED = """(pageId) => {
 
 
 @pytest.fixture(scope="session")
-def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A healthy 2-rank CPU run with host counters, traced on steps 4-6."""
-    out = tmp_path_factory.mktemp("dash-sample")
-    uberprof_run(out, "ddp2", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "10"),
-                 "--trace-steps", "4-6")
-    return out / "ddp2"
+def sample_run(ddp_runs: dict[int, Path]) -> Path:
+    """A healthy 2-rank CPU run with host counters, traced on steps 4-6 (the session's 2-rank
+    run: tests/_runs.py)."""
+    return ddp_runs[2]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +113,7 @@ def sample(sample_run: Path) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def straggler(slow_compute_run: Path) -> Iterator[Served]:  # noqa: F811
+def straggler(slow_compute_run: Path) -> Iterator[Served]:
     yield from _served(slow_compute_run)
 
 
@@ -357,13 +354,10 @@ def test_gpu_sample_memory_page(browser: Any, gpu_sample: Served) -> None:
 
 
 @pytest.fixture(scope="module")
-def memory_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def memory_run(modules_memory_run: Path) -> Iterator[Served]:
     """A 2-rank CPU run of samples/train_ddp.py whose window records the allocator's events
-    (`--profile-memory`, steps 3-4)."""
-    out = tmp_path_factory.mktemp("dash-memwin")
-    uberprof_run(out, "mem", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
-                 "--profile-memory", "--trace-steps", "3-4", "--counters", "none")
-    yield from _served(out / "mem")
+    (`--profile-memory`, steps 3-5; the session's run of tests/_runs.py)."""
+    yield from _served(modules_memory_run)
 
 
 def test_memory_page_draws_the_trace_windows_timeline(browser: Any, memory_run: Served

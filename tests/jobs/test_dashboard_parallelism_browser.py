@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests._jobs import browser_timeout_ms
-from tests._parallel_runs import Report, pipeline_run  # noqa: F401
+from tests._parallel_runs import Report
 from tests.jobs.test_dashboard_browser import ARTIFACTS, SETTLED, Served, browser  # noqa: F401
 
 HEAVY = 1  # the stage given three times the work

@@ -17,7 +17,6 @@ import pytest
 from click.testing import CliRunner
 
 import uberprof
-from tests._diag_runs import healthy_run  # noqa: F401
 from tests._jobs import PY, ROOT, job_env
 from uberprof.analysis.tables import derived as D
 from uberprof.cli import main
@@ -50,7 +49,7 @@ def _manifest(run: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-def places(healthy_run: Path, tmp_path: Path) -> tuple[Path, Path, Path]:  # noqa: F811
+def places(healthy_run: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     """(a working directory, a run under it as runs/r, an unrelated working directory)."""
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -159,7 +158,7 @@ def test_analyses_of_one_run_at_once_all_succeed(places: tuple[Path, Path, Path]
 
 
 def test_the_cross_rank_step_is_read_back_until_what_it_reads_changes(
-        healthy_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        healthy_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second analysis of an unchanged run reads the run-level tables back (the dashboard's
     and report's start-up on a big run); a changed rank.json, step timeline or --force makes
     the reduce run again."""

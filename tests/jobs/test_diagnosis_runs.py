@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests._diag_runs import (  # noqa: F401
-    healthy_run,
-    logging_run,
-    shift_node,
-    sleeping_rank_run,
-    slow_compute_run,
-    slow_data_run,
-)
+from tests._diag_runs import shift_node
 from uberprof.analysis.diagnosis.advisor import diagnose
+from uberprof.analysis.diagnosis.stragglers import REL_MIN_LEAD
 
 
 def _stragglers(d) -> list:  # type: ignore[no-untyped-def]
@@ -29,7 +23,7 @@ def _assert_accounted(d) -> None:  # type: ignore[no-untyped-def]
     assert d.run["accounting"]["at_stake_ms"] == pytest.approx(total, abs=1e-2)
 
 
-def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path,  # noqa: F811
+def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path,
                                                            tmp_path: Path) -> None:
     d = diagnose(slow_compute_run, out=tmp_path / "derived")
     [f] = _stragglers(d)
@@ -55,7 +49,7 @@ def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path
     _assert_accounted(d)
 
 
-def test_no_straggler_without_a_fault(healthy_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_no_straggler_without_a_fault(healthy_run: Path, tmp_path: Path) -> None:
     d = diagnose(healthy_run, out=tmp_path / "derived")
     assert _stragglers(d) == [], [f.as_dict() for f in _stragglers(d)]
     # the overview says which test decided, with its numbers
@@ -69,7 +63,7 @@ def test_no_straggler_without_a_fault(healthy_run: Path, tmp_path: Path) -> None
     assert all(r["lateness_ms"]["instances"] == 20 for r in d.ranks)
 
 
-def test_slow_data_loader_names_its_rank_and_cause_data(slow_data_run: Path,  # noqa: F811
+def test_slow_data_loader_names_its_rank_and_cause_data(slow_data_run: Path,
                                                        tmp_path: Path) -> None:
     d = diagnose(slow_data_run, out=tmp_path / "derived")
     found = _stragglers(d)
@@ -85,7 +79,7 @@ def test_slow_data_loader_names_its_rank_and_cause_data(slow_data_run: Path,  # 
 
 
 def test_a_rank_that_sleeps_each_step_is_an_off_cpu_straggler_not_cleared(
-        sleeping_rank_run: Path, tmp_path: Path) -> None:  # noqa: F811
+        sleeping_rank_run: Path, tmp_path: Path) -> None:
     """Its CPU time per step explains under half of its lead and the OS did not keep it from a
     core more than the others (its run-queue wait): it waited off the CPU by its own doing.
     Before, such a rank was cleared as 'the OS delayed it'."""
@@ -104,7 +98,7 @@ def test_a_rank_that_sleeps_each_step_is_an_off_cpu_straggler_not_cleared(
 
 
 @pytest.mark.parametrize("shift_ms", [37.5, -4.2])
-def test_alignment_recovers_a_shifted_node(logging_run: Path, tmp_path: Path,  # noqa: F811
+def test_alignment_recovers_a_shifted_node(logging_run: Path, tmp_path: Path,
                                            shift_ms: float) -> None:
     shift = int(shift_ms * 1e6)
     run = shift_node(logging_run, tmp_path / "shifted", [2, 3], "node-b", shift)
@@ -116,8 +110,12 @@ def test_alignment_recovers_a_shifted_node(logging_run: Path, tmp_path: Path,  #
     assert b.instances >= 20
     # the node's clock runs `shift` ahead: its offset brings it back within the error bound
     # uberprof states (about 100 µs on a quiet machine; Gloo's late wake-ups on busy cores widen
-    # the causality bounds, and the stated bound must widen with them), a bound under 2 ms
-    assert b.error_bound_ns is not None and b.error_bound_ns <= 2_000_000, b.as_dict()
+    # the causality bounds, and the stated bound must widen with them), a bound under 2 ms or,
+    # where the load stretched the steps, under the smallest lead the straggler test calls
+    # material (REL_MIN_LEAD of the median step: 2.07 ms at a load of 15 on 2 cores)
+    step_ms = d.run["step_time"]["traced"]["median_ms"]
+    useful_ns = max(2_000_000, REL_MIN_LEAD * step_ms * 1e6)
+    assert b.error_bound_ns is not None and b.error_bound_ns <= useful_ns, (b.as_dict(), step_ms)
     assert abs(b.offset_ns + shift) <= max(100_000, b.error_bound_ns), b.as_dict()
     assert b.correction_ns == b.offset_ns  # the start-up estimate said 0
     # reported in the run document, and lateness is on aligned clocks: no phantom straggler

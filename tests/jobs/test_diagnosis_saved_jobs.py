@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests._diag_runs import slow_compute_run  # noqa: F401
 from tests.unit.test_diagnosis_saved import _no_diagnosis, _report
 
 
-def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,  # noqa: F811
+def test_every_view_shows_the_same_rank_numbers(slow_compute_run: Path,
                                                 tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """One real run: `report --json`, its straggler finding, the dashboard's data layer and

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests._export_check import load
-from tests._export_traces import counters_run  # noqa: F401
 from tests._jobs import ROOT
 from tests._trace_viewer import PerfettoUI, unavailable
 from uberprof.analysis.read import open_run
@@ -36,7 +35,7 @@ def _expected(doc: dict) -> tuple[dict[str, int], int]:  # type: ignore[type-arg
     return dict(per), flows
 
 
-def test_json_export_in_the_perfetto_ui(counters_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_json_export_in_the_perfetto_ui(counters_run: Path, tmp_path: Path) -> None:
     res = export_trace(open_run(counters_run), tmp_path / "ddp4.json")
     want, flows = _expected(load(res.path))
     with PerfettoUI(res.path) as ui:
@@ -57,7 +56,7 @@ def test_json_export_in_the_perfetto_ui(counters_run: Path, tmp_path: Path) -> N
     assert (ARTIFACTS / "export-json-perfetto-ui.png").stat().st_size > 20_000
 
 
-def test_perfetto_export_in_the_perfetto_ui(counters_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_perfetto_export_in_the_perfetto_ui(counters_run: Path, tmp_path: Path) -> None:
     pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
     opened = open_run(counters_run)
     js = export_trace(opened, tmp_path / "ddp4.json")

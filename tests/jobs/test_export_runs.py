@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tests._diag_runs import logging_run, shift_node, slow_compute_run  # noqa: F401
+from tests._diag_runs import shift_node
 from tests._export_check import compare_with_sources, load, rank_pids, us_to_ns, validate_tef
-from tests._export_traces import counters_run, run_sources  # noqa: F401
+from tests._export_traces import run_sources
 from uberprof.analysis.diagnosis.advisor import diagnose
 from uberprof.analysis.read import open_run
 from uberprof.present.export import ExportOptions, export_trace
@@ -22,7 +22,7 @@ def _tracks(doc: dict, pid: int) -> dict[int, str]:  # type: ignore[type-arg]
             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid}
 
 
-def test_four_rank_run_round_trips_through_ingest(counters_run: Path,  # noqa: F811
+def test_four_rank_run_round_trips_through_ingest(counters_run: Path,
                                                      tmp_path: Path) -> None:
     res = export_trace(open_run(counters_run), tmp_path / "ddp4.json")
     doc = load(res.path)
@@ -54,7 +54,7 @@ def test_four_rank_run_round_trips_through_ingest(counters_run: Path,  # noqa: F
     assert res.path.suffix == ".gz" and res.bytes_file < res.bytes_uncompressed / 4
 
 
-def test_shifted_node_comes_out_aligned(logging_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_shifted_node_comes_out_aligned(logging_run: Path, tmp_path: Path) -> None:
     shift = 37_500_000
     run = shift_node(logging_run, tmp_path / "shifted", [2, 3], "node-b", shift)
     res = export_trace(open_run(run), tmp_path / "aligned.json")
@@ -95,7 +95,7 @@ def test_shifted_node_comes_out_aligned(logging_run: Path, tmp_path: Path) -> No
     assert abs(float(np.median(skews))) < 2_000_000, np.median(skews)  # was 37.5 ms
 
 
-def test_straggler_waits_are_marked(slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_straggler_waits_are_marked(slow_compute_run: Path, tmp_path: Path) -> None:
     res = export_trace(open_run(slow_compute_run), tmp_path / "straggler.json",
                        ExportOptions(steps=(5, 8)))
     doc = load(res.path)
@@ -121,7 +121,7 @@ def test_straggler_waits_are_marked(slow_compute_run: Path, tmp_path: Path) -> N
     assert {"ProfilerStep#5", "ProfilerStep#8"} <= steps and "ProfilerStep#3" not in steps
 
 
-def test_budget_on_a_real_run(counters_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_budget_on_a_real_run(counters_run: Path, tmp_path: Path) -> None:
     opened = open_run(counters_run)
     full = export_trace(opened, tmp_path / "full.json", ExportOptions(gzip=False))
     limit = full.bytes_uncompressed // 3

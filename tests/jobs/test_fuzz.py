@@ -27,7 +27,7 @@ import pandas  # noqa: F401 - loaded before the in-process CLI runs: see keep_pa
 import pytest
 from click.testing import CliRunner
 
-from tests._jobs import SAMPLES, torchrun, uberprof_run
+from tests._runs import ShortRun
 from uberprof.cli import main
 
 SEED = int(os.environ.get("UBERPROF_FUZZ_SEED", "13"))
@@ -39,12 +39,10 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real 2-rank DDP job on CPU under `uberprof run`, with host counters."""
-    out = tmp_path_factory.mktemp("fuzz")
-    uberprof_run(out, "real", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
-                 "--trace-steps", "2-3")
-    return out / "real"
+def real_run(short_ddp_run: ShortRun) -> Path:
+    """A real 2-rank DDP job on CPU under `uberprof run`, with host counters (the session's
+    short run: each case mutates a copy of it)."""
+    return short_ddp_run[0]
 
 
 # --- mutations ----------------------------------------------------------------------------------

@@ -9,16 +9,15 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests._jobs import PY, SAMPLES, job_env, time_limit, torchrun, uberprof_run
+from tests._jobs import PY, job_env, time_limit
+from tests._runs import MODULES_MEMORY_WINDOW, ShortRun
 from uberprof.analysis.tables.derived import read_modules
 
-WINDOW = (3, 5)
+WINDOW = MODULES_MEMORY_WINDOW
 
 
-def test_modules_and_memory_timeline_of_a_ddp_job(tmp_path: Path) -> None:
-    uberprof_run(tmp_path, "mm", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "8"),
-                 "--modules", "--profile-memory", "--trace-steps", f"{WINDOW[0]}-{WINDOW[1]}")
-    run = tmp_path / "mm"
+def test_modules_and_memory_timeline_of_a_ddp_job(modules_memory_run: Path) -> None:
+    run = modules_memory_run  # 2 ranks, 8 steps, --modules --profile-memory, traced on WINDOW
     trace = json.loads(gzip.decompress(next((run / "ranks" / "1" / "traces").glob(
         "*.json.gz")).read_bytes()))
     assert trace.get("profile_memory") == 1 or any(
@@ -65,10 +64,8 @@ def test_modules_and_memory_timeline_of_a_ddp_job(tmp_path: Path) -> None:
     assert "memory timeline" in text
 
 
-def test_without_the_options_no_module_spans_and_no_memory(tmp_path: Path) -> None:
-    uberprof_run(tmp_path, "plain", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
-                 "--trace-steps", "2-3")
-    run = tmp_path / "plain"
+def test_without_the_options_no_module_spans_and_no_memory(short_ddp_run: ShortRun) -> None:
+    run = short_ddp_run[0]  # 2 ranks, traced on steps 2-3, neither option given
     trace = gzip.decompress(next((run / "ranks" / "0" / "traces").glob("*.json.gz"))
                             .read_bytes())
     assert b'"module::' not in trace and b'"[memory]"' not in trace

@@ -8,14 +8,14 @@ from __future__ import annotations
 import re
 
 from tests._jobs import info_json
-from tests._parallel_runs import Report, fsdp2_run, pipeline_run, pp_dp_run, tp_run  # noqa: F401
+from tests._parallel_runs import Report
 
 FSDP1_NAMES = re.compile(r"\b(backward_prefetch|forward_prefetch|limit_all_gathers|"
                          r"BackwardPrefetch|FullyShardedDataParallel)\b")
 
 
 def test_tensor_parallel_job_reads_as_tp_and_its_exposed_comm_is_the_tp_finding(
-        tp_run: Report) -> None:  # noqa: F811
+        tp_run: Report) -> None:
     tp_report = tp_run[1]
     p = tp_report["run"]["parallelism"]
     assert p["kinds"] == ["tp"] and p["dims"] == {} and p["stage_of"] == {}, p
@@ -29,7 +29,7 @@ def test_tensor_parallel_job_reads_as_tp_and_its_exposed_comm_is_the_tp_finding(
 
 
 def test_fsdp2_job_reads_as_fsdp2_and_no_remedy_names_an_fsdp1_option(
-        fsdp2_run: Report) -> None:  # noqa: F811
+        fsdp2_run: Report) -> None:
     fsdp2_report = fsdp2_run[1]
     p = fsdp2_report["run"]["parallelism"]
     assert p["kinds"] == ["fsdp2"] and p["summary"] == "FSDP2 (2)", p
@@ -42,7 +42,7 @@ def test_fsdp2_job_reads_as_fsdp2_and_no_remedy_names_an_fsdp1_option(
 
 
 def test_one_dimensional_pipeline_reads_each_rank_as_its_stage(
-        pipeline_run: Report) -> None:  # noqa: F811
+        pipeline_run: Report) -> None:
     pipeline_report = pipeline_run[1]
     p = pipeline_report["run"]["parallelism"]
     assert p["kinds"] == ["pp"] and p["dims"] == {}, p
@@ -53,7 +53,7 @@ def test_one_dimensional_pipeline_reads_each_rank_as_its_stage(
 
 
 def test_pipeline_by_ddp_mesh_reads_dims_groups_and_stages_and_info_states_it(
-        pp_dp_run: Report) -> None:  # noqa: F811
+        pp_dp_run: Report) -> None:
     run, report = pp_dp_run
     p = report["run"]["parallelism"]
     assert p["kinds"] == ["pp", "ddp"] and p["dims"] == {"pp": 2, "dp": 2}, p

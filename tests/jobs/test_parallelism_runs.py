@@ -15,14 +15,7 @@ from typing import Any
 import pytest
 
 from tests._jobs import PY, job_env, time_limit
-from tests._parallel_runs import (  # noqa: F401
-    Report,
-    fsdp2_run,
-    fsdp_tp_run,
-    pipeline_run,
-    pp_dp_run,
-    tp_run,
-)
+from tests._parallel_runs import Report
 
 ALL_RUNS = ("tp_run", "fsdp2_run", "pipeline_run", "pp_dp_run", "fsdp_tp_run")
 # Differences, signed by definition (not durations): a rank's lead, CPU time, run-queue wait or
@@ -70,7 +63,7 @@ def test_every_send_pairs_with_its_peers_receive(run: str,
 
 
 def test_an_unbalanced_pipeline_names_its_slow_stage_and_not_the_link(
-        pipeline_run: Report) -> None:  # noqa: F811
+        pipeline_run: Report) -> None:
     doc = pipeline_run[1]
     pipe = doc["run"]["pipeline"]
     assert (pipe["stages"], pipe["schedule"], pipe["microbatches"]) == (2, "1f1b", 8), pipe
@@ -88,14 +81,14 @@ def test_an_unbalanced_pipeline_names_its_slow_stage_and_not_the_link(
             assert any(c["kind"] == "pipeline_imbalance" for c in x["caused_by"]), x
 
 
-def test_tensor_parallel_all_reduces_are_exposed_communication(tp_run: Report) -> None:  # noqa: F811
+def test_tensor_parallel_all_reduces_are_exposed_communication(tp_run: Report) -> None:
     doc = tp_run[1]
     for r in doc["ranks"]:  # the blocking all-reduces (wait_tensor) are not compute
         assert r["breakdown_pct"]["exposed_comm"] > 10, r["breakdown_pct"]
     assert doc["run"]["collectives"]["unmatched_calls"] == 0
 
 
-def test_fsdp2_reduce_scatter_keeps_its_name_and_size(fsdp2_run: Report) -> None:  # noqa: F811
+def test_fsdp2_reduce_scatter_keeps_its_name_and_size(fsdp2_run: Report) -> None:
     doc = fsdp2_run[1]
     [world] = doc["run"]["comm_by_group"]
     assert set(world["collectives"]) == {"allgather", "reducescatter"}, world
@@ -126,7 +119,7 @@ def _export(run: Path, out: Path) -> list[dict[str, Any]]:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
-def test_export_draws_an_arrow_from_each_send_to_its_receive(pipeline_run: Report,  # noqa: F811
+def test_export_draws_an_arrow_from_each_send_to_its_receive(pipeline_run: Report,
                                                               tmp_path: Path) -> None:
     run, doc = pipeline_run
     events = _export(run, tmp_path / "pipe.json")
@@ -140,7 +133,7 @@ def test_export_draws_an_arrow_from_each_send_to_its_receive(pipeline_run: Repor
 
 
 def test_export_puts_each_mesh_dimensions_collectives_on_its_own_track(
-        fsdp_tp_run: Report, tmp_path: Path) -> None:  # noqa: F811
+        fsdp_tp_run: Report, tmp_path: Path) -> None:
     events = _export(fsdp_tp_run[0], tmp_path / "fsdptp.json")
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}

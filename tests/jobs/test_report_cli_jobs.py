@@ -12,13 +12,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from tests._diag_runs import slow_compute_run  # noqa: F401
 from tests._jobs import PY, job_env
 from uberprof.cli import main
 
 
 def test_report_on_a_run_analyses_first_and_names_the_straggler(
-        slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+        slow_compute_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(slow_compute_run, run, ignore=shutil.ignore_patterns("derived"))
     res = CliRunner().invoke(main, ["report", str(run)], terminal_width=120)
@@ -51,7 +50,7 @@ def test_report_on_a_run_analyses_first_and_names_the_straggler(
     assert "(live, from the step timelines)" not in said.replace("waits for data", "")
 
 
-def test_calibrate_records_the_peak_in_the_run(slow_compute_run: Path,  # noqa: F811
+def test_calibrate_records_the_peak_in_the_run(slow_compute_run: Path,
                                                tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(slow_compute_run, run, ignore=shutil.ignore_patterns("derived"))

@@ -10,17 +10,24 @@ from pathlib import Path
 import pytest
 
 from tests._jobs import PY, SAMPLES, SCRIPTS, assert_ranks, info_json, torchrun, uberprof_run
+from tests._runs import ShortRun
+
+# Steps past the default trace window (10-19) with two to spare: the window must close at 19
+# though the job goes on (tests/jobs/test_clients.py runs as many).
+DEFAULT_WINDOW_STEPS = 22
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_torchrun_ddp(tmp_path: Path, nproc: int) -> None:
-    proc = uberprof_run(tmp_path, "ddp", torchrun(nproc, SAMPLES / "train_ddp.py", "--steps", "30"))
+    steps = DEFAULT_WINDOW_STEPS
+    proc = uberprof_run(tmp_path, "ddp", torchrun(nproc, SAMPLES / "train_ddp.py", "--steps",
+                                                  str(steps)))
     run = tmp_path / "ddp"
     assert f"run directory {run}" in proc.stderr  # printed at start...
     assert f"uberprof info {run}" in proc.stderr  # ...and at the end
-    assert "trained 30 steps" in proc.stdout  # the job's own output passes through
+    assert f"trained {steps} steps" in proc.stdout  # the job's own output passes through
     info = info_json(run)
-    assert_ranks(info, nproc, 30, [10, 19])
+    assert_ranks(info, nproc, steps, [10, 19])
     rank1 = json.loads((run / "ranks" / "1" / "rank.json").read_text())
     assert rank1["world_size"] == nproc and rank1["backend"] == "gloo"
     assert rank1["local_rank"] == 1 and rank1["launcher"] == "torchrun"
@@ -132,9 +139,8 @@ def test_a_job_that_ends_where_its_window_starts(tmp_path: Path) -> None:
     assert info["ranks"][0]["steps"] == 10 and info["ranks"][0]["trace_windows"] == []
 
 
-def test_closing_line_counts_steps_per_rank(tmp_path: Path) -> None:
-    proc = uberprof_run(tmp_path, "per", torchrun(2, SAMPLES / "train_ddp.py", "--steps", "6"),
-                        "--trace-steps", "2-3")
+def test_closing_line_counts_steps_per_rank(short_ddp_run: ShortRun) -> None:
+    _, proc = short_ddp_run  # 2 ranks, 6 steps, traced on steps 2-3
     assert "2 rank(s), 6 steps per rank, 2 trace window file(s)" in proc.stderr
     assert "12 steps" not in proc.stderr
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests._runs import ddp_runs  # noqa: F401
 from uberprof.cli import main
 
 
@@ -40,14 +39,14 @@ def _measured_step_ms(run: Path, steps: list[int]) -> float:
 
 
 @pytest.fixture(scope="module")
-def scaled(ddp_runs: dict[int, Path]) -> dict[str, Any]:  # noqa: F811
+def scaled(ddp_runs: dict[int, Path]) -> dict[str, Any]:
     res = CliRunner().invoke(main, ["scaling", str(ddp_runs[4]), str(ddp_runs[2]), "--json"])
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
 
 def test_the_table_has_one_row_per_world_size_smallest_first(
-        scaled: dict[str, Any], ddp_runs: dict[int, Path]) -> None:  # noqa: F811
+        scaled: dict[str, Any], ddp_runs: dict[int, Path]) -> None:
     assert [r["world_size"] for r in scaled["runs"]] == [2, 4]
     assert [r["ranks"] for r in scaled["runs"]] == [2, 4]
     assert all(r["nodes"] == 1 for r in scaled["runs"])
@@ -55,7 +54,7 @@ def test_the_table_has_one_row_per_world_size_smallest_first(
 
 
 def test_efficiency_comes_from_the_runs_own_measured_throughput(
-        scaled: dict[str, Any], ddp_runs: dict[int, Path]) -> None:  # noqa: F811
+        scaled: dict[str, Any], ddp_runs: dict[int, Path]) -> None:
     """No --batch and none in the script's arguments: steps/s per rank, measured."""
     assert scaled["throughput_unit"] == "steps/s"
     measured = {}
@@ -83,7 +82,7 @@ def test_the_breakdown_adds_up_to_the_change_in_step_time(scaled: dict[str, Any]
     assert {p["key"] for p in scaled["parts"]} >= {"comm:world", "compute"}
 
 
-def test_the_terminal_table_and_the_html_plot(ddp_runs: dict[int, Path],  # noqa: F811
+def test_the_terminal_table_and_the_html_plot(ddp_runs: dict[int, Path],
                                               tmp_path: Path) -> None:
     page = tmp_path / "scaling.html"
     res = CliRunner().invoke(main, ["scaling", str(ddp_runs[2]), str(ddp_runs[4]),

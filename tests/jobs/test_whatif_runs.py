@@ -14,8 +14,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from tests._diag_runs import slow_compute_run  # noqa: F401
-from tests._parallel_runs import Report, pipeline_run  # noqa: F401
+from tests._parallel_runs import Report
 from uberprof.cli import main
 
 STRAGGLER = 2
@@ -28,7 +27,7 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 
 
 def test_the_replay_reproduces_the_steps_and_the_path_runs_on_the_straggler(
-        slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+        slow_compute_run: Path, tmp_path: Path) -> None:
     run = _copy(slow_compute_run, tmp_path)
     res = CliRunner().invoke(main, ["report", str(run), "--json"])
     assert res.exit_code == 0, res.output
@@ -45,7 +44,7 @@ def test_the_replay_reproduces_the_steps_and_the_path_runs_on_the_straggler(
 
 
 def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
-        slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+        slow_compute_run: Path, tmp_path: Path) -> None:
     run = _copy(slow_compute_run, tmp_path)
     res = CliRunner().invoke(main, ["whatif", str(run), "--remove", "straggler", "--json"])
     assert res.exit_code == 0, res.output
@@ -74,7 +73,7 @@ def _whatif(run: Path, *options: str) -> dict:
 
 
 def test_link_bandwidth_exposed_comm_launch_and_sync_on_a_cpu_run(
-        slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+        slow_compute_run: Path, tmp_path: Path) -> None:
     """On loopback Gloo: a 0.1 Gbit/s link makes the steps longer and a 1000 Gbit/s one no
     longer; hidden communication unblocks the ranks' waits; launch and sync find nothing to
     remove on CPU ranks and say so; changes together project no longer than one of them."""
@@ -100,7 +99,7 @@ def test_link_bandwidth_exposed_comm_launch_and_sync_on_a_cpu_run(
 
 
 def test_the_straggler_finding_ranks_first_by_its_projected_gain(
-        slow_compute_run: Path, tmp_path: Path) -> None:  # noqa: F811
+        slow_compute_run: Path, tmp_path: Path) -> None:
     """The injected straggler's finding carries what removing its extra work gains in the
     replay, the same figure `whatif --remove straggler` projects, and is ranked first by it;
     the terminal report prints it."""
@@ -121,7 +120,7 @@ def test_the_straggler_finding_ranks_first_by_its_projected_gain(
 
 
 def test_balancing_the_pipeline_projects_a_shorter_step_and_ranks_the_imbalance_first(
-        pipeline_run: Report, tmp_path: Path) -> None:  # noqa: F811
+        pipeline_run: Report, tmp_path: Path) -> None:
     """The unbalanced 1F1B pipeline (stage 1 holds three times stage 0's blocks): its stages
     at their mean compute shorten the step, and the imbalance finding, with that gain, comes
     first."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._jobs import load_factor
 from uberprof.collect.counters import CounterSettings, NodeSampler, read_counters
 from uberprof.collect.counters.infiniband import InfinibandSource, parse_ib_rate
 from uberprof.collect.counters.nic import parse_tc_qdiscs, parse_tc_rate
@@ -184,9 +185,13 @@ def test_sampler_records_host_counters_at_the_configured_rate(tmp_path: Path) ->
     df = read_counters(run.root, "n0")
     cpu = df[(df.source == "host") & (df.metric == "cpu.util")]
     expected = (t1 - t0) / 1e9 * 10
-    assert abs(len(cpu) - expected) <= 0.2 * expected, (len(cpu), expected)
+    # on an idle machine: within 20% of the rate and 0.3 s of both ends; on a loaded one the
+    # sampling thread waits for a core as long as anything does, so the slack grows with the
+    # load (at most 4x: a sampler that misses most ticks still fails)
+    slack = min(4.0, load_factor())
+    assert abs(len(cpu) - expected) <= 0.2 * slack * expected, (len(cpu), expected, slack)
     assert cpu.ts_ns.is_monotonic_increasing
-    assert (cpu.ts_ns.min() - t0) < 0.3e9 and (t1 - cpu.ts_ns.max()) < 0.3e9
+    assert (cpu.ts_ns.min() - t0) < 0.3e9 * slack and (t1 - cpu.ts_ns.max()) < 0.3e9 * slack
     assert set(df[df.source == "host"].metric) >= {"cpu.util", "cpu.util_max_core", "load1",
                                                    "mem.used", "mem.total"}
     # The child process of the agent is sampled, and the sum over the job.

@@ -1,0 +1,43 @@
+"""The real runs that several test files of tests/jobs/ read, registered here once.
+
+pytest keeps a fixture per place it is defined, and a fixture imported into a test module is
+defined in that module: a session-scoped run imported by six files ran six times (about 14
+extra jobs a suite). Registered in this conftest, each runs once per session; test files name
+the fixture as an argument and import nothing of it (a test file that imports one is refused at
+collection). A test that changes a run works on its own copy (shutil.copytree, as they do)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._diag_runs import (
+    healthy_run,
+    logging_run,
+    sleeping_rank_run,
+    slow_compute_run,
+    slow_data_run,
+)
+from tests._export_traces import counters_run
+from tests._parallel_runs import fsdp2_run, fsdp_tp_run, pipeline_run, pp_dp_run, tp_run
+from tests._runs import ddp_runs, modules_memory_run, short_ddp_run
+
+SHARED = {f.__name__: f for f in (healthy_run, logging_run, sleeping_rank_run, slow_compute_run,
+                                  slow_data_run, counters_run, tp_run, fsdp2_run, pipeline_run,
+                                  pp_dp_run, fsdp_tp_run, ddp_runs, short_ddp_run,
+                                  modules_memory_run)}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a test module that imports a shared run: it would make that run again."""
+    again: set[str] = set()
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None:
+            continue
+        for name, fixture in SHARED.items():
+            if getattr(module, name, None) is fixture:
+                again.add(f"{item.path.name} imports {name}")
+    if again:
+        raise pytest.UsageError(
+            "a shared run imported into a test module runs again for that module; name it as "
+            "an argument only (tests/jobs/conftest.py provides it): " + ", ".join(sorted(again)))
