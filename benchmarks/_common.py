@@ -1,17 +1,23 @@
 """What the benchmark scripts share: the repository on sys.path (they run from a checkout, not
-an installed uberprof) and a command line whose help is the script's docstring."""
+an installed uberprof), a command line whose help is the script's docstring, a job run so that
+no rank outlives the benchmark, and a command's JSON document."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["ROOT", "doc_parser"]
+from tests._jobs import PY, job_env  # noqa: E402  (the repository is on sys.path now)
+
+__all__ = ["ROOT", "doc_parser", "run_job", "uberprof_json"]
 
 
 def doc_parser(doc: str) -> argparse.ArgumentParser:
@@ -19,3 +25,34 @@ def doc_parser(doc: str) -> argparse.ArgumentParser:
     first, _, rest = doc.partition("\n\n")
     return argparse.ArgumentParser(description=first, epilog=rest,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def run_job(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`cmd` (an `uberprof run`) captured; on a timeout or when the benchmark is ended
+    (SIGTERM, Ctrl-C) it gets SIGTERM first, which it passes on to the job's own process
+    group, so that no rank outlives the benchmark (SIGKILL after a grace period)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=job_env())
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def uberprof_json(args: list[str], timeout: float) -> dict[str, Any]:
+    """The JSON document of `uberprof ARGS` (a command run with --json); a command that prints
+    none (it failed) raises with its exit code and the end of its stderr."""
+    proc = subprocess.run([PY, "-m", "uberprof", *args], capture_output=True, text=True,
+                          timeout=timeout, env=job_env(), check=False)
+    if not proc.stdout.strip():
+        raise RuntimeError(f"uberprof {' '.join(args)} exited {proc.returncode} with no "
+                           f"document: {proc.stderr.strip()[-800:]}")
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import doc_parser
+from _common import doc_parser, run_job
 from _scoring import (
     HOG,
     Claim,
@@ -231,25 +231,6 @@ def _netns_ok() -> bool:
 def _uberprof_run(out: Path, run_id: str, extra: list[str], command: list[str]) -> list[str]:
     return [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, *extra, "--",
             *command]
-
-
-def run_job(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """`cmd` (an `uberprof run`) captured; on a timeout or when the benchmark is ended
-    (SIGTERM, Ctrl-C) it gets SIGTERM first, which it passes on to the job's own process
-    group, so that no rank outlives the benchmark (SIGKILL after a grace period)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=job_env())
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _run_one_node(out: Path, run_id: str, n: int, sample: list[str], extra: list[str],

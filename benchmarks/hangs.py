@@ -49,10 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, doc_parser
-from accuracy import run_job
+from _common import ROOT, doc_parser, run_job, uberprof_json
 
-from tests._jobs import PY, job_env, torchrun
+from tests._jobs import PY, torchrun
 
 FAULTY = ROOT / "tests" / "scripts" / "faulty.py"
 HANG_TIMEOUT_S = 15
@@ -127,14 +126,7 @@ class Outcome:
 
 def _report(run: Path, timeout: float) -> dict[str, Any]:
     """`uberprof report --json`: a run that hung before any trace exits 1 with a document."""
-    proc = subprocess.run([PY, "-m", "uberprof", "report", "--json", str(run)],
-                          capture_output=True, text=True, timeout=timeout, env=job_env(),
-                          check=False)
-    if not proc.stdout.strip():
-        raise RuntimeError(f"uberprof report exited {proc.returncode} with no document: "
-                           f"{proc.stderr.strip()[-500:]}")
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
+    return uberprof_json(["report", "--json", str(run)], timeout)
 
 
 def _verdict(run: Path, finding: dict[str, Any], ended_ns: int) -> tuple[float | None, str]:

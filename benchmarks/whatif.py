@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when loaded by path
-from _common import ROOT, doc_parser
+from _common import ROOT, doc_parser, uberprof_json
 
 REPLAY_TARGET_PCT = 5.0
 PROJECTION_TARGET_PCT = 10.0
@@ -259,16 +259,7 @@ def record(pair: Pair, problem: bool, out: Path, run_id: str, steps: int, trace:
 
 
 def whatif_json(run: Path, option: list[str], timeout: float) -> dict[str, Any]:
-    from tests._jobs import job_env
-
-    proc = subprocess.run([PY, "-m", "uberprof", "whatif", str(run), *option, "--json"],
-                          capture_output=True, text=True, timeout=timeout, env=job_env(),
-                          check=False)
-    if not proc.stdout.strip():
-        raise RuntimeError(f"whatif {' '.join(option)} exited {proc.returncode}: "
-                           f"{proc.stderr[-800:]}")
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
+    return uberprof_json(["whatif", str(run), *option, "--json"], timeout)
 
 
 def figures(doc: dict[str, Any], run: Path | None = None) -> RunFigures:

@@ -268,6 +268,8 @@ def followed_signals(follower: RunFollower, window: int = WINDOW) -> list[Signal
     peers = followed_peers(follower)
     found = step_signals(follower.series("duration_ns"), follower.series("data_wait_ns"),
                          window, busy=followed_busy(follower, window), peers=peers.sets)
-    found = diagnosed(found, read_saved_findings(follower.run), follower.ended_ns())
+    ended = follower.ended_ns()  # the saved diagnosis matters only once the job ended
+    found = diagnosed(found, read_saved_findings(follower.run) if ended is not None else None,
+                      ended)
     note = peers.note()
     return found + [note] if note is not None else found
