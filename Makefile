@@ -40,7 +40,7 @@ UNIT_PYTEST := $(BIN)/python -m pytest -q -ra -n $(UNIT_WORKERS) --dist loadfile
 
 test: $(STAMP) netns-tools browser terminal-tools
 	$(UNIT_PYTEST)
-	$(BIN)/python -m pytest -q -ra tests/jobs
+	$(BIN)/python -m pytest -q -ra --durations=25 tests/jobs
 
 # tests/unit only: no training job, browser, terminal or network namespace (a minute or two).
 test-fast: $(STAMP)

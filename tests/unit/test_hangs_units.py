@@ -343,7 +343,7 @@ def test_a_crash_after_a_desync_names_who_departed_from_the_best_evidence(tmp_pa
     departed are, decided from the Flight Recorder dumps' history, else the call sites'
     majority, else all named (never by index)."""
     from uberprof.analysis.diagnosis.failure_evidence import load_evidence
-    from uberprof.analysis.diagnosis.findings.failures import _desync, _desync_title
+    from uberprof.analysis.diagnosis.findings.crash import _desync, _desync_title
 
     frames = [{"file": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 1,
                "function": "all_reduce"}]

@@ -16,9 +16,13 @@ from dataclasses import dataclass
 __all__ = [
     "COMM_REMEDIES",
     "COMM_REMEDY_UNKNOWN",
+    "CRASH_REMEDY",
+    "FROZEN_REMEDY",
     "GAP_CAUSES",
+    "HANG_REMEDY",
     "HOST_CPU",
     "LINK_VERDICTS",
+    "MISMATCH_REMEDY",
     "PIPELINE_IMBALANCE",
     "PIPELINE_IMBALANCE_REMEDY",
     "STRAGGLER_CAUSES",
@@ -307,7 +311,28 @@ PIPELINE_IMBALANCE = Cause(
 PIPELINE_IMBALANCE_REMEDY = PIPELINE_IMBALANCE.remedy
 
 
-# A rank that ran out of device memory (findings/failures.py: its crash finding's cause).
+# Hangs and crashes (findings/hang.py, findings/crash.py): what to do about each.
+HANG_REMEDY = ("Look at the stuck rank's stack: a rank that never joins the collective the "
+               "others wait in is blocked elsewhere (I/O, a lock, a data loader, an infinite "
+               "loop) or took another code path (a collective under a rank- or data-dependent "
+               "condition). Make every rank issue the same collectives in the same order; "
+               "a mismatch names the calls that differ.")
+CRASH_REMEDY = ("Fix the first failure: the other ranks failing afterwards are victims that "
+                "lost their peer. Its exception and stack say where; a rank killed without a "
+                "trace (SIGKILL) is often the OOM killer: check host memory (dmesg, the "
+                "node's counters) around that time.")
+MISMATCH_REMEDY = ("The ranks issued different collectives at the same sequence number: a "
+                   "collective skipped or added on some ranks (rank- or data-dependent control "
+                   "flow), or tensors of different shape or dtype. Make every rank issue the "
+                   "same collectives in the same order with the same shapes.")
+FROZEN_REMEDY = ("A frozen rank answered nothing, not even the signal that makes any running "
+                 "process write its stacks: it was stopped (SIGSTOP, a debugger, job control: "
+                 "send SIGCONT or detach), is blocked in the kernel (uninterruptible I/O on a "
+                 "hung file system or device: see /proc/<pid>/stack and dmesg) or swapped out "
+                 "(check host memory). The others wait for it in the collective named.")
+
+
+# A rank that ran out of device memory (findings/crash.py: its crash finding's cause).
 OUT_OF_MEMORY = Cause(
     "out_of_memory", "out of memory", "a rank out of device memory",
     "an allocation asked for more device memory than was free",

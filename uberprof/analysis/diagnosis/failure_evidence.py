@@ -3,7 +3,8 @@
 Each rank's last finished step, exceptions, fatal-signal dump, the watchdog helper's stacks,
 faulthandler's stacks, the Flight Recorder's collectives and the launcher's exit records, with
 each node's hang record; and the helpers that find the user's frame in a stack. The `hang` and
-`crash` findings (`findings/failures.py`) and the watchdog's one-line summary judge from these.
+`crash` findings (`findings/hang.py`, `findings/crash.py`) and the watchdog's one-line summary
+judge from these.
 """
 
 from __future__ import annotations
