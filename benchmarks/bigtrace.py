@@ -227,10 +227,13 @@ def analyze_measured(out: Path, workers: int, per_rank: int, failed: list[str]
     ok = worst <= BOUND * per_rank
     if not ok:
         failed.append("memory")
-    print(f"uberprof analyze: {r['wall_s']:.1f} s wall; each worker's peak RSS "
-          f"{', '.join(f'{p / 2**20:.0f}' for p in r['worker_peaks'])} MiB (workers replaced "
-          f"when big count again), the parent {r['main_peak'] / 2**20:.0f} MiB, the tree "
-          f"{r['tree_peak'] / 2**20:.0f} MiB; worst worker {worst / per_rank:.2f}x the "
+    workers_said = (f"each worker's peak RSS "
+                    f"{', '.join(f'{p / 2**20:.0f}' for p in r['worker_peaks'])} MiB (workers "
+                    "replaced when big count again)" if r["worker_peaks"] else
+                    "no worker (one trace, or one worker: analysed in the parent)")
+    print(f"uberprof analyze: {r['wall_s']:.1f} s wall; {workers_said}, the parent "
+          f"{r['main_peak'] / 2**20:.0f} MiB, the tree {r['tree_peak'] / 2**20:.0f} MiB; "
+          f"worst {'worker' if r['worker_peaks'] else 'process'} {worst / per_rank:.2f}x the "
           f"{per_rank / 2**20:.0f} MiB it reads, bound {BOUND}x: {'met' if ok else 'MISSED'}")
     return r
 

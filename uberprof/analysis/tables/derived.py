@@ -3,8 +3,9 @@ reading. Whoever needs a derived path or table asks this module.
 
     <derived>/manifest.json         the inputs analysed (size, mtime) and how each went
     <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet,
-                                    operators.parquet, activity.parquet, modules.parquet,
-                                    memory.parquet, summary.json
+                                    operators.parquet, activity.parquet, summary.json; and
+                                    modules.parquet, memory.parquet when they have rows (a
+                                    missing one reads as none: read_input_table's callers)
     <derived>/timelines/<key>.parquet   a rank's step timeline (steps.jsonl), as a table
     <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
     <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
@@ -28,6 +29,7 @@ What each table holds, column by column, is schemas.py's.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import tempfile
@@ -251,17 +253,23 @@ def is_fresh(old: Mapping[str, Any] | None, st: os.stat_result, made: Path) -> b
 
 # --- writing ------------------------------------------------------------------------------------
 
+_TOKEN = os.urandom(6).hex()  # this process's (or its parent's, when forked: then the pid differs)
+_SERIAL = itertools.count()
+
+
 def _temp_beside(path: Path) -> Path:
-    """A new, unique file name in `path`'s folder (the same file system: renames are atomic)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    return Path(tmp)
+    """A unique file name in `path`'s folder (the same file system: renames are atomic), for
+    the writer to create: the process id, a random token drawn when this module was loaded and
+    a serial number, so no two processes on any host sharing the folder pick the same name.
+    Not created here: mkstemp's exclusive create and close, then the writer's second open, were
+    half the cost of writing a small table (an analysis writes thousands)."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{_TOKEN}-{next(_SERIAL)}.tmp")
 
 
 @contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """A unique temporary path to write `path`'s new content to; renamed onto `path` when the
-    block ends without error, removed otherwise."""
+    """A unique temporary path to write `path`'s new content to (the block creates it);
+    renamed onto `path` when the block ends without error, removed otherwise."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_beside(path)
     try:
@@ -370,7 +378,9 @@ def read_memory_timeline(derived: Path, rank: int | None = None) -> pa.Table:
 
 
 def read_input_table(derived: Path, key: str, name: str) -> pa.Table:
-    """One table (EVENTS_FILE, STEPS_FILE, COLLECTIVES_FILE) of one analysed input."""
+    """One table (EVENTS_FILE, STEPS_FILE, COLLECTIVES_FILE, ...) of one analysed input.
+    FileNotFoundError for MODULES_FILE and MEMORY_FILE means the input has no rows of them:
+    the analysis writes those two only when it has some."""
     return read_small(input_dir(derived, key) / name)
 
 

@@ -123,14 +123,16 @@ def operator_table(events: pa.Table) -> pa.Table:
     shapes (operators that recorded them; null otherwise), the calls, self and inclusive time
     of its steps' events (an event belongs to the step it starts in, device work to the step
     that launched it); of the whole trace when it has no step annotation (the diagnosis then
-    analyses it as one pseudo-step). Largest self time first."""
+    analyses it as one pseudo-step). Largest self time first, ties by name, kind and shapes
+    (so the order never depends on how the rows were grouped)."""
     steps: set[int] | None = None
     if "step" in events.column_names:
         step = events.column("step").to_numpy(zero_copy_only=False)
         if (step >= 0).any():
             steps = {int(s) for s in np.unique(step[step >= 0])}
     return _sums(events, steps, by_shapes=True).sort_by(
-        [("self_ns", "descending"), ("name", "ascending")])
+        [("self_ns", "descending"), ("name", "ascending"), ("kind", "ascending"),
+         ("shapes", "ascending")])
 
 
 def by_name(ops: pa.Table, keys: tuple[str, ...] = ("kind", "name")) -> pa.Table:
@@ -146,32 +148,86 @@ def _sums(events: pa.Table, steps: set[int] | None, by_shapes: bool = False) -> 
     """OPERATOR_SCHEMA: calls, self and inclusive ns by kind and name (and, `by_shapes`, input
     shapes; else `shapes` is null) of the events in `steps` (None: all). Self times are
     computed over every operator of the trace first (see the module docstring), then the
-    steps are selected."""
-    ev = events.filter(pa.array(kind_mask(events, OP_KINDS + _RUNTIME_KINDS)))
-    if ev.num_rows == 0:
+    steps are selected.
+
+    Grouped on the columns' dictionary codes, the strings looked up once per group: filtering
+    the table and casting its name and shapes columns to text copied the events' columns, the
+    memory peak of a gigabyte trace's analysis (2.1x its JSON; benchmarks/README.md)."""
+    rows = np.flatnonzero(kind_mask(events, OP_KINDS + _RUNTIME_KINDS))
+    if rows.size == 0:
         return OPERATOR_SCHEMA.empty_table()
-    ts = ev.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
-    dur = np.nan_to_num(ev.column("dur").to_numpy(zero_copy_only=False).astype(np.float64)
-                        ).astype(np.int64)
-    tid = ev.column("tid").to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = _ints(events.column("ts"), rows)
+    dur = _ints(events.column("dur"), rows)
+    tid = _ints(events.column("tid"), rows)
+    kind, kinds = _codes(events.column("kind"))
+    kind = kind[rows]
+    runtime = np.isin(kind, [i for i, k in enumerate(kinds) if k in _RUNTIME_KINDS])
     self_ns = dur.copy()
-    host = kind_mask(ev, (K.OPERATOR, *_RUNTIME_KINDS))
+    host = runtime | np.isin(kind, [i for i, k in enumerate(kinds) if k == K.OPERATOR])
     if host.any():
         self_ns[host] = self_times(tid[host], ts[host], dur[host])
-    keep = ~kind_mask(ev, _RUNTIME_KINDS)  # children only: they are no rows of the table
-    if steps is not None and "step" in ev.column_names:
-        step = ev.column("step").to_numpy(zero_copy_only=False)
-        keep &= np.isin(step, np.fromiter(steps, dtype=np.int64))
-    cols = {"kind": pc.cast(ev.column("kind"), pa.string()),
-            "name": pc.cast(ev.column("name"), pa.string())}
-    keys = ["kind", "name"]
-    if by_shapes and "shapes" in ev.column_names:
-        cols["shapes"] = pc.cast(ev.column("shapes"), pa.string())
-        keys.append("shapes")
-    sums = pa.table({**cols, "self": self_ns, "dur": dur}).filter(pa.array(keep)).group_by(
-        keys).aggregate([("dur", "count"), ("self", "sum"), ("dur", "sum")])
-    shapes = sums.column("shapes") if "shapes" in keys else pa.nulls(sums.num_rows, pa.string())
-    return pa.table({"kind": sums.column("kind"), "name": sums.column("name"),
-                     "shapes": shapes, "calls": sums.column("dur_count").cast(pa.int64()),
-                     "self_ns": sums.column("self_sum").cast(pa.int64()),
-                     "incl_ns": sums.column("dur_sum").cast(pa.int64())}, schema=OPERATOR_SCHEMA)
+    del ts, tid, host
+    keep = ~runtime  # children only: they are no rows of the table
+    if steps is not None and "step" in events.column_names:
+        keep &= np.isin(_ints(events.column("step"), rows),
+                        np.fromiter(steps, dtype=np.int64))
+    rows = rows[keep]
+    name, names = _codes(events.column("name"))
+    parts = [(kind[keep], kinds), (name[rows], names)]
+    del name
+    if by_shapes and "shapes" in events.column_names:
+        shape, shapes = _codes(events.column("shapes"))
+        parts.append((shape[rows], shapes))
+        del shape
+    return _grouped(parts, self_ns[keep], dur[keep])
+
+
+def _ints(column: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
+    """`column[rows]` as int64 (nulls as 0)."""
+    if column.null_count:
+        column = pc.fill_null(column, 0)
+    return column.to_numpy().astype(np.int64, copy=False)[rows]
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """A text column as int64 codes into its distinct values (-1: null), and those values:
+    each event's position in the dictionary, no string per event."""
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    distinct: dict[str, int] = {}
+    remap = np.array([-1 if v is None else distinct.setdefault(v, len(distinct))
+                      for v in arr.dictionary.to_pylist()] + [-1], dtype=np.int64)
+    idx = pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return remap[idx], list(distinct)
+
+
+def _grouped(parts: list[tuple[np.ndarray, list[str]]], self_ns: np.ndarray,
+             dur: np.ndarray) -> pa.Table:
+    """OPERATOR_SCHEMA rows: one per distinct (kind, name[, shapes]) of `parts` (codes and
+    their values), groups in order of first appearance, then largest self time first."""
+    key = np.zeros(self_ns.size, dtype=np.int64)
+    for codes, values in parts:  # one int64 per group while the product fits; else pairs
+        if (len(values) + 1) * (int(key.max(initial=0)) + 1) >= 2**62:
+            _, key = np.unique(key, return_inverse=True)
+        key = key * (len(values) + 1) + (codes + 1)
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
+    group = np.argsort(np.argsort(first, kind="stable"), kind="stable")[group.reshape(-1)]
+    n = first.size
+    at = np.sort(first)  # each group's first row, in group order
+    calls = np.bincount(group, minlength=n).astype(np.int64)
+    order = np.argsort(group, kind="stable")
+    bounds = np.r_[0, np.cumsum(calls)[:-1]]
+    self_sum = np.add.reduceat(self_ns[order], bounds) if n else calls
+    incl_sum = np.add.reduceat(dur[order], bounds) if n else calls
+
+    def text(i: int) -> pa.Array:
+        if i >= len(parts):
+            return pa.nulls(n, pa.string())
+        codes, values = parts[i]
+        return pa.array([values[c] if c >= 0 else None for c in codes[at].tolist()],
+                        pa.string())
+
+    return pa.table({"kind": text(0), "name": text(1), "shapes": text(2), "calls": calls,
+                     "self_ns": self_sum.astype(np.int64), "incl_ns": incl_sum.astype(np.int64)},
+                    schema=OPERATOR_SCHEMA)

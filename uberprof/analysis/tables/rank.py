@@ -190,8 +190,15 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
         write_parquet(tables.collectives, out / COLLECTIVES_FILE)
         write_parquet(tables.activity, out / ACTIVITY_FILE)
         write_parquet(tables.operators, out / OPERATORS_FILE)
-        write_parquet(tables.modules, out / MODULES_FILE)
-        write_parquet(tables.memory, out / MEMORY_FILE, compression="zstd")
+        # Optional tables (the reduce reads a missing one as no rows): most traces have no
+        # module spans or memory events, and two files fewer per trace are thousands of
+        # writes and reads fewer on a large run.
+        for table, name, codec in ((tables.modules, MODULES_FILE, "snappy"),
+                                   (tables.memory, MEMORY_FILE, "zstd")):
+            if table.num_rows:
+                write_parquet(table, out / name, compression=codec)
+            else:  # not one an earlier analysis of this input left
+                (out / name).unlink(missing_ok=True)
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
             tmp.write_bytes(orjson.dumps(doc))
