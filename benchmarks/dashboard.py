@@ -8,8 +8,9 @@ Target (issue 6): the overview of a 64-rank, 2000-step run renders in under 2 s.
    missing, then the diagnosis).
 3. Loads `/` in headless Chromium (Playwright, `/usr/bin/chromium`) and measures, in the
    browser, the time from navigation start until the health cards, the findings, the rank x
-   step heatmap and the breakdown bars are all drawn: first visits (a fresh browser context,
-   so plotly.js and Dash's bundles are downloaded and compiled) and reloads (cached scripts).
+   step heatmap and the breakdown (bars; stacked steps beyond 128 ranks) are all drawn: first
+   visits (a fresh browser context, so plotly.js and Dash's bundles are downloaded and
+   compiled) and reloads (cached scripts).
    The machine's load average is printed with the result: these numbers scale with free CPU.
 4. Visits every page once the overview is up (cached scripts) and times each until all its
    figures are drawn and no callback is pending (target: 3 s each, issue 18).
@@ -70,7 +71,8 @@ SETTLED_JS = """(pageId) => {
 READY_JS = """() => {
   const heat = document.querySelector('#step-heatmap .main-svg .hm image, '
                                       + '#step-heatmap .main-svg .hmlayer image');
-  const bars = document.querySelector('#rank-breakdown .main-svg .barlayer .point');
+  const bars = document.querySelector('#rank-breakdown .main-svg .barlayer .point, '
+                                      + '#rank-breakdown .main-svg .scatterlayer .trace');
   const cards = document.querySelector('#health .card');
   const found = document.querySelector('#findings .finding, #findings .notice');
   return !!(heat && bars && cards && found);

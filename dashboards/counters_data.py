@@ -110,28 +110,55 @@ class Counters:
         return self.once(key, lambda: self._counter_series(node, source, metric, devices,
                                                            points, start_ns, end_ns))
 
+    def counter_series_of(self, node: str, source: str, metrics: list[str],
+                          devices: list[str] | None = None, points: int = 600
+                          ) -> dict[str, CounterSeries | None]:
+        """`counter_series` of several metrics of one source, read in one pass over the
+        node's stream: a page with a panel per metric read it once per panel (at 64 nodes x
+        10,000 steps each read of a node's NVML stream and its query took ~0.25 s)."""
+        key = f"series-of:{node}:{source}:{sorted(metrics)}:{devices}:{points}"
+        return self.once(key, lambda: self._series_of(node, source, list(metrics), devices,
+                                                      points, None, None))
+
     def _counter_series(self, node: str, source: str, metric: str, devices: list[str] | None,
                         points: int, start_ns: int | None, end_ns: int | None
                         ) -> CounterSeries | None:
-        t = self.counters(node, [source], [metric], start_ns, end_ns)
+        return self._series_of(node, source, [metric], devices, points, start_ns,
+                               end_ns)[metric]
+
+    def _series_of(self, node: str, source: str, metrics: list[str], devices: list[str] | None,
+                   points: int, start_ns: int | None, end_ns: int | None
+                   ) -> dict[str, CounterSeries | None]:
+        """Each metric's series, its own time span cut into `points` buckets."""
+        out: dict[str, CounterSeries | None] = {m: None for m in metrics}
+        t = self.counters(node, [source], metrics, start_ns, end_ns)
         if t is not None and devices is not None:
             t = t.filter(pc.is_in(t.column("device"), pa.array(devices, pa.string())))
         if t is None or t.num_rows == 0:
-            return None
+            return out
         origin = self.time_origin_ns() or pc.min(t.column("ts_ns")).as_py()
-        lo, hi = pc.min(t.column("ts_ns")).as_py(), pc.max(t.column("ts_ns")).as_py()
-        width = max(int((hi - lo) / points) + 1, 1)
         q = sql_table(f"""
-            SELECT device, (ts_ns - {int(lo)}) // {int(width)} AS b, avg(ts_ns) AS ts,
-                   avg(value) AS v
-            FROM t GROUP BY ALL ORDER BY device, b
+            WITH w AS (SELECT metric, min(ts_ns) AS lo,
+                              (max(ts_ns) - min(ts_ns)) // {int(points)} + 1 AS width,
+                              first(unit) AS unit
+                       FROM t GROUP BY metric)
+            SELECT metric, device, (ts_ns - lo) // width AS b, avg(ts_ns) AS ts, avg(value) AS v,
+                   any_value(width) AS width, any_value(w.unit) AS unit
+            FROM t JOIN w USING (metric) GROUP BY ALL ORDER BY metric, device, b
         """, t=t)
-        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        met = np.array(q.column("metric").to_pylist(), dtype=object)
         dev = np.array(q.column("device").to_pylist(), dtype=object)
         ts = q.column("ts").to_numpy(zero_copy_only=False)
         v = q.column("v").to_numpy(zero_copy_only=False)
-        for d in sorted(set(dev.tolist()), key=lambda x: (len(x), x)):
-            m = dev == d
-            out[d] = ((ts[m] - origin) / 1e9, v[m])
-        unit = t.column("unit")[0].as_py()
-        return CounterSeries(metric=metric, unit=unit, devices=out, bucket_s=width / 1e9)
+        width = q.column("width").to_numpy(zero_copy_only=False)
+        units = q.column("unit").to_pylist()
+        for metric in sorted(set(met.tolist()) & set(metrics)):
+            mm = met == metric
+            series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+            for d in sorted(set(dev[mm].tolist()), key=lambda x: (len(x), x)):
+                m = mm & (dev == d)
+                series[d] = ((ts[m] - origin) / 1e9, v[m])
+            first = int(np.flatnonzero(mm)[0])
+            out[metric] = CounterSeries(metric=metric, unit=units[first], devices=series,
+                                        bucket_s=float(width[first]) / 1e9)
+        return out

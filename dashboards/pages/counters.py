@@ -111,12 +111,15 @@ def figure(data: RunData, node: str, panels: list[tuple[str, str, str]], rank: i
     extent: dict[int, tuple[float, float]] = {}
     in_legend: set[str] = set()
     colors: dict[str, str] = {}  # one colour per device across panels
+    proc_devices = ([f"rank:{r}" for r in data.ranks() if data.node_of_rank(r) == node][
+        :MAX_DEVICES] or None) if any(s == "proc" for s, _, _ in panels) else None
+    by_source: dict[str, dict[str, Any]] = {}  # one read of each source's stream
+    for source in dict.fromkeys(s for s, _, _ in panels):
+        by_source[source] = data.counter_series_of(
+            node, source, [m for s, m, _ in panels if s == source],
+            devices=proc_devices if source == "proc" else None)
     for i, (source, metric, _title) in enumerate(panels, start=1):
-        devices = None
-        if source == "proc":
-            devices = [f"rank:{r}" for r in data.ranks() if data.node_of_rank(r) == node][
-                :MAX_DEVICES] or None
-        cs = data.counter_series(node, source, metric, devices=devices)
+        cs = by_source[source][metric]
         if cs is None:
             continue
         for dev, (t, v) in list(cs.devices.items())[:MAX_DEVICES]:
@@ -169,6 +172,8 @@ def _band(lo: float, hi: float, color: str) -> dict[str, Any]:
 
 def register(app: Any, data_of: Any) -> None:
     """The node picker shows that node's counters."""
+    # the picker's first value is the node shown (the default one when the URL names none):
+    # going to its URL would build and draw the same page a second time
     ui.on_change(app, "counters-node", "value",
-                 lambda node, sel: None if not node or node == sel.node
+                 lambda node, sel: None if not node or node == _node(data_of(), sel)
                  else sel.href(PATH, node=node))

@@ -20,6 +20,8 @@ PATH = "/steps"
 TITLE = "Steps"
 RECENT = 200  # steps in the recent-steps figure of a run whose job runs
 RECENT_RANKS = 16  # ranks drawn there: the slowest over those steps
+STEPPED_ABOVE = 128  # ranks beyond which the per-rank bars are drawn as stepped filled lines:
+# 512 ranks made 1,024 SVG bars of a pixel or two, the costliest thing on the page to draw
 MAX_OPTIONS = 5000  # beyond, the step picker offers the traced steps (and the selected one)
 
 
@@ -246,11 +248,24 @@ def ranks_figure(data: RunData, step: int, focus: int | None) -> go.Figure:
     colors = [ui.STRAGGLER if r == straggler else ("#2f5f8f" if r == focus else "#4C78A8")
               for r in ranks]
     fig = ui.new_figure()
-    fig.add_bar(x=ranks, y=ms, name="step time", marker_color=colors,
-                hovertemplate="rank %{x}: %{y:.1f} ms<extra></extra>")
-    fig.add_bar(x=ranks, y=dw, name="data wait", marker_color=ui.CAUSE_COLORS["data"],
-                hovertemplate="rank %{x} data wait: %{y:.1f} ms<extra></extra>")
-    fig.update_layout(barmode="group")
+    if len(ranks) > STEPPED_ABOVE:  # one filled path per series, the marked ranks as points
+        for y, name, color, what in ((ms, "step time", "#4C78A8", ""),
+                                     (dw, "data wait", ui.CAUSE_COLORS["data"], " data wait")):
+            fig.add_scatter(x=ranks, y=y, name=name, mode="lines", fill="tozeroy",
+                            line={"width": 1, "shape": "hvh", "color": color},
+                            hovertemplate=f"rank %{{x}}{what}: %{{y:.1f}} ms<extra></extra>")
+        marked = [i for i, r in enumerate(ranks) if r in (straggler, focus)]
+        if marked:
+            fig.add_scatter(x=[ranks[i] for i in marked], y=[ms[i] for i in marked],
+                            mode="markers", name="straggler / selected", showlegend=False,
+                            marker={"color": [colors[i] for i in marked], "size": 9},
+                            hovertemplate="rank %{x}: %{y:.1f} ms<extra></extra>")
+    else:
+        fig.add_bar(x=ranks, y=ms, name="step time", marker_color=colors,
+                    hovertemplate="rank %{x}: %{y:.1f} ms<extra></extra>")
+        fig.add_bar(x=ranks, y=dw, name="data wait", marker_color=ui.CAUSE_COLORS["data"],
+                    hovertemplate="rank %{x} data wait: %{y:.1f} ms<extra></extra>")
+        fig.update_layout(barmode="group")
     fig.update_xaxes(title="rank", type="category" if len(ranks) <= 64 else "linear")
     fig.update_yaxes(title="ms")
     return ui.base_layout(fig, height=300)
@@ -258,6 +273,9 @@ def ranks_figure(data: RunData, step: int, focus: int | None) -> go.Figure:
 
 def register(app: Any, data_of: Any) -> None:
     """Picking a step opens it; a rank's bar opens that rank on /stragglers."""
+    # the picker's first value is the step shown (the default one when the URL names none):
+    # going to its URL would build and draw the same page a second time
     ui.on_change(app, "step-picker", "value",
-                 lambda step, sel: None if step == sel.step else sel.href(PATH, step=int(step)))
+                 lambda step, sel: None if step == default_step(data_of(), sel)
+                 else sel.href(PATH, step=int(step)))
     ui.on_click(app, "step-ranks", lambda p, sel: sel.href("/stragglers", rank=int(p["x"])))

@@ -133,8 +133,11 @@ def counters_block(data: RunData, rank: int, median: int | None) -> Any:
     ranks = [rank] + ([median] if median is not None and median != rank else [])
     gpu = {r: data.rank_gpu(r) for r in ranks}
     if all(gpu[r] is not None for r in ranks):
-        series = {r: [data.counter_series(gpu[r][0], "nvml", m, devices=[gpu[r][1]], points=300)
-                      for m, _ in GPU_METRICS] for r in ranks}
+        series = {}
+        for r in ranks:  # one read of the node's stream per rank, every metric at once
+            got = data.counter_series_of(gpu[r][0], "nvml", [m for m, _ in GPU_METRICS],
+                                         devices=[gpu[r][1]], points=300)
+            series[r] = [got[m] for m, _ in GPU_METRICS]
         names = [n for _, n in GPU_METRICS]
         where = {r: f"{gpu[r][0]} {gpu[r][1]}" for r in ranks}
         note = None
@@ -142,8 +145,9 @@ def counters_block(data: RunData, rank: int, median: int | None) -> Any:
         series = {}
         for r in ranks:
             node = data.node_of_rank(r)
-            series[r] = [data.counter_series(node, "proc", m, devices=[f"rank:{r}"], points=300)
-                         if node else None for m, _ in PROC_METRICS]
+            got = data.counter_series_of(node, "proc", [m for m, _ in PROC_METRICS],
+                                         devices=[f"rank:{r}"], points=300) if node else {}
+            series[r] = [got.get(m) for m, _ in PROC_METRICS]
         names = [n for _, n in PROC_METRICS]
         where = {r: f"{data.node_of_rank(r) or '?'} process" for r in ranks}
         note = ui.notice("No GPU counters for these ranks: their processes' CPU and memory "

@@ -29,7 +29,9 @@ __all__ = ["MAX_LINES", "MAX_POINTS", "MAX_TABLE_ROWS", "GpuSeries", "WindowSeri
            "timeline_note", "timeline_series"]
 
 MAX_LINES = 16  # ranks drawn: the highest peaks (and the selected rank)
-MAX_TABLE_ROWS = 64  # ranks in the page's table: the highest peaks (and the selected rank)
+MAX_TABLE_ROWS = 16  # ranks in the page's table: the highest peaks (and the selected rank);
+# every cell is a Dash component, and Dash's renderer checks every component at each store
+# update: 64 rows (932 components) kept Chromium busy ~7 s at 512 ranks, 16 rows ~1 s
 MAX_POINTS = 4000  # points drawn per line of the memory timeline (thinned beyond)
 STEP_BUCKETS = 300  # GPU memory per step: beyond this many steps, each bucket's extremes drawn
 
@@ -78,8 +80,8 @@ def summary(data: RunData) -> list[dict[str, Any]]:
 def table_rows(data: RunData, selected: int | None = None) -> list[dict[str, Any]]:
     """The summary rows the page's table shows, in rank order: every rank up to
     MAX_TABLE_ROWS, else the highest GPU (else host) peaks, with the selected rank among them.
-    A 512-row table (6,656 cells) kept the browser busy for minutes at 512 ranks; every rank
-    is in `run.memory.ranks` (`uberprof report --json`)."""
+    A 512-row table (6,656 cells) kept the browser busy for minutes at 512 ranks, 64 rows
+    for seconds; every rank is in `run.memory.ranks` (`uberprof report --json`)."""
     rows = summary(data)
     if len(rows) <= MAX_TABLE_ROWS:
         return rows

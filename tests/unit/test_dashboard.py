@@ -813,3 +813,27 @@ def test_the_straggler_card_says_what_the_test_decided() -> None:
         "confidence": "suspected"}, "straggler_test": {"test": {"sentence": why}}})
     card = next(c for c in sus.children if c.id == "card-straggler")
     assert "rank 1 (suspected)" in str(card) and "warn" in card.className and card.title == why
+
+
+def test_several_counter_metrics_read_at_once_equal_each_read_alone(synth_data: Any) -> None:
+    """`counter_series_of` (one read of a node's stream for a page's panels) gives each metric
+    the series `counter_series` gives it alone: its own units, buckets and devices."""
+    import pyarrow.compute as pc
+
+    node, _ = synth_data.rank_gpu(SYNTH_STRAGGLER)
+    metrics = ["clock.sm", "temp.gpu", "power", "util.gpu"]
+    together = synth_data.counter_series_of(node, "nvml", metrics, points=50)
+    raw = synth_data.counters(node, ["nvml"], metrics)
+    for m in metrics:
+        alone = synth_data.counter_series(node, "nvml", m, points=50)
+        got = together[m]
+        assert got is not None and alone is not None
+        assert (got.metric, got.unit, got.bucket_s) == (m, alone.unit, alone.bucket_s)
+        assert list(got.devices) == list(alone.devices)
+        for d, (t, v) in got.devices.items():
+            np.testing.assert_allclose(t, alone.devices[d][0])
+            np.testing.assert_allclose(v, alone.devices[d][1])
+            rows = raw.filter((pc.field("metric") == m) & (pc.field("device") == d))
+            vals = rows.column("value").to_numpy()
+            assert len(t) <= 51 and vals.min() - 1e-9 <= v.min() and v.max() <= vals.max() + 1e-9
+    assert synth_data.counter_series_of(node, "nvml", ["no.such"])["no.such"] is None

@@ -1,0 +1,65 @@
+"""Per-rank bars at scale, on the overview and /steps. The overview's breakdown: a bar per rank and part for a few ranks, one stacked
+filled path per part beyond `STACKED_STEPS_ABOVE` ranks (2,560 SVG bars at 512 ranks were
+the costliest thing Chromium drew on the overview), with the same values, ranks and hover."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+
+
+def _data(n: int) -> Any:
+    from uberprof.dashboards.data import BREAKDOWN_PARTS
+
+    cols: dict[str, list[Any]] = {"rank": list(range(n))}
+    for i, (key, _) in enumerate(BREAKDOWN_PARTS):
+        cols[f"{key}_pct"] = [100.0 / len(BREAKDOWN_PARTS) + (r % 3) * (i - 2) for r in range(n)]
+        cols[f"{key}_ns"] = [1_000_000 * (r + i) for r in range(n)]
+    return SimpleNamespace(breakdown_by_rank=lambda: pa.table(cols))
+
+
+def test_few_ranks_get_a_bar_per_rank_and_part_many_get_one_stacked_path_per_part() -> None:
+    from uberprof.dashboards.data import BREAKDOWN_PARTS
+    from uberprof.dashboards.pages.overview import STACKED_STEPS_ABOVE, breakdown_figure
+
+    few = breakdown_figure(_data(STACKED_STEPS_ABOVE), straggler=3)
+    assert [t.type for t in few.data] == ["bar"] * len(BREAKDOWN_PARTS)
+    n = 4 * STACKED_STEPS_ABOVE
+    many = breakdown_figure(_data(n), straggler=3)
+    assert [t.type for t in many.data] == ["scatter"] * len(BREAKDOWN_PARTS)
+    assert {t.stackgroup for t in many.data} == {"parts"}
+    table = _data(n).breakdown_by_rank()
+    for trace, (key, name) in zip(many.data, BREAKDOWN_PARTS):
+        assert trace.name == name and list(trace.y) == table.column(f"{key}_pct").to_pylist()
+        assert [c[0] for c in trace.customdata] == list(range(n))  # a click names the rank
+        assert trace.customdata[7][1] == table.column(f"{key}_ns")[7].as_py() / 1e6
+    assert many.layout.shapes[0].x0 == 3 - 0.5  # the straggler still outlined
+
+
+def test_steps_rank_bars_become_stepped_lines_beyond_the_limit_with_marked_ranks_kept(
+        monkeypatch: Any) -> None:
+    """/steps' step time and data wait per rank: two bars per rank up to `STEPPED_ABOVE`
+    ranks; beyond, one filled stepped line per series with the same values, and the
+    straggler and the selected rank as points (a click still names the rank by its x)."""
+    from uberprof.dashboards.pages import steps as page
+
+    def table(n: int) -> pa.Table:
+        return pa.table({"rank": list(range(n)),
+                         "step_time_ns": [100_000_000 + 1_000 * r for r in range(n)],
+                         "data_wait_ns": [2_000_000 + r for r in range(n)]})
+
+    data = SimpleNamespace(straggler_rank=lambda: 5)
+    n = page.STEPPED_ABOVE
+    monkeypatch.setattr(page.q, "step_ranks", lambda _d, _s: table(n))
+    few = page.ranks_figure(data, 3, focus=9)  # type: ignore[arg-type]
+    assert [t.type for t in few.data] == ["bar", "bar"] and len(few.data[0].x) == n
+    n = 4 * page.STEPPED_ABOVE
+    monkeypatch.setattr(page.q, "step_ranks", lambda _d, _s: table(n))
+    many = page.ranks_figure(data, 3, focus=9)  # type: ignore[arg-type]
+    assert [t.type for t in many.data] == ["scatter"] * 3
+    t = table(n)
+    assert list(many.data[0].y) == [v / 1e6 for v in t.column("step_time_ns").to_pylist()]
+    assert list(many.data[1].y) == [v / 1e6 for v in t.column("data_wait_ns").to_pylist()]
+    assert list(many.data[2].x) == [5, 9] and many.data[2].mode == "markers"
