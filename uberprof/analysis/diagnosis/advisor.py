@@ -92,7 +92,15 @@ def diagnose(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = 
 
 
 def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) -> Diagnosis:
-    """Diagnose a run whose tables are loaded (module docstring: the order of work)."""
+    """Diagnose a run whose tables are loaded (module docstring: the order of work). Several
+    tests read each node's small counter streams: they are read once (`shared_reads`)."""
+    from uberprof.rundir.counters import shared_reads
+
+    with shared_reads():
+        return _diagnose_context(ctx, threshold_ns)
+
+
+def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     problems = list(ctx.problems)
     matched, alignment, aligned = _aligned_collectives(ctx)
 

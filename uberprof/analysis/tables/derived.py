@@ -33,7 +33,7 @@ import itertools
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,9 +346,12 @@ def read_ranks(derived: Path) -> pa.Table:
     return pq.read_table(derived / RANKS_FILE)
 
 
-def read_run_steps(derived: Path, rank: int | None = None) -> pa.Table:
-    """RUN_STEP_SCHEMA: one row per rank and step (one rank's rows with `rank`)."""
-    return _of_rank(pq.read_table(derived / STEPS_FILE), rank)
+def read_run_steps(derived: Path, rank: int | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table:
+    """RUN_STEP_SCHEMA: one row per rank and step (one rank's rows with `rank`; only
+    `columns`, with "rank" among them for `rank`, when given)."""
+    return _of_rank(pq.read_table(derived / STEPS_FILE,
+                                  columns=list(columns) if columns is not None else None), rank)
 
 
 def read_collectives(derived: Path, rank: int | None = None) -> pa.Table:
