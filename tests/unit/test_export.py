@@ -289,3 +289,21 @@ def test_real_gpu_traces(folder: str, tmp_path: Path) -> None:
     tracks = {e["args"]["name"] for e in doc["traceEvents"]
               if e["ph"] == "M" and e["name"] == "thread_name"}
     assert any(t.startswith("stream ") or " · stream " in t for t in tracks), tracks
+
+
+SHARED_NCCL = SHARED / "hta" / "nccl_parser_config"
+
+
+@pytest.mark.skipif(not SHARED_NCCL.is_dir(), reason="the shared traces are not here")
+@pytest.mark.parametrize("fraction", [0.2, 0.35])
+def test_budget_counts_uberprofs_own_marks_so_the_export_fits(tmp_path: Path,
+                                                              fraction: float) -> None:
+    """A real NCCL trace cut to a fraction of its export: what is written stays within the
+    budget once the findings' marks (never dropped) are weighed as they are written, and the
+    budget is used (not met by dropping far more than needed)."""
+    opened = open_run(SHARED_NCCL, out=tmp_path / "derived")
+    full = export_trace(opened, tmp_path / "full.json", ExportOptions(gzip=False))
+    limit = int(full.bytes_uncompressed * fraction)
+    res = export_trace(opened, tmp_path / "cut.json", ExportOptions(gzip=False, max_bytes=limit))
+    assert any(d["reason"] == "size budget" for d in res.dropped)
+    assert 0.8 * limit <= res.bytes_uncompressed <= limit

@@ -3,13 +3,14 @@ the recorded durations or changed ones, and the critical path that sets each ste
 
 The graph is replayed as 2 events per node (its start, its end). Once per graph (kept in its
 `cache`, so every replay of it with other durations reuses it) Kahn's algorithm, run a whole
-frontier at a time in numpy, gives each event a *level*: the longest chain of dependencies
-from an event that waits for nothing (a node's own start -> end included). No event waits for
-one of its own level, so a replay walks the levels in order and computes each level's events
-at once: the latest of their incoming edges in one `maximum.reduceat`, the deciding edge the
-first in each event's edge order to reach it, as an event-at-a-time loop would keep it. The
-loop (`how="loop"`) is kept as the reference (tests/unit/test_replay_levels.py checks the two
-agree exactly) and runs where the levels are narrow (a few ranks: fewer than
+frontier at a time in numpy (an event at a time in Python for a graph of a few ranks, whose
+levels hold an event or two: `MAX_LANES_EVENT_KAHN`), gives each event a *level*: the longest
+chain of dependencies from an event that waits for nothing (a node's own start -> end included).
+No event waits for one of its own level, so a replay walks the levels in order and computes each
+level's events at once: the latest of their incoming edges in one `maximum.reduceat`, the
+deciding edge the first in each event's edge order to reach it, as an event-at-a-time loop would
+keep it. The loop (`how="loop"`) is kept as the reference (tests/unit/test_replay_levels.py
+checks the two agree exactly) and runs where the levels are narrow (a few ranks: fewer than
 MIN_EVENTS_PER_LEVEL events a level, where a level's numpy steps cost more than its events in
 the loop). An event's time is the latest of what it waits for:
 
@@ -119,35 +120,10 @@ def _structure(g: StepGraph) -> _Structure:
     out_to = a_to[out]
     optr = np.searchsorted(a_from[out], np.arange(n2 + 1))
     indeg = np.bincount(a_to, minlength=n2).astype(np.int64)
-    level = np.full(n2, -1, np.int64)
-    front = np.flatnonzero(indeg == 0)
-    pending: np.ndarray | None = None
-    at, done, lv, broken = 0, 0, 0, 0
-    while done < n2:
-        if front.size == 0:  # a cycle: release the earliest recorded event still waiting
-            if pending is None:
-                t_rec = np.empty(n2, np.int64)
-                t_rec[0::2], t_rec[1::2] = g.start, g.start + g.dur
-                pending = np.argsort(t_rec, kind="stable")
-            while level[pending[at]] >= 0:
-                at += 1
-            i = int(pending[at])
-            broken += int(indeg[i])
-            indeg[i] = 0
-            front = np.array([i], np.int64)
-        level[front] = lv
-        lv += 1
-        done += front.size
-        lo, hi = optr[front], optr[front + 1]
-        cnt = hi - lo
-        tot = int(cnt.sum())
-        if tot == 0:
-            front = front[:0]
-            continue
-        nxt = out_to[np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(tot)]
-        np.subtract.at(indeg, nxt, 1)
-        nxt = nxt[(indeg[nxt] == 0) & (level[nxt] < 0)]
-        front = np.unique(nxt) if nxt.size > 1 else nxt  # an event two edges of it reached
+    if len(g.lanes) + len(g.device_lanes) <= MAX_LANES_EVENT_KAHN:
+        level, lv, broken = _levels_by_event(g, out_to, optr, indeg)
+    else:
+        level, lv, broken = _levels_by_frontier(g, out_to, optr, indeg)
     kept = np.flatnonzero(level[from_ev] < level[to_ev])  # an edge into a released event
     #                                                        from one not yet placed: dropped
     order_e = kept[np.argsort(to_ev[kept], kind="stable")]
@@ -169,6 +145,90 @@ def _structure(g: StepGraph) -> _Structure:
     g.cache["structure"] = _Structure(from_ev, order_e, ptr, ev, lptr, k, eptr, seg, sptr,
                                       seg_ev, seg_of, single, broken)
     return g.cache["structure"]
+
+
+# A graph of this many lanes or fewer (8 device ranks: 16) is levelled an event at a time in
+# Python: its levels hold a few events each, and a level's numpy steps (~0.1 ms) cost more than
+# its events do in the loop (~0.5 us an edge). Measured (2026-11-26, 2 ranks of a 142 MiB trace,
+# 1.4 M levels): 110 s of the frontier loop's own time over the diagnosis's 5 graphs, now 12 s.
+MAX_LANES_EVENT_KAHN = 32
+
+
+def _release(g: StepGraph, level: np.ndarray | memoryview, pending: np.ndarray | None,
+             at: int) -> tuple[int, np.ndarray, int]:
+    """The earliest recorded event still waiting (a cycle): (event, pending order, cursor)."""
+    if pending is None:
+        t_rec = np.empty(2 * g.n, np.int64)
+        t_rec[0::2], t_rec[1::2] = g.start, g.start + g.dur
+        pending = np.argsort(t_rec, kind="stable")
+    while level[pending[at]] >= 0:
+        at += 1
+    return int(pending[at]), pending, at
+
+
+def _levels_by_frontier(g: StepGraph, out_to: np.ndarray, optr: np.ndarray,
+                        indeg: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """Each event's level, a whole frontier at a time in numpy (wide graphs); (levels, number
+    of levels, dependencies dropped)."""
+    n2 = 2 * g.n
+    level = np.full(n2, -1, np.int64)
+    front = np.flatnonzero(indeg == 0)
+    pending: np.ndarray | None = None
+    at, done, lv, broken = 0, 0, 0, 0
+    while done < n2:
+        if front.size == 0:  # a cycle: release the earliest recorded event still waiting
+            i, pending, at = _release(g, level, pending, at)
+            broken += int(indeg[i])
+            indeg[i] = 0
+            front = np.array([i], np.int64)
+        level[front] = lv
+        lv += 1
+        done += front.size
+        lo, hi = optr[front], optr[front + 1]
+        cnt = hi - lo
+        tot = int(cnt.sum())
+        if tot == 0:
+            front = front[:0]
+            continue
+        nxt = out_to[np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(tot)]
+        np.subtract.at(indeg, nxt, 1)
+        nxt = nxt[(indeg[nxt] == 0) & (level[nxt] < 0)]
+        front = np.unique(nxt) if nxt.size > 1 else nxt  # an event two edges of it reached
+    return level, lv, broken
+
+
+def _levels_by_event(g: StepGraph, out_to: np.ndarray, optr: np.ndarray,
+                     indeg: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The same levels as `_levels_by_frontier`, an event at a time on Python lists (narrow
+    graphs). An event joins the next level when its last dependency is placed; the order of
+    events within a level does not change any level."""
+    n2 = 2 * g.n
+    outl, pl = _ints(out_to), _ints(optr)
+    deg_arr, level_arr = indeg.astype(np.int64), np.full(n2, -1, np.int64)
+    deg, level = _ints(deg_arr), _ints(level_arr)
+    front = np.flatnonzero(indeg == 0).tolist()
+    pending: np.ndarray | None = None
+    at, done, lv, broken = 0, 0, 0, 0
+    while done < n2:
+        if not front:  # a cycle: release the earliest recorded event still waiting
+            i, pending, at = _release(g, level, pending, at)
+            broken += deg[i]
+            deg[i] = 0
+            front = [i]
+        nxt = []
+        for i in front:
+            level[i] = lv
+        for i in front:
+            for k in range(pl[i], pl[i + 1]):
+                j = outl[k]
+                d = deg[j] - 1
+                deg[j] = d
+                if d == 0 and level[j] < 0:
+                    nxt.append(j)
+        lv += 1
+        done += len(front)
+        front = nxt
+    return level_arr, lv, broken
 
 
 def _event_edges(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
@@ -223,12 +283,14 @@ def _replay_loop(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray
     """Each event's time and deciding edge, one event at a time in topological order: the
     reference the level replay must match exactly."""
     n = g.n
-    t = [0] * (2 * n)
-    by = [_NEG] * (2 * n)
-    oe, pl, fe, w = st.order_e.tolist(), st.ptr.tolist(), st.from_ev.tolist(), weight.tolist()
-    own_l, tail_l, start_l = own.tolist(), tail.tolist(), g.start.tolist()
-    kind_l, heads_l = g.kind.tolist(), heads.tolist()
-    for i in st.ev.tolist():
+    t_arr, by_arr = np.zeros(2 * n, np.int64), np.full(2 * n, _NEG, np.int64)
+    # memoryviews, not lists: the same Python ints on indexing at 8 bytes an element (a list
+    # of a gigabyte trace's graph held ~36 bytes an element, 2.6 GB at 2 ranks of 1 GB)
+    t, by = _ints(t_arr), _ints(by_arr)
+    oe, pl, fe, w = _ints(st.order_e), _ints(st.ptr), _ints(st.from_ev), _ints(weight)
+    own_l, tail_l, start_l = _ints(own), _ints(tail), _ints(g.start)
+    kind_l, heads_l = _ints(g.kind), memoryview(np.ascontiguousarray(heads, np.bool_))
+    for i in _ints(st.ev):
         v = i >> 1
         best, arg = _NEG, _NEG
         if i & 1:
@@ -245,7 +307,13 @@ def _replay_loop(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray
             best = start_l[v] if not i & 1 else t[i - 1] + own_l[v]
         t[i] = best + (tail_l[v] if i & 1 else 0)
         by[i] = arg
-    return np.array(t, np.int64), np.array(by, np.int64)
+    return t_arr, by_arr
+
+
+def _ints(a: np.ndarray) -> memoryview:
+    """`a` as 64-bit integers an event loop indexes (a memoryview: Python ints on reading, no
+    list of boxed ints held)."""
+    return memoryview(np.ascontiguousarray(a, np.int64))
 
 
 def _replay_levels(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray,

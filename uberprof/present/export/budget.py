@@ -9,7 +9,8 @@ synchronisations, data-loader and optimizer spans, uberprof's own findings and t
 never dropped. Within a duration-ordered tier the cut is a duration threshold, so what remains is
 every event longer than it: the ones that matter for where the time went.
 
-Sizes are the events' JSON text in the source, a slight over-estimate of what the export writes.
+Sizes are the events' JSON text in the source, scaled per tier by what a sample of the tier
+re-encodes to (`events.output_ratios`).
 """
 
 from __future__ import annotations
@@ -91,10 +92,18 @@ class Budget:
     fixed_bytes: int = 0
     other_bytes: int = 0
     hist: dict[int, np.ndarray] = field(default_factory=dict)
+    # output bytes per source byte, per tier (-1: any other); none: sizes are the source's
+    ratios: dict[int, float] = field(default_factory=dict)
 
     def add(self, scan: FileScan, keep: np.ndarray) -> None:
-        size = scan.size[keep].astype(np.int64)
         tier = scan.tier[keep]
+        size = scan.size[keep].astype(np.float64)
+        if self.ratios:
+            codes = np.unique(tier)
+            factor = np.array([self.ratios.get(int(c), self.ratios.get(-1, 1.0))
+                               for c in codes.tolist()])
+            size *= factor[np.searchsorted(codes, tier)]
+        size = np.rint(size).astype(np.int64)
         b = bucket_of(scan.dur_ns[keep])
         self.other_bytes += int(size[~np.isin(tier, TIER_ORDER)].sum())
         for t in TIER_ORDER:
