@@ -114,11 +114,31 @@ def test_sends_pair_with_the_peers_receives_never_with_sends(tmp_path: Path) -> 
     assert [(r["src"], r["dst"]) for r in rows] == [(0, 1), (0, 1), (1, 0)]
     assert p.unmatched.num_rows == 0
     first = rows[0]
-    # rank 1 posted its receive 400 µs before rank 0 posted the send: waiting, not transfer
-    assert first["wait_ns"] == 400 * US
-    assert first["transfer_ns"] == (300 + 5 + 420 - 705) * US
+    # rank 1 waited in its receive (from 305) 395 µs before rank 0's send call started (700):
+    # waiting, not transfer
+    assert first["wait_ns"] == 395 * US
+    assert first["transfer_ns"] == (300 + 5 + 420 - 700) * US  # from the send's c10d call
     for r in rows:
         assert min(r["wait_ns"], r["transfer_ns"], r["send_wait_ns"]) >= 0, r
+
+
+def test_a_send_is_posted_when_its_c10d_call_starts_not_when_gloos_span_does(
+        tmp_path: Path) -> None:
+    """Gloo's `gloo:send` span can start after the peer's receive already ended (seen on a real
+    2-stage pipeline: at the end of a 4 ms `c10d::send`): the pair reads the call's start as the
+    send's post, so the receive ends after the send and its transfer is not clamped to nothing.
+    The receive's side stays its Gloo span (the wait)."""
+    r0 = [T.step(1, 1000, 6000), _c10d(1700, "c10d::send", 1, dur=4100),
+          T.gloo(5780, 20, 1024, tid=T.MAIN, name="gloo:send")]
+    r1 = [T.step(1, 1000, 6000), _c10d(1300, "c10d::recv_", 0, dur=10),
+          T.gloo(1305, 700, 1024, tid=T.MAIN, name="gloo:recv")]
+    T.write(tmp_path / "run" / "rank0.json.gz", _gloo_trace(0, r0))
+    T.write(tmp_path / "run" / "rank1.json.gz", _gloo_trace(1, r1))
+    ctx = load_context(tmp_path / "run", out=tmp_path / "derived")
+    [pair] = match_p2p(ctx, {}).pairs.to_pylist()
+    assert pair["send_start_ns"] - pair["recv_start_ns"] == 395 * US  # the call 1700, wait 1305
+    assert pair["recv_end_ns"] > pair["send_start_ns"]  # data arrives after it was sent
+    assert (pair["wait_ns"], pair["transfer_ns"]) == (395 * US, (2005 - 1700) * US)
 
 
 def test_a_send_whose_receive_is_missing_is_unmatched_with_its_reason(tmp_path: Path) -> None:

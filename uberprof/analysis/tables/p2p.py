@@ -11,7 +11,12 @@ The peer a program names is a rank of the group the call used (`c10d::send(..., 
 the trace does not say which group. It is read as the rank's pipeline group when it has one (a
 device-mesh dimension named like `pp`/`pipe`/`stage`), else the world. The rules below never
 make a negative time: on aligned clocks a pair's receiver waits from posting its receive until
-the send is posted (the sender's lateness, a pipeline's bubble), and what follows is transfer;
+the send is posted (the sender's lateness, a pipeline's bubble), and what follows is transfer.
+On Gloo a send is posted when its `c10d::send` call starts (the collectives table's
+`launch_ns`): the call does the sending, and Gloo's span starts at its end, after the peer's
+receive may have ended (launches.py). A receive's side is its Gloo span, the wait for the data
+(a pipeline schedule posts `c10d::recv_` early, computes, then waits: from the post on, the time
+is its own compute, not transfer). A send/recv kernel's own start on its stream is its post;
 when clock error makes the order of the two posts unknowable, the pair's split is `None`
 (unsplittable) and only its whole time is used.
 """
@@ -98,8 +103,11 @@ def match_p2p(ctx: RunContext, offsets: dict[int, int], error_ns: int = 0) -> P2
     con = duckdb.connect()
     con.register("coll", coll)
     rows = con.sql(f"""
-        SELECT rank, name, peer, step, start_ns, end_ns, in_bytes FROM coll
-        WHERE name IN {P2P_NAMES} ORDER BY rank, start_ns""").fetchall()
+        SELECT rank, name, peer, step,
+               CASE WHEN name = 'send' AND coalesce(stream, -1) < 0  -- Gloo: sent in its call
+                    THEN least(start_ns, coalesce(launch_ns, start_ns)) ELSE start_ns END,
+               end_ns, in_bytes
+        FROM coll WHERE name IN {P2P_NAMES} ORDER BY rank, start_ns""").fetchall()
     if not rows:
         con.close()
         return P2P(PAIR_SCHEMA.empty_table(), _empty_unmatched())

@@ -325,7 +325,12 @@ def _collectives(ev: pa.Table, act: M.Activity, host_lo: np.ndarray, host_hi: np
     for i, link in zip(spans.tolist(), link_launches(ev, rows[spans],
                                                      [cols["name"][i] for i in spans])):
         if link is not None:
-            cols["name"][i], cols["peer"][i] = link
+            cols["name"][i], cols["peer"][i], posted = link
+            if act.mode == "cpu" and cols["name"][i] in ("send", "recv"):
+                # a Gloo send/recv was issued when its c10d call started (launches.py); the
+                # collectives keep their span's start (groups.py finds the Flight Recorder's
+                # arrival at or before it)
+                cols["launch_ns"][i] = min(posted, int(cols["launch_ns"][i]))
     return pa.table(cols, schema=COLLECTIVE_SCHEMA)
 
 

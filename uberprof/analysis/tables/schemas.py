@@ -51,6 +51,8 @@ COLLECTIVE_SCHEMA = pa.schema([
     ("event", pa.string()),  # the kernel or span it comes from
     ("start_ns", pa.int64()),
     ("end_ns", pa.int64()),
+    # when it was issued: a kernel's launching host call; a Gloo span's own start, but for a
+    # send/recv its c10d call's (the post: launches.py)
     ("launch_ns", pa.int64()),
     ("step", pa.int64()),
     ("in_bytes", pa.int64()),
