@@ -43,28 +43,27 @@ class TraceError(Exception):
         self.problem = problem
 
 
-class _Header(msgspec.Struct):
+class _TraceFields(msgspec.Struct):
+    """What the trace object says besides its events."""
+
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    deviceProperties: Any = None
+    host_name: Any = None
+    hostname: Any = None
+    uberprof_window: Any = None
+
+
+class _Header(_TraceFields):
     """The trace object with its events left undecoded (raw slices of the JSON text)."""
 
     traceEvents: list[msgspec.Raw] | None = None
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-    deviceProperties: Any = None
-    host_name: Any = None
-    hostname: Any = None
-    uberprof_window: Any = None
 
 
-class _LazyHeader(msgspec.Struct):
+class _LazyHeader(_TraceFields):
     """`_Header` with the event array left as one raw slice of the text (pieces.py)."""
 
     traceEvents: msgspec.Raw = msgspec.Raw(b"")
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-    deviceProperties: Any = None
-    host_name: Any = None
-    hostname: Any = None
-    uberprof_window: Any = None
 
 
 _HEADER_DECODER = msgspec.json.Decoder(_Header)
