@@ -58,6 +58,7 @@ class Cut:
     partial_bucket: int = -1
     estimate_bytes: int = 0  # estimated size before the cut
     limit_bytes: int | None = None
+    over_bytes: int = 0  # what remains over the limit with every droppable tier dropped
 
     @property
     def drops_anything(self) -> bool:
@@ -146,7 +147,7 @@ class Budget:
                 full.add(t)
                 break
             return Cut(frozenset(full), t, b, total, self.limit_bytes)
-        return Cut(frozenset(full), None, -1, total, self.limit_bytes)
+        return Cut(frozenset(full), None, -1, total, self.limit_bytes, over_bytes=max(need, 0))
 
 
 def describe_drops(counts: dict[int, list[int]], cut: Cut) -> list[dict[str, Any]]:

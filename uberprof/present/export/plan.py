@@ -133,7 +133,19 @@ def plan_cut(sel: Selection, opts: ExportOptions, fixed_bytes: int, notes: list[
     budget.add_fixed(fixed_bytes)
     cut = budget.decide()
     cut.limit_bytes = opts.max_bytes
+    if cut.over_bytes:  # what is never dropped does not fit: say how to make it fit
+        kept = max(cut.estimate_bytes - _dropped(budget, cut), 1)
+        notes.append(
+            f"over the size budget: the events never dropped (steps, collectives, "
+            f"synchronisations, uberprof's findings, counters) come to about {kept / 1e6:.3g} MB "
+            f"against {opts.max_bytes / 1e6:.3g} MB; about {min(1.0, opts.max_bytes / kept):.0%} "
+            f"of them fit: export fewer steps (--steps) or ranks (--ranks), or raise --max-mb")
     return cut
+
+
+def _dropped(budget: Budget, cut: Cut) -> int:
+    """The bytes of the tiers `cut` drops whole."""
+    return sum(int(budget.hist[t].sum()) for t in cut.full if t in budget.hist)
 
 
 def _measure(sel: Selection, opts: ExportOptions, limit: int,
