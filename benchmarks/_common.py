@@ -36,14 +36,22 @@ def run_job(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        stop(proc)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def stop(proc: subprocess.Popen[Any], grace_s: float = 30, drain: bool = True) -> None:
+    """SIGTERM (an `uberprof` command passes it on to what it started), SIGKILL after
+    `grace_s`. `drain`: read its pipes meanwhile (a child blocked on a full pipe cannot exit);
+    False where another thread already reads them."""
+    proc.terminate()
+    finish = proc.communicate if drain else proc.wait
+    try:
+        finish(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        finish()
 
 
 def uberprof_json(args: list[str], timeout: float) -> dict[str, Any]:

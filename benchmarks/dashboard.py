@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, doc_parser
+from _common import ROOT, doc_parser, stop
 
 CHROMIUM = os.environ.get("UBERPROF_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -207,11 +207,7 @@ def start_to_drawn(run: Path, timeout: float = 1800) -> dict[str, float]:
                 time.sleep(0.05)
             out["drawn_s"] = time.perf_counter() - t0
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc, drain=False)  # _drain reads its output
             browser.close()
     return {k: round(v, 2) for k, v in out.items()}
 
@@ -292,13 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         loads = measure(url, a.loads)
         pages = measure_pages(url)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
     again = None
     if a.restart:
         proc, _, _, again = start_dashboard(run)
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
     cold = [x["seconds"] for x in loads if x["cache"] == "cold"]
     warm = [x["seconds"] for x in loads if x["cache"] == "warm"] or cold
     cold_med, warm_med = statistics.median(cold), statistics.median(warm)
