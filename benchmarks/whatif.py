@@ -165,6 +165,31 @@ def summarise(results: list[PairResult]) -> dict[str, Any]:
             "skipped": sorted({f"{r.pair}: {r.skipped}" for r in results if r.skipped})}
 
 
+def fixed_reference(results: list[PairResult]) -> dict[str, Any]:
+    """The fixed runs of one configuration pooled (`straggler` and `data` share theirs: the
+    sample with no fault): their median step, their run-to-run spread ((max - min) / median),
+    and each projection's error against that median. A job measured again minutes later
+    differs by more than the 10% target on some machines; this says by how much, so that a
+    pair's error can be read against it. Configurations with fewer than two fixed runs are
+    left out."""
+    by_cfg: dict[tuple[str, tuple[str, ...]], list[PairResult]] = {}
+    for r in results:
+        pair = PAIRS.get(r.pair)
+        if pair is not None and r.measured is not None and r.measured.step_ms is not None:
+            by_cfg.setdefault((pair.sample, pair.fixed), []).append(r)
+    groups = []
+    for (sample, fixed), rs in sorted(by_cfg.items()):
+        ms = [r.measured.step_ms for r in rs if r.measured and r.measured.step_ms]
+        if len(ms) < 2:
+            continue
+        med = statistics.median(ms)
+        errs = {f"{r.pair}#{r.repeat}": projection_error_pct(r.projected_ms, med) for r in rs}
+        groups.append({"pairs": sorted({r.pair for r in rs}), "runs": len(ms),
+                       "median_ms": med, "spread_pct": 100.0 * (max(ms) - min(ms)) / med,
+                       "errors_pct": errs})
+    return {"groups": groups}
+
+
 def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -210,6 +235,11 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
            (f"replay error over {r['runs']} run(s): median {_f(r['median_pct'])}%, max "
             f"{_f(r['max_pct'])}% (target <= {r['target_pct']:g}% on every run): "
             f"{'met' if r['met'] else 'NOT met'}")]
+    for g in s.get("fixed_reference", {}).get("groups", []):
+        errs = ", ".join(f"{k} {_f(v, '{:+.1f}')}%" for k, v in g["errors_pct"].items())
+        out.append(f"fixed runs of {'/'.join(g['pairs'])} (one configuration): {g['runs']} runs, "
+                   f"median {_f(g['median_ms'])} ms, run-to-run spread {_f(g['spread_pct'])}%; "
+                   f"projections against that median: {errs}")
     out += [f"skipped {x}" for x in s["skipped"]]
     return out
 
@@ -225,17 +255,22 @@ def _uberprof_run(out: Path, run_id: str, trace: str, job: list[str]) -> list[st
             "--trace-steps", trace, "--counters", "none", "--", *job]
 
 
-def _sample_args(pair: Pair, problem: bool, steps: int) -> list[str]:
+def _sample_args(pair: Pair, problem: bool, steps: int, device: str = "cpu") -> list[str]:
+    """The sample's command line; `device` cuda puts the DDP pairs on the GPU (Gloo on CUDA
+    tensors: two ranks share one GPU, which NCCL refuses); the CPU is named, not left to the
+    sample's `auto`, which picks CUDA and NCCL on a GPU machine."""
+    where = ["--device", device if device == "cuda" else "cpu", "--backend", "gloo"] \
+        if pair.sample == "train_ddp.py" else []  # cpu said: a GPU machine's auto is NCCL
     return [str(ROOT / "samples" / pair.sample), "--steps", str(steps),
-            *(pair.problem if problem else pair.fixed)]
+            *(pair.problem if problem else pair.fixed), *where]
 
 
 def record(pair: Pair, problem: bool, out: Path, run_id: str, steps: int, trace: str,
-           timeout: float, port: int) -> Path:
+           timeout: float, port: int, device: str = "cpu") -> Path:
     """One run of `pair` (its problem or its fix) under `uberprof run`; its run directory."""
     from tests._jobs import job_env, torchrun
 
-    args = _sample_args(pair, problem, steps)
+    args = _sample_args(pair, problem, steps, device)
     if pair.caps is None:
         cmd = _uberprof_run(out, run_id, trace, torchrun(2, args[0], *args[1:]))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -348,7 +383,7 @@ def run_pair(pair: Pair, repeat: int, out: Path, args: Any, help_text: str,
                 runs[problem] = out / rid
                 continue
             runs[problem] = record(pair, problem, out, rid, args.steps, trace, args.run_timeout,
-                                   29600 + (2 * index + k) % 300)
+                                   29600 + (2 * index + k) % 300, args.device)
         proj = whatif_json(runs[True], option, args.run_timeout)
         res.projected_ms = proj.get("projected_step_ms")
         res.projected_interval_ms = proj.get("interval_ms")
@@ -375,6 +410,9 @@ def main() -> None:
     ap.add_argument("--trace-from", type=int, default=5, help="first traced step (default 5)")
     ap.add_argument("--quick", action="store_true",
                     help=f"{', '.join(QUICK)} once each, 14 steps (10 traced)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the DDP pairs (straggler, data) on the GPU, two ranks sharing "
+                         "it through Gloo on CUDA tensors; the others stay on the CPU")
     ap.add_argument("--run-timeout", type=float, default=600, help="seconds per run/whatif")
     ap.add_argument("--out", type=Path, help="runs and projections go here (default: temp)")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
@@ -405,7 +443,7 @@ def main() -> None:
               + (r.skipped or f"projected {_f(r.projected_ms)} ms, measured "
                  f"{_f(r.measured.step_ms if r.measured else None)} ms, error "
                  f"{_f(r.error_pct, '{:+.1f}')}%"), file=sys.stderr, flush=True)
-    summ = summarise(results)
+    summ = {**summarise(results), "fixed_reference": fixed_reference(results)}
     doc = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "load_before": load0,
            "load_after": os.getloadavg(), "minutes": round((time.monotonic() - t0) / 60, 1),
            "steps": args.steps, "traced": f"{args.trace_from}-{args.steps - 2}",

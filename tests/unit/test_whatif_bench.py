@@ -51,6 +51,18 @@ def test_summary_takes_median_and_max_of_absolute_errors_against_targets() -> No
     assert s["skipped"] == ["pipeline: option not available"]
 
 
+def test_fixed_runs_of_one_configuration_are_pooled_with_their_spread() -> None:
+    rs = [_result("straggler", 104.0, 100.0), _result("data", 88.0, 120.0),
+          _result("pipeline", 50.0, 60.0)]  # straggler and data share their fixed runs
+    (g,) = W.fixed_reference(rs)["groups"]  # the pipeline's single run is left out
+    assert g["pairs"] == ["data", "straggler"] and g["runs"] == 2
+    assert g["median_ms"] == pytest.approx(110.0) and g["spread_pct"] == pytest.approx(20 / 1.1)
+    assert g["errors_pct"]["straggler#0"] == pytest.approx(-600 / 110)
+    assert g["errors_pct"]["data#0"] == pytest.approx(-2200 / 110)
+    line = W.summary_lines({**W.summarise(rs), "fixed_reference": W.fixed_reference(rs)})[-1]
+    assert "2 runs, median 110.0 ms, run-to-run spread 18.2%" in line
+
+
 def test_summary_meets_targets_only_with_figures_within_them() -> None:
     ok = W.summarise([_result("straggler", 105.0, 100.0, replay=(0.5, 4.9))])
     assert ok["projection"]["met"] and ok["replay"]["met"]

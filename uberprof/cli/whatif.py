@@ -37,11 +37,12 @@ or removes, caches, a schedule the framework would pick instead.
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--remove", "remove", multiple=True,
               type=click.Choice(["straggler", "data", "launch", "sync", "exposed-comm"]),
-              help="'straggler': the straggler's extra work (its compute, host and data-loader "
-                   "time per step cut to the other ranks' median); 'data': every data-loader wait; "
+              help="'straggler': the straggler's extra work (its compute, host, data-loader "
+                   "time and waits for its own device per step cut to the other ranks' "
+                   "median); 'data': every data-loader wait; "
                    "'launch': the host's kernel-launch calls and the device's idle waiting "
-                   "for launches (GPU ranks); 'sync': the host's waits for the device (GPU "
-                   "ranks); 'exposed-comm': collectives' transfers hidden under compute "
+                   "for launches (GPU ranks); 'sync': the host's waits for its device, not for "
+                   "a collective (GPU ranks); 'exposed-comm': collectives' transfers hidden under compute "
                    "(waiting for late peers, receives and each collective's end before its "
                    "step's end kept). Repeat to combine.")
 @click.option("--link-scale", type=FiniteRange(min=0, min_open=True), default=None,

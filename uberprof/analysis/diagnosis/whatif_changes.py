@@ -62,8 +62,9 @@ class Change:
 
     def describe(self) -> str:
         scope = f" (transfers of {', '.join(map(str, self.sizes))} bytes)" if self.sizes else ""
-        return {"straggler": "the straggler's extra work removed (its compute, host and "
-                             "data-loader time per step at the others' median)",
+        return {"straggler": "the straggler's extra work removed (its compute, host, "
+                             "data-loader time and waits for its own device per step at the "
+                             "others' median)",
                 "data": "data-loader waits removed",
                 "launch": "launch overhead removed (the host's kernel-launch calls, and the "
                           "device's idle waiting for launches)",
@@ -161,7 +162,7 @@ def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
         elif c.kind == "balance":
             e.notes.append(_balance(g, e, c, stages or {}))
         else:
-            e.notes.append(_scale_straggler(g, e.own, c.rank if c.rank is not None
+            e.notes.append(_scale_straggler(g, e, c.rank if c.rank is not None
                                             else straggler, c))
     if e.drop.any() or e.extra or (e.src != g.src).any():
         keep = ~e.drop
@@ -229,12 +230,18 @@ def _remove_launch(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
 def _remove_sync(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     """The host's waits for the device (a synchronize, a blocking copy: the waiting segments
     of a device rank's host lane) take no time and wait for nothing."""
-    m = _lane_mask(g, device=False) & (g.kind == WAIT)
+    m = _sync_waits(g)
     e.own[m] = 0.0
     e.drop |= m[g.dst] & ((g.etype == REACH) | (g.etype == COMPLETE))
     return _note(c, removed_ms=_ms(g.dur[m].sum()),
                  none="no host synchronisation wait: no device rank's host waited for its "
                       "device (CPU ranks have none)")
+
+
+def _sync_waits(g: StepGraph) -> np.ndarray:
+    """The host's waits for its own device: waiting segments of device ranks' host lanes that
+    are not waits for a collective (a host running Gloo on device tensors waits for those)."""
+    return _lane_mask(g, device=False) & (g.kind == WAIT) & g.sync
 
 
 def _barrier_of(g: StepGraph) -> np.ndarray:
@@ -386,20 +393,22 @@ def _balance(g: StepGraph, e: Edit, c: Change, stages: dict[int, int]) -> dict[s
                        for k, v in sorted(before.items())], "steps": int(steps.size)}
 
 
-def _scale_straggler(g: StepGraph, own: np.ndarray, rank: int | None,
-                     c: Change) -> dict[str, Any]:
+def _scale_straggler(g: StepGraph, e: Edit, rank: int | None, c: Change) -> dict[str, Any]:
     """The straggler's work in each step scaled down to the others' median there: its compute,
-    its host time and its data-loader waits (what it does or waits for on its own, not what
-    it waits for on its peers), each kind on its own (a device rank's kernels and its host's
-    work are two lanes)."""
+    its host time, its data-loader waits and its host's waits for its own device (what it does
+    or waits for on its own, not what it waits for on its peers), each kind on its own (a
+    device rank's kernels and its host's work are two lanes). A scaled wait for the device
+    is the straggler's own time: it no longer waits for the device node it was tied to."""
     if rank is None or rank not in g.lanes or len(g.lanes) < 2:
         return {"change": c.describe(), "rank": rank, "removed_ms": 0.0,
                 "note": "no straggler to remove" if rank is None else
                 f"rank {rank} is not in the graph with another rank"}
     removed = 0.0
-    work = g.dur * own
-    for kind in (COMPUTE, HOST, DATA):
-        steps, ranks, per = _work_by_step_rank(g, work, g.kind == kind, rank)
+    work = g.dur * e.own
+    sync = _sync_waits(g)
+    for kind, mask in ((COMPUTE, g.kind == COMPUTE), (HOST, g.kind == HOST),
+                       (DATA, g.kind == DATA), (WAIT, sync)):
+        steps, ranks, per = _work_by_step_rank(g, work, mask, rank)
         if steps.size == 0:
             continue
         col = int(np.searchsorted(ranks, rank))
@@ -407,10 +416,15 @@ def _scale_straggler(g: StepGraph, own: np.ndarray, rank: int | None,
         target = np.median(np.delete(per, col, axis=1), axis=1)
         cut = mine > target
         fac = np.where(cut, target / np.where(cut, mine, 1.0), 1.0)
-        nodes = np.flatnonzero((g.kind == kind) & (g.rank == rank))
+        nodes = np.flatnonzero(mask & (g.rank == rank))
         at = np.searchsorted(steps, g.step[nodes])
         ok = (at < steps.size) & (steps[np.clip(at, 0, steps.size - 1)] == g.step[nodes])
-        own[nodes[ok]] *= fac[at[ok]]
+        nodes, f = nodes[ok], fac[at[ok]]
+        e.own[nodes] *= f
+        if kind == WAIT:  # its own time now: not ended by the device work it waited for
+            scaled = np.zeros(g.n, bool)
+            scaled[nodes[f < 1.0]] = True
+            e.drop |= scaled[g.dst] & ((g.etype == REACH) | (g.etype == COMPLETE))
         removed += float((mine - target)[cut].sum())
     return {"change": c.describe(), "rank": rank, "removed_ms": _ms(removed)}
 

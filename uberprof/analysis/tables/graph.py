@@ -105,6 +105,8 @@ class StepGraph:
     bus: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     p2p: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sync: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per node: a host's
+    #   wait for its own device (lanes.RankLane.sync), not for a collective
 
     @property
     def n(self) -> int:
@@ -176,6 +178,7 @@ class _Builder:
         self.ops: list[tuple[np.ndarray, list[str], np.ndarray]] = []
         self.comm: dict[str, np.ndarray] = {}
         self.launch: list[tuple[np.ndarray, np.ndarray]] = []
+        self.sync: list[np.ndarray] = []
 
     def _nodes(self, **cols: np.ndarray) -> np.ndarray:
         k = cols["kind"].size
@@ -218,6 +221,9 @@ class _Builder:
             self.ops.append((lane.op_seg + ids[0], lane.op_name, lane.op_ns))
         if lane.launch_ns.size == k and lane.launch_ns.any():
             self.launch.append((ids, lane.launch_ns))
+        if lane.device is not None:  # a device rank's host: its waits for the device
+            sync = lane.sync if lane.sync.size == k else lane.kind == WAIT  # (all, unsaid)
+            self.sync.append(ids[sync])
         return ids
 
     def _lane_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -318,9 +324,12 @@ class _Builder:
             nbytes[c["node"]], bus[c["node"]], p2p[c["node"]] = c["bytes"], c["bus"], c["p2p"]
         for ids, ns in self.launch:
             launch[ids] = ns
+        sync = np.zeros(n, bool)
+        for ids in self.sync:
+            sync[ids] = True
         return StepGraph(rank=col["rank"], kind=col["kind"].astype(np.int8), step=col["step"],
                          start=col["start"], dur=col["dur"], tail=col["tail"], lag=col["lag"],
                          src=src, dst=dst, etype=et, offset=off, op_node=cat(op_node),
                          op_name=cat(op_name), op_ns=cat(op_ns), names=list(names),
                          lanes=self.lanes, device_lanes=self.device_lanes, nbytes=nbytes,
-                         bus=bus, p2p=p2p, launch_ns=launch)
+                         bus=bus, p2p=p2p, launch_ns=launch, sync=sync)

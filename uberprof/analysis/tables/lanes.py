@@ -73,6 +73,9 @@ class RankLane:
     launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per
     #   segment of a device rank's host lane: its time inside kernel-launch runtime calls
     #   (what `whatif --remove launch` takes off the host); empty: none known
+    sync: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per segment of a
+    #   device rank's host lane: a wait for its own device (a synchronize, a blocking copy),
+    #   not for a collective; empty: none
 
     @classmethod
     def empty(cls, rank: int) -> RankLane:
@@ -103,7 +106,11 @@ def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
         _add_ops(lane, events, act)
         return lane
     syncs = _sync_calls(events, act)
-    lane = _cut(rank, host_w, [(WAIT, iv.union(syncs[0], syncs[1])), (DATA, data)])
+    lane = _cut(rank, host_w, [(WAIT, iv.union(syncs[0], syncs[1])), (DATA, data),
+                               (HOST, _host_work(events, ts, end)),
+                               (_COMM_WAIT, _host_comm(events, ts, end))])
+    lane.sync = lane.kind == WAIT  # cut apart from the waits for a collective, then named
+    lane.kind[lane.kind == _COMM_WAIT] = WAIT
     dev_st = st.filter(pa.array(np.asarray(st.column("device_start_ns").is_valid())))
     if dev_st.num_rows == 0:
         return lane
@@ -113,6 +120,27 @@ def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
     _link(lane, act, syncs)
     lane.launch_ns = _launch_time(lane, events)
     return lane
+
+
+_COMM_WAIT = 64  # a host waiting for a collective, while the lane is cut: WAIT once cut
+
+
+def _host_work(events: pa.Table, ts: np.ndarray, end: np.ndarray) -> iv.Intervals:
+    """A device rank's host work: the training threads' operators (the forward, the autograd
+    thread's backward launches, the optimizer), whose time is the host's own."""
+    m = M.kind_mask(events, M.CPU_COMPUTE_KINDS) & \
+        np.isin(events.column("tid").to_numpy(), M.training_threads(events))
+    return iv.union(ts[m], end[m])
+
+
+def _host_comm(events: pa.Table, ts: np.ndarray, end: np.ndarray) -> iv.Intervals:
+    """Collectives a device rank runs on its host (Gloo on CUDA tensors: `gloo:*` spans on
+    Gloo's threads). Where one is in flight and no training thread runs an operator, the host
+    waits for it (DDP's wait for its buckets at the end of backward): waiting, which the graph
+    ties to the collective's end, not host work of fixed length, or a late peer's delay would
+    read as this rank's own time."""
+    m = M.kind_mask(events, M.CPU_COMM_KINDS)
+    return iv.union(ts[m], end[m])
 
 
 _LAUNCH_CALL = "Launch"  # cudaLaunchKernel, cuLaunchKernelEx, hipLaunchKernel, cudaGraphLaunch
