@@ -312,18 +312,21 @@ def test_budget_counts_uberprofs_own_marks_so_the_export_fits(tmp_path: Path,
 @pytest.mark.skipif(not SHARED_NCCL.is_dir(), reason="the shared traces are not here")
 def test_a_budget_below_what_is_never_dropped_says_so_and_how_to_fit(tmp_path: Path) -> None:
     """At a twentieth of its export, a real NCCL trace's collectives, steps and findings alone
-    exceed the budget: the export drops every droppable tier, writes what is left, and a note
-    names the size it could not go below and the options that would fit (none at a budget
-    that fits)."""
+    exceed the budget: with its steps given (--steps 4-6: all three), the export drops every
+    droppable tier, writes what is left, and a note names the size it could not go below and
+    the options that would fit (none at a budget that fits). Without --steps it chooses
+    steps instead (test_export_autosteps.py)."""
     opened = open_run(SHARED_NCCL, out=tmp_path / "derived")
     full = export_trace(opened, tmp_path / "full.json", ExportOptions(gzip=False))
     limit = int(full.bytes_uncompressed * 0.05)
-    res = export_trace(opened, tmp_path / "cut.json", ExportOptions(gzip=False, max_bytes=limit))
+    res = export_trace(opened, tmp_path / "cut.json",
+                       ExportOptions(gzip=False, max_bytes=limit, steps=(4, 6)))
     assert res.bytes_uncompressed > limit
     [note] = [n for n in res.notes if n.startswith("over the size budget")]
     assert "--steps" in note and "--ranks" in note and "--max-mb" in note
     said_mb = float(note.split("come to about ")[1].split(" MB")[0])
     assert 0.8 * res.bytes_uncompressed / 1e6 <= said_mb <= 1.25 * res.bytes_uncompressed / 1e6
     ok = export_trace(opened, tmp_path / "ok.json",
-                      ExportOptions(gzip=False, max_bytes=int(full.bytes_uncompressed * 0.35)))
+                      ExportOptions(gzip=False, max_bytes=int(full.bytes_uncompressed * 0.35),
+                                    steps=(4, 6)))
     assert not [n for n in ok.notes if n.startswith("over the size budget")]

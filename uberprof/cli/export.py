@@ -37,7 +37,9 @@ chrome://tracing ("Load"); see docs/export.md for offline viewing.
               help="Keep Python function events (with_stack traces; large, off by default).")
 @click.option("--max-mb", type=FiniteRange(min=0), default=None,
               help="Size budget in MB of uncompressed output: the least useful events are "
-                   "dropped first to fit (default 500; 0: no limit).")
+                   "dropped first to fit (default 500; 0: no limit). Without --steps, when "
+                   "the steps, collectives and marks alone exceed it, the traced steps around "
+                   "the slowest that fit are written (a note says which).")
 @click.option("--format", "fmt", type=click.Choice(["chrome", "perfetto"]), default=None,
               help="chrome: Trace Event Format JSON; perfetto: Perfetto's protobuf trace, "
                    "which lists the ranks in order in the Perfetto UI. Default: the one the "

@@ -7,10 +7,11 @@ uberprof's findings and the node counters beside them, for Perfetto or chrome://
 
 The export reads an opened run and computes nothing of the analysis. merge.py runs the stages:
 window.py selects ranks, files and time span; plan.py lays out processes, marks and the size
-budget's cut (budget.py); source.py scans a trace file, events.py decides which of its events
-go, tracks.py writes them on the rank's tracks; findings.py turns the diagnosis into marks and
-overlay.py writes them with the node counters (counters.py); writer.py, chrome.py and
-perfetto.py write the file.
+budget's cut (budget.py), and autosteps.py the steps that fit when no `--steps` was given and
+what is never dropped exceeds the budget (from stepfit.py's per-step tally); source.py scans a
+trace file, events.py decides which of its events go, tracks.py writes them on the rank's
+tracks; findings.py turns the diagnosis into marks and overlay.py writes them with the node
+counters (counters.py); writer.py, chrome.py and perfetto.py write the file.
 """
 
 from uberprof.present.export.merge import export_trace

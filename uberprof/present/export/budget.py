@@ -29,7 +29,7 @@ from uberprof.present.export.source import (
     FileScan,
 )
 
-__all__ = ["TIER_NAMES", "Budget", "Cut"]
+__all__ = ["NEVER_DROPPED", "N_CATEGORIES", "TIER_NAMES", "Budget", "Cut", "categories"]
 
 TIER_ORDER = (TIER_PYTHON, TIER_MINOR, TIER_HOST, TIER_LAUNCH_FLOWS, TIER_DEVICE)
 TIER_NAMES = {
@@ -44,8 +44,26 @@ _BY_DURATION = frozenset({TIER_PYTHON, TIER_HOST, TIER_DEVICE})
 EDGES_NS = np.concatenate([[0], np.geomspace(100, 3e10, 90)]).astype(np.int64)
 
 
+# A tally by category: each droppable tier's duration buckets in TIER_ORDER, then one for the
+# events never dropped (the last).
+N_CATEGORIES = len(TIER_ORDER) * len(EDGES_NS) + 1
+NEVER_DROPPED = N_CATEGORIES - 1
+_TIER_POS = np.full(128, -1, dtype=np.int64)
+_TIER_POS[list(TIER_ORDER)] = np.arange(len(TIER_ORDER))
+
+
 def bucket_of(dur_ns: np.ndarray) -> np.ndarray:
     return np.searchsorted(EDGES_NS, np.maximum(dur_ns, 0), side="right") - 1
+
+
+def categories(tier: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """Each event's category in a tally (`N_CATEGORIES`): its tier's bucket, as `Budget.hist`
+    counts it (one bucket for a tier not cut by duration), or `NEVER_DROPPED`."""
+    t = tier.astype(np.int64)
+    pos = _TIER_POS[np.clip(t, 0, len(_TIER_POS) - 1)]
+    by_dur = np.isin(t, list(_BY_DURATION))
+    cat = pos * len(EDGES_NS) + np.where(by_dur, bucket, 0)
+    return np.where(pos >= 0, cat, NEVER_DROPPED)
 
 
 @dataclass
@@ -97,6 +115,13 @@ class Budget:
     ratios: dict[int, float] = field(default_factory=dict)
 
     def add(self, scan: FileScan, keep: np.ndarray) -> None:
+        self.add_weighed(*self.weigh(scan, keep))
+
+    def weigh(self, scan: FileScan, keep: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The kept events' tiers, output bytes (source text scaled by the tier's ratio) and
+        duration buckets: what `add_weighed` counts, and what a per-step tally (stepfit.py)
+        counts the same way."""
         tier = scan.tier[keep]
         size = scan.size[keep].astype(np.float64)
         if self.ratios:
@@ -104,8 +129,9 @@ class Budget:
             factor = np.array([self.ratios.get(int(c), self.ratios.get(-1, 1.0))
                                for c in codes.tolist()])
             size *= factor[np.searchsorted(codes, tier)]
-        size = np.rint(size).astype(np.int64)
-        b = bucket_of(scan.dur_ns[keep])
+        return tier, np.rint(size).astype(np.int64), bucket_of(scan.dur_ns[keep])
+
+    def add_weighed(self, tier: np.ndarray, size: np.ndarray, b: np.ndarray) -> None:
         self.other_bytes += int(size[~np.isin(tier, TIER_ORDER)].sum())
         for t in TIER_ORDER:
             m = tier == t
@@ -116,6 +142,17 @@ class Budget:
                 np.add.at(h, b[m], size[m])
             else:
                 h[0] += int(size[m].sum())
+
+    @classmethod
+    def from_categories(cls, limit_bytes: int, weights: np.ndarray) -> Budget:
+        """A budget over bytes already tallied by category (`categories`): a step window's."""
+        nb = len(EDGES_NS)
+        out = cls(limit_bytes, other_bytes=int(weights[NEVER_DROPPED]))
+        for i, t in enumerate(TIER_ORDER):
+            h = np.asarray(weights[i * nb:(i + 1) * nb], dtype=np.int64)
+            if h.any():
+                out.hist[t] = h.copy()
+        return out
 
     def add_fixed(self, nbytes: int) -> None:
         self.fixed_bytes += int(nbytes)

@@ -8,7 +8,8 @@ findings. It computes none of them. The stages:
 1. select (window.py): the ranks, their files and each rank's window, the time base;
 2. plan (plan.py): counter sources, process order and ids, uberprof's marks, and the size
    budget's cut (a first pass measures what each kind of event weighs, when the inputs might
-   exceed the budget; budget.py drops the least useful first);
+   exceed the budget; budget.py drops the least useful first); without `--steps`, when the
+   events never dropped exceed the budget, the steps that fit (stepfit.py) are planned instead;
 3. write: each rank's files read one at a time, their events decided on (events.py) and
    streamed to the writer on the rank's tracks (tracks.py), then its marks and GPU counters
    (overlay.py) and its GPU memory per step (memory.py); then the findings' process and the
@@ -28,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 from uberprof._version import __version__
 from uberprof.analysis.diagnosis.model import Diagnosis, Progress
 from uberprof.analysis.read import OpenedRun
+from uberprof.present.export.autosteps import plan_window
 from uberprof.present.export.budget import Cut
 from uberprof.present.export.events import Drops, kept_events, read_scan
 from uberprof.present.export.findings import RANK_TRACKS
 from uberprof.present.export.layout import ProcessInfo
-from uberprof.present.export.memory import MEMORY_COLUMNS, write_memory_counters
+from uberprof.present.export.memory import MEMORY_COLUMNS
 from uberprof.present.export.options import (
     DEFAULT_MAX_MB,
     ExportError,
@@ -43,9 +45,8 @@ from uberprof.present.export.overlay import (
     NodeCounterReader,
     marks_tracks,
     write_findings_process,
-    write_gpu_counters,
-    write_marks,
     write_node_counters,
+    write_rank_overlay,
 )
 from uberprof.present.export.plan import Plan, plan_cut, plan_layout
 from uberprof.present.export.tracks import RankState, rank_name, write_file
@@ -80,17 +81,27 @@ def _export(opened: OpenedRun, out: Path, opts: ExportOptions,
     notes: list[str] = list(ctx.problems)  # what the analysis found wrong, as analyze says it
     sel = select_window(ctx, d, opts, notes)
     plan = plan_layout(ctx, d, sel, opts, notes)
-    cut = plan_cut(sel, opts, plan.fixed_bytes, notes)
+    sized = plan_cut(sel, opts, plan.fixed_bytes, notes,
+                     ctx.steps() if not opts.steps else None)
+    cut, chosen = sized.cut, None
+    memory = opened.step_timelines(MEMORY_COLUMNS)
+    if sized.tally is not None:  # what is never dropped exceeds the budget: fewer steps
+        opts, sel, plan, cut = plan_window(ctx, d, opts, sel, plan, sized, memory, notes)
+        chosen = {"steps": list(opts.steps or ()), "traced_steps": len(sized.tally.steps),
+                  "around_step": sized.tally.steps[sized.tally.slowest],
+                  "all_steps_mb": round(sized.kept_bytes / 1e6, 1)}
     writer = open_writer(opts.fmt, out, opts.gzip, sel.base)
     try:
         drops = Drops()
         per_rank = _write_all(writer, ctx, d, sel, plan, cut, opts, drops, notes, progress,
-                              opened.step_timelines(MEMORY_COLUMNS))
+                              memory)
         if getattr(writer, "unsupported", 0):
             notes.append(f"{writer.unsupported} events of kinds the perfetto format export does "
                          "not carry (B/E pairs, async events) left out; the JSON export keeps them")
         dropped = drops.report(cut)
         summary = _summary(d, ctx, opts, sel, cut, dropped, notes, per_rank)
+        if chosen:  # the steps the budget chose (the note says why)
+            summary["budget"]["steps_chosen"] = chosen
         summary["events_written"] = writer.events_written
         writer.finish(summary)
     except BaseException:
@@ -126,11 +137,7 @@ def _write_all(writer: TraceWriter, ctx: RunContext, d: Diagnosis, sel: Selectio
         st = _write_rank(writer, ctx, sel, plan, cut, opts, r, drops, notes)
         if st is None:
             continue
-        write_marks(writer, st, plan.marks.get(r, []), sel.base)
-        if plan.gpu_of.get(r) and plan.gpu_of[r][0] in plan.node_pid:
-            node, gpu = plan.gpu_of[r]
-            write_gpu_counters(writer, plan.ids, st, counters(node), gpu, sel.base)
-        write_memory_counters(writer, plan.ids, st, memory, sel)
+        write_rank_overlay(writer, plan, sel, st, counters, memory)
         writer.end_unit()
         per_rank[r] = st.x_events
     write_findings_process(writer, plan, sel.base)

@@ -19,12 +19,14 @@ from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.present.export import counters as C
 from uberprof.present.export.findings import FINDINGS_PROCESS, Mark
 from uberprof.present.export.layout import IdSpace, ProcessInfo, TrackInfo, nest_lanes, qualify
+from uberprof.present.export.memory import write_memory_counters
 from uberprof.present.export.plan import Plan
 from uberprof.present.export.tracks import RankState
+from uberprof.present.export.window import Selection
 from uberprof.present.export.writer import TraceWriter
 
 __all__ = ["NodeCounterReader", "marks_tracks", "write_findings_process", "write_gpu_counters",
-           "write_marks", "write_node_counters"]
+           "write_marks", "write_node_counters", "write_rank_overlay"]
 
 
 class NodeCounterReader:
@@ -117,6 +119,17 @@ def write_gpu_counters(writer: TraceWriter, ids: IdSpace, st: RankState,
     writer.track(TrackInfo(st.pid, tid, "GPU counters", len(st.tids)))
     for s in series:
         writer.events(C.series_events(s, st.pid, tid, base))
+
+
+def write_rank_overlay(writer: TraceWriter, plan: Plan, sel: Selection, st: RankState,
+                       counters: NodeCounterReader, memory: Any) -> None:
+    """What follows a rank's trace events in its process: its marks, its GPU's counters and
+    its GPU memory per step (`memory`: the step timelines, `memory.MEMORY_COLUMNS`)."""
+    write_marks(writer, st, plan.marks.get(st.rank, []), sel.base)
+    if plan.gpu_of.get(st.rank) and plan.gpu_of[st.rank][0] in plan.node_pid:
+        node, gpu = plan.gpu_of[st.rank]
+        write_gpu_counters(writer, plan.ids, st, counters(node), gpu, sel.base)
+    write_memory_counters(writer, plan.ids, st, memory, sel)
 
 
 def write_findings_process(writer: TraceWriter, plan: Plan, base: int) -> None:
