@@ -95,12 +95,12 @@ def test_the_lead_rule_stays_when_the_excess_waives_the_last_fraction() -> None:
 
 
 def test_confirmed_excess_work_waives_the_spread_rule_of_the_lead() -> None:
-    """4 ranks whose arrivals scatter by ~10 ms (an oversubscribed host): rank 2, 12 ms late
+    """4 ranks whose arrivals scatter by ~20 ms (an oversubscribed host): rank 2, 24 ms late
     by its work, leads by less than twice the others' spread. Arrival order alone leaves it
     unnamed; its confirmed extra CPU time says the lead is its work, not chance."""
     rng = np.random.default_rng(4)
-    late = rng.normal(0, 10e6, size=(N_STEPS, 4))
-    late[:, 2] += 12e6
+    late = rng.normal(0, 20e6, size=(N_STEPS, 4))
+    late[:, 2] += 24e6
     late -= late.min(1, keepdims=True)
     before = _test(late, None)
     assert before is not None and before.rank == 2 and before.p_value <= 0.01
@@ -117,12 +117,12 @@ def test_confirmed_excess_work_waives_the_spread_rule_of_the_lead() -> None:
 
 
 def test_confirmed_excess_work_takes_a_second_look_at_arrivals_after_most() -> None:
-    """Rank 2, 10 ms late by its work among arrivals scattered by ~10 ms, is alone last at 17
+    """Rank 2, 22 ms late by its work among arrivals scattered by ~22 ms, is alone last at 17
     of 38 (chance 2.5% corrected: short of 1%), yet after most of the others at 31 of 38; the
     second look is taken only with its extra work confirmed, and corrected for itself."""
     rng = np.random.default_rng(4)
-    late = rng.normal(0, 10e6, size=(N_STEPS, 4))
-    late[:, 2] += 10e6
+    late = rng.normal(0, 22e6, size=(N_STEPS, 4))
+    late[:, 2] += 22e6
     late -= late.min(1, keepdims=True)
     before = _test(late, None)
     assert before is not None and before.rank == 2 and 0.01 < before.p_value <= 0.05
