@@ -21,6 +21,7 @@ from dash import Input, Output, dcc, html
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.gate import secure
+from uberprof.dashboards.server import LOOPBACK, loopback_hosts
 from uberprof.dashboards.ui import Selection
 
 __all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app", "loopback_hosts"]
@@ -28,7 +29,7 @@ __all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app", "loopback_hosts"]
 PAGE_MODULES = ("overview", "steps", "stragglers", "gaps", "communication", "parallelism",
                 "operators",
                 "memory", "counters", "compare")
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_HOSTS = LOOPBACK
 ASSETS = Path(__file__).resolve().parent / "assets"
 LIGHT_DIR = Path(__file__).resolve().parent / "vendor"
 _VERSION = re.compile(rb"plotly\.js[^\n]*?v(\d+\.\d+\.\d+)")
@@ -60,12 +61,6 @@ def light_plotly() -> Path | None:
     full = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
     version = _plotly_js_version(light)
     return light if version and version == _plotly_js_version(full) else None
-
-
-def loopback_hosts(bound: str) -> tuple[str, ...]:
-    """The Host header values accepted when listening on the loopback address `bound`: the
-    usual loopback names and `bound` itself (127.0.0.2 is loopback too)."""
-    return LOOPBACK_HOSTS if bound.lower() in LOOPBACK_HOSTS else (*LOOPBACK_HOSTS, bound)
 
 
 def _pages() -> dict[str, ModuleType]:

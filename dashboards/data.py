@@ -28,7 +28,13 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Diagnosis, Finding
-from uberprof.analysis.read import OpenedRun, diagnose_opened, open_tables, sql_table
+from uberprof.analysis.read import (
+    OpenedRun,
+    OverviewSummary,
+    diagnose_opened,
+    open_tables,
+    sql_table,
+)
 from uberprof.dashboards.counters_data import Counters, CounterSeries
 from uberprof.dashboards.steps_data import StepTables, append_new_steps, load_steps
 
@@ -68,6 +74,8 @@ class RunData(StepTables, Counters):
     _diagnosis_error: str | None = None
     _diagnosed: bool = False
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _diagnosis_lock: threading.Lock = field(default_factory=threading.Lock)
+    _background: threading.Thread | None = None  # the diagnosis made while pages are served
     _memo: dict[str, Any] = field(default_factory=dict)
     _recent: OrderedDict[Any, Any] = field(default_factory=OrderedDict)
 
@@ -99,8 +107,28 @@ class RunData(StepTables, Counters):
         if opened.no_traces is not None:
             self.notices.append(f"no traces: {opened.no_traces}")
         self._diagnosed = opened.diagnosis is not None
-        self._steps = load_steps(self.root, opened.ctx, self.problems)
+        if self.saved_overview() is None:
+            self._steps = load_steps(self.root, opened.ctx, self.problems)
+        else:  # the overview draws from its saved summary: the 5 M rows wait for a page
+            root, ctx, problems = self.root, opened.ctx, self.problems
+            self._steps_of = lambda: load_steps(root, ctx, problems)
         return self
+
+    def saved_overview(self) -> OverviewSummary | None:
+        """The step table's summary the analysis saved for the overview (`read.OpenedRun.
+        overview`: ranks, steps, step-time quantiles, the binned heat map) when it covers what
+        the pages show: no job followed, and every rank folder among its ranks. Else None, and
+        the step table is read."""
+        def find() -> OverviewSummary | None:
+            if self.follower is not None or self.opened is None:
+                return None
+            saved = self.opened.overview()
+            if saved is None:
+                return None
+            from uberprof.rundir import ranks_by_id
+
+            return saved if set(ranks_by_id(self.root)) <= set(saved.ranks) else None
+        return self.once("overview", find)
 
     @property
     def ctx(self) -> Any:
@@ -115,8 +143,9 @@ class RunData(StepTables, Counters):
         """The diagnosis the run was opened with, else on first use the saved one when fresh
         or a new one (`read.diagnose_opened`), then kept; without traces, the hang and crash
         findings. None when there is none (no traces, no hang or crash), or on error
-        (`diagnosis_error`, and said among the problems)."""
-        with self._lock:
+        (`diagnosis_error`, and said among the problems). Its own lock, not the caches':
+        the overview is built while a diagnosis runs (`diagnose_in_background`)."""
+        with self._diagnosis_lock:
             if not self._diagnosed:
                 self._diagnosed = True
                 if self.opened is not None:
@@ -139,7 +168,7 @@ class RunData(StepTables, Counters):
     def read_saved_diagnosis(self) -> bool:
         """Take the diagnosis saved under `derived/` when it is fresh (reading it is cheap);
         whether there was one. `diagnose()` then does no diagnosis work."""
-        with self._lock:
+        with self._diagnosis_lock:
             if self.opened is None:
                 return False
             if not self._diagnosed and self.has_traces:
@@ -173,10 +202,34 @@ class RunData(StepTables, Counters):
         return new
 
     def warm(self) -> None:
-        """The diagnosis and the counters' catalog, before the first request arrives (the app
-        builds the overview itself when it starts)."""
-        self.diagnose()
+        """The diagnosis (unless it is being made in the background) and the counters'
+        catalog, before the first request arrives (the app builds the overview itself when it
+        starts)."""
+        if not self.diagnosis_pending():
+            self.diagnose()
         self.counter_catalog()
+
+    def diagnose_in_background(self, done: Callable[[], None] | None = None) -> None:
+        """Start `diagnose()` on a thread, so that the pages that need no diagnosis are served
+        meanwhile (the overview says the findings are being diagnosed and fills them in);
+        `done()` is called after it, failed or not."""
+        def run() -> None:
+            try:
+                self.diagnose()
+            finally:
+                if done is not None:
+                    done()
+        with self._lock:
+            if self._background is None and not self._diagnosed:
+                self._background = threading.Thread(target=run, name="uberprof-diagnosis",
+                                                    daemon=True)
+                self._background.start()
+
+    def diagnosis_pending(self) -> bool:
+        """Whether the diagnosis is being made in the background now (pages that would wait
+        for it say so instead)."""
+        b = self._background
+        return b is not None and b.is_alive()
 
     # --- caches ---------------------------------------------------------------------------------
 

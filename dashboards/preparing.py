@@ -17,6 +17,13 @@ from uberprof.dashboards.gate import secure
 __all__ = ["RELOAD_S", "Switch", "preparing_app"]
 
 RELOAD_S = 1  # how often the page asks again (and the Retry-After it sends)
+POLL_MS = 200  # how often its script asks whether the dashboard answers in its place
+# A reload every RELOAD_S left the dashboard unseen for half a second on average after it was
+# ready: the page's script asks (HEAD) five times as often and reloads as soon as it is there.
+_POLL = ("<script>(function(){var t=setInterval(function(){"
+         "fetch(location.href,{method:'HEAD',cache:'no-store'}).then(function(r){"
+         "if(r.status!==503){clearInterval(t);location.reload();}}).catch(function(){});"
+         "}, " + str(POLL_MS) + ");})();</script>")
 
 
 def preparing_app(label: str, stage: Callable[[], str], auth: tuple[str, str] | None,
@@ -38,7 +45,7 @@ def preparing_app(label: str, stage: Callable[[], str], auth: tuple[str, str] | 
             f"<h2>uberprof · {html.escape(label)}</h2>"
             "<p>Preparing the dashboard of this run; this page reloads itself.</p>"
             f"<p class='stage' id='preparing-stage'>{html.escape(stage())}…</p>"
-            "</body></html>")
+            f"{_POLL}</body></html>")
         return flask.Response(body, 503, {"Retry-After": str(RELOAD_S)},
                               mimetype="text/html")
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["AUTH_ENV", "LOOPBACK", "Credentials", "ServeError", "check_exposure", "credentials",
-           "is_loopback", "make_server", "parse_auth", "read_auth_file", "serve"]
+           "is_loopback", "loopback_hosts", "make_server", "parse_auth", "read_auth_file",
+           "serve"]
 
 AUTH_ENV = "UBERPROF_DASHBOARD_AUTH"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -51,6 +52,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def loopback_hosts(bound: str) -> tuple[str, ...]:
+    """The Host header values accepted when listening on the loopback address `bound`: the
+    usual loopback names and `bound` itself (127.0.0.2 is loopback too). Here, not in the Dash
+    app, so that the URL is printed before Dash is imported (a second or two)."""
+    return LOOPBACK if bound.lower() in LOOPBACK else (*LOOPBACK, bound)
 
 
 def read_auth_file(path: Path) -> tuple[str, str | None]:

@@ -36,6 +36,7 @@ class StepTables:
     follower: Any
     ctx: Any
     once: Callable[..., Any]
+    saved_overview: Callable[[], Any]  # the analysis' summary of the steps, when it holds
     _lock: Any
 
     @property
@@ -51,19 +52,30 @@ class StepTables:
         return self.steps.filter(pc.equal(self.steps.column("rank"), rank))
 
     def ranks(self) -> list[int]:
+        saved = self.saved_overview()
+        if saved is not None and saved.ranks:
+            return list(saved.ranks)
         return self.once("ranks", lambda: sorted(pc.unique(self.steps.column("rank"))
                                                  .to_pylist()) if self.steps.num_rows
                          else (self.ctx.rank_ids if self.ctx is not None else []))
 
     def traced_steps(self) -> list[int]:
         def find() -> list[int]:
+            saved = self.saved_overview()
+            if saved is not None:
+                return list(saved.traced_steps)
             t = self.steps.filter(pc.equal(self.steps.column("traced"), True))
             return sorted(s for s in pc.unique(t.column("step")).to_pylist() if s is not None)
         return self.once("traced_steps", find)
 
     def all_steps(self) -> list[int]:
-        return self.once("all_steps", lambda: sorted(
-            s for s in pc.unique(self.steps.column("step")).to_pylist() if s is not None))
+        def find() -> list[int]:
+            saved = self.saved_overview()
+            if saved is not None:
+                return list(saved.all_steps)
+            return sorted(s for s in pc.unique(self.steps.column("step")).to_pylist()
+                          if s is not None)
+        return self.once("all_steps", find)
 
     def step_series(self, column: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Per rank (rank, steps, `column`: step_time_ns or data_wait_ns), in step order: from

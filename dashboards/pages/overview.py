@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from dash import dcc, html
+from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
 
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import BREAKDOWN_PARTS, RunData
@@ -32,26 +33,45 @@ _FINDING_PAGE = {"straggler": "/stragglers", "data_stall": "/gaps", "launch_boun
 
 
 def layout(data: RunData, sel: Selection) -> html.Div:
+    # While the diagnosis is made in the background, everything but its verdicts is drawn and
+    # the findings say so; a timer fills them in when it is done (`register`).
+    pending = data.diagnosis_pending()
     h = q.health(data)
-    straggler = data.straggler_rank()
+    straggler = None if pending else data.straggler_rank()
+    later = ":pending" if pending else ""  # figures drawn without the straggler's outline
     return ui.page(
         "page-overview",
-        failures_box(data),
+        None if pending else failures_box(data),
         ui.missing_notices(data.missing()),
         health_cards(h),
-        ui.section("What holds this run back", findings_list(data, sel), id="findings",
+        ui.section("What holds this run back",
+                   diagnosing(data) if pending else findings_list(data, sel), id="findings",
                    sub="Ranked by the time at stake in the analysed steps, with the usual "
                        "remedy." if data.has_traces else None),
         ui.section("Step time per rank and step",
                    ui.graph("step-heatmap", data.figure(
-                       "overview-heatmap", lambda: heatmap_figure(data, straggler))),
+                       "overview-heatmap" + later, lambda: heatmap_figure(data, straggler))),
                    sub="Host step time (ms). Click a cell to open that step on every rank."),
         ui.section("Where each rank's time goes",
                    ui.graph("rank-breakdown", data.figure(
-                       "overview-breakdown", lambda: breakdown_figure(data, straggler))),
+                       "overview-breakdown" + later,
+                       lambda: breakdown_figure(data, straggler))),
                    sub="Share of each rank's traced time. Click a rank for its idle gaps."),
         problems(data),
     )
+
+
+DIAGNOSIS_POLL_MS = 1000  # how often the overview asks whether the diagnosis is done
+
+
+def diagnosing(data: RunData) -> html.Div:
+    """The findings' place while the diagnosis runs in the background: what is being done, and
+    the timer that rebuilds the page once it is done (and goes with the page it replaces)."""
+    return html.Div([
+        ui.notice(f"Being diagnosed… ({len(data.ranks())} ranks: findings, the straggler, "
+                  "hangs and crashes appear here when it is done; the plots below are "
+                  "complete.)", "info pending", id="findings-pending"),
+        dcc.Interval(id="overview-diagnosis-poll", interval=DIAGNOSIS_POLL_MS)])
 
 
 def failures_box(data: RunData) -> Any:
@@ -134,11 +154,15 @@ def health_cards(h: dict[str, Any]) -> html.Div:
                              f"{s['last']}/{s['instances']}",
                              status="warn" if suspected else "bad", id="card-straggler",
                              hint=sentence))
+    elif h.get("diagnosis_pending") and traced:
+        cards.append(ui.card("Straggler", "…", "being diagnosed", id="card-straggler"))
     elif traced:  # a card holds a short line: the test's sentence shows on hover
         cards.append(ui.card("Straggler", "none",
                              "no rank late beyond chance" if sentence else "no test could be made",
                              status="ok", id="card-straggler", hint=sentence))
-    if traced:
+    if traced and h.get("diagnosis_pending"):
+        cards.append(ui.card("Findings", "…", "being diagnosed", id="card-findings"))
+    elif traced:
         n = f["high"] + f["medium"] + f["low"]
         status = "bad" if f["high"] else "warn" if f["medium"] else "ok"
         cards.append(ui.card("Findings", str(n),
@@ -277,7 +301,18 @@ def problems(data: RunData) -> Any:
 
 
 def register(app: Any, data_of: Any) -> None:
-    """Drill-down: a heatmap cell opens /steps, a breakdown bar opens /gaps, for that rank."""
+    """Drill-down: a heatmap cell opens /steps, a breakdown bar opens /gaps, for that rank;
+    and the page made again when a diagnosis made in the background is done."""
     ui.on_click(app, "step-heatmap", ui.step_cell)
+
+    @app.callback(Output("page-overview", "children"),
+                  Input("overview-diagnosis-poll", "n_intervals"), State("url", "search"),
+                  prevent_initial_call=True)
+    def _diagnosed(_n: int | None, search: str | None) -> Any:
+        """The overview again, with its findings, once the background diagnosis is done."""
+        data = data_of()
+        if data.diagnosis_pending():
+            raise PreventUpdate
+        return layout(data, Selection.parse(search)).children
     ui.on_click(app, "rank-breakdown",
                 lambda p, sel: sel.href("/gaps", rank=int(p["customdata"][0])))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from uberprof.analysis.read import sql_table
+from uberprof.analysis.read import HEATMAP_COLS, HEATMAP_ROWS, step_quantiles
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import Heatmap, heatmap_of_series
 
@@ -16,28 +16,28 @@ __all__ = ["health", "step_heatmap"]
 def health(run: RunData) -> dict[str, Any]:
     """The numbers behind the overview's cards: ranks, hosts, steps, host step time over every
     step of every rank (median, p90), the run's breakdown (`read.OpenedRun.run_breakdown`: the
-    ranks' totals together), the straggler and the findings by severity."""
+    ranks' totals together), the straggler and the findings by severity. While the diagnosis is
+    made in the background (`RunData.diagnosis_pending`), without them and not kept."""
+    if run.diagnosis_pending():
+        return _health(run, pending=True)
     return run.once("health", lambda: _health(run))
 
 
-def _health(run: RunData) -> dict[str, Any]:
+def _health(run: RunData, pending: bool = False) -> dict[str, Any]:
     ranks = run.ranks()
     hosts = sorted({h for h in (run.host_of(r) for r in ranks) if h})
-    q = sql_table("""
-        SELECT median(step_time_ns) / 1e6, quantile_cont(step_time_ns, 0.9) / 1e6,
-               count(DISTINCT step), max(step), min(step), median(data_wait_ns) / 1e6
-        FROM s WHERE step_time_ns IS NOT NULL AND step >= 0
-    """, s=run.steps).to_pylist()[0]
-    vals = list(q.values())
+    saved = run.saved_overview()
+    # the analysis' step-time quantiles: saved by the reduce, else of the steps shown now
+    quantiles = saved.quantiles if saved is not None else step_quantiles(run.steps)
     out: dict[str, Any] = {
         "run_id": run.label, "path": str(run.root),
         "ranks": len(ranks), "hosts": len(hosts), "host_names": hosts,
-        "step_ms_median": vals[0], "step_ms_p90": vals[1], "steps": vals[2] or 0,
-        "first_step": vals[4], "last_step": vals[3], "data_wait_ms_median": vals[5],
+        **quantiles,
         "traced_steps": run.traced_steps(),
         "device": None, "backend": None, "breakdown": None,
         "findings": {"high": 0, "medium": 0, "low": 0},
         "straggler": None, "diagnosis_error": run.diagnosis_error,
+        "diagnosis_pending": pending,
     }
     rt = run.rank_table()
     if rt is not None and run.opened is not None:
@@ -46,7 +46,7 @@ def _health(run: RunData) -> dict[str, Any]:
         out["device"] = next((d for d, m in zip(rt.column("device_type").to_pylist(),
                                                 rt.column("mode").to_pylist())
                               if m == "device"), None) or ("cpu" if modes else None)
-    d = run.diagnose()
+    d = None if pending else run.diagnose()
     if d is not None:
         out["backend"] = d.run.get("backend")
         for f in d.findings:
@@ -66,9 +66,13 @@ def _health(run: RunData) -> dict[str, Any]:
     return out
 
 
-def step_heatmap(run: RunData, column: str = "step_time_ns", max_cols: int = 250,
-                 max_rows: int = 256) -> Heatmap | None:
+def step_heatmap(run: RunData, column: str = "step_time_ns", max_cols: int = HEATMAP_COLS,
+                 max_rows: int = HEATMAP_ROWS) -> Heatmap | None:
     """Rank x step matrix of `column` in ms (`tables.heatmap_of_series`), built once (per
     refresh of a run followed while its job runs: from the steps read since, no table)."""
+    saved = run.saved_overview()
+    if saved is not None and (column, max_cols, max_rows) == ("step_time_ns", HEATMAP_COLS,
+                                                              HEATMAP_ROWS):
+        return saved.heatmap  # binned by the analysis, the same way
     return run.once(f"heatmap:{column}:{max_cols}:{max_rows}",
                     lambda: heatmap_of_series(run.step_series(column), max_cols, max_rows))

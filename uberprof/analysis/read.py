@@ -31,6 +31,16 @@ from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
 from uberprof.analysis.diagnosis.model import Diagnosis, Progress
 from uberprof.analysis.diagnosis.saved import SavedFindings
 from uberprof.analysis.diagnosis.summaries import sql_table
+from uberprof.analysis.tables.overview import (
+    HEATMAP_COLS,
+    HEATMAP_ROWS,
+    Heatmap,
+    OverviewSummary,
+    RankSeries,
+    heatmap_of_series,
+    read_overview,
+    step_quantiles,
+)
 
 if TYPE_CHECKING:
     from uberprof.analysis.diagnosis.step_signals import Signal
@@ -38,9 +48,10 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.context import RunContext
     from uberprof.rundir.follow import RunFollower
 
-__all__ = ["DEFAULT_THRESHOLD_NS", "MIN_INSTANCES", "OpenedRun", "SavedFindings", "compare_runs",
-           "diagnose_opened", "empty_report", "live_signals", "open_run", "open_tables",
-           "saved_findings", "scaling_of", "sql_table"]
+__all__ = ["DEFAULT_THRESHOLD_NS", "HEATMAP_COLS", "HEATMAP_ROWS", "MIN_INSTANCES", "Heatmap", "OpenedRun", "OverviewSummary",
+           "RankSeries", "SavedFindings", "compare_runs", "diagnose_opened", "empty_report",
+           "heatmap_of_series", "live_signals", "open_run", "open_tables",
+           "saved_findings", "scaling_of", "sql_table", "step_quantiles"]
 
 
 @dataclass
@@ -121,6 +132,12 @@ class OpenedRun:
             parts.append(t.select(cols).add_column(
                 0, "rank", pa.repeat(pa.scalar(rank, pa.int64()), t.num_rows)))
         return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+
+    def overview(self) -> OverviewSummary | None:
+        """What the dashboard's overview draws from the step table (ranks, steps, step-time
+        quantiles, the binned heat map), as the reduce saved it; None without traces or when
+        it is missing or older than the step table (`tables/overview.py`)."""
+        return read_overview(self.ctx.derived) if self.ctx is not None else None
 
     def traced_breakdown(self) -> pa.Table | None:
         """The whole-trace breakdown (RANK_SCHEMA) of the ranks with an analysed trace, None

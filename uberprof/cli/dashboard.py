@@ -51,7 +51,8 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     \b
     Pages: /  overview · /steps · /stragglers · /gaps · /communication · /counters, and
     /compare with --compare A. Runs `uberprof analyze` first when the tables are missing or
-    stale, and reads the diagnosis `uberprof report` saved when it is fresh; the URL answers at
+    stale, and reads the diagnosis `uberprof report` saved when it is fresh (else diagnoses
+    while the pages are served: the overview's findings fill in when done); the URL answers at
     once, with a page that says how far that got until the run is ready. Listens on
     127.0.0.1 unless --host says otherwise; any other address requires credentials:
     --auth-file FILE or UBERPROF_DASHBOARD_AUTH=user:password (--auth user:password works
@@ -67,8 +68,9 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
         auth, source = creds.auth, creds.source
         check_exposure(host, auth)
 
-        from uberprof.dashboards.app import loopback_hosts
+        # the preparing page answers first: Dash (a second or two to import) comes later
         from uberprof.dashboards.preparing import Switch, preparing_app
+        from uberprof.dashboards.server import loopback_hosts
 
         stage = ["starting"]
         allowed = loopback_hosts(host) if is_loopback(host) else None
@@ -115,9 +117,10 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
 def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path | None,
              auth: tuple[str, str] | None, allowed: tuple[str, ...] | None, stage: list[str],
              err: Console, others: tuple[Path, ...] = ()) -> tuple[Any, Any] | None:
-    """Open, diagnose and warm the run while the server already answers (with the page of
+    """Open and warm the run while the server already answers (with the page of
     dashboards/preparing.py, `stage[0]` saying how far): (the dashboard's app, the run's
-    RunData), or None when there is nothing to show (said). The run is opened the one way a
+    RunData), or None when there is nothing to show (said). A diagnosis that was not saved is
+    made on a thread while the dashboard is served (the overview says so, then fills in). The run is opened the one way a
     view opens it (`uberprof.analysis.read`: `open_tables`, then `diagnose_opened`, through
     RunData, which shows a failed diagnosis on its pages instead of stopping)."""
     from uberprof.dashboards.app import create_app
@@ -142,9 +145,18 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
     if data.has_traces:
         with step("reading the saved diagnosis"):
             saved = data.read_saved_diagnosis()  # read.diagnose_opened(make=False)
-        if not saved:
-            with step(f"diagnosing {ranks} rank(s)"):
-                data.diagnose()  # read.diagnose_opened; a failure is said on the pages
+        if not saved:  # read.diagnose_opened on a thread; the overview fills in when done
+            stage[0] = f"diagnosing {ranks} rank(s)"
+            t0 = time.perf_counter()
+            err.print(f"uberprof dashboard: diagnosing {ranks} rank(s) while the pages are "
+                      "served; the overview's findings fill in when it is done", markup=False,
+                      highlight=False)
+
+            def diagnosed() -> None:
+                err.print(f"uberprof dashboard: diagnosed in {time.perf_counter() - t0:.1f} s"
+                          + (f" ({data.diagnosis_error})" if data.diagnosis_error else ""),
+                          markup=False, highlight=False)
+            data.diagnose_in_background(diagnosed)
     with step("reading the counters"):
         data.warm()
     if data.baseline is not None:

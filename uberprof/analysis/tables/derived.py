@@ -57,6 +57,8 @@ __all__ = [
     "MEMORY_FILE",
     "MODULES_FILE",
     "OPERATORS_FILE",
+    "OVERVIEW_FILE",
+    "OVERVIEW_HEATMAP_FILE",
     "RANKS_FILE",
     "STEPS_FILE",
     "SUMMARY_FILE",
@@ -106,6 +108,8 @@ MODULES_FILE = "modules.parquet"  # an input's, then the run's (with rank): modu
 MEMORY_FILE = "memory.parquet"  # an input's, then the run's (with rank): memory_timeline.py
 SUMMARY_FILE = "summary.json"
 RANKS_FILE = "ranks.parquet"
+OVERVIEW_FILE = "overview.json"  # the step table's summary the overview draws (overview.py)
+OVERVIEW_HEATMAP_FILE = "overview_heatmap.parquet"  # its binned rank x step heat map
 REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each input's rank
 DIAGNOSIS_FILE = "diagnosis.json"  # the saved `uberprof report --json` document
 DIAGNOSIS_DIR = "diagnosis"  # the tables behind it, and its state (diagnosis/saved.py)

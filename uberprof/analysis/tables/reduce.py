@@ -35,6 +35,7 @@ from uberprof.analysis.tables.derived import (
     MEMORY_FILE,
     MODULES_FILE,
     OPERATORS_FILE,
+    OVERVIEW_FILE,
     RANKS_FILE,
     REDUCE_FILE,
     STEPS_FILE,
@@ -45,6 +46,7 @@ from uberprof.analysis.tables.derived import (
     read_input_table,
     read_timeline,
 )
+from uberprof.analysis.tables.overview import write_overview
 from uberprof.analysis.tables.schemas import (
     BREAKDOWN_FIELDS,
     RANK_SCHEMA,
@@ -73,7 +75,7 @@ from uberprof.rundir.damage import damage_problems
 __all__ = ["reduce_run"]
 
 _WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, MODULES_FILE, MEMORY_FILE, RANKS_FILE,
-           SUMMARY_FILE)
+           SUMMARY_FILE, OVERVIEW_FILE)
 
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
@@ -86,7 +88,7 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
     if done is not None:
         done.timelines = timelines
         return done
-    result = _reduce(source, derived, entries, timelines)
+    result = _reduce(source, derived, entries, timelines, key)
     result.timelines = timelines
     rank_of = {rel: e.get("rank") for rel, e in result.inputs.items()}
     try:
@@ -142,7 +144,7 @@ Ranked = tuple[int, TraceInput, dict[str, Any], dict[str, Any]]  # rank, then as
 
 
 def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
-            timelines: dict[str, dict[str, Any]]) -> Analysis:
+            timelines: dict[str, dict[str, Any]], key: str = "") -> Analysis:
     """The reduce, in stages: choose the rank folders to read (one per rank), read the inputs'
     summaries, decide each trace's rank and drop duplicates, write the per-rank steps and
     collectives, then the rank table and the summary document. Every stage adds its problems
@@ -157,6 +159,7 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
     loaded = _read_summaries(source, derived, entries, left_out, problems)
     kept = _drop_duplicates(_assign_ranks(source, loaded, problems), problems)
     rank_rows = _write_rank_steps(source, derived, timelines, kept, left_out, metas, problems)
+    write_overview(derived, key)  # what the dashboard's overview draws, from these steps
     if not rank_rows and not problems:
         problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
     _write_ranks(derived, rank_rows)
