@@ -20,21 +20,30 @@ from tests._jobs import (
 from uberprof.collect.watchdog import ANSWER_WAIT_S, STOP_GRACE_S
 
 FAULTY = SCRIPTS / "faulty.py"
-HANG_TIMEOUT = "10"
+# The faulty jobs' steps take milliseconds (a 8x8 model, 50 ms sleeps), and a job's start-up
+# does not count (the watchdog waits for its first step): 5 s without a step is a hang even on a
+# loaded machine, and each hang test waits that long (it was 10 s: 5 s more per test).
+HANG_TIMEOUT = "5"
+# The crash tests' jobs end by themselves (torchrun or mp.spawn ends the survivors); they keep
+# the longer timeout, so that no hang is declared while a loaded machine tears a job down.
+CRASH_HANG_TIMEOUT = "10"
+HANG_FAULTS = ("sleep", "spin", "pause", "skip", "mismatch-op", "barrier", "stop")
 
 
 def faulty_run(out: Path, run_id: str, fault: str, *args: str, nproc: int = 4,
                spawn: bool = False, on_hang: str = "stop", limit: float | None = None
                ) -> tuple[subprocess.CompletedProcess[str], float]:
-    """The faulty job under `uberprof run --hang-timeout 10 --on-hang ...`; (result, seconds).
+    """The faulty job under `uberprof run --hang-timeout T --on-hang ...` (T: HANG_TIMEOUT for a
+    fault that hangs, CRASH_HANG_TIMEOUT for one that crashes); (result, seconds).
     Its time limit (unless given): the job's work (`job_limit`), plus the hang timeout, the
     watchdog's longest wait for answers and the stop's grace, scaled by the load."""
     job = ([PY, str(FAULTY), "--spawn", str(nproc)] if spawn else torchrun(nproc, FAULTY))
+    timeout = HANG_TIMEOUT if fault in HANG_FAULTS else CRASH_HANG_TIMEOUT
     if limit is None:
         limit = min(CEILING_S, job_limit([*job, "--steps", "8"]) + load_factor() * (
-            float(HANG_TIMEOUT) + ANSWER_WAIT_S + 2 * STOP_GRACE_S))
+            float(timeout) + ANSWER_WAIT_S + 2 * STOP_GRACE_S))
     cmd = [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, "--no-trace",
-           "--hang-timeout", HANG_TIMEOUT, "--on-hang", on_hang, "--",
+           "--hang-timeout", timeout, "--on-hang", on_hang, "--",
            *job, "--fault", fault, *args]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=job_env(),

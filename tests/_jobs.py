@@ -150,13 +150,34 @@ def load_script(path: Path, name: str) -> ModuleType:
     return mod
 
 
-def start_slow_job(out: Path, run_id: str, steps: int, *options: str,
-                   stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[str]:
-    """A 2-rank samples/train_ddp.py job of `steps` slow steps (rank 1 waits 60 ms for each
-    batch, rank 0 for rank 1) under `uberprof run --no-trace [options]`, started in the
-    background: something to follow."""
+def followed_job(stop: Path) -> list[str]:
+    """A 2-rank DDP job of the sample's model whose steps are slow (rank 1 waits 60 ms for each
+    batch, rank 0 for rank 1) and that ends, exit 0, after the step in which `stop` appears
+    (tests/scripts/ddp_until_stopped.py; at the latest after CEILING_S): something to follow
+    for as long as a test looks, whatever the load, and no longer."""
+    return torchrun(2, SCRIPTS / "ddp_until_stopped.py", "--stop", str(stop),
+                    "--max-seconds", str(CEILING_S), "--slow-data-rank", "1",
+                    "--data-delay-ms", "60")
+
+
+def start_followed_job(out: Path, run_id: str, stop: Path, *options: str,
+                       stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[str]:
+    """`followed_job(stop)` under `uberprof run [options]` (`--no-trace` unless `options` name
+    a window), started in the background."""
+    trace = [] if any(o.startswith("--trace") for o in options) else ["--no-trace"]
     return subprocess.Popen(
-        [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, "--no-trace",
-         *options, "--", *torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(steps),
-                                   "--slow-data-rank", "1", "--data-delay-ms", "60")],
+        [PY, "-m", "uberprof", "run", "--out", str(out), "--run-id", run_id, *trace, *options,
+         "--", *followed_job(stop)],
         stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=job_env())
+
+
+def wait_for_steps(run: Path, steps: int, job: subprocess.Popen[str], limit: float) -> None:
+    """Wait until every rank of running `job` has finished `steps` steps (its step timelines)."""
+    from uberprof.rundir.follow import RunFollower
+
+    deadline = time.monotonic() + limit
+    follower = RunFollower(run)
+    while follower.poll().steps < steps:
+        assert job.poll() is None, f"the job ended (exit {job.returncode}) before step {steps}"
+        assert time.monotonic() < deadline, f"no step {steps} in {limit:.0f} s"
+        time.sleep(0.2)

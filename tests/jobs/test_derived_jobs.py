@@ -24,6 +24,15 @@ from uberprof.cli import main
 RANKS = [0, 1, 2, 3]
 
 
+@pytest.fixture(scope="module")
+def four_ranks(ddp_runs: dict[int, Path]) -> Path:
+    """The session's 4-rank run (tests/_runs.py: 3 traced steps a rank). What these tests check
+    (paths, every rank present, concurrent writers, the reduce's reuse) needs four ranks and
+    a trace each, not the diagnosis runs' ten traced steps: every command here reads a third
+    as much (they used healthy_run)."""
+    return ddp_runs[4]
+
+
 def _copy(run: Path, dst: Path) -> Path:
     """A private copy of a session run, without its tables."""
     shutil.copytree(run, dst, ignore=shutil.ignore_patterns("derived"))
@@ -49,11 +58,11 @@ def _manifest(run: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-def places(healthy_run: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+def places(four_ranks: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     """(a working directory, a run under it as runs/r, an unrelated working directory)."""
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run = _copy(healthy_run, work / "runs" / "r")
+    run = _copy(four_ranks, work / "runs" / "r")
     return work, run, elsewhere
 
 
@@ -158,14 +167,14 @@ def test_analyses_of_one_run_at_once_all_succeed(places: tuple[Path, Path, Path]
 
 
 def test_the_cross_rank_step_is_read_back_until_what_it_reads_changes(
-        healthy_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        four_ranks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second analysis of an unchanged run reads the run-level tables back (the dashboard's
     and report's start-up on a big run); a changed rank.json, step timeline or --force makes
     the reduce run again."""
     from uberprof.analysis.tables import reduce as R
     from uberprof.analysis.tables.pipeline import analyze
 
-    run = _copy(healthy_run, tmp_path / "run")
+    run = _copy(four_ranks, tmp_path / "run")
     first = analyze(run, workers=1)
     assert (run / "derived" / D.REDUCE_FILE).is_file()
     calls: list[int] = []

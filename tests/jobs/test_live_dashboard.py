@@ -11,16 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from tests._jobs import (
-    PY,
-    SAMPLES,
     browser_timeout_ms,
-    job_env,
-    job_limit,
-    start_slow_job,
-    torchrun,
+    info_json,
+    start_followed_job,
+    stop,
+    time_limit,
+    wait_for_steps,
 )
 from tests.jobs.test_dashboard_browser import ARGS, CHROMIUM, Served
-from uberprof.rundir.follow import RunFollower
 
 # The last step column drawn in a figure (the overview's heat map: one column per step below
 # 250; the steps page's recent step times: a line per rank).
@@ -29,7 +27,6 @@ LAST_DRAWN = """(id) => {
   if (!g || !g.data || !g.data.length) return -1;
   return Math.max(...g.data.flatMap(t => Array.from(t.x || [])));
 }"""
-STEPS = 120
 WINDOW = "10-12"
 
 
@@ -53,24 +50,16 @@ def test_dashboard_follows_a_running_job(tmp_path: Path) -> None:
     trace window at steps 10-12) while the dashboard is open in headless Chromium: the page
     says the job runs, the heat map and the steps page's step times grow by themselves, the
     data-loader straggler is indicated, the trace window becomes selectable once analysed;
-    after the end the page says so and shows the final diagnosis. Never reloaded."""
+    after the end the page says so and shows the final diagnosis. Never reloaded. The job
+    runs until the page has shown all that (tests/_jobs.followed_job), then ends by itself."""
     from playwright.sync_api import sync_playwright
 
-    command = torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(STEPS),
-                       "--slow-data-rank", "1", "--data-delay-ms", "60")
-    job = subprocess.Popen([PY, "-m", "uberprof", "run", "--out", str(tmp_path), "--run-id",
-                            "live", "--trace-steps", WINDOW, "--", *command],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                           env=job_env())
+    job = start_followed_job(tmp_path, "live", tmp_path / "stop", "--trace-steps", WINDOW)
     run = tmp_path / "live"
     served = None
-    limit = job_limit(command)
     wait_ms = browser_timeout_ms(30)
     try:
-        deadline = time.monotonic() + limit
-        while RunFollower(run).poll().steps < 3 and time.monotonic() < deadline:
-            assert job.poll() is None, "the job ended before its third step"
-            time.sleep(0.5)
+        wait_for_steps(run, 3, job, time_limit(60))
         served = Served(run)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
@@ -95,16 +84,20 @@ def test_dashboard_follows_a_running_job(tmp_path: Path) -> None:
                                               "es => es.map(e => e.innerText)")
             assert links == ["10", "11", "12"], links
 
-            assert job.wait(timeout=limit) == 0
+            (tmp_path / "stop").touch()
+            assert job.wait(timeout=time_limit(30)) == 0
+            ranks = info_json(run)["ranks"]
+            steps = ranks[0]["steps"]  # what the run holds, every rank the same
+            assert {r["steps"] for r in ranks} == {steps} and steps > 12, ranks
             page.wait_for_function(
                 "() => document.querySelector('#live-status').innerText"
                 ".includes('final diagnosis below')", timeout=browser_timeout_ms(90))
-            assert _status(page).startswith(f"ended (exit 0) · {STEPS} steps"), _status(page)
+            assert _status(page).startswith(f"ended (exit 0) · {steps} steps"), _status(page)
             # the page was rebuilt from the final analysis: no longer following
             page.wait_for_selector("#live-recent", state="detached", timeout=wait_ms)
             page.click("#nav-overview")
             page.wait_for_selector("#findings .finding", timeout=wait_ms)
-            assert page.inner_text("#card-steps").split()[1] == str(STEPS)
+            assert page.inner_text("#card-steps").split()[1] == str(steps)
             kinds = page.eval_on_selector_all("#findings .finding",
                                               "es => es.map(e => e.dataset.kind)")
             assert {"straggler", "data_stall"} & set(kinds), kinds
@@ -112,8 +105,7 @@ def test_dashboard_follows_a_running_job(tmp_path: Path) -> None:
             browser.close()
         assert not errors, errors
     finally:
-        if job.poll() is None:
-            job.kill()
+        stop([job])
         if served is not None:
             served.close()
 
@@ -121,12 +113,14 @@ def test_dashboard_follows_a_running_job(tmp_path: Path) -> None:
 def test_run_dashboard_serves_beside_the_job(tmp_path: Path) -> None:
     """`uberprof run --dashboard`: the URL is printed when the job starts; the dashboard
     answers (following the job: its layout has the live status) from a process of lower
-    priority; it leaves by itself after the job ends."""
+    priority; it leaves by itself after the job ends (the job runs until the test has seen
+    the dashboard: tests/_jobs.followed_job)."""
     import urllib.request
 
     import psutil
 
-    job = start_slow_job(tmp_path, "side", 120, "--dashboard", stderr=subprocess.PIPE)
+    job = start_followed_job(tmp_path, "side", tmp_path / "stop", "--dashboard",
+                             stderr=subprocess.PIPE)
     try:
         assert job.stderr is not None
         url = None
@@ -137,7 +131,7 @@ def test_run_dashboard_serves_beside_the_job(tmp_path: Path) -> None:
                 break
         assert url is not None
         layout = None
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + time_limit(60)
         while layout is None and time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(url + "_dash-layout", timeout=5) as resp:
@@ -145,12 +139,13 @@ def test_run_dashboard_serves_beside_the_job(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(1)
         assert layout is not None and "live-status" in layout and "running" in layout
-        side = [p for p in psutil.process_iter(["cmdline"])
-                if "uberprof.dashboards.live_server" in " ".join(p.info["cmdline"] or [])]
+        side = [p for p in psutil.process_iter(["cmdline"])  # this run's, not another test's
+                if {"uberprof.dashboards.live_server", str(tmp_path / "side")}
+                <= set(p.info["cmdline"] or [])]
         assert len(side) == 1 and side[0].nice() >= 10
+        (tmp_path / "stop").touch()
         job.stderr.read()
-        assert job.wait(timeout=300) == 0
+        assert job.wait(timeout=time_limit(30)) == 0
         side[0].wait(timeout=60)  # gone after the job (and a grace for open pages)
     finally:
-        if job.poll() is None:
-            job.kill()
+        stop([job])

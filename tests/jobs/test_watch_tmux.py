@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._jobs import PY, ROOT, start_slow_job
+from tests._jobs import PY, ROOT, info_json, start_followed_job, stop, time_limit
 from tests.unit.test_watch import _step
 
 
@@ -43,27 +43,33 @@ def _wait_for(session: str, pattern: str, timeout: float) -> re.Match[str]:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_watch_follows_a_real_job_under_tmux(tmp_path: Path) -> None:
     """A 2-rank job under `uberprof run` while `uberprof watch` runs in tmux: the running
-    state with steps growing, then the ended state, then watch exits by itself."""
+    state with steps growing, then the ended state with the job's own step count, then watch
+    exits by itself. The job runs until the test has seen it grow (tests/_jobs.followed_job),
+    so no step count has to outlast the look."""
     run = tmp_path / "live"
-    job = start_slow_job(tmp_path, "live", 150)
+    job = start_followed_job(tmp_path, "live", tmp_path / "stop")
     session = f"uberprof-watch-{os.getpid()}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + time_limit(40)
         while not (run / "ranks").is_dir() and time.monotonic() < deadline:
+            assert job.poll() is None, f"the job ended (exit {job.returncode}) at its start"
             time.sleep(0.5)
         _tmux_watch(session, "--interval", "0.5", str(run))
-        first = int(_wait_for(session, r"running · (\d+) steps", 180).group(1))
-        later = _wait_for(session, rf"running · (?!{first} )(\d+) steps", 120)
+        first = int(_wait_for(session, r"running · (\d+) steps", time_limit(60)).group(1))
+        later = _wait_for(session, rf"running · (?!{first} )(\d+) steps", time_limit(40))
         assert int(later.group(1)) > first
         screen = _pane(session)
         for rank in (0, 1):
             assert re.search(rf"^\s+{rank}\s+\d+\s", screen, re.MULTILINE), screen
-        assert job.wait(timeout=300) == 0
-        _wait_for(session, r"ended \(exit 0\) · 150 steps", 30)
+        (tmp_path / "stop").touch()
+        assert job.wait(timeout=time_limit(30)) == 0
+        ranks = info_json(run)["ranks"]
+        final = ranks[0]["steps"]  # what the run holds, every rank the same
+        assert {r["steps"] for r in ranks} == {final} and final >= int(later.group(1)), ranks
+        _wait_for(session, rf"ended \(exit 0\) · {final} steps", 30)
         _wait_for(session, r"WATCH-EXITED=0", 30)
     finally:
-        if job.poll() is None:
-            job.kill()
+        stop([job])
         subprocess.run(["tmux", "kill-session", "-t", session], check=False,
                        capture_output=True)
 
