@@ -24,6 +24,16 @@ def step():
     opt.step()
 for _ in range(5):
     step()
+# the window of steps 2-3 is exported and compressed on a thread that may still be at it (a
+# loaded machine): wait for its .gz, or the uncompressed trace it then deletes would free room
+# after the disk was filled
+import glob, time
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline and not (
+        glob.glob(sys.argv[2] + "/ranks/*/traces/*.json.gz")
+        and not glob.glob(sys.argv[2] + "/ranks/*/traces/*.json")
+        and not glob.glob(sys.argv[2] + "/ranks/*/traces/*.tmp")):
+    time.sleep(0.05)
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
 try:
     while True:
@@ -49,7 +59,7 @@ def small_disk(tmp_path: Path):
 
 
 def test_a_full_disk_is_one_line_and_info_says_so(small_disk: Path) -> None:
-    command = [PY, "-c", FILLS_THE_DISK, str(small_disk / "filler")]
+    command = [PY, "-c", FILLS_THE_DISK, str(small_disk / "filler"), str(small_disk / "full")]
     proc = uberprof_run(small_disk, "full", command, "--trace-steps", "2-3", "--sample-hz", "10")
     assert proc.returncode == 0 and proc.stdout == "job done\n"
     notes = [ln for ln in proc.stderr.splitlines() if ln.startswith("uberprof:")]
