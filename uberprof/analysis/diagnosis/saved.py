@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from uberprof._version import __version__
 from uberprof.analysis.diagnosis import advisor
@@ -48,6 +47,7 @@ from uberprof.analysis.tables.derived import (
     DIAGNOSIS_FILE,
     MANIFEST_FILE,
     diagnosis_table_file,
+    read_whole,
     write_parquet,
 )
 from uberprof.analysis.tables.derived import DIAGNOSIS_STATE_FILE as STATE_FILE
@@ -165,7 +165,7 @@ def load(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) -> Diagnosis
         if key is None or state.get("key") != key:
             return None
         doc = orjson.loads((derived / DIAGNOSIS_FILE).read_bytes())
-        t = {name: pq.read_table(diagnosis_table_file(derived, name)) for name in _TABLES}
+        t = {name: read_whole(diagnosis_table_file(derived, name)) for name in _TABLES}
     except (OSError, orjson.JSONDecodeError, pa.ArrowInvalid):
         return None
     try:
@@ -265,8 +265,7 @@ def read_saved_findings(run: RunDir | Path | str) -> SavedFindings | None:
 def _saved_lateness(derived: Path) -> dict[int, float]:
     """rank -> median lateness (ns) from the saved diagnosis; {} when it holds none."""
     try:
-        t = pq.read_table(diagnosis_table_file(derived, "rank_lateness"),
-                          columns=["rank", "median_ns"])
+        t = read_whole(diagnosis_table_file(derived, "rank_lateness"), ["rank", "median_ns"])
     except (OSError, pa.ArrowInvalid, KeyError):  # a lateness table is a bonus
         return {}
     return {int(r): float(m) for r, m in zip(t.column("rank").to_pylist(),

@@ -27,13 +27,13 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from uberprof.analysis.tables.derived import (
     OVERVIEW_FILE,
     OVERVIEW_HEATMAP_FILE,
     REDUCE_FILE,
     STEPS_FILE,
+    read_whole,
     write_parquet,
 )
 from uberprof.rundir import write_json_atomic
@@ -184,7 +184,7 @@ def write_overview(derived: Path, key: str) -> OverviewSummary:
     """Summarise the run's step table (`derived/steps.parquet`, just written by the reduce whose
     key is `key`) and save the summary beside it: the heat map first, then the document that
     names the reduce."""
-    steps = pq.read_table(derived / STEPS_FILE, columns=_COLUMNS)
+    steps = read_whole(derived / STEPS_FILE, _COLUMNS)
     s = summarise(steps)
     hm = s.heatmap
     if hm is not None:
@@ -219,7 +219,7 @@ def read_overview(derived: Path) -> OverviewSummary | None:
         hm = None
         if doc.get("heatmap") is not None:
             h = doc["heatmap"]
-            t = pq.read_table(derived / OVERVIEW_HEATMAP_FILE)
+            t = read_whole(derived / OVERVIEW_HEATMAP_FILE)
             n_r, n_s = t.num_rows, len(h["x"])
             z = t.column("z").combine_chunks().flatten().to_numpy(zero_copy_only=False)
             at = t.column("step").combine_chunks().flatten().to_numpy(zero_copy_only=False)

@@ -25,7 +25,6 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from uberprof._version import __version__
 from uberprof.analysis.tables import metrics as M
@@ -45,6 +44,7 @@ from uberprof.analysis.tables.derived import (
     read_input_summary,
     read_input_table,
     read_timeline,
+    read_whole,
 )
 from uberprof.analysis.tables.overview import write_overview
 from uberprof.analysis.tables.schemas import (
@@ -129,7 +129,7 @@ def _reduced_before(source: Source, derived: Path, entries: dict[str, dict[str, 
                 not all(os.path.isfile(derived / f) for f in _WRITES):
             return None
         summary = orjson.loads((derived / SUMMARY_FILE).read_bytes())
-        rank_rows = pq.read_table(derived / RANKS_FILE).to_pylist()
+        rank_rows = read_whole(derived / RANKS_FILE).to_pylist()
     except (OSError, ValueError, pa.ArrowException):
         return None
     rank_of = mark.get("rank_of") or {}
