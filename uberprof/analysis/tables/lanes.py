@@ -88,8 +88,9 @@ def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
     """This rank's lane over the host windows of `steps` (its analysed steps, RUN_STEP_SCHEMA),
     cut by its activity (module docstring; where kinds overlap, the first listed wins). A
     CPU rank has one lane: compute, waiting, data, host. A device rank has two: the host's
-    (blocked on the device, data, host) and, in `device`, the device's over the steps' device
-    windows (compute, waiting on communication, idle), joined by launches and syncs."""
+    (blocked on the device, data, host, and blocked on a collective its host runs: Gloo on
+    device tensors) and, in `device`, the device's over the steps' device windows (compute,
+    waiting on communication, idle), joined by launches and syncs."""
     st = steps.filter(pa.array(np.asarray(steps.column("host_end_ns").is_valid()))) \
         .sort_by("host_start_ns")
     if st.num_rows == 0 or events.num_rows == 0:
