@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.read import sql_table
+from uberprof.analysis.read import series_of, sql_table
 
 __all__ = ["DASHBOARD_STEP_COLUMNS", "STEP_SCHEMA", "StepTables", "append_new_steps",
            "load_steps"]
@@ -82,13 +82,7 @@ class StepTables:
         the follower's arrays while the job runs (no table to build), else from `steps`."""
         if self.follower is not None:
             return self.follower.series({"step_time_ns": "duration_ns"}.get(column, column))
-        t = _by_rank_and_step(self.steps.select(["rank", "step", column]))
-        rank = t.column("rank").to_numpy(zero_copy_only=False)
-        ranks, first = np.unique(rank, return_index=True)
-        cut = first[1:]
-        return list(zip(ranks.tolist(),
-                        np.split(t.column("step").to_numpy(zero_copy_only=False), cut),
-                        np.split(t.column(column).to_numpy(zero_copy_only=False), cut)))
+        return series_of(self.steps.select(["rank", "step", column]), column)
 
     def time_origin_ns(self) -> int | None:
         """Epoch ns of the run's first step start: the zero of every time axis in seconds."""
@@ -117,20 +111,6 @@ class StepTables:
             else:
                 out.append(((a - origin) / 1e9, (b - origin) / 1e9, s, s))
         return out
-
-
-def _by_rank_and_step(t: pa.Table) -> pa.Table:
-    """`t` in rank and step order. The analysis writes its steps table in that order, so this
-    is mostly a check (sorting 5 M rows of a 512-rank x 10,000-step run took a second of the
-    dashboard's start)."""
-    rank, step = t.column("rank"), t.column("step")
-    if t.num_rows > 1 and not rank.null_count and not step.null_count:
-        r = rank.to_numpy()
-        s = step.to_numpy()
-        later = r[1:] > r[:-1]
-        if bool((later | ((r[1:] == r[:-1]) & (s[1:] >= s[:-1]))).all()):
-            return t
-    return t.sort_by([("rank", "ascending"), ("step", "ascending")])
 
 
 def load_steps(root: Path, ctx: Any, problems: list[str]) -> pa.Table:

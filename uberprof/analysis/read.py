@@ -39,6 +39,7 @@ from uberprof.analysis.tables.overview import (
     RankSeries,
     heatmap_of_series,
     read_overview,
+    series_of,
     step_quantiles,
 )
 
@@ -48,10 +49,11 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.context import RunContext
     from uberprof.rundir.follow import RunFollower
 
-__all__ = ["DEFAULT_THRESHOLD_NS", "HEATMAP_COLS", "HEATMAP_ROWS", "MIN_INSTANCES", "Heatmap", "OpenedRun", "OverviewSummary",
-           "RankSeries", "SavedFindings", "compare_runs", "diagnose_opened", "empty_report",
-           "heatmap_of_series", "live_signals", "open_run", "open_tables",
-           "saved_findings", "scaling_of", "sql_table", "step_quantiles"]
+__all__ = ["DEFAULT_THRESHOLD_NS", "HEATMAP_COLS", "HEATMAP_ROWS", "MIN_INSTANCES", "Heatmap",
+           "OpenedRun", "OverviewSummary", "RankSeries", "SavedFindings", "compare_runs",
+           "diagnose_opened", "empty_report", "heatmap_of_series", "live_signals", "open_run",
+           "open_tables", "saved_findings", "scaling_of", "series_of", "sql_table",
+           "step_quantiles"]
 
 
 @dataclass
