@@ -12,8 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from uberprof.analysis.tables.overview import in_rank_step_order
 from uberprof.collect.counters.store import CounterStore
-from uberprof.dashboards.steps_data import _by_rank_and_step
 from uberprof.rundir import RunDir
 from uberprof.rundir import counters as C
 from uberprof.rundir.ranks import read_rank
@@ -109,12 +109,12 @@ def test_nothing_is_kept_after_shared_reads(tmp_path: Path) -> None:
 
 def test_step_series_order_kept_when_sorted_and_made_when_not() -> None:
     ordered = pa.table({"rank": [0, 0, 1, 1], "step": [0, 1, 0, 5], "v": [1, 2, 3, 4]})
-    assert _by_rank_and_step(ordered) is ordered
+    assert in_rank_step_order(ordered) is ordered
     mixed = pa.table({"rank": [1, 0, 1, 0], "step": [5, 1, 0, 0], "v": [4, 2, 3, 1]})
-    got = _by_rank_and_step(mixed)
+    got = in_rank_step_order(mixed)
     assert got.column("v").to_pylist() == [1, 2, 3, 4]
     same_rank_back = pa.table({"rank": [0, 0], "step": [1, 0], "v": [2, 1]})
-    assert _by_rank_and_step(same_rank_back).column("v").to_pylist() == [1, 2]
+    assert in_rank_step_order(same_rank_back).column("v").to_pylist() == [1, 2]
 
 
 def test_load_steps_reads_only_the_columns_the_pages_use(tmp_path: Path) -> None:
