@@ -21,10 +21,11 @@ from dash import Input, Output, dcc, html
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.gate import secure
+from uberprof.dashboards.preparing import RunSoon
 from uberprof.dashboards.server import LOOPBACK, loopback_hosts
 from uberprof.dashboards.ui import Selection
 
-__all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app", "loopback_hosts"]
+__all__ = ["LOOPBACK_HOSTS", "PAGE_MODULES", "create_app", "loopback_hosts", "warm_overview"]
 
 PAGE_MODULES = ("overview", "steps", "stragglers", "gaps", "communication", "parallelism",
                 "operators",
@@ -68,21 +69,24 @@ def _pages() -> dict[str, ModuleType]:
     return {m.PATH: m for m in mods}
 
 
-def create_app(data: RunData, auth: tuple[str, str] | None = None,
+def create_app(data: RunData | RunSoon, auth: tuple[str, str] | None = None,
                allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
                warm: bool = True) -> dash.Dash:
     """The app of one loaded run.
 
     `auth`: (user, password) required from every request (HTTP basic). `allowed_hosts`: the
     Host header values accepted (the loopback names when listening on 127.0.0.1, so that a web
-    page cannot reach the dashboard through DNS rebinding); None accepts any.
+    page cannot reach the dashboard through DNS rebinding); None accepts any. `data` may be a
+    `RunSoon` (a run being prepared, not followed live): the app answers at once, its pages
+    wait for the run, and the caller warms the overview (`warm_overview`) before it is ready.
     """
     server = _server(auth, allowed_hosts)
     app = _dash_app(server, data.label)
     pages = _pages()
     from uberprof.dashboards.live import live_for
 
-    live = live_for(data)
+    soon = data if isinstance(data, RunSoon) else None
+    live = live_for(data) if isinstance(data, RunData) else None
     app.layout = html.Div([
         dcc.Location(id="url", refresh="callback-nav"),
         html.Div(id="nav"),
@@ -92,7 +96,9 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
 
     def data_of() -> RunData:
         """The run as shown now (grows while its job runs: `dashboards/live.py`)."""
-        return live.current() if live is not None else data
+        if live is not None:
+            return live.current()
+        return soon() if soon is not None else data  # type: ignore[return-value]
 
     _route_urls(app, pages, data_of, live is not None)
     for m in pages.values():
@@ -103,12 +109,19 @@ def create_app(data: RunData, auth: tuple[str, str] | None = None,
 
         live.register(app)
         server.extensions[EXTENSION] = live
-    if warm:  # the first visitor should not pay for caches and plotly's templates
-        try:
-            pages["/"].layout(data_of(), Selection())
-        except Exception as exc:  # noqa: BLE001 - the page shows the error when visited
-            server.logger.warning("warming the overview failed: %s", exc)
+    if warm and soon is None:
+        warm_overview(data_of(), server.logger)
     return app
+
+
+def warm_overview(data: RunData, log: Any = None) -> None:
+    """Build the overview once, so that its first visitor does not pay for the caches and
+    plotly's templates; a failure is logged (the page shows it when visited)."""
+    try:
+        _pages()["/"].layout(data, Selection())
+    except Exception as exc:  # noqa: BLE001 - the page shows the error when visited
+        if log is not None:
+            log.warning("warming the overview failed: %s", exc)
 
 
 def _server(auth: tuple[str, str] | None, allowed_hosts: tuple[str, ...] | None
@@ -159,7 +172,12 @@ def _route_urls(app: dash.Dash, pages: dict[str, ModuleType], data_of: Any,
     @app.callback(Output("nav", "children"), Output("page", "children"),
                   Input("url", "pathname"), Input("url", "search"), *again)
     def _route(pathname: str | None, search: str | None, *_generation: int) -> tuple[Any, Any]:
-        data = data_of()
+        try:
+            data = data_of()
+        except RuntimeError as exc:  # a run that failed to be prepared after the app answered
+            return None, ui.page("page-error", html.H2("This run could not be read"),
+                                 ui.notice(f"{exc}: the details are in the output of "
+                                           "`uberprof dashboard`.", "bad"))
         path = pathname or "/"
         if path != "/" and path.endswith("/"):
             path = path.rstrip("/")

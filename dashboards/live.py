@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import dash
@@ -28,9 +29,10 @@ from uberprof.analysis.read import live_signals, open_tables
 from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.ui import Selection
+from uberprof.rundir import RunDir
 from uberprof.rundir.follow import LiveState, RunFollower, trace_files
 
-__all__ = ["EXTENSION", "INTERVAL_MS", "Live", "live_for"]
+__all__ = ["EXTENSION", "INTERVAL_MS", "Live", "job_runs", "live_for"]
 
 EXTENSION = "uberprof_live"  # where the app's `Live` is kept: flask_app.extensions[EXTENSION]
 
@@ -189,6 +191,12 @@ class Live:
         grows(Output("step-picker", "options"),
               lambda d, sel: steps.step_options(d, steps.default_step(d, sel)))
         grows(Output("counters-graph", "figure"), counters.figure_of)
+
+
+def job_runs(root: Path) -> bool:
+    """Whether `root` is a run directory whose job still runs, from its nodes' metadata alone
+    (what `live_for` asks first): a dashboard that follows the job starts with its run read."""
+    return RunDir(root).is_run() and bool(RunFollower(root).running())
 
 
 def live_for(data: RunData) -> Live | None:

@@ -581,6 +581,40 @@ def test_the_page_while_preparing_says_how_far_behind_the_same_gate() -> None:
     assert r.status_code == 200 and r.get_data(as_text=True) == "the dashboard"
 
 
+def test_a_dashboard_that_answers_before_its_run_is_ready_serves_its_scripts_and_waits_for_it(
+        synth_data: Any) -> None:
+    """The early switch of `uberprof dashboard`: the page and Dash's scripts are served at
+    once (the browser loads them while the run is read), a page's callback waits for the run
+    and then draws it, and a run that failed to prepare says why instead of waiting forever."""
+    import threading
+
+    from uberprof.dashboards.app import create_app
+    from uberprof.dashboards.preparing import RunSoon
+
+    soon = RunSoon("run-soon")
+    c = create_app(soon).server.test_client()
+    index = c.get("/")
+    assert index.status_code == 200 and "<title>uberprof · run-soon</title>" in index.get_data(
+        as_text=True)
+    scripts = re.findall(r'<script src="([^"]+)"', index.get_data(as_text=True))
+    assert scripts and all(c.get(s).status_code == 200 for s in scripts)  # before the run
+    answered: list[tuple[int, str]] = []
+    asking = threading.Thread(target=lambda: answered.append(_route(c, "/", "")))
+    asking.start()
+    asking.join(0.5)
+    assert asking.is_alive() and not answered  # waits for the run
+    soon.ready(synth_data)
+    asking.join(30)
+    [(status, body)] = answered
+    assert status == 200 and "page-overview" in body and "step-heatmap" in body
+
+    failed = RunSoon("run-failed")
+    f = create_app(failed).server.test_client()
+    failed.failed("nothing to show")
+    status, body = _route(f, "/", "")
+    assert status == 200 and "This run could not be read" in body and "nothing to show" in body
+
+
 def test_cli_port_in_use(synth_run: Path) -> None:
     import socket
 

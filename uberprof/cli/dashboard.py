@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,11 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
         """The run prepared and switched to (said), or False when there is nothing to show."""
         try:
             t0 = time.perf_counter()
+            from uberprof.analysis.tables.pool import keep_pandas_out
+
+            keep_pandas_out()  # pyarrow would import it (0.3 s of the start) for nothing here
             prepared = _prepare(path, out, workers, baseline, auth, allowed, stage, err,
-                                baselines[1:])
+                                baselines[1:], show=lambda app: switch.to(app.server))
             if prepared is None:
                 return False
             app, data = prepared
@@ -116,15 +120,23 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
 
 def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path | None,
              auth: tuple[str, str] | None, allowed: tuple[str, ...] | None, stage: list[str],
-             err: Console, others: tuple[Path, ...] = ()) -> tuple[Any, Any] | None:
+             err: Console, others: tuple[Path, ...] = (),
+             show: Callable[[Any], None] | None = None) -> tuple[Any, Any] | None:
     """Open and warm the run while the server already answers (with the page of
     dashboards/preparing.py, `stage[0]` saying how far): (the dashboard's app, the run's
     RunData), or None when there is nothing to show (said). A diagnosis that was not saved is
-    made on a thread while the dashboard is served (the overview says so, then fills in). The run is opened the one way a
-    view opens it (`uberprof.analysis.read`: `open_tables`, then `diagnose_opened`, through
-    RunData, which shows a failed diagnosis on its pages instead of stopping)."""
-    from uberprof.dashboards.app import create_app
-    from uberprof.dashboards.data import RunData
+    made on a thread while the dashboard is served (the overview says so, then fills in). The
+    run is opened the one way a view opens it (`uberprof.analysis.read`: `open_tables`, then
+    `diagnose_opened`, through RunData, which shows a failed diagnosis on its pages instead of
+    stopping).
+
+    Once the tables are read, a run that is not followed live and not compared is handed to
+    `show` as an app whose pages wait for it (`preparing.RunSoon`): the browser loads Dash's
+    scripts while the rest is read (its summary, diagnosis, counters, the overview built)."""
+    from uberprof.dashboards.app import create_app, warm_overview
+    from uberprof.dashboards.live import job_runs
+    from uberprof.dashboards.preparing import RunSoon
+    from uberprof.rundir import RunDir
 
     def step(what: str) -> Any:
         """Say `what` on the page and the terminal while it is done."""
@@ -132,12 +144,44 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
         return err.status(f"{what}…", spinner="dots")
 
     root = path.resolve()
-    data = RunData.of(_open_tables(root, out, workers, stage, err), out=out, workers=workers,
+    opened = _open_tables(root, out, workers, stage, err)
+    soon = app = None
+    if show is not None and baseline is None and not job_runs(root):
+        soon = RunSoon(RunDir(root).run_id() or root.name)
+        app = create_app(soon, auth=auth, allowed_hosts=allowed)
+        show(app)
+    try:
+        data = _read(root, opened, out, workers, baseline, stage, step, err, others)
+    except BaseException as exc:
+        if soon is not None:
+            soon.failed(repr(exc))
+        raise
+    if data is None:
+        if soon is not None:
+            soon.failed("nothing to show")
+        return None
+    if soon is not None and app is not None:  # shown already: its pages wait for this
+        warm_overview(data, app.server.logger)
+        soon.ready(data)
+        return app, data
+    with step("preparing the overview"):
+        return create_app(data, auth=auth, allowed_hosts=allowed), data
+
+
+def _read(root: Path, opened: Any, out: Path | None, workers: int | None,
+          baseline: Path | None, stage: list[str], step: Callable[[str], Any], err: Console,
+          others: tuple[Path, ...]) -> Any:
+    """`_prepare` once the tables are read: the run's `RunData` with its diagnosis (saved, or
+    being made on a thread), counters and comparison; None when there is nothing to show
+    (said)."""
+    from uberprof.dashboards.data import RunData
+
+    data = RunData.of(opened, out=out, workers=workers,
                       baseline=baseline.resolve() if baseline is not None else None)
     for n in data.notices:
         err.print(f"uberprof dashboard: {n}", markup=False, highlight=False)
     if not data.has_traces and data.steps.num_rows == 0:
-        err.print(f"uberprof dashboard: nothing to show in {path}: no trace and no step "
+        err.print(f"uberprof dashboard: nothing to show in {root}: no trace and no step "
                   "timeline (is it a uberprof run directory or a folder of Kineto traces?)",
                   markup=False, highlight=False)
         return None
@@ -171,9 +215,7 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
                           highlight=False)
     for p in data.problems[:5]:
         err.print(f"uberprof dashboard: {p}", markup=False, highlight=False)
-    with step("preparing the overview"):
-        app = create_app(data, auth=auth, allowed_hosts=allowed)
-    return app, data
+    return data
 
 
 def _open_tables(root: Path, out: Path | None, workers: int | None, stage: list[str],

@@ -33,7 +33,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof._version import __version__
-from uberprof.analysis.diagnosis import advisor
 from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
 from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
@@ -214,6 +213,8 @@ def load_or_diagnose(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS,
     d = load(ctx, threshold_ns)
     if d is not None:
         return d
+    from uberprof.analysis.diagnosis import advisor  # a second or more: only when diagnosing
+
     d = advisor.diagnose_context(ctx, threshold_ns=threshold_ns)
     try:
         save(d)
