@@ -20,8 +20,9 @@ Pairs (2 ranks; samples/train_ddp.py unless said; the first run, the fix, the wh
              of ~5.7 M parameters (dim 256, an 8,000-word vocabulary) on 4 x 16 tokens, so
              each step all-reduces ~23 MB of gradients against ~50 ms of compute (needs root,
              iproute2 and tc: skipped without)
-  pipeline   samples/train_pipeline.py, stage 1 with 3x the blocks of stage 0 (2 + 6) | 4 + 4
-             blocks | --balance-stages
+  pipeline   samples/train_pipeline.py (dim 256, batch 16), stage 1 with 3x the blocks of stage
+             0 (2 + 6) | 4 + 4 blocks | --balance-stages; 6 traced steps at most (a longer
+             window slows this job's later traced steps by ~2x)
 
 Measured is like for like with the projection: the median over the second run's traced steps
 of the longest rank's step (what `whatif` calls `baseline_step_ms`, read with a change that
@@ -80,11 +81,18 @@ class Pair:
     options: tuple[tuple[str, ...], ...]
     caps: tuple[str, str] | None = None
     what: str = ""
+    max_traced: int | None = None  # at most this many traced steps (None: up to --steps - 2)
 
 
 # a small batch and a large vocabulary: ~5.7 M parameters (23 MB of gradients all-reduced a
 # step, ~190 ms at 1 Gbit/s) against ~50 ms of compute
 LINK_MODEL = ("--seq", "16", "--batch", "4", "--dim", "256", "--vocab", "8000")
+# blocks large enough that a stage's compute, not the schedule's per-micro-batch overhead, sets
+# the step (the default model's 2 + 6 and 4 + 4 stages measured the same: ~120 ms steps of
+# 1 ms blocks); here balancing measured 17% faster. At most 6 traced steps: the profiler's
+# cost on this event-heavy job grows with a long window (both runs' steps went from ~450 to
+# ~850 ms after 8-10 traced steps; untraced, 24 steps stay at 400-440 ms)
+PIPELINE_MODEL = ("--dim", "256", "--batch", "16")
 PAIRS = {p.name: p for p in (
     Pair("straggler", "train_ddp.py", ("--slow-rank", "1", "--slow-factor", "2"), (),
          (("--remove", "straggler"),), what="rank 1 computes 2x"),
@@ -93,9 +101,10 @@ PAIRS = {p.name: p for p in (
     Pair("link", "train_ddp.py", LINK_MODEL, LINK_MODEL,
          (("--link-gbps", "4"), ("--link-scale", "4")), caps=("1gbit", "4gbit"),
          what="1 -> 4 Gbit/s inter-node link"),
-    Pair("pipeline", "train_pipeline.py", ("--heavy-stage", "1", "--heavy-factor", "3"),
-         ("--layers-per-stage", "4"), (("--balance-stages",),),
-         what="stages of 2 + 6 blocks -> 4 + 4"),
+    Pair("pipeline", "train_pipeline.py",
+         (*PIPELINE_MODEL, "--heavy-stage", "1", "--heavy-factor", "3"),
+         (*PIPELINE_MODEL, "--layers-per-stage", "4"), (("--balance-stages",),),
+         what="stages of 2 + 6 blocks -> 4 + 4", max_traced=6),
 )}
 QUICK = ("straggler", "data")
 
@@ -377,7 +386,9 @@ def run_pair(pair: Pair, repeat: int, out: Path, args: Any, help_text: str,
         res.skipped = "needs root, iproute2 and tc for the network namespaces"
         return res
     res.option = option
-    trace = f"{args.trace_from}-{args.steps - 2}"
+    last = args.steps - 2 if pair.max_traced is None else \
+        min(args.steps - 2, args.trace_from + pair.max_traced - 1)
+    trace = f"{args.trace_from}-{last}"
     order = (True, False) if repeat % 2 == 0 else (False, True)
     runs: dict[bool, Path] = {}
     try:
@@ -461,7 +472,7 @@ def main() -> None:
     else:
         print(f"{len(results)} pair run(s) in {doc['minutes']} min on {doc['cpus']} CPUs, load "
               f"{load0[0]:.1f} -> {doc['load_after'][0]:.1f}; {args.steps} steps, traced "
-              f"{doc['traced']}; results in {out}")
+              f"{doc['traced']} (fewer where a pair says); results in {out}")
         print("\n".join(result_lines(results) + summary_lines(summ)))
     sys.exit(0 if summ["projection"]["met"] and summ["replay"]["met"] else 1)
 

@@ -70,6 +70,29 @@ def test_a_stage_that_runs_send_recv_on_its_training_thread_keeps_its_compute(
     assert s["exposed_comm_ns"] == 620 * US  # the send (20) and the recv (600)
 
 
+def test_a_stage_whose_backward_runs_inside_its_async_sends_keeps_that_compute(
+        tmp_path: Path) -> None:
+    """A pipeline schedule issues its gradient sends asynchronously: each `gloo:send` span
+    runs from its issue to the wait at the end of the step, over the next micro-batches'
+    backward on the same thread. That backward is compute; only the thread's time in the
+    sends with no operator running (the wait at the end) is communication. A recv that held
+    the thread stays communication, whatever small operator runs in it."""
+    ev = [T.step(1, 1000, 1000),
+          _c10d(1010, "c10d::recv_", 1), T.gloo(1015, 100, 1024, tid=T.MAIN, name="gloo:recv"),
+          T.op(1040, 10),  # inside the blocking recv: not compute
+          T.op(1120, 200),  # micro-batch 1's backward
+          _c10d(1320, "c10d::send", 1), T.gloo(1325, 475, 1024, tid=T.MAIN, name="gloo:send"),
+          T.op(1330, 200),  # micro-batch 2's backward, while send 1 is in flight
+          _c10d(1530, "c10d::send", 1), T.gloo(1535, 265, 1024, tid=T.MAIN, name="gloo:send"),
+          T.op(1540, 200)]  # micro-batch 3's; both sends end at the wait (1800)
+    t = analyze_trace(T.write(tmp_path / "r0.json.gz", _gloo_trace(0, ev)))
+    [s] = t.steps.to_pylist()
+    assert s["compute_ns"] == 600 * US  # the three backward chunks (was 200: only the first)
+    # the recv (100) and the sends' time with no operator running: 1325-1330, 1530-1540 and
+    # the wait at the end, 1740-1800
+    assert s["exposed_comm_ns"] == (100 + 5 + 10 + 60) * US
+
+
 def test_waiting_in_a_functional_collective_inside_an_operator_is_not_compute(
         tmp_path: Path) -> None:
     ev = [T.step(1, 1000, 1000),

@@ -94,7 +94,7 @@ __all__ = [
     "write_parquet",
 ]
 
-FORMAT_VERSION = 9  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 10  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"

@@ -161,15 +161,31 @@ def device_activity(events: pa.Table) -> Activity:
         comm_m = kind_mask(events, CPU_COMM_KINDS)
         memory_m = np.zeros_like(comm_m)
         # Time in a data-loader fetch is data loading, and time in a communication call
-        # (`_c10d_functional::wait_tensor` inside an autograd function, a send/recv) is
-        # communication: neither is the model's compute, whatever operator encloses it.
-        away_m = kind_mask(events, (K.DATALOADER, K.COMM_OP, K.HOST_COMM)) & train
+        # (`_c10d_functional::wait_tensor` inside an autograd function, a blocking send/recv)
+        # is communication: neither is the model's compute, whatever operator encloses it.
+        away_m = kind_mask(events, (K.DATALOADER, K.COMM_OP)) & train
+        away_m |= _blocking(kind_mask(events, (K.HOST_COMM,)) & train, ts, end, compute_m)
         not_compute = iv.union(ts[away_m], end[away_m])
         compute_m &= ~_starts_inside(ts, not_compute)
         rows = np.flatnonzero(compute_m | comm_m)
         launch, linked = ts[rows], np.ones(rows.size, dtype=bool)
     role = np.where(comm_m[rows], COMM, np.where(memory_m[rows], MEMORY, COMPUTE)).astype(np.int8)
     return _activity(mode, rows, role, ts[rows], end[rows], launch, linked, not_compute)
+
+
+def _blocking(calls: np.ndarray, ts: np.ndarray, end: np.ndarray,
+              ops: np.ndarray) -> np.ndarray:
+    """Which of the training threads' Gloo calls (`calls`, a mask) held the thread: those in
+    which its operators (`ops`) ran for at most half the call. A send or recv issued
+    asynchronously (`isend`, a pipeline schedule's sends of gradients) is recorded from its
+    issue to its wait, while the thread runs the model (a stage's backward ran inside its own
+    sends: counted as communication, its compute read as half of what it was)."""
+    rows = np.flatnonzero(calls)
+    out = np.zeros_like(calls)
+    if rows.size:
+        busy = iv.covered_in(iv.union(ts[ops], end[ops]), ts[rows], end[rows])
+        out[rows[2 * busy <= end[rows] - ts[rows]]] = True
+    return out
 
 
 def _starts_inside(t: np.ndarray, spans: Intervals) -> np.ndarray:
