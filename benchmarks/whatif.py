@@ -89,9 +89,10 @@ class Pair:
 LINK_MODEL = ("--seq", "16", "--batch", "4", "--dim", "256", "--vocab", "8000")
 # blocks large enough that a stage's compute, not the schedule's per-micro-batch overhead, sets
 # the step (the default model's 2 + 6 and 4 + 4 stages measured the same: ~120 ms steps of
-# 1 ms blocks); here balancing measured 17% faster. At most 6 traced steps: the profiler's
-# cost on this event-heavy job grows with a long window (both runs' steps went from ~450 to
-# ~850 ms after 8-10 traced steps; untraced, 24 steps stay at 400-440 ms)
+# 1 ms blocks); here balancing measured 17% faster. At most 6 traced steps: on this
+# event-heavy job the profiler's cost grows with a long window when it records shapes (on for CPU
+# ranks): both runs' steps went from ~450 to ~850 ms after 8-10 traced steps (untraced, 24 steps
+# stay at 400-440 ms; with --record-shapes off, 12 traced steps stay level)
 PIPELINE_MODEL = ("--dim", "256", "--batch", "16")
 PAIRS = {p.name: p for p in (
     Pair("straggler", "train_ddp.py", ("--slow-rank", "1", "--slow-factor", "2"), (),
