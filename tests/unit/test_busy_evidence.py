@@ -351,3 +351,41 @@ def test_the_first_two_steps_have_no_cpu_time(tmp_path: Path) -> None:
     w.close(None)
     cpu = read_step_timeline(tmp_path).values("cpu_ns")
     assert 0 not in cpu and 1 not in cpu and 2 in cpu
+
+
+def _two_ranks(busy_excess: float, seed: int) -> tuple[np.ndarray, BusyTimes]:
+    """Two ranks beside a CPU hog: rank 1 arrives ~20 ms late on average but the hog's
+    preemptions (30 ms of scatter) make it alone last in only about two thirds of the 38
+    all-reduces; its CPU time per step is `busy_excess` above rank 0's (90 ms, 1% noise)."""
+    rng = np.random.default_rng(seed)
+    late = rng.normal(0, 30e6, size=(N_STEPS, 2))
+    late[:, 1] += 20e6
+    late -= late.min(1, keepdims=True)
+    busy = 90e6 * (1 + 0.01 * rng.standard_normal((2, N_STEPS)))
+    busy[1] *= 1 + busy_excess
+    return late, BusyTimes(KIND_CPU, [0, 1], np.arange(N_STEPS), busy,
+                           np.full((2, N_STEPS), 1e6))
+
+
+def test_extra_work_that_accounts_for_the_lead_in_every_step_confirms_shuffled_arrivals() -> None:
+    """A 1.3x compute straggler beside a CPU hog (2 ranks on 2 cores): the arrival order alone
+    cannot tell it from chance, but its own extra work, in every step and more than its lead,
+    can; extra work smaller than its lead cannot."""
+    late, busy = _two_ranks(0.35, seed=3)
+    before = _test(late, None)
+    assert before is not None and before.rank == 1 and before.p_value > 0.01
+    assert before.decision == "none" and not before.by_work
+    t = _test(late, busy)
+    assert t is not None and t.rank == 1 and t.decision == "confirmed" and t.by_work
+    assert t.busy is not None and t.busy.most == N_STEPS
+    assert t.busy.excess_ns >= t.median_lead_ns > t.need_lead_ns
+    sentence = t.as_test().sentence
+    assert "its own work accounts for its lateness" in sentence
+    assert f"in {N_STEPS} of {N_STEPS} steps" in sentence and "false-alarm rate" not in sentence
+    # 10% more work (9 ms a step, confirmed) does not account for a ~16 ms lead: the arrivals
+    # decide, as before
+    _, small = _two_ranks(0.10, seed=3)
+    weak = _test(late, small)
+    assert weak is not None and weak.decision == "none" and not weak.by_work
+    assert weak.busy is not None and weak.busy.confirmed
+    assert weak.busy.excess_ns < weak.median_lead_ns

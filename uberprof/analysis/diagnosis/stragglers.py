@@ -35,7 +35,9 @@
   scheduler delayed. For a candidate whose busy-time excess is confirmed: the frequency may
   also be shown by a second look (it arrived after most of the others, each instance's chance
   floor(n/2)/n; corrected x2 for the look), as the others' scatter on oversubscribed cores
-  takes many of its "alone last"; it needs no last-fraction, and its lead need not exceed twice
+  takes many of its "alone last", or by its work alone where that excess, in at least 90% of
+  the steps, is more than its median lead (`BusyExcess.accounts_for_lead`: with two ranks beside
+  a CPU hog, the second look is the first one again); it needs no last-fraction, and its lead need not exceed twice
   the others' spread (the spread rule tells chance from cause; its work is the cause): the
   lead's floors and the delay are still required. A candidate with no excess of its own time
   (busy time or data wait) is not named when the OS delayed it (a run-queue wait excess of at
@@ -172,6 +174,7 @@ class StragglerTest:
     fraction_waived: bool = False  # the last-fraction rule waived by a confirmed excess
     spread_waived: bool = False  # the lead's 2x-spread rule waived by a confirmed excess
     later_than_most: tuple[int, float] | None = None  # (instances, corrected p): second look
+    by_work: bool = False  # persistent by its busy-time excess, which accounts for its lead
     alone: dict[str, StragglerTest | None] = field(default_factory=dict)  # pooled: per basis
     overrules_pool: bool = False  # the larger basis alone decided: the pool said less
 
@@ -211,6 +214,12 @@ class StragglerTest:
             freq += (f", and it arrived after most of the others at {k} of {self.instances} "
                      f"(chance {chance_words(p)}, corrected for {self.ranks_tested} ranks and "
                      "this second look, taken because its work is confirmed in excess)")
+        if self.by_work and self.busy is not None:
+            b = self.busy
+            freq += (f"; but its own work accounts for its lateness whatever the order of "
+                     f"arrival: the most busy time of all ranks in {b.most} of {b.steps} "
+                     f"steps, {b.excess_ns / 1e6:.3g} ms a step over the others' median, more "
+                     f"than its median lead")
         waived = "; waived: its work is confirmed in excess" if self.fraction_waived else ""
         spread = (f"; twice the others' spread, {2 * self.noise_ns / 1e6:.3g} ms, waived: its "
                   "work is confirmed in excess" if self.spread_waived else
@@ -230,7 +239,8 @@ class StragglerTest:
                         + ("" if self.busy is None or self.busy.preempted is not None else
                            " (no record of its wait for a core to prove it)"))
         elif self.decision == "confirmed":
-            sentence = f"{freq}, below the {rate} false-alarm rate; {lead}{work}: confirmed"
+            below = "" if self.by_work else f", below the {rate} false-alarm rate"
+            sentence = f"{freq}{below}; {lead}{work}: confirmed"
         elif self.decision == "suspected":
             sentence = (f"{freq}: not below the {rate} false-alarm rate, too few instances "
                         f"to tell it from chance; {lead}{work}: suspected — to confirm, "
@@ -379,7 +389,8 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     per_step = _delay_per_step(step[mine], delay[mine], n_part[mine])
     delay_wall = sum(d for d, _ in per_step.values())
     share = delay_wall / wall_ns if wall_ns else None
-    frequent, maybe, later = _frequency(p_adj, more_work, iid, rank, late, n_part, r, len(ranks))
+    frequent, maybe, later, by_work = _frequency(p_adj, work, iid, rank, late, n_part, r,
+                                                 len(ranks))
     big_lead = med_lead >= need_lead
     big_share = share is None or share >= MATERIAL_SHARE
     need_frac = 0.5 + 0.5 / max(float(np.median(n_part[mine])), 2.0)
@@ -392,7 +403,7 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
         need_lead_ns=int(need_lead), delay_ns=int(delay_wall), share=share,
         decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
         need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived,
-        spread_waived=spread_waived, later_than_most=later)
+        spread_waived=spread_waived, later_than_most=later, by_work=by_work)
 
 
 def _candidate(ranks: list[int], rank: np.ndarray, late: np.ndarray, sole_last: np.ndarray,
@@ -427,11 +438,14 @@ def _needed_lead(median_step_ns: float | None, n_part: np.ndarray, noise: float,
     return need_lead, spread_waived
 
 
-def _frequency(p_adj: float, more_work: bool, iid: np.ndarray, rank: np.ndarray,
+def _frequency(p_adj: float, work: BusyExcess | None, iid: np.ndarray, rank: np.ndarray,
                late: np.ndarray, n_part: np.ndarray, r: int, n_ranks: int
-               ) -> tuple[bool, bool, tuple[int, float] | None]:
+               ) -> tuple[bool, bool, tuple[int, float] | None, bool]:
     """The frequency criterion: (confirmed, suspected, the second look's instances and
-    corrected chance, or None where it was not taken)."""
+    corrected chance, or None where it was not taken, and whether its work decided: a rank
+    whose own extra work accounts for its lead in nearly every step is persistent by that
+    test, whose chance is its own, however the arrivals were shuffled)."""
+    more_work = work is not None and work.confirmed
     frequent = p_adj <= FALSE_ALARM_RATE
     maybe = p_adj <= SUSPECT_RATE
     later: tuple[int, float] | None = None
@@ -443,7 +457,8 @@ def _frequency(p_adj: float, more_work: bool, iid: np.ndarray, rank: np.ndarray,
         later = (k_later, min(1.0, 2 * p_later * n_ranks))
         frequent = later[1] <= FALSE_ALARM_RATE
         maybe = maybe or later[1] <= SUSPECT_RATE
-    return frequent, maybe, later
+    by_work = not frequent and work is not None and work.accounts_for_lead
+    return frequent or by_work, maybe or by_work, later, by_work
 
 
 def _decision(frequent: bool, maybe: bool, material: bool,
