@@ -382,6 +382,7 @@ def test_extra_work_that_accounts_for_the_lead_in_every_step_confirms_shuffled_a
     sentence = t.as_test().sentence
     assert "its own work accounts for its lateness" in sentence
     assert f"in {N_STEPS} of {N_STEPS} steps" in sentence and "false-alarm rate" not in sentence
+    assert t.as_dict()["test"]["by_work"] is True
     # 10% more work (9 ms a step, confirmed) does not account for a ~16 ms lead: the arrivals
     # decide, as before
     _, small = _two_ranks(0.10, seed=3)
@@ -389,3 +390,4 @@ def test_extra_work_that_accounts_for_the_lead_in_every_step_confirms_shuffled_a
     assert weak is not None and weak.decision == "none" and not weak.by_work
     assert weak.busy is not None and weak.busy.confirmed
     assert weak.busy.excess_ns < weak.median_lead_ns
+    assert "by_work" not in weak.as_dict()["test"]

@@ -277,6 +277,8 @@ class StragglerTest:
             k, p = self.later_than_most
             doc["later_than_most"] = {"instances": k, "of": self.instances,
                                       "p_value": float(f"{p:.3g}")}
+        if self.by_work:
+            doc["by_work"] = True
         if self.alone:
             doc["bases"] = {b: None if t is None else t.brief() for b, t in self.alone.items()}
         return doc
