@@ -145,7 +145,7 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
 
     root = path.resolve()
     opened = _open_tables(root, out, workers, stage, err)
-    soon = app = None
+    soon = app = None  # both set where the app answers before the run is read
     if show is not None and baseline is None and not job_runs(root):
         soon = RunSoon(RunDir(root).run_id() or root.name)
         app = create_app(soon, auth=auth, allowed_hosts=allowed)
@@ -160,8 +160,8 @@ def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path |
         if soon is not None:
             soon.failed("nothing to show")
         return None
-    if soon is not None and app is not None:  # shown already: its pages wait for this
-        warm_overview(data, app.server.logger)
+    if soon is not None:  # shown already: its pages wait for this
+        warm_overview(data, app.server.logger)  # type: ignore[union-attr]
         soon.ready(data)
         return app, data
     with step("preparing the overview"):

@@ -36,10 +36,10 @@
   also be shown by a second look (it arrived after most of the others, each instance's chance
   floor(n/2)/n; corrected x2 for the look), as the others' scatter on oversubscribed cores
   takes many of its "alone last", or by its work alone where that excess, in at least 90% of
-  the steps, is more than its median lead (`BusyExcess.accounts_for_lead`: with two ranks beside
-  a CPU hog, the second look is the first one again); it needs no last-fraction, and its lead need not exceed twice
-  the others' spread (the spread rule tells chance from cause; its work is the cause): the
-  lead's floors and the delay are still required. A candidate with no excess of its own time
+  the steps, is more than its median lead (`BusyExcess.accounts_for_lead`: with two ranks
+  beside a CPU hog, the second look is the first one again); it needs no last-fraction, and
+  its lead need not exceed twice the others' spread (the spread rule tells chance from cause;
+  its work is the cause): the lead's floors and the delay are still required. A candidate with no excess of its own time
   (busy time or data wait) is not named when the OS delayed it (a run-queue wait excess of at
   least half its lead, or no record of it); one the OS did not delay waited off the CPU by its own doing
   (sleep, I/O, a lock) and is named, cause `off_cpu`.

@@ -39,8 +39,8 @@ from uberprof.analysis.tables.derived import (
 from uberprof.rundir import write_json_atomic
 
 __all__ = ["HEATMAP_COLS", "HEATMAP_ROWS", "Heatmap", "OverviewSummary", "RankSeries",
-           "heatmap_of_series", "in_rank_step_order", "read_overview", "series_of", "step_quantiles", "summarise",
-           "write_overview"]
+           "heatmap_of_series", "in_rank_step_order", "read_overview", "series_of",
+           "step_quantiles", "summarise", "write_overview"]
 
 # The overview's heat map: at most this many step columns and rank rows (binned beyond).
 HEATMAP_COLS = 250
