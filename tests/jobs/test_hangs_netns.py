@@ -1,6 +1,10 @@
 """A hang across two nodes (network namespaces, one rank each, one shared run directory): each
 node's watchdog captures its own rank and stops its part of the job; the report names the
-rank that never came back, on its node, and the collective the other waits in."""
+rank that never came back, on its node, and the collective the other waits in.
+
+Node a's timeout is longer than node b's, so node b captures first: its part of the job is
+stopped only once node a recorded the hang too (stopping rank 1 first broke rank 0's all-reduce,
+rank 0 died before its capture and was named the culprit, seen in CI)."""
 
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ pytestmark = [pytest.mark.netns, requires_netns]
 
 def test_a_hang_across_two_nodes(tmp_path: Path) -> None:
     def argv(a: Node, i: int) -> list[str]:
+        timeout = str(float(HANG_TIMEOUT) + (4 if i == 0 else 0))
         return [PY, "-m", "uberprof", "run", "--out", str(tmp_path), "--run-id", "hang2",
-                "--no-trace", "--hang-timeout", HANG_TIMEOUT, "--on-hang", "stop", "--",
+                "--no-trace", "--hang-timeout", timeout, "--on-hang", "stop", "--",
                 PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                 f"--master_addr={a.addr}", "--master_port=29655", f"--node_rank={i}",
                 str(FAULTY), "--fault", "sleep", "--rank", "1"]

@@ -54,10 +54,10 @@ def test_the_default_timeout_is_five_minutes_or_twenty_steps() -> None:
     assert derived_timeout(60.0) == 1200
 
 
-def _fake_rank(run: RunDir, node: str, rank: int, pid: int, steps: int) -> Path:
+def _fake_rank(run: RunDir, node: str, rank: int, pid: int, steps: int, world: int = 1) -> Path:
     d = run.claim_rank_dir(rank)
     write_json_atomic(d / "rank.json", {"rank": rank, "pid": pid, "node": node,
-                                        "world_size": 1, "start_ns": time.time_ns()})
+                                        "world_size": world, "start_ns": time.time_ns()})
     now = time.time_ns()
     with open(d / "steps.jsonl", "w") as f:
         f.writelines(json.dumps({"kind": "step", "step": s, "host_start_ns": now - 10**8,
@@ -101,6 +101,37 @@ def test_the_watchdog_waits_for_the_first_step_then_captures_and_stops(tmp_path:
         assert rec["timeout_s"] == 1.0 and rec["timeout_source"] == "option"
         assert rec["ranks"][0]["rank"] == 0 and rec["ranks"][0]["last_step"] == 0
         assert rec["ranks"][0]["alive"] is True and dog.stopped_job
+    finally:
+        proc.kill()
+
+
+def test_a_job_across_nodes_is_stopped_only_once_the_other_node_recorded_the_hang(
+        tmp_path: Path) -> None:
+    """Stopping this node's ranks breaks the other node's collectives; its ranks would die
+    before their watchdog captured them and read as the culprit (seen in CI). The node waits
+    for the other's record, then stops its part of the job; `alive` is as at detection."""
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_a, node_b = run.claim_node_dir("a"), run.claim_node_dir("b")
+    proc = _sleeper(run)
+    try:
+        _fake_rank(run, node_a.name, 0, proc.pid, steps=1, world=2)
+        _fake_rank(run, node_b.name, 1, 999_999_999, steps=1, world=2)
+        seen: list = []
+        dog = _watch(run, node_a, "stop", proc.pid, seen)
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen, "no hang detected"
+        time.sleep(1.5)
+        assert proc.poll() is None and not dog.stopped_job  # node b has not recorded yet
+        write_json_atomic(node_b / "hang.json", {"detected_ns": time.time_ns(), "ranks": []})
+        while proc.poll() is None and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+        dog.stop()
+        assert proc.returncode == -15 and dog.stopped_job
+        (doc,) = seen[0]["ranks"]
+        assert doc["alive"] is True and doc["exited_during_capture"] is False
     finally:
         proc.kill()
 

@@ -13,7 +13,12 @@ the hang timeout.
   for: a stopped one (SIGSTOP, a debugger) at once, one without even the signal's stacks after
   `unresponsive_bound` (a fifth of the hang timeout). `on_hang` is told (one line on stderr);
   with action `stop` the job is then ended (SIGTERM to its process group and the local ranks,
-  with SIGCONT to a stopped one, SIGKILL after `STOP_GRACE_S`).
+  with SIGCONT to a stopped one, SIGKILL after `STOP_GRACE_S`). A job spanning nodes is ended
+  only once the other nodes' watchdogs recorded the hang too (`_await_peers`): stopping this
+  node's ranks breaks the others' collectives (Gloo raises at once), and a rank that dies before
+  its own node captured it would lose its evidence and read as the culprit.
+- A rank's `alive` is as at detection; one that died while the watchdog waited for answers
+  (a peer node stopped its part of the job) is marked `exited_during_capture`.
 - If steps resume, the record gets `resumed_ns` and the watchdog arms again.
 
 It reads the run directory only (the same files `uberprof info` reads); each poll reads the
@@ -55,6 +60,9 @@ ANSWER_WAIT_S = 30.0
 # A rank that leaves even faulthandler's capture signal unanswered (the C handler runs as soon
 # as the rank runs at all) is given up on after a fifth of the hang timeout, at least this.
 UNRESPONSIVE_MIN_S = 2.0
+# Other nodes' watchdogs are not visible where each node writes its own run directory: then
+# ending this node's part of the job waits this long (and a poll) for them to capture theirs.
+PEER_GRACE_S = 10.0
 STOPPED_STATES = ("T", "t")  # /proc state: stopped by a signal, or by a tracer
 ACTIONS = ("report", "stop")
 HANG_EXIT_CODE = 124
@@ -92,6 +100,7 @@ class HangWatchdog:
         self.on_hang = on_hang
         self.poll_s = poll_s or (min(5.0, max(0.5, timeout_s / 10)) if timeout_s else 5.0)
         self.job_pid: int | None = None
+        self.world_size = 0  # the largest world any local rank reported
         self.stopped_job = False
         self.hangs = 0
         self._ranks: dict[Path, _Rank] = {}
@@ -152,6 +161,8 @@ class HangWatchdog:
         read again until it has one (else a hang would get nothing from it)."""
         for meta in list_ranks(self.run):
             known = self._ranks.get(meta.folder)
+            if meta.node == self.node_dir.name:
+                self.world_size = max(self.world_size, meta.world_size or 0)
             if (known is not None and known.armed) or meta.rank is None \
                     or meta.node != self.node_dir.name:
                 continue
@@ -205,7 +216,7 @@ class HangWatchdog:
             "last_progress_ns": progress_ns,
             "action": self.action,
             "resumed_ns": None,
-            "ranks": [self._rank_doc(r, request) for r in
+            "ranks": [self._rank_doc(r, request, r in alive) for r in
                       sorted(self._ranks.values(), key=lambda x: x.rank)],
         }
         self._write_record()
@@ -215,6 +226,7 @@ class HangWatchdog:
             except Exception as exc:  # noqa: BLE001
                 self.log.error("reporting a hang", exc)
         if self.action == "stop":
+            self._await_peers(progress_ns)
             self._stop_job(alive)
 
     def _request(self, r: _Rank, request: dict[str, Any]) -> None:
@@ -249,10 +261,13 @@ class HangWatchdog:
         except (OSError, ValueError, AttributeError):
             return False
 
-    def _rank_doc(self, r: _Rank, request: dict[str, Any]) -> dict[str, Any]:
+    def _rank_doc(self, r: _Rank, request: dict[str, Any], alive: bool) -> dict[str, Any]:
+        """The rank in the node's record; `alive` as at detection (a rank dead by then is a
+        suspect, one that died during the capture most likely a victim of a peer's stop)."""
         stacks = r.folder / STACKS_FILE
-        return {"rank": r.rank, "pid": r.pid, "alive": _alive(r.pid), "last_step": r.last_step,
-                "last_step_end_ns": r.last_end_ns,
+        return {"rank": r.rank, "pid": r.pid, "alive": alive,
+                "exited_during_capture": alive and not _alive(r.pid),
+                "last_step": r.last_step, "last_step_end_ns": r.last_end_ns,
                 "stacks": stacks.exists() and stacks.stat().st_size > 0,
                 "answered": self._answered(r, request), "process_state": _state(r.pid),
                 "folder": r.folder.name}
@@ -262,6 +277,28 @@ class HangWatchdog:
             write_json_atomic(self.node_dir / NODE_HANG_FILE, self._record)
         except OSError as exc:
             self.log.error("writing hang.json", exc)
+
+    def _await_peers(self, progress_ns: int) -> None:
+        """Before ending a job that spans nodes, wait until every other node seen in the run
+        directory recorded this hang (a record detected after this node's last progress), at
+        most a poll and `ANSWER_WAIT_S`; where some ranks of the world are not visible (each
+        node writes its own directory), `PEER_GRACE_S` and a poll. One node alone: no wait."""
+        if self.world_size <= len({r.rank for r in self._ranks.values()}):
+            return
+        metas = [m for m in list_ranks(self.run) if m.rank is not None]
+        peers = {m.node for m in metas if m.node and m.node != self.node_dir.name}
+        if len({m.rank for m in metas}) < self.world_size:
+            self._stop.wait(self.poll_s + PEER_GRACE_S)
+            return
+        deadline = time.monotonic() + self.poll_s + ANSWER_WAIT_S
+        root = self.node_dir.parent
+        while peers and time.monotonic() < deadline and not self._stop.is_set():
+            peers = {n for n in peers if not _recorded_after(root / n / NODE_HANG_FILE,
+                                                               progress_ns)}
+            if peers:
+                time.sleep(0.2)
+        if peers:
+            self.log.write(f"ending the job without the hang records of {sorted(peers)}")
 
     def _stop_job(self, ranks: list[_Rank]) -> None:
         """End the job: SIGTERM to its group (torchrun then stops its workers) and to the local
@@ -285,6 +322,16 @@ def unresponsive_bound(timeout_s: float) -> float:
     """How long a rank may leave even the capture signal unanswered before the watchdog gives
     up on it: a fifth of the hang timeout, within [UNRESPONSIVE_MIN_S, ANSWER_WAIT_S]."""
     return min(ANSWER_WAIT_S, max(UNRESPONSIVE_MIN_S, timeout_s / 5))
+
+
+def _recorded_after(path: Path, progress_ns: int) -> bool:
+    """A node's hang record exists and was detected after `progress_ns` (this hang, not an
+    earlier one that resumed)."""
+    try:
+        detected = read_json(path).get("detected_ns")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(detected, int) and detected > progress_ns
 
 
 def _frozen(r: _Rank, waited_s: float, bound_s: float) -> bool:

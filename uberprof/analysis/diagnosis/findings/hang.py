@@ -165,7 +165,9 @@ def _hang_rank_docs(ranks: dict[int, RankEvidence], state: dict[int, dict[str, A
                      "answered": state[r].get("answered"),
                      "last_collective": _last_known(ev, ranks)}
         rank_docs.append({
-            "rank": r, "alive": state.get(r, {}).get("alive"), "last_step": ev.last_step,
+            "rank": r, "alive": state.get(r, {}).get("alive"),
+            "exited_during_capture": state.get(r, {}).get("exited_during_capture"),
+            "last_step": ev.last_step,
             "last_step_end_ns": ev.last_step_end_ns, **extra,
             "state": "frozen" if r in frozen else "stuck" if r in stuck else
             "departed" if r in departed else "waiting" if pending else "unknown",
@@ -205,7 +207,11 @@ def _hang_title(ranks: dict[int, RankEvidence], rec: dict[str, Any], fr: dict[st
     if fr["mismatches"]:
         parts.append(mismatch_text(fr["mismatches"][0]))
     resumed = rec.get("resumed_ns")
-    return "Hang: " + ("; ".join(parts) if parts else "no rank finished a step") + \
+    if not parts:
+        timeout = rec.get("timeout_s")
+        parts.append("no rank finished a step" + (f" for {timeout:g} s" if isinstance(
+            timeout, (int, float)) else "") + "; the evidence names no rank")
+    return "Hang: " + "; ".join(parts) + \
         (f" (resumed after {(resumed - rec['last_progress_ns']) / 1e9:.0f} s)"
          if isinstance(resumed, int) and isinstance(rec.get("last_progress_ns"), int) else "")
 
