@@ -172,3 +172,47 @@ def test_a_rank_last_every_time_by_a_few_percent_of_the_wall_time_is_no_verdict(
     assert "5%" in small.as_test().sentence
     big = test_with(7.0)
     assert big.share >= 0.05 and big.decision == "confirmed"
+
+
+def _two_ranks(traced_lead_ms: tuple[float, float], untraced_last: int, lead_ms: float,
+               seed: int) -> tuple[ArrivalBasis, ArrivalBasis]:
+    """Two ranks, 33 ms steps: 20 traced all-reduces where rank 1 is last every time by a lead
+    drawn from `traced_lead_ms`, and 38 untraced ones where it is last at `untraced_last`
+    (by `lead_ms`, scattered as much) and first in the others."""
+    rng = np.random.default_rng(seed)
+    step = 33 * MS
+    traced = np.zeros((20, 2))
+    traced[:, 1] = rng.uniform(*traced_lead_ms, size=20) * MS
+    fr = np.zeros((38, 2))
+    lead = np.abs(rng.normal(lead_ms, lead_ms, size=38)) * MS
+    fr[:untraced_last, 1] = lead[:untraced_last]
+    fr[untraced_last:, 0] = lead[untraced_last:]
+    return (ArrivalBasis(BASIS_TRACES, _lateness(traced, np.repeat(np.arange(4, 14), 2)), step,
+                         10 * step),
+            ArrivalBasis(BASIS_FLIGHT_RECORDER,
+                         _lateness(fr, np.repeat(np.arange(14, 33), 2)), step, 19 * step))
+
+
+def test_bases_that_disagree_on_a_lead_within_its_spread_give_a_suspect_not_a_verdict() -> None:
+    """Healthy 2-rank runs (benchmarks/accuracy.py) were confirmed stragglers: the traced window
+    the profiler skewed had one rank last at 20 of 20, the Flight Recorder only at 27 of 38
+    (none alone); pooled, 81% last with a 2 ms lead inside its own 3.6 ms spread, adding 9% of
+    the wall time. Such a verdict is suspected and says why; a lead well clear of its spread
+    or a large delay stays confirmed though a basis disagrees."""
+    thin = combined_straggler_test(list(_two_ranks((0.2, 4.5), 27, 2.0, seed=1)), 33 * MS)[0]
+    assert thin is not None and thin.rank == 1
+    assert thin.alone[BASIS_TRACES].decision == "confirmed"
+    assert thin.alone[BASIS_FLIGHT_RECORDER].decision == "none"
+    assert thin.median_lead_ns < 2 * thin.noise_ns and thin.share < 0.15
+    assert thin.decision == "suspected" and thin.disputed
+    assert thin.test_doc()["disputed"] is True
+    assert "suspected, not confirmed: its bases disagree" in thin.as_test().sentence
+    s = find_straggler(_two_ranks((0.2, 4.5), 27, 2.0, seed=1)[0].lateness, 33 * MS, 330 * MS,
+                       test=thin)
+    assert s is not None and s.confidence == "suspected"
+
+    clear = combined_straggler_test(list(_two_ranks((9.0, 11.0), 27, 10.0, seed=1)),
+                                    33 * MS)[0]
+    assert clear is not None and clear.rank == 1 and clear.share >= 0.15
+    assert clear.alone[BASIS_FLIGHT_RECORDER].decision == "none"  # disagrees here too
+    assert clear.decision == "confirmed" and not clear.disputed
