@@ -109,14 +109,17 @@ def test_a_job_across_nodes_is_stopped_only_once_the_other_node_recorded_the_han
         tmp_path: Path) -> None:
     """Stopping this node's ranks breaks the other node's collectives; its ranks would die
     before their watchdog captured them and read as the culprit (seen in CI). The node waits
-    for the other's record, then stops its part of the job; `alive` is as at detection."""
+    for the other's record (not for a node whose part already ended: it records no hang),
+    then stops its part of the job; `alive` is as at detection."""
     run = RunDir(tmp_path / "run")
     run.create("r")
-    node_a, node_b = run.claim_node_dir("a"), run.claim_node_dir("b")
+    node_a, node_b, node_c = (run.claim_node_dir(n) for n in "abc")
     proc = _sleeper(run)
     try:
-        _fake_rank(run, node_a.name, 0, proc.pid, steps=1, world=2)
-        _fake_rank(run, node_b.name, 1, 999_999_999, steps=1, world=2)
+        _fake_rank(run, node_a.name, 0, proc.pid, steps=1, world=3)
+        _fake_rank(run, node_b.name, 1, 999_999_999, steps=1, world=3)
+        _fake_rank(run, node_c.name, 2, 999_999_998, steps=1, world=3)
+        write_json_atomic(node_c / "node.json", {"end_ns": time.time_ns(), "exit_code": 1})
         seen: list = []
         dog = _watch(run, node_a, "stop", proc.pid, seen)
         deadline = time.monotonic() + 20

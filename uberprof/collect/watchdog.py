@@ -41,7 +41,7 @@ from typing import Any
 
 from uberprof.collect.rank.capture import SIGNAL
 from uberprof.collect.safety import AgentLog
-from uberprof.rundir import STEPS_FILE, RunDir, list_ranks, write_json_atomic
+from uberprof.rundir import NODE_FILE, STEPS_FILE, RunDir, list_ranks, write_json_atomic
 from uberprof.rundir.layout import (
     HANG_REQUEST_FILE,
     NODE_HANG_FILE,
@@ -280,7 +280,8 @@ class HangWatchdog:
 
     def _await_peers(self, progress_ns: int) -> None:
         """Before ending a job that spans nodes, wait until every other node seen in the run
-        directory recorded this hang (a record detected after this node's last progress), at
+        directory recorded this hang (a record detected after this node's last progress) or
+        ended its part (a peer that crashed records no hang), at
         most a poll and `ANSWER_WAIT_S`; where some ranks of the world are not visible (each
         node writes its own directory), `PEER_GRACE_S` and a poll. One node alone: no wait."""
         if self.world_size <= len({r.rank for r in self._ranks.values()}):
@@ -294,7 +295,8 @@ class HangWatchdog:
         root = self.node_dir.parent
         while peers and time.monotonic() < deadline and not self._stop.is_set():
             peers = {n for n in peers if not _recorded_after(root / n / NODE_HANG_FILE,
-                                                               progress_ns)}
+                                                               progress_ns)
+                     and not _ended(root / n / NODE_FILE)}
             if peers:
                 time.sleep(0.2)
         if peers:
@@ -332,6 +334,14 @@ def _recorded_after(path: Path, progress_ns: int) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(detected, int) and detected > progress_ns
+
+
+def _ended(path: Path) -> bool:
+    """A node's `node.json` says its part of the job ended (`end_ns`)."""
+    try:
+        return isinstance(read_json(path).get("end_ns"), int)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _frozen(r: _Rank, waited_s: float, bound_s: float) -> bool:
