@@ -289,6 +289,25 @@ def test_a_stopped_rank_is_given_up_on_at_once_and_named_frozen(tmp_path: Path) 
         proc.kill()
 
 
+def test_a_hang_whose_evidence_names_no_rank_says_so_with_its_timeout(tmp_path: Path) -> None:
+    """Two live ranks that answered, with equal steps and no stacks or Flight Recorder: no
+    rank can be named. The title says that and how long no step finished, not a bare "no rank
+    finished a step" (which read as if none ever had)."""
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node = run.claim_node_dir("n0")
+    for r in (0, 1):
+        _fake_rank(run, node.name, r, 10**6 + r, steps=3)
+    write_json_atomic(node / "hang.json", {
+        "detected_ns": time.time_ns(), "timeout_s": 15.0, "last_progress_ns": time.time_ns(),
+        "action": "report", "resumed_ns": None,
+        "ranks": [{"rank": r, "alive": True, "answered": True, "stacks": False,
+                   "process_state": "S", "last_step": 2} for r in (0, 1)]})
+    (hang,) = [f for f in failure_findings(run.root) if f.kind == "hang"]
+    assert hang.ranks == [] and hang.cause == "unknown"
+    assert hang.title == "Hang: no rank finished a step for 15 s; the evidence names no rank"
+
+
 def test_the_first_failure_is_a_cause_even_when_a_victim_raised_earlier(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     run.create("r")
