@@ -281,9 +281,9 @@ class HangWatchdog:
     def _await_peers(self, progress_ns: int) -> None:
         """Before ending a job that spans nodes, wait until every other node seen in the run
         directory recorded this hang (a record detected after this node's last progress) or
-        ended its part (a peer that crashed records no hang), at
-        most a poll and `ANSWER_WAIT_S`; where some ranks of the world are not visible (each
-        node writes its own directory), `PEER_GRACE_S` and a poll. One node alone: no wait."""
+        ended its part (a peer that crashed records no hang), at most a poll and
+        `ANSWER_WAIT_S`; where some ranks of the world are not visible (each node writes its
+        own directory), `PEER_GRACE_S` and a poll. One node alone: no wait."""
         if self.world_size <= len({r.rank for r in self._ranks.values()}):
             return
         metas = [m for m in list_ranks(self.run) if m.rank is not None]
