@@ -28,7 +28,8 @@
   stronger one. Each basis's own test is kept beside the verdict (`alone`) and said where
   it decides otherwise. A run with one basis (no Flight Recorder: older runs, plain
   traces) is tested on it. Where the bases *disagree* (one alone clears the candidate or
-  names another rank) and its lead is within twice the others' spread, the evidence is thin:
+  names another rank) and its lead is within twice the others' spread (with two ranks, its
+  own lead's spread), the evidence is thin:
   the verdict is at most suspected (`disputed`) unless the delay is large (`DISPUTED_SHARE`)
   or its own work accounts for its lead. Healthy 2-rank runs were confirmed this way (a
   traced window the profiler skewed: last at 20 of 20 there, 27 of 38 elsewhere; leads of
@@ -47,8 +48,7 @@
   its lead need not exceed twice the others' spread (the spread rule tells chance from cause;
   its work is the cause): the lead's floors and the delay are still required (a rank
   persistent by its work meets the floors by its excess: `lead_by_work`). A candidate with no
-  excess of its own time
-  (busy time or data wait) is not named when the OS delayed it (a run-queue wait excess of at
+  excess of its own time (busy time or data wait) is not named when the OS delayed it (a run-queue wait excess of at
   least half its lead, or no record of it); one the OS did not delay waited off the CPU by its own doing
   (sleep, I/O, a lock) and is named, cause `off_cpu`.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
