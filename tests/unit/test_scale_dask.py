@@ -266,3 +266,25 @@ def test_map_calls_runs_each_call_in_a_worker_and_survives_one_that_dies() -> No
     assert isinstance(got[3], RuntimeError) and "exit code 7" in str(got[3])
     pids = {v for k, v in got.items() if k != 3}
     assert os.getpid() not in pids and len(pids) >= 1
+
+
+def test_a_reduce_whose_rank_parts_are_made_on_workers_writes_the_tables_made_in_one_process(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from uberprof.analysis.tables import reduce
+
+    sent: list[int] = []
+    on_workers = reduce.map_calls
+
+    def counted(fn: Any, arg_lists: Any, workers: int, executor: Any = None) -> Any:
+        sent.extend(args[1] for args in arg_lists)
+        return on_workers(fn, arg_lists, workers, executor)
+
+    monkeypatch.setattr(reduce, "map_calls", counted)
+    monkeypatch.setattr(reduce, "PARALLEL_RANKS", 2)  # the 8 ranks' parts go to the workers
+    one = analyze(run, out=tmp_path / "one", workers=1)
+    assert sent == []  # one worker: made here
+    two = analyze(run, out=tmp_path / "two", workers=2)
+    assert sent == list(range(8))  # every rank's part sent to the (forked) workers
+    assert two.summary == one.summary and two.ranks == one.ranks
+    assert [r["rank"] for r in two.ranks] == list(range(8))  # written in rank order
+    assert_same(tmp_path / "one", tmp_path / "two")

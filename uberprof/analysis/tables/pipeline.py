@@ -122,7 +122,7 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
 
     # Read back when no input changed and the last reduce read the same (not after --force).
     result = reduce_run(source, derived, entries, manifest["timelines"],
-                        reuse=not force and not todo)
+                        reuse=not force and not todo, workers=workers, executor=executor)
     result.analysed = total
     if notice:
         result.notices.append(notice)

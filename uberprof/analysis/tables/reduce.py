@@ -14,20 +14,21 @@ about the folders are the analysis' problems too.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof._version import __version__
-from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
     COLLECTIVES_FILE,
     FORMAT_VERSION,
@@ -42,18 +43,14 @@ from uberprof.analysis.tables.derived import (
     Analysis,
     ParquetOut,
     read_input_summary,
-    read_input_table,
-    read_timeline,
     read_whole,
 )
 from uberprof.analysis.tables.overview import write_overview
+from uberprof.analysis.tables.pool import map_calls
+from uberprof.analysis.tables.reduce_rank import PER_TRACE, Item, RankPart, rank_part
 from uberprof.analysis.tables.schemas import (
     BREAKDOWN_FIELDS,
     RANK_SCHEMA,
-    RUN_COLLECTIVE_SCHEMA,
-    RUN_MEMORY_TIMELINE_SCHEMA,
-    RUN_MODULE_SCHEMA,
-    RUN_OPERATOR_SCHEMA,
     RUN_STEP_SCHEMA,
 )
 from uberprof.ingest.discover import Source, TraceInput
@@ -69,7 +66,6 @@ from uberprof.rundir import (
     shown,
     write_json_atomic,
 )
-from uberprof.rundir import STEPS_FILE as STEPS_JSONL
 from uberprof.rundir.damage import damage_problems
 
 __all__ = ["reduce_run"]
@@ -79,16 +75,18 @@ _WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, MODULES_FILE, MEMORY_FI
 
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
-               timelines: dict[str, dict[str, Any]], reuse: bool = True) -> Analysis:
+               timelines: dict[str, dict[str, Any]], reuse: bool = True,
+               workers: int | None = None, executor: Executor | None = None) -> Analysis:
     """Decide each trace's rank, then write the run-level tables and summary.json from the
     inputs' and timelines' tables (`entries`, `timelines`: the manifest's sections); or, with
-    `reuse`, read them back when none of that changed since the last time."""
+    `reuse`, read them back when none of that changed since the last time. `workers` and
+    `executor` as for the map: a big run's per-rank parts are made there."""
     key = _reduce_key(source, entries, timelines)
     done = _reduced_before(source, derived, entries, key) if reuse else None
     if done is not None:
         done.timelines = timelines
         return done
-    result = _reduce(source, derived, entries, timelines, key)
+    result = _reduce(source, derived, entries, timelines, key, workers, executor)
     result.timelines = timelines
     rank_of = {rel: e.get("rank") for rel, e in result.inputs.items()}
     try:
@@ -139,12 +137,12 @@ def _reduced_before(source: Source, derived: Path, entries: dict[str, dict[str, 
                     inputs=inputs)
 
 
-Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entry, summary
 Ranked = tuple[int, TraceInput, dict[str, Any], dict[str, Any]]  # rank, then as Item
 
 
 def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
-            timelines: dict[str, dict[str, Any]], key: str = "") -> Analysis:
+            timelines: dict[str, dict[str, Any]], key: str = "", workers: int | None = None,
+            executor: Executor | None = None) -> Analysis:
     """The reduce, in stages: choose the rank folders to read (one per rank), read the inputs'
     summaries, decide each trace's rank and drop duplicates, write the per-rank steps and
     collectives, then the rank table and the summary document. Every stage adds its problems
@@ -158,7 +156,8 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
     left_out = {rd for _, rd in source.rank_dirs if rd not in read}
     loaded = _read_summaries(source, derived, entries, left_out, problems)
     kept = _drop_duplicates(_assign_ranks(source, loaded, problems), problems)
-    rank_rows = _write_rank_steps(source, derived, timelines, kept, left_out, metas, problems)
+    rank_rows = _write_rank_steps(source, derived, timelines, kept, left_out, metas, problems,
+                                  workers, executor)
     write_overview(derived, key)  # what the dashboard's overview draws, from these steps
     if not rank_rows and not problems:
         problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
@@ -242,52 +241,46 @@ def _assign_ranks(source: Source, loaded: list[Item], problems: list[str]) -> li
 
 def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[str, Any]],
                       kept: list[Ranked], left_out: set[Path], metas: list[RankMeta],
-                      problems: list[str]) -> list[dict[str, Any]]:
+                      problems: list[str], workers: int | None = None,
+                      executor: Executor | None = None) -> list[dict[str, Any]]:
     """Stage 3: the run's steps, collectives and operators tables (through ParquetOut), one
-    rank at a time: its step rows, collectives and operators are written out before the next
-    rank's are read, so memory holds one rank's tables (plus one small row per rank), however
-    many. A rank counts with a trace or a step timeline. Returns the ranks' rows (RANK_SCHEMA);
-    cut-off timelines and ranks without a trace go to `problems`."""
+    rank at a time in rank order: each rank's part (`reduce_rank.rank_part`: its step rows,
+    collectives, operators, modules and memory rows) is written out as it comes, so memory
+    holds a few ranks' tables (plus one small row per rank), however many. A rank counts with
+    a trace or a step timeline. Returns the ranks' rows (RANK_SCHEMA); cut-off timelines and
+    ranks without a trace go to `problems`."""
     ranks_info: dict[int, list[Item]] = {}
     for rank, inp, e, s in kept:
         ranks_info.setdefault(rank, []).append((inp, e, s))
-    dirs: dict[int, list[Path]] = {}
+    dirs: dict[int, list[tuple[Path, dict[str, Any] | None]]] = {}
     for rank, rd in source.rank_dirs:
         if rank is not None and rd not in left_out:
-            dirs.setdefault(rank, []).append(rd)
+            dirs.setdefault(rank, []).append(
+                (rd, timelines.get(rd.relative_to(source.root).as_posix())))
+    calls = [(derived, rank, ranks_info.get(rank, []), dirs.get(rank, []))
+             for rank in sorted(set(ranks_info) | set(dirs))]
     cut: dict[Path, str] = {}  # step timelines cut off or unreadable
     rank_rows: list[dict[str, Any]] = []
     untraced: list[int] = []
     last_step: int | None = None  # the last step any rank finished or traced
     with ParquetOut(derived / STEPS_FILE, RUN_STEP_SCHEMA) as steps_out, \
-            ParquetOut(derived / COLLECTIVES_FILE, RUN_COLLECTIVE_SCHEMA) as coll_out, \
-            ParquetOut(derived / OPERATORS_FILE, RUN_OPERATOR_SCHEMA) as ops_out, \
-            ParquetOut(derived / MODULES_FILE, RUN_MODULE_SCHEMA) as mod_out, \
-            ParquetOut(derived / MEMORY_FILE, RUN_MEMORY_TIMELINE_SCHEMA) as mem_out:
-        for rank in sorted(set(ranks_info) | set(dirs)):
-            items = ranks_info.get(rank, [])
-            timeline = _timeline(source.root, derived, timelines, dirs.get(rank, []), cut)
-            if not items and timeline is None:
+            contextlib.ExitStack() as stack:
+        outs = {name: stack.enter_context(ParquetOut(derived / name, schema))
+                for name, schema, _ in PER_TRACE}
+        for part in _in_rank_order(calls, workers, executor):
+            cut.update(part.notes)
+            if part.steps is None or part.row is None:
                 continue
-            rows = _steps(derived, rank, items, timeline)
-            steps_out.write(rows)
-            if rows.num_rows:
-                top = pc.max(rows.column("step")).as_py()
+            steps_out.write(part.steps)
+            if part.steps.num_rows:
+                top = pc.max(part.steps.column("step")).as_py()
                 last_step = top if last_step is None else max(last_step, top)
-            for part in _per_trace(derived, rank, items, COLLECTIVES_FILE,
-                                   RUN_COLLECTIVE_SCHEMA):
-                coll_out.write(part)
-            for part in _per_trace(derived, rank, items, OPERATORS_FILE, RUN_OPERATOR_SCHEMA):
-                ops_out.write(part)
-            for part in _per_trace(derived, rank, items, MODULES_FILE, RUN_MODULE_SCHEMA,
-                                   optional=True):
-                mod_out.write(part)
-            for part in _per_trace(derived, rank, items, MEMORY_FILE,
-                                   RUN_MEMORY_TIMELINE_SCHEMA, optional=True):
-                mem_out.write(part)
-            rank_rows.append(_rank_row(rank, items, rows))
-            if not items:
-                untraced.append(rank)
+            for name, tables in part.per_trace.items():
+                for t in tables:
+                    outs[name].write(t)
+            rank_rows.append(part.row)
+            if not part.traced:
+                untraced.append(part.rank)
     problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
     if untraced and not source.inputs:
         why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
@@ -297,6 +290,32 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
         problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
                         "step times only")
     return rank_rows
+
+
+# From this many ranks the ranks' parts are made on the analysis workers: at ~11 ms a rank
+# (512 ranks x 10,000 steps), forking two workers (~20 ms) pays for itself well below it.
+PARALLEL_RANKS = 32
+
+
+def _in_rank_order(calls: list[tuple[Any, ...]], workers: int | None,
+                   executor: Executor | None) -> Iterator[RankPart]:
+    """`rank_part(*call)` of every call, in the calls' order: in this process for a small run,
+    else on the analysis workers (forked, or `executor`'s), each part written out as soon as
+    the ones before it are (a worker that died fails the reduce, as it would here)."""
+    if executor is None and (len(calls) < PARALLEL_RANKS or workers == 1):
+        for call in calls:
+            yield rank_part(*call)
+        return
+    n = workers or min(os.cpu_count() or 1, len(calls))
+    waiting: dict[int, RankPart] = {}
+    upto = 0
+    for i, part in map_calls(rank_part, calls, n, executor):
+        if isinstance(part, RuntimeError):  # the process making it died
+            raise OSError(f"the reduce's part of rank {calls[i][1]}: {part}")
+        waiting[i] = part
+        while upto in waiting:
+            yield waiting.pop(upto)
+            upto += 1
 
 
 def _write_ranks(derived: Path, rank_rows: list[dict[str, Any]]) -> None:
@@ -396,115 +415,3 @@ def _drop_duplicates(assigned: list[Ranked], problems: list[str]) -> list[Ranked
         kept.append((rank, inp, e, s))
         of_rank.setdefault(rank, []).append(kept[-1])
     return kept
-
-
-def _timeline(root: Path, derived: Path, timelines: dict[str, dict[str, Any]],
-              rank_dirs: list[Path], notes: dict[Path, str]) -> pa.Table | None:
-    """One rank's step timeline (the tables `timeline_table` made of the steps.jsonl of its
-    folders; a step in two folders: the first folder's), one row per step; None when it has
-    none. Cut-off or unreadable timelines go to `notes`."""
-    parts = []
-    for rd in rank_dirs:
-        e = timelines.get(rd.relative_to(root).as_posix())
-        if e is None:  # no steps.jsonl
-            continue
-        if e.get("status") != "ok":
-            notes[rd] = e.get("message") or f"{rd / STEPS_JSONL}: could not be read"
-            continue
-        if e.get("truncated"):
-            notes[rd] = (f"{rd / STEPS_JSONL}: ends with a cut-off line; "
-                         f"{e.get('rows')} whole steps kept")
-        if e.get("skipped"):
-            notes[rd] = "; ".join(filter(None, (notes.get(rd), e["skipped"])))
-        if e.get("rows"):
-            parts.append(read_timeline(derived, e["key"]))
-    return _first_per_step(pa.concat_tables(parts)) if parts else None
-
-
-def _first_per_step(t: pa.Table) -> pa.Table:
-    """The first row of each step, in order of first appearance."""
-    _, first = np.unique(t.column("step").to_numpy(), return_index=True)
-    return t.take(np.sort(first)) if len(first) < t.num_rows else t
-
-
-def _steps(derived: Path, rank: int, items: list[Item], timeline: pa.Table | None) -> pa.Table:
-    """RUN_STEP_SCHEMA rows of one rank, by step: its traces' steps (a step in two traces: the
-    first's), with the host window of its step timeline where that has both ends; and the
-    timeline's other steps (untraced: host window and data wait only)."""
-    parts = []
-    for inp, e, _ in items:
-        t = read_input_table(derived, e["key"], STEPS_FILE)
-        parts.append(_conform(t.append_column("trace", pa.array([inp.rel] * t.num_rows,
-                                                                pa.string())), rank, True))
-    steps = _first_per_step(pa.concat_tables(parts)) if parts else \
-        RUN_STEP_SCHEMA.empty_table()
-    if timeline is not None and timeline.num_rows:
-        window = timeline.take(pc.index_in(steps.column("step"), value_set=timeline["step"]))
-        both = pc.and_(window.column("host_start_ns").is_valid(),
-                       window.column("host_end_ns").is_valid())
-        for col in ("host_start_ns", "host_end_ns"):  # the timeline's window replaces the trace's
-            steps = steps.set_column(steps.schema.get_field_index(col), col, pc.if_else(
-                both, window.column(col), steps.column(col)))
-        rest = timeline.filter(pc.invert(pc.is_in(timeline["step"], value_set=steps["step"])))
-        steps = pa.concat_tables([steps, _conform(
-            rest.select(["step", "host_start_ns", "host_end_ns", "data_wait_ns"]), rank, False)])
-    steps = steps.sort_by("step")
-    return steps.set_column(RUN_STEP_SCHEMA.get_field_index("step_time_ns"), "step_time_ns",
-                            pc.subtract(steps.column("host_end_ns"),
-                                        steps.column("host_start_ns")))
-
-
-def _conform(t: pa.Table, rank: int, traced: bool) -> pa.Table:
-    """`t` as RUN_STEP_SCHEMA rows of `rank` (columns it lacks: null)."""
-    n = t.num_rows
-    given = {"rank": pa.array(np.full(n, rank), pa.int64()),
-             "traced": pa.array(np.full(n, traced), pa.bool_())}
-    return pa.table([given[f.name] if f.name in given else
-                     t.column(f.name).cast(f.type) if f.name in t.column_names else
-                     pa.nulls(n, f.type) for f in RUN_STEP_SCHEMA], schema=RUN_STEP_SCHEMA)
-
-
-def _per_trace(derived: Path, rank: int, items: list[Item], name: str,
-               schema: pa.Schema, optional: bool = False) -> list[pa.Table]:
-    """One rank's rows of the per-input table `name` (collectives, operators, modules, memory),
-    one table per trace, with its rank and trace columns: the run-level table's rows
-    (`schema`). An `optional` table an input lacks gives no rows."""
-    parts = []
-    for inp, e, _ in items:
-        try:
-            t = read_input_table(derived, e["key"], name)
-        except FileNotFoundError:
-            if not optional:
-                raise
-            continue
-        t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank), pa.int64()))
-        t = t.append_column("trace", pa.array([inp.rel] * t.num_rows, pa.string()))
-        parts.append(t.cast(schema))
-    return parts
-
-
-def _rank_row(rank: int, items: list[Item], steps: pa.Table) -> dict[str, Any]:
-    """One rank's RANK_SCHEMA row: its traces' breakdown summed, with its shares (none for a
-    rank known from its step timeline only), and the median and p90 of its step times."""
-    totals: dict[str, int | None] = {f: sum(int(s[f]) for _, _, s in items)
-                                      for f in BREAKDOWN_FIELDS}
-    pct = M.percentages(*(totals[f] for f in BREAKDOWN_FIELDS))  # type: ignore[arg-type]
-    if not items:  # known from the step timeline only
-        totals = dict.fromkeys(totals)
-        pct = dict.fromkeys(pct)
-    times = steps.column("step_time_ns").drop_null().to_numpy().astype(np.float64)
-    modes = {s["mode"] for _, _, s in items}
-    return {
-        "rank": rank,
-        "mode": ("device" if "device" in modes else "cpu") if items else None,
-        "device_type": next((s["device_type"] for _, _, s in items
-                             if s["mode"] == "device"), "cpu" if items else None),
-        "host": next((s["host"] for _, _, s in items if s.get("host")), None),
-        "traces": len(items),
-        "steps": steps.num_rows,
-        **totals,
-        **pct,
-        "step_time_median_ms": round(float(np.median(times)) / 1e6, 3) if times.size else None,
-        "step_time_p90_ms": round(float(np.percentile(times, 90)) / 1e6, 3) if times.size
-        else None,
-    }
