@@ -92,7 +92,7 @@ def _row_path_steps(ctx: Any, rank: int) -> list[dict[str, Any]]:
     for rel, e in sorted(ctx.run.inputs.items()):
         if e.get("rank") != rank or e.get("status") != "ok":
             continue
-        for r in D.read_input_table(ctx.derived, e["key"], D.STEPS_FILE).to_pylist():
+        for r in D.read_input_table(ctx.derived, e["key"], D.INPUT_STEPS_FILE).to_pylist():
             if r["step"] not in by_step:
                 by_step[r["step"]] = {**r, "rank": rank, "traced": True, "trace": rel}
     timeline = ctx.run.timeline(ctx.root / "ranks" / str(rank))

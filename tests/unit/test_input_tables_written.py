@@ -30,9 +30,10 @@ def test_empty_optional_tables_are_not_written_and_stale_ones_are_removed(
     assert analyze_input(str(src), str(out))["status"] == "ok"
     assert pq.read_table(out / D.MEMORY_FILE).num_rows == 2  # has rows: written
     assert not (out / D.MODULES_FILE).exists()  # no module spans: none
-    assert {p.name for p in out.iterdir()} == {D.EVENTS_FILE, D.STEPS_FILE, D.COLLECTIVES_FILE,
-                                               D.ACTIVITY_FILE, D.OPERATORS_FILE,
-                                               D.MEMORY_FILE, D.SUMMARY_FILE}
+    assert {p.name for p in out.iterdir()} == {D.EVENTS_FILE, D.INPUT_STEPS_FILE,
+                                               D.INPUT_COLLECTIVES_FILE, D.ACTIVITY_FILE,
+                                               D.INPUT_OPERATORS_FILE, D.MEMORY_FILE,
+                                               D.SUMMARY_FILE}
     T.write(src, T.cpu_step_trace(rank=0))  # the trace changes: no memory events any more
     assert analyze_input(str(src), str(out))["status"] == "ok"
     assert not (out / D.MEMORY_FILE).exists()

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from tests._jobs import ROOT, load_script
 from uberprof.analysis.tables import derived, pool
+from uberprof.analysis.tables.derived import read_small
 from uberprof.analysis.tables.pipeline import analyze
 from uberprof.cli import main
 
@@ -67,6 +68,8 @@ def tables(derived: Path) -> dict[str, Any]:
         rel = p.relative_to(derived).as_posix()
         if p.suffix == ".parquet":
             out[rel] = pq.read_table(p)
+        elif p.suffix == ".arrow":  # an input's small tables, a rank's step timeline
+            out[rel] = read_small(p)
         elif p.suffix == ".json":
             out[rel] = orjson.loads(p.read_bytes())
     return out
@@ -78,7 +81,7 @@ def assert_same(a: Path, b: Path) -> None:
     assert sum(k.endswith("events.parquet") for k in ta) == 13  # 8 ranks x 2, less 3
     for k, va in ta.items():
         vb = tb[k]
-        if k.endswith(".parquet"):
+        if k.endswith((".parquet", ".arrow")):
             assert va.schema == vb.schema, k
             if k.startswith("diagnosis/"):
                 # The diagnosis orders some rows by time only, and ranks of one host can tie
@@ -196,10 +199,10 @@ def test_a_worker_that_cannot_see_the_trace_or_the_tables_says_so(run: Path,
     assert pool._visible(job(tmp_path / "o"), ok) is ok
 
     # A rank's step timeline goes through the same wrapper.
-    tl = pool.analyze_shared(str(run / "ranks" / "0"), str(tmp_path / "t" / "0.parquet"),
+    tl = pool.analyze_shared(str(run / "ranks" / "0"), str(tmp_path / "t" / "0.arrow"),
                                  False)
     assert tl["status"] == "ok" and tl["rows"] == 40 and tl["truncated"] is False
-    assert pq.read_table(tmp_path / "t" / "0.parquet").num_rows == 40
+    assert read_small(tmp_path / "t" / "0.arrow").num_rows == 40
 
 
 def test_step_timelines_are_read_in_the_map_and_again_only_when_they_change(
@@ -214,7 +217,7 @@ def test_step_timelines_are_read_in_the_map_and_again_only_when_they_change(
     manifest = orjson.loads((out / "manifest.json").read_bytes())
     assert sorted(manifest["timelines"]) == [f"ranks/{r}" for r in range(8)]
     assert all(e["status"] == "ok" and e["rows"] == 40 for e in manifest["timelines"].values())
-    assert len(list((out / "timelines").glob("*.parquet"))) == 8
+    assert len(list((out / "timelines").glob("*.arrow"))) == 8
 
     tl = live / "ranks" / "6" / "steps.jsonl"
     last = orjson.loads(tl.read_bytes().splitlines()[-1])

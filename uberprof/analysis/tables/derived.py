@@ -2,11 +2,11 @@
 reading. Whoever needs a derived path or table asks this module.
 
     <derived>/manifest.json         the inputs analysed (size, mtime) and how each went
-    <derived>/inputs/<key>/         events.parquet, steps.parquet, collectives.parquet,
-                                    operators.parquet, activity.parquet, summary.json; and
+    <derived>/inputs/<key>/         events.parquet, steps.arrow, collectives.arrow,
+                                    operators.arrow, activity.arrow, summary.json; and
                                     modules.parquet, memory.parquet when they have rows (a
                                     missing one reads as none: read_input_table's callers)
-    <derived>/timelines/<key>.parquet   a rank's step timeline (steps.jsonl), as a table
+    <derived>/timelines/<key>.arrow a rank's step timeline (steps.jsonl), as a table
     <derived>/steps.parquet         one row per rank and step: host and device windows, breakdown
     <derived>/ranks.parquet         one row per rank: whole-trace breakdown (HTA-compatible)
     <derived>/collectives.parquet   one row per collective instance on each rank
@@ -24,6 +24,11 @@ the folder of a single trace), so the folder reads the same from any working dir
 file is written under a unique temporary name in its folder and renamed into place, so two
 analyses of one run at once each leave whole files and a reader never sees half of one.
 What each table holds, column by column, is schemas.py's.
+
+An input's small tables and a rank's step timeline are Arrow IPC files (`.arrow`, `write_small`),
+the rest Parquet: a run has thousands of them, each written once by the map and read once by the
+reduce, and at their size a file is all overhead: IPC writes one in about half Parquet's time
+and reads it in a third (0.4 against 0.85 ms, 0.16 against 0.42 ms for a trace's steps).
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ __all__ = [
     "EVENTS_FILE",
     "FORMAT_VERSION",
     "INPUTS_DIR",
+    "INPUT_COLLECTIVES_FILE",
+    "INPUT_OPERATORS_FILE",
+    "INPUT_STEPS_FILE",
     "MANIFEST_FILE",
     "MEMORY_FILE",
     "MODULES_FILE",
@@ -92,19 +100,23 @@ __all__ = [
     "timeline_file",
     "write_manifest",
     "write_parquet",
+    "write_small",
 ]
 
-FORMAT_VERSION = 10  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 11  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"
 # One input's tables (inputs/<key>/), and the run-level ones beside the manifest; summary.json
 # is both: an input's summary and the run's --json document.
 EVENTS_FILE = "events.parquet"
-ACTIVITY_FILE = "activity.parquet"  # a trace's device activity as interval sets, by role
+ACTIVITY_FILE = "activity.arrow"  # a trace's device activity as interval sets, by role
+INPUT_STEPS_FILE = "steps.arrow"  # an input's steps; the run's: STEPS_FILE
+INPUT_COLLECTIVES_FILE = "collectives.arrow"  # an input's collectives; the run's: below
+INPUT_OPERATORS_FILE = "operators.arrow"  # an input's operators (operators.py); the run's: below
 STEPS_FILE = "steps.parquet"
 COLLECTIVES_FILE = "collectives.parquet"
-OPERATORS_FILE = "operators.parquet"  # an input's, then the run's (with rank): operators.py
+OPERATORS_FILE = "operators.parquet"  # the run's, with rank (operators.py)
 MODULES_FILE = "modules.parquet"  # an input's, then the run's (with rank): modules.py
 MEMORY_FILE = "memory.parquet"  # an input's, then the run's (with rank): memory_timeline.py
 SUMMARY_FILE = "summary.json"
@@ -221,7 +233,7 @@ def diagnosis_table_file(derived: Path, name: str) -> Path:
 
 def timeline_file(derived: Path, key: str) -> Path:
     """Where one rank folder's step timeline table goes."""
-    return derived / TIMELINES_DIR / f"{key}.parquet"
+    return derived / TIMELINES_DIR / f"{key}.arrow"
 
 
 # --- the manifest -------------------------------------------------------------------------------
@@ -289,6 +301,14 @@ def write_parquet(table: pa.Table, path: Path, **options: Any) -> None:
     """`pq.write_table`, atomically (see the module doc)."""
     with replacing(path) as tmp:
         pq.write_table(table, tmp, **{**encoding(table.schema), **options})
+
+
+def write_small(table: pa.Table, path: Path) -> None:
+    """A small table as an Arrow IPC file, atomically (see the module doc): an input's small
+    tables and a rank's step timeline."""
+    with replacing(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
+            pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 def encoding(schema: pa.Schema) -> dict[str, Any]:
@@ -393,16 +413,21 @@ def read_memory_timeline(derived: Path, rank: int | None = None) -> pa.Table:
 
 
 def read_input_table(derived: Path, key: str, name: str) -> pa.Table:
-    """One table (EVENTS_FILE, STEPS_FILE, COLLECTIVES_FILE, ...) of one analysed input.
+    """One table (EVENTS_FILE, INPUT_STEPS_FILE, INPUT_COLLECTIVES_FILE, ...) of one analysed
+    input.
     FileNotFoundError for MODULES_FILE and MEMORY_FILE means the input has no rows of them:
     the analysis writes those two only when it has some."""
     return read_small(input_dir(derived, key) / name)
 
 
 def read_small(path: Path) -> pa.Table:
-    """A one-file table of an input or a rank (thousands of them per run): read directly, on
-    this thread, at less than half `pq.read_table`'s cost (no dataset discovery, no thread
-    pool: 0.25 ms against 0.56 ms per small file)."""
+    """A one-file table of an input or a rank (thousands of them per run): an Arrow IPC file
+    (`write_small`'s), or Parquet read directly, on this thread, at less than half
+    `pq.read_table`'s cost (no dataset discovery, no thread pool: 0.25 ms against 0.56 ms per
+    small file)."""
+    if path.suffix == ".arrow":
+        with pa.OSFile(str(path), "rb") as f:
+            return pa.ipc.open_file(f).read_all()
     with pq.ParquetFile(path) as f:
         return f.read(use_threads=False)
 

@@ -25,15 +25,16 @@ import pyarrow as pa
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
     ACTIVITY_FILE,
-    COLLECTIVES_FILE,
     EVENTS_FILE,
+    INPUT_COLLECTIVES_FILE,
+    INPUT_OPERATORS_FILE,
+    INPUT_STEPS_FILE,
     MEMORY_FILE,
     MODULES_FILE,
-    OPERATORS_FILE,
-    STEPS_FILE,
     SUMMARY_FILE,
     replacing,
     write_parquet,
+    write_small,
 )
 from uberprof.analysis.tables.enclosing import EnclosingSpans
 from uberprof.analysis.tables.launches import link_launches
@@ -54,10 +55,10 @@ from uberprof.rundir.step_table import read_step_table
 
 __all__ = [  # the table names (derived.py's) and schemas (schemas.py's), importable here
     "BREAKDOWN_FIELDS",
-    "COLLECTIVES_FILE",
     "COLLECTIVE_SCHEMA",
     "EVENTS_FILE",
-    "STEPS_FILE",
+    "INPUT_COLLECTIVES_FILE",
+    "INPUT_STEPS_FILE",
     "STEP_SCHEMA",
     "SUMMARY_FILE",
     "TraceTables",
@@ -186,10 +187,10 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
     try:
         tables = analyze_trace(path)
         write_parquet(tables.events, out / EVENTS_FILE, compression="zstd")
-        write_parquet(tables.steps, out / STEPS_FILE)
-        write_parquet(tables.collectives, out / COLLECTIVES_FILE)
-        write_parquet(tables.activity, out / ACTIVITY_FILE)
-        write_parquet(tables.operators, out / OPERATORS_FILE)
+        write_small(tables.steps, out / INPUT_STEPS_FILE)
+        write_small(tables.collectives, out / INPUT_COLLECTIVES_FILE)
+        write_small(tables.activity, out / ACTIVITY_FILE)
+        write_small(tables.operators, out / INPUT_OPERATORS_FILE)
         # Optional tables (the reduce reads a missing one as no rows): most traces have no
         # module spans or memory events, and two files fewer per trace are thousands of
         # writes and reads fewer on a large run.
@@ -227,7 +228,7 @@ def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
     """
     try:
         timeline = read_step_table(Path(rank_dir), TIMELINE_SCHEMA.names)
-        write_parquet(timeline.table.cast(TIMELINE_SCHEMA), Path(out_file))
+        write_small(timeline.table.cast(TIMELINE_SCHEMA), Path(out_file))
         rows, last_step, last_end_ns = timeline.tail()
         return {"status": "ok", "message": None, "rows": rows, "truncated": timeline.truncated,
                 "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL),

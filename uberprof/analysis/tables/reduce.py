@@ -266,7 +266,7 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     with ParquetOut(derived / STEPS_FILE, RUN_STEP_SCHEMA) as steps_out, \
             contextlib.ExitStack() as stack:
         outs = {name: stack.enter_context(ParquetOut(derived / name, schema))
-                for name, schema, _ in PER_TRACE}
+                for name, schema, _, _ in PER_TRACE}
         for part in _in_rank_order(calls, workers, executor):
             cut.update(part.notes)
             if part.steps is None or part.row is None:

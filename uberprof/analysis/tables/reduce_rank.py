@@ -20,10 +20,12 @@ import pyarrow.compute as pc
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.derived import (
     COLLECTIVES_FILE,
+    INPUT_COLLECTIVES_FILE,
+    INPUT_OPERATORS_FILE,
+    INPUT_STEPS_FILE,
     MEMORY_FILE,
     MODULES_FILE,
     OPERATORS_FILE,
-    STEPS_FILE,
     read_input_table,
     read_timeline,
 )
@@ -42,13 +44,13 @@ __all__ = ["PER_TRACE", "Item", "RankPart", "rank_part"]
 
 Item = tuple[TraceInput, dict[str, Any], dict[str, Any]]  # input, manifest entry, summary
 
-# The per-input tables a rank's part gathers, in the order the run-level tables are written:
-# (file, run-level schema, whether an input may lack it: the map writes those only with rows)
-PER_TRACE: tuple[tuple[str, pa.Schema, bool], ...] = (
-    (COLLECTIVES_FILE, RUN_COLLECTIVE_SCHEMA, False),
-    (OPERATORS_FILE, RUN_OPERATOR_SCHEMA, False),
-    (MODULES_FILE, RUN_MODULE_SCHEMA, True),
-    (MEMORY_FILE, RUN_MEMORY_TIMELINE_SCHEMA, True),
+# The per-input tables a rank's part gathers: (the run-level table, its schema, the input's
+# table, whether an input may lack it: the map writes those only with rows)
+PER_TRACE: tuple[tuple[str, pa.Schema, str, bool], ...] = (
+    (COLLECTIVES_FILE, RUN_COLLECTIVE_SCHEMA, INPUT_COLLECTIVES_FILE, False),
+    (OPERATORS_FILE, RUN_OPERATOR_SCHEMA, INPUT_OPERATORS_FILE, False),
+    (MODULES_FILE, RUN_MODULE_SCHEMA, MODULES_FILE, True),
+    (MEMORY_FILE, RUN_MEMORY_TIMELINE_SCHEMA, MEMORY_FILE, True),
 )
 
 
@@ -75,8 +77,8 @@ def rank_part(derived: Path, rank: int, items: list[Item],
     if not items and timeline is None:
         return part
     part.steps = _steps(derived, rank, items, timeline)
-    part.per_trace = {name: _per_trace(derived, rank, items, name, schema, optional)
-                      for name, schema, optional in PER_TRACE}
+    part.per_trace = {name: _per_trace(derived, rank, items, source, schema, optional)
+                      for name, schema, source, optional in PER_TRACE}
     part.row = _rank_row(rank, items, part.steps)
     return part
 
@@ -115,7 +117,7 @@ def _steps(derived: Path, rank: int, items: list[Item], timeline: pa.Table | Non
     timeline's other steps (untraced: host window and data wait only)."""
     parts = []
     for inp, e, _ in items:
-        t = read_input_table(derived, e["key"], STEPS_FILE)
+        t = read_input_table(derived, e["key"], INPUT_STEPS_FILE)
         parts.append(_conform(t.append_column("trace", pa.array([inp.rel] * t.num_rows,
                                                                 pa.string())), rank, True))
     steps = _first_per_step(pa.concat_tables(parts)) if parts else \
