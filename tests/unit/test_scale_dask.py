@@ -275,19 +275,28 @@ def test_a_reduce_whose_rank_parts_are_made_on_workers_writes_the_tables_made_in
         run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from uberprof.analysis.tables import reduce
 
-    sent: list[int] = []
+    sent: list[Any] = []
     on_workers = reduce.map_calls
 
     def counted(fn: Any, arg_lists: Any, workers: int, executor: Any = None) -> Any:
-        sent.extend(args[1] for args in arg_lists)
+        sent.extend(args[2] if args[0] == "rank" else args[0] for args in arg_lists)
         return on_workers(fn, arg_lists, workers, executor)
 
     monkeypatch.setattr(reduce, "map_calls", counted)
     monkeypatch.setattr(reduce, "PARALLEL_RANKS", 2)  # the 8 ranks' parts go to the workers
+    run = _copied(run, tmp_path / "run")
+    (run / "ranks" / "4" / "flight-recorder.jsonl").write_bytes(b"not a dump\n")
     one = analyze(run, out=tmp_path / "one", workers=1)
     assert sent == []  # one worker: made here
     two = analyze(run, out=tmp_path / "two", workers=2)
-    assert sent == list(range(8))  # every rank's part sent to the (forked) workers
+    assert sent == ["damage", *range(8)]  # the damage check and every rank's part, on the
+    #                                          (forked) workers
     assert two.summary == one.summary and two.ranks == one.ranks
+    assert "flight-recorder.jsonl" in two.summary["problems"][0]  # the damage named first
     assert [r["rank"] for r in two.ranks] == list(range(8))  # written in rank order
     assert_same(tmp_path / "one", tmp_path / "two")
+
+
+def _copied(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to, ignore=shutil.ignore_patterns("derived"))
+    return to

@@ -149,15 +149,14 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
     to one list, in this order: the order the summary gives them in."""
     problems: list[str] = []
     metas = list_ranks(source.root) if source.kind == "run" else []
-    if source.kind == "run":  # run.json, node.json, flight logs, counters: named, not fatal
-        problems.extend(damage_problems(source.root))
     problems.extend(folder_problems(metas))
     read = {m.folder for m in ranks_by_id(metas).values()}
     left_out = {rd for _, rd in source.rank_dirs if rd not in read}
     loaded = _read_summaries(source, derived, entries, left_out, problems)
     kept = _drop_duplicates(_assign_ranks(source, loaded, problems), problems)
-    rank_rows = _write_rank_steps(source, derived, timelines, kept, left_out, metas, problems,
-                                  workers, executor)
+    rank_rows, damage = _write_rank_steps(source, derived, timelines, kept, left_out, metas,
+                                          problems, workers, executor)
+    problems[:0] = damage  # run.json, node.json, flight logs, counters: named first, not fatal
     write_overview(derived, key)  # what the dashboard's overview draws, from these steps
     if not rank_rows and not problems:
         problems.append(f"{source.root}: nothing to analyse: no trace and no step timeline")
@@ -242,13 +241,15 @@ def _assign_ranks(source: Source, loaded: list[Item], problems: list[str]) -> li
 def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[str, Any]],
                       kept: list[Ranked], left_out: set[Path], metas: list[RankMeta],
                       problems: list[str], workers: int | None = None,
-                      executor: Executor | None = None) -> list[dict[str, Any]]:
+                      executor: Executor | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Stage 3: the run's steps, collectives and operators tables (through ParquetOut), one
     rank at a time in rank order: each rank's part (`reduce_rank.rank_part`: its step rows,
     collectives, operators, modules and memory rows) is written out as it comes, so memory
     holds a few ranks' tables (plus one small row per rank), however many. A rank counts with
-    a trace or a step timeline. Returns the ranks' rows (RANK_SCHEMA); cut-off timelines and
-    ranks without a trace go to `problems`."""
+    a trace or a step timeline. Returns the ranks' rows (RANK_SCHEMA) and the lines naming a
+    run directory's damaged files (`damage_problems`, checked beside the ranks' parts: at 64
+    nodes it reads every counters file, 1-2 s); cut-off timelines and ranks without a trace go
+    to `problems`."""
     ranks_info: dict[int, list[Item]] = {}
     for rank, inp, e, s in kept:
         ranks_info.setdefault(rank, []).append((inp, e, s))
@@ -257,8 +258,10 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
         if rank is not None and rd not in left_out:
             dirs.setdefault(rank, []).append(
                 (rd, timelines.get(rd.relative_to(source.root).as_posix())))
-    calls = [(derived, rank, ranks_info.get(rank, []), dirs.get(rank, []))
-             for rank in sorted(set(ranks_info) | set(dirs))]
+    calls: list[tuple[Any, ...]] = [("damage", source.root)] if source.kind == "run" else []
+    calls += [("rank", derived, rank, ranks_info.get(rank, []), dirs.get(rank, []))
+              for rank in sorted(set(ranks_info) | set(dirs))]
+    damage: list[str] = []
     cut: dict[Path, str] = {}  # step timelines cut off or unreadable
     rank_rows: list[dict[str, Any]] = []
     untraced: list[int] = []
@@ -267,7 +270,10 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
             contextlib.ExitStack() as stack:
         outs = {name: stack.enter_context(ParquetOut(derived / name, schema))
                 for name, schema, _, _ in PER_TRACE}
-        for part in _in_rank_order(calls, workers, executor):
+        for part in _in_order(calls, workers, executor):
+            if not isinstance(part, RankPart):
+                damage = part
+                continue
             cut.update(part.notes)
             if part.steps is None or part.row is None:
                 continue
@@ -289,7 +295,7 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     elif untraced:
         problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
                         "step times only")
-    return rank_rows
+    return rank_rows, damage
 
 
 # From this many ranks the ranks' parts are made on the analysis workers: at ~11 ms a rank
@@ -297,25 +303,32 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
 PARALLEL_RANKS = 32
 
 
-def _in_rank_order(calls: list[tuple[Any, ...]], workers: int | None,
-                   executor: Executor | None) -> Iterator[RankPart]:
-    """`rank_part(*call)` of every call, in the calls' order: in this process for a small run,
-    else on the analysis workers (forked, or `executor`'s), each part written out as soon as
-    the ones before it are (a worker that died fails the reduce, as it would here)."""
+def _in_order(calls: list[tuple[Any, ...]], workers: int | None,
+              executor: Executor | None) -> Iterator[RankPart | list[str]]:
+    """`_reduce_call(*call)` of every call, in the calls' order: in this process for a small
+    run, else on the analysis workers (forked, or `executor`'s), each result handed on as
+    soon as the ones before it are (a worker that died fails the reduce, as it would here)."""
     if executor is None and (len(calls) < PARALLEL_RANKS or workers == 1):
         for call in calls:
-            yield rank_part(*call)
+            yield _reduce_call(*call)
         return
     n = workers or min(os.cpu_count() or 1, len(calls))
-    waiting: dict[int, RankPart] = {}
+    waiting: dict[int, RankPart | list[str]] = {}
     upto = 0
-    for i, part in map_calls(rank_part, calls, n, executor):
-        if isinstance(part, RuntimeError):  # the process making it died
-            raise OSError(f"the reduce's part of rank {calls[i][1]}: {part}")
-        waiting[i] = part
+    for i, res in map_calls(_reduce_call, calls, n, executor):
+        if isinstance(res, RuntimeError):  # the process making it died
+            what = "damage check" if calls[i][0] == "damage" else f"part of rank {calls[i][2]}"
+            raise OSError(f"the reduce's {what}: {res}")
+        waiting[i] = res
         while upto in waiting:
             yield waiting.pop(upto)
             upto += 1
+
+
+def _reduce_call(what: str, *args: Any) -> RankPart | list[str]:
+    """One call of the reduce's stage 3: a rank's part (`rank_part`) or the run directory's
+    damage check (`damage_problems`), so that both run on the workers side by side."""
+    return damage_problems(*args) if what == "damage" else rank_part(*args)
 
 
 def _write_ranks(derived: Path, rank_rows: list[dict[str, Any]]) -> None:
