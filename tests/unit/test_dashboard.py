@@ -871,3 +871,32 @@ def test_several_counter_metrics_read_at_once_equal_each_read_alone(synth_data: 
             vals = rows.column("value").to_numpy()
             assert len(t) <= 51 and vals.min() - 1e-9 <= v.min() and v.max() <= vals.max() + 1e-9
     assert synth_data.counter_series_of(node, "nvml", ["no.such"])["no.such"] is None
+
+
+def test_ctrl_c_while_the_run_is_analysed_stops_the_dashboard_and_its_workers(
+        tmp_path: Path) -> None:
+    """Stopped while its analysis runs on forked workers, the dashboard exits 0 at once, says
+    nothing of its own shutdown, and leaves no worker behind (a worker held its own pipe's
+    other end and waited for ever; the interpreter's shutdown could also abort, exit 134, in
+    the analysing thread's C++ code)."""
+    import signal
+
+    import psutil
+
+    run = write_synth(tmp_path / "run", ranks=64, steps=4000, counters=False)
+    proc = subprocess.Popen([PY, "-m", "uberprof", "dashboard", str(run), "--port", "0",
+                             "--workers", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=job_env())
+    me = psutil.Process(proc.pid)
+    workers: list[psutil.Process] = []
+    deadline = time.monotonic() + 120
+    while not workers and proc.poll() is None and time.monotonic() < deadline:
+        workers = me.children(recursive=True)  # the map's forked workers
+        time.sleep(0.02)
+    assert workers, "the dashboard forked no worker to analyse a 64-rank run"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "FATAL" not in out and "terminate called" not in out
+    _, left = psutil.wait_procs(workers, timeout=30)
+    assert not left, f"workers left running: {[p.pid for p in left]}"

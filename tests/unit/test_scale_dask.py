@@ -300,3 +300,28 @@ def test_a_reduce_whose_rank_parts_are_made_on_workers_writes_the_tables_made_in
 def _copied(run: Path, to: Path) -> Path:
     shutil.copytree(run, to, ignore=shutil.ignore_patterns("derived"))
     return to
+
+
+def test_a_worker_stops_when_its_parent_dies_without_telling_it(tmp_path: Path) -> None:
+    """A forked worker must not outlive its parent (a dashboard stopped with Ctrl-C while it
+    analysed): it held its own pipe's other end, so it never saw the parent go and waited for
+    ever."""
+    import subprocess
+
+    import psutil
+
+    script = (
+        "import multiprocessing, os, time\n"
+        "from uberprof.analysis.tables import pool\n"
+        "calls = pool.map_calls(time.sleep, [(0.0,)] * 4, workers=2)\n"
+        "next(calls)\n"  # both workers forked, one answered: they wait for the next call
+        "print(' '.join(str(p.pid) for p in multiprocessing.active_children()), flush=True)\n"
+        "os._exit(0)\n")  # gone, without a word to its workers
+    said = tmp_path / "pids"
+    with said.open("w") as f:  # a file, not a pipe: a worker left behind would hold a pipe open
+        subprocess.run([sys.executable, "-c", script], stdout=f, timeout=120, cwd=ROOT,
+                       check=True)
+    out = said.read_text()
+    workers = [psutil.Process(int(pid)) for pid in out.split() if psutil.pid_exists(int(pid))]
+    _, left = psutil.wait_procs(workers, timeout=30)
+    assert not left, f"workers still running after their parent died: {[p.pid for p in left]}"

@@ -59,6 +59,9 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     --auth-file FILE or UBERPROF_DASHBOARD_AUTH=user:password (--auth user:password works
     too, but shows in `ps`). Serves nothing but this run's views.
     """
+    import threading
+
+    before = set(threading.enumerate())
     err = Console(stderr=True)
     say = Console(highlight=False)
     baseline = baselines[0] if baselines else None
@@ -116,6 +119,32 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
 
     if not serve(server, prepare):
         sys.exit(1)
+    _leave_while_working(before)  # stopped (Ctrl-C) while it may still be preparing the run
+
+
+# The threads that prepare, analyse or diagnose the run while the dashboard is served are
+# named so (dashboards/server.py, data.py, live.py).
+_WORKING = "uberprof-"
+
+
+def _leave_while_working(before: set[Any]) -> None:
+    """Exit 0 now when the dashboard was stopped (Ctrl-C) while one of its threads (not in
+    `before`: started by this command) still analyses or diagnoses the run: the interpreter's
+    shutdown would end that thread inside Arrow's or DuckDB's C++ code (pthread_exit unwinding
+    through it: "FATAL: exception not rethrown", SIGABRT, exit 134) and leave its worker
+    processes behind. The workers are stopped first. Returns when no such thread runs."""
+    import threading
+
+    if not any(t not in before and t.name.startswith(_WORKING) and t.is_alive()
+               for t in threading.enumerate()):
+        return
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _prepare(path: Path, out: Path | None, workers: int | None, baseline: Path | None,

@@ -186,17 +186,25 @@ def _give_back_memory() -> None:
         pass
 
 
-def _worker(conn: Any) -> None:
+def _worker(conn: Any, parent_end: Any = None) -> None:
     """Run the calls sent through `conn` until told to stop, or until one left this process
-    more than RECYCLE_BYTES bigger than it started (then the parent starts a new one).
+    more than RECYCLE_BYTES bigger than it started (then the parent starts a new one), or
+    until the parent is gone. `parent_end`, the parent's end of the pipe (inherited by the
+    fork), is closed first: held here, it kept this process waiting for ever once its parent
+    died (a dashboard stopped with Ctrl-C while it diagnosed).
 
     Freed memory is given back to the system only when the process has grown past that bound:
     trimming after every call cost ~6 ms a call on this VM (the trim, then the next call's
     page faults for the same memory again), about a third of a small trace's analysis."""
+    if parent_end is not None:
+        parent_end.close()
     keep_pandas_out()
     start = _rss()
     while True:
-        call = conn.recv()
+        try:
+            call = conn.recv()
+        except (EOFError, OSError):  # the parent is gone: nobody to answer
+            return
         if call is None:
             return
         fn, args = call
@@ -207,7 +215,10 @@ def _worker(conn: Any) -> None:
         if retire:  # perhaps only what the allocators keep for the next call: give it back
             _give_back_memory()
             retire = _rss() - start > RECYCLE_BYTES
-        conn.send((res, retire))
+        try:
+            conn.send((res, retire))
+        except OSError:  # the parent is gone (BrokenPipeError)
+            return
         if retire:
             return
 
@@ -296,7 +307,7 @@ def _forked(calls: list[Call], workers: int, warm_up: bool = False
                     proc, conn = idle.pop()
                 else:
                     conn, child = ctx.Pipe()
-                    proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+                    proc = ctx.Process(target=_worker, args=(child, conn), daemon=True)
                     proc.start()
                     child.close()
                     alive += 1
