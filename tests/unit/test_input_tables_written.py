@@ -76,3 +76,16 @@ def test_a_forked_child_draws_names_its_parent_never_does(tmp_path: Path) -> Non
     os.waitpid(pid, 0)
     parent = {str(D._temp_beside(target)) for _ in range(10)}
     assert len(child) == 10 and not child & parent
+
+
+def test_an_input_analysed_again_leaves_no_table_of_the_older_format(tmp_path: Path) -> None:
+    src = T.write(tmp_path / "rank-0.pt.trace.json", T.cpu_step_trace(rank=0))
+    out = tmp_path / "input"
+    out.mkdir()
+    old = [out / n for n in ("steps.parquet", "collectives.parquet", "operators.parquet",
+                             "activity.parquet")]
+    for p in old:  # what derived format 10 wrote
+        p.write_bytes(b"PAR1")
+    assert analyze_input(str(src), str(out))["status"] == "ok"
+    assert not any(p.exists() for p in old)
+    assert (out / D.INPUT_STEPS_FILE).exists()

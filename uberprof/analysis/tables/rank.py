@@ -178,6 +178,10 @@ def activity_table(act: M.Activity) -> pa.Table:
     }, schema=ACTIVITY_SCHEMA)
 
 
+_FORMAT_10_FILES = ("steps.parquet", "collectives.parquet", "operators.parquet",
+                    "activity.parquet")
+
+
 def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
     """Analyse one trace file and write its tables under `out_dir`; never raises.
 
@@ -200,6 +204,8 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
                 write_parquet(table, out / name, compression=codec)
             else:  # not one an earlier analysis of this input left
                 (out / name).unlink(missing_ok=True)
+        for name in _FORMAT_10_FILES:  # what derived format 10 wrote as Parquet: not read now
+            (out / name).unlink(missing_ok=True)
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
             tmp.write_bytes(orjson.dumps(doc))
@@ -229,6 +235,7 @@ def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
     try:
         timeline = read_step_table(Path(rank_dir), TIMELINE_SCHEMA.names)
         write_small(timeline.table.cast(TIMELINE_SCHEMA), Path(out_file))
+        Path(out_file).with_suffix(".parquet").unlink(missing_ok=True)  # format 10's
         rows, last_step, last_end_ns = timeline.tail()
         return {"status": "ok", "message": None, "rows": rows, "truncated": timeline.truncated,
                 "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL),
