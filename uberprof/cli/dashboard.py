@@ -122,21 +122,15 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     _leave_while_working(before)  # stopped (Ctrl-C) while it may still be preparing the run
 
 
-# The threads that prepare, analyse or diagnose the run while the dashboard is served are
-# named so (dashboards/server.py, data.py, live.py).
-_WORKING = "uberprof-"
-
-
 def _leave_while_working(before: set[Any]) -> None:
-    """Exit 0 now when the dashboard was stopped (Ctrl-C) while one of its threads (not in
-    `before`: started by this command) still analyses or diagnoses the run: the interpreter's
-    shutdown would end that thread inside Arrow's or DuckDB's C++ code (pthread_exit unwinding
-    through it: "FATAL: exception not rethrown", SIGABRT, exit 134) and leave its worker
-    processes behind. The workers are stopped first. Returns when no such thread runs."""
+    """Exit 0 now when the dashboard was stopped (Ctrl-C) while a thread it started (not in
+    `before`) still runs: one that analyses or diagnoses the run would be ended by the
+    interpreter's shutdown inside Arrow's or DuckDB's C++ code (pthread_exit unwinding
+    through it: "FATAL: exception not rethrown", SIGABRT, exit 134), its worker processes left
+    behind. The workers are stopped first. Returns when no such thread runs."""
     import threading
 
-    if not any(t not in before and t.name.startswith(_WORKING) and t.is_alive()
-               for t in threading.enumerate()):
+    if not any(t not in before and t.is_alive() for t in threading.enumerate()):
         return
     import multiprocessing
 

@@ -48,9 +48,10 @@
   its lead need not exceed twice the others' spread (the spread rule tells chance from cause;
   its work is the cause): the lead's floors and the delay are still required (a rank
   persistent by its work meets the floors by its excess: `lead_by_work`). A candidate with no
-  excess of its own time (busy time or data wait) is not named when the OS delayed it (a run-queue wait excess of at
-  least half its lead, or no record of it); one the OS did not delay waited off the CPU by its own doing
-  (sleep, I/O, a lock) and is named, cause `off_cpu`.
+  excess of its own time (busy time or data wait) is not named when the OS delayed it (a
+  run-queue wait excess of at least half its lead, or no record of it); one the OS did not
+  delay waited off the CPU by its own doing (sleep, I/O, a lock) and is named, cause
+  `off_cpu`.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.

@@ -71,7 +71,9 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
     for the per-trace map (default: one per CPU, at most one per input; 1 = in this process).
     `executor` replaces the pool (any concurrent.futures Executor, e.g.
     `uberprof.analysis.tables.distributed.dask_executor`): its workers must see the traces and the
-    derived folder at the same paths as this process; the cross-rank step runs here.
+    derived folder at the same paths as this process. The cross-rank step (`reduce_run`) makes
+    each rank's part on the same workers (or here, for a small run without `executor`) and
+    writes the run-level tables here.
     """
     source = discover(Path(path))
     derived, notice = derived_dir_for(source, Path(out) if out is not None else None)
