@@ -27,12 +27,16 @@ Target (issue 6): the overview of a 64-rank, 2000-step run renders in under 2 s.
    starts; --summary-pairs N then times N interleaved analysed starts without and with the
    overview's saved summary (derived/overview.json hidden from the dashboard: it reads the
    whole step table, as before issue 32 item 4), a same-load ratio.
+7. With --server-only, no browser (a machine without Chromium, such as a lent GPU machine):
+   the fresh start and two analysed starts, each to the server's "ready"; the browser's share
+   after it is measured where Chromium is.
 
     python benchmarks/dashboard.py                       # /tmp/uberprof-synth-64x2000
     python benchmarks/dashboard.py --ranks 64 --steps 2000 --loads 5 --json
     python benchmarks/dashboard.py --run uberprof-runs/RUN
     python benchmarks/dashboard.py --ranks 512 --steps 10000 --reanalyse --restart --loads 2
     python benchmarks/dashboard.py --ranks 512 --steps 10000 --drawn --synth-dir /tmp/d512
+    python benchmarks/dashboard.py --run /tmp/d512 --server-only
 Exit code 1 when any target printed is missed.
 """
 
@@ -256,6 +260,39 @@ def summary_pairs(run: Path, pairs: int) -> dict[str, Any]:
     return med
 
 
+def start_to_ready(run: Path) -> dict[str, float]:
+    """`start_to_drawn` without a browser (a machine with no Chromium, such as a lent GPU
+    machine): the URL printed and the server ready. The browser's share after "ready" (Dash's
+    bundles, plotly.js, the overview's callback, drawing: 1.3-1.5 s on the 2-core VM) is not
+    in it and must be added from a machine that has one."""
+    proc, _, answered, ready = start_dashboard(run)
+    stop(proc)
+    return {"url_printed_s": round(answered, 2), "server_ready_s": round(ready, 2)}
+
+
+def server_only_main(run: Path, json_out: bool, starts: int = 2) -> int:
+    """--server-only: the fresh start (derived/ deleted) and `starts` starts of the run it
+    analysed, each to the server ready; no target verdict (the drawn moment is not seen)."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    shutil.rmtree(run / "derived", ignore_errors=True)
+    fresh = start_to_ready(run)
+    analysed = [start_to_ready(run) for _ in range(starts)]
+    result = {"run": str(run), "fresh": fresh, "analysed": analysed, "cpus": os.cpu_count(),
+              "load_average_before": load,
+              "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    if json_out:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"run: {run} (load average {load[0]} before, "
+              f"{result['load_average_after'][0]} after, on {result['cpus']} CPUs; no browser: "
+              f"add its share after 'ready' for the drawn time)")
+        for label, r in [("nothing analysed", fresh)] + [("analysed before", a)
+                                                          for a in analysed]:
+            print(f"{label}: `uberprof dashboard` started -> URL printed "
+                  f"{r['url_printed_s']:.1f} s, server ready {r['server_ready_s']:.1f} s")
+    return 0
+
+
 def drawn_main(run: Path, json_out: bool, keep: bool = False, pairs: int = 0) -> int:
     """--drawn: start-to-drawn with nothing analysed, then on the run that start analysed
     (`keep`: the run as it is, analysed or not, and no fresh start timed); then `pairs`
@@ -322,8 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summary-pairs", type=int, default=0, metavar="N",
                    help="with --drawn: then N interleaved analysed starts without and with the "
                         "saved overview summary (derived/overview.json), and their ratio")
+    p.add_argument("--server-only", action="store_true",
+                   help="no browser (a machine without Chromium): time `uberprof dashboard` "
+                        "started -> server ready, fresh (derived/ deleted) then twice analysed")
     a = p.parse_args(argv)
-    if not Path(CHROMIUM).exists():
+    if not a.server_only and not Path(CHROMIUM).exists():
         print(f"no browser at {CHROMIUM} (apt-get install chromium)", file=sys.stderr)
         return 2
     run = a.run
@@ -338,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             synth_run.main([str(run), "--ranks", str(a.ranks), "--steps", str(a.steps)])
             generated = round(time.perf_counter() - t, 1)
             shutil.rmtree(run / "derived", ignore_errors=True)
+    if a.server_only:
+        return server_only_main(run, a.json)
     if a.drawn:
         return drawn_main(run, a.json, keep=a.keep_derived, pairs=a.summary_pairs)
     fresh = generated is not None or a.reanalyse
