@@ -114,15 +114,18 @@ def test_the_overview_fills_in_its_findings_when_the_diagnosis_is_done(
 @pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
                     reason="needs Chromium at /usr/bin/chromium and playwright")
 def test_the_preparing_page_asks_for_the_dashboard_and_opens_it() -> None:
-    """The page shown while a run is prepared asks (HEAD, its script) whether the dashboard
-    answers in its place, and opens it when it does."""
+    """The page shown while a run is prepared asks (HEAD, its script) whether the stage changed
+    or the dashboard answers in its place: it shows a new stage without reloading, and opens
+    the dashboard when it answers."""
     import flask
     from playwright.sync_api import sync_playwright
     from werkzeug.serving import make_server
 
     from uberprof.dashboards.preparing import Switch, preparing_app
 
-    preparing = preparing_app("run", lambda: "reading traces: 1 of 2", None, None)
+    stage = ["reading traces: 1 of 2"]
+    # its question is held until the stage changes or the dashboard answers in its place
+    preparing = preparing_app("run", lambda: stage[0], None, None, moved=lambda: switch.moved)
     asked: list[str] = []  # the methods the preparing page was requested with
 
     def recorded(environ: dict[str, Any], start_response: Any) -> Any:
@@ -152,6 +155,11 @@ def test_the_preparing_page_asks_for_the_dashboard_and_opens_it() -> None:
             while "HEAD" not in asked and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert "HEAD" in asked  # its script asks without reloading the page
+            page.evaluate("() => { window.notReloaded = true; }")
+            stage[0] = "diagnosing 2 rank(s)"
+            page.wait_for_function("() => document.getElementById('preparing-stage')"
+                                   ".textContent.includes('diagnosing 2 rank(s)')")
+            assert page.evaluate("() => window.notReloaded === true")  # shown in place
             switch.to(done.wsgi_app)
             page.wait_for_selector("#the-dashboard")
             browser.close()

@@ -581,6 +581,68 @@ def test_the_page_while_preparing_says_how_far_behind_the_same_gate() -> None:
     assert r.status_code == 200 and r.get_data(as_text=True) == "the dashboard"
 
 
+def test_the_preparing_pages_question_is_held_until_its_stage_changes_or_the_dashboard_answers(
+        ) -> None:
+    """The page's script asks (HEAD, naming the stage it shows) and the server holds the
+    question: answered with the new stage once it changes (not sooner than STAGE_EVERY_S),
+    with 204 once the dashboard answers in its place, else after hold_s with the same stage."""
+    import threading
+    import time
+    from urllib.parse import quote, unquote
+
+    import flask
+    from werkzeug.test import Client
+
+    from uberprof.dashboards.preparing import (
+        SHOWN_HEADER,
+        STAGE_EVERY_S,
+        STAGE_HEADER,
+        Switch,
+        preparing_app,
+    )
+
+    stage = ["reading traces: 3 of 8"]
+    hold_s = 60.0  # far longer than any answer below should take
+    switch = Switch(preparing_app("run", lambda: stage[0], None, None,
+                                  moved=lambda: switch.moved, hold_s=hold_s))
+    quick = Switch(preparing_app("run", lambda: stage[0], None, None, hold_s=0.3))
+
+    def ask(app: Switch, answers: list[tuple[Any, float]]) -> threading.Thread:
+        def _ask() -> None:
+            t0 = time.monotonic()
+            r = Client(app).head("/", headers={SHOWN_HEADER: quote(stage[0], safe="")})
+            answers.append((r, time.monotonic() - t0))
+        thread = threading.Thread(target=_ask)
+        thread.start()
+        return thread
+
+    changed: list[tuple[Any, float]] = []
+    thread = ask(switch, changed)
+    time.sleep(0.2)
+    assert not changed  # held
+    stage[0] = "diagnosing 8 rank(s)"
+    thread.join(timeout=30)
+    (r, took), = changed
+    assert r.status_code == 503 and unquote(r.headers[STAGE_HEADER]) == "diagnosing 8 rank(s)"
+    assert STAGE_EVERY_S <= took < hold_s
+
+    same: list[tuple[Any, float]] = []
+    ask(quick, same).join(timeout=30)
+    (r, took), = same
+    assert r.status_code == 503 and unquote(r.headers[STAGE_HEADER]) == stage[0]
+    assert took >= 0.3  # nothing changed: held for hold_s
+
+    moved: list[tuple[Any, float]] = []
+    thread = ask(switch, moved)
+    time.sleep(0.2)
+    done = flask.Flask("done")
+    done.add_url_rule("/", "root", lambda: "the dashboard")
+    switch.to(done.wsgi_app)
+    thread.join(timeout=30)
+    (r, took), = moved
+    assert r.status_code == 204 and took < hold_s  # the page reloads into the dashboard
+
+
 def test_a_dashboard_that_answers_before_its_run_is_ready_serves_its_scripts_and_waits_for_it(
         synth_data: Any) -> None:
     """The early switch of `uberprof dashboard`: the page and Dash's scripts are served at

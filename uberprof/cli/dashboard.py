@@ -78,7 +78,9 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
 
         stage = ["starting"]
         allowed = loopback_hosts(host) if is_loopback(host) else None
-        switch = Switch(preparing_app(path.resolve().name, lambda: stage[0], auth, allowed))
+        # the page's held question ends when the dashboard answers in its place
+        switch = Switch(preparing_app(path.resolve().name, lambda: stage[0], auth, allowed,
+                                      moved=lambda: switch.moved))
         server = make_server(host, port, switch)
     except ServeError as exc:
         err.print(f"uberprof dashboard: {exc}", markup=False)
