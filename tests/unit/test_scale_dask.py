@@ -279,7 +279,8 @@ def test_a_reduce_whose_rank_parts_are_made_on_workers_writes_the_tables_made_in
     on_workers = reduce.map_calls
 
     def counted(fn: Any, arg_lists: Any, workers: int, executor: Any = None) -> Any:
-        sent.extend(args[2] if args[0] == "rank" else args[0] for args in arg_lists)
+        # (the folder its parts' step rows are handed over in, what, ...)
+        sent.extend(args[3] if args[1] == "rank" else args[1] for args in arg_lists)
         return on_workers(fn, arg_lists, workers, executor)
 
     monkeypatch.setattr(reduce, "map_calls", counted)
@@ -295,6 +296,7 @@ def test_a_reduce_whose_rank_parts_are_made_on_workers_writes_the_tables_made_in
     assert "flight-recorder.jsonl" in two.summary["problems"][0]  # the damage named first
     assert [r["rank"] for r in two.ranks] == list(range(8))  # written in rank order
     assert_same(tmp_path / "one", tmp_path / "two")
+    assert not list((tmp_path / "two").glob(".parts-*"))  # the handed-over rows' files gone
 
 
 def _copied(run: Path, to: Path) -> Path:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from pathlib import Path
@@ -47,7 +48,14 @@ from uberprof.analysis.tables.derived import (
 )
 from uberprof.analysis.tables.overview import write_overview
 from uberprof.analysis.tables.pool import map_calls
-from uberprof.analysis.tables.reduce_rank import PER_TRACE, Item, RankPart, rank_part
+from uberprof.analysis.tables.reduce_rank import (
+    PER_TRACE,
+    Item,
+    RankPart,
+    rank_part,
+    spill,
+    unspill,
+)
 from uberprof.analysis.tables.schemas import (
     BREAKDOWN_FIELDS,
     RANK_SCHEMA,
@@ -270,7 +278,7 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
             contextlib.ExitStack() as stack:
         outs = {name: stack.enter_context(ParquetOut(derived / name, schema))
                 for name, schema, _, _ in PER_TRACE}
-        for part in _in_order(calls, workers, executor):
+        for part in _in_order(calls, workers, executor, derived):
             if not isinstance(part, RankPart):
                 damage = part
                 continue
@@ -303,11 +311,13 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
 PARALLEL_RANKS = 32
 
 
-def _in_order(calls: list[tuple[Any, ...]], workers: int | None,
-              executor: Executor | None) -> Iterator[RankPart | list[str]]:
+def _in_order(calls: list[tuple[Any, ...]], workers: int | None, executor: Executor | None,
+              derived: Path) -> Iterator[RankPart | list[str]]:
     """`_reduce_call(*call)` of every call, in the calls' order: in this process for a small
     run, else on the analysis workers (forked, or `executor`'s), each result handed on as
-    soon as the ones before it are (a worker that died fails the reduce, as it would here)."""
+    soon as the ones before it are (a worker that died fails the reduce, as it would here).
+    Workers hand their parts' step rows over as files in a folder of `derived` (`spill`),
+    removed when done."""
     if executor is None and (len(calls) < PARALLEL_RANKS or workers == 1):
         for call in calls:
             yield _reduce_call(*call)
@@ -315,20 +325,32 @@ def _in_order(calls: list[tuple[Any, ...]], workers: int | None,
     n = workers or min(os.cpu_count() or 1, len(calls))
     waiting: dict[int, RankPart | list[str]] = {}
     upto = 0
-    for i, res in map_calls(_reduce_call, calls, n, executor):
-        if isinstance(res, RuntimeError):  # the process making it died
-            what = "damage check" if calls[i][0] == "damage" else f"part of rank {calls[i][2]}"
-            raise OSError(f"the reduce's {what}: {res}")
-        waiting[i] = res
-        while upto in waiting:
-            yield waiting.pop(upto)
-            upto += 1
+    folder = derived / f".parts-{os.getpid()}-{os.urandom(4).hex()}"
+    folder.mkdir()
+    try:
+        for i, res in map_calls(_spilled_call, [(str(folder), *c) for c in calls], n,
+                                executor):
+            if isinstance(res, RuntimeError):  # the process making it died
+                what = "damage check" if calls[i][0] == "damage" else f"part of rank {calls[i][2]}"
+                raise OSError(f"the reduce's {what}: {res}")
+            waiting[i] = unspill(res) if isinstance(res, RankPart) else res
+            while upto in waiting:
+                yield waiting.pop(upto)
+                upto += 1
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _reduce_call(what: str, *args: Any) -> RankPart | list[str]:
     """One call of the reduce's stage 3: a rank's part (`rank_part`) or the run directory's
     damage check (`damage_problems`), so that both run on the workers side by side."""
     return damage_problems(*args) if what == "damage" else rank_part(*args)
+
+
+def _spilled_call(folder: str, what: str, *args: Any) -> RankPart | list[str]:
+    """`_reduce_call` on a worker: a rank part's step rows go to a file in `folder`."""
+    res = _reduce_call(what, *args)
+    return spill(res, Path(folder)) if isinstance(res, RankPart) else res
 
 
 def _write_ranks(derived: Path, rank_rows: list[dict[str, Any]]) -> None:
