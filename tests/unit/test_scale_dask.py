@@ -299,6 +299,25 @@ def test_a_reduce_whose_rank_parts_are_made_on_workers_writes_the_tables_made_in
     assert not list((tmp_path / "two").glob(".parts-*"))  # the handed-over rows' files gone
 
 
+def test_a_reduce_removes_the_rows_a_killed_reduce_handed_over_and_keeps_a_running_ones(
+        tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from uberprof.analysis.tables import reduce
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    left = tmp_path / f"{reduce.PARTS_PREFIX}{dead}-0a1b2c3d"
+    running = tmp_path / f"{reduce.PARTS_PREFIX}{os.getpid()}-0a1b2c3d"
+    for folder in (left, running):
+        folder.mkdir()
+        (folder / "rank-3.arrow").write_bytes(b"rows")
+    reduce.clear_stale_parts(tmp_path)
+    assert not left.exists() and (running / "rank-3.arrow").exists()
+
+
 def _copied(run: Path, to: Path) -> Path:
     shutil.copytree(run, to, ignore=shutil.ignore_patterns("derived"))
     return to
