@@ -69,8 +69,8 @@ def preparing_app(label: str, stage: Callable[[], str], auth: tuple[str, str] | 
         shown = flask.request.headers.get(SHOWN_HEADER)
         if shown is not None and flask.request.method == "HEAD":
             shown, asked = unquote(shown), time.monotonic()
-            while not moved() and (now := time.monotonic()) < asked + hold_s and (
-                    stage() == shown or now < asked + min(STAGE_EVERY_S, hold_s)):
+            while not moved() and (t := time.monotonic()) < asked + hold_s and (
+                    stage() == shown or t < asked + min(STAGE_EVERY_S, hold_s)):
                 time.sleep(HOLD_POLL_S)
             if moved():
                 return flask.Response(status=204)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -351,19 +352,9 @@ def clear_stale_parts(derived: Path) -> None:
     still runs on this host is another reduce's, and kept."""
     for folder in derived.glob(PARTS_PREFIX + "*"):
         pid = folder.name[len(PARTS_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and _alive(int(pid)):
+        if pid.isdigit() and psutil.pid_exists(int(pid)):
             continue
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _reduce_call(what: str, *args: Any) -> RankPart | list[str]:
