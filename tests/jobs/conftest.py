@@ -27,8 +27,19 @@ SHARED = {f.__name__: f for f in (healthy_run, logging_run, sleeping_rank_run, s
                                   modules_memory_run)}
 
 
+SHARED_GROUP = "shared-runs"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse a test module that imports a shared run: it would make that run again."""
+    """Refuse a test module that imports a shared run: it would make that run again. Group the
+    tests for pytest-xdist (module docstring): a file that uses a shared run goes whole to the
+    shared group (its own module-scoped fixtures stay on one worker), any other file is a group
+    of its own."""
+    users = {item.path for item in items
+             if set(getattr(item, "fixturenames", ())) & SHARED.keys()}
+    for item in items:
+        group = SHARED_GROUP if item.path in users else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
     again: set[str] = set()
     for item in items:
         module = getattr(item, "module", None)
