@@ -63,6 +63,21 @@ def test_fixed_runs_of_one_configuration_are_pooled_with_their_spread() -> None:
     assert "2 runs, median 110.0 ms, run-to-run spread 18.2%" in line
 
 
+def test_a_pair_repeated_is_pooled_as_median_projection_against_median_fixed_run() -> None:
+    rs = [_result("straggler", p, m) for p, m in ((104.0, 100.0), (90.0, 120.0), (99.0, 80.0))]
+    rs += [_result("data", 88.0, 120.0)]  # once: not pooled
+    rs += [_result("pipeline", None, None, skipped="option not available")] * 2
+    pooled = W.pooled_pairs(rs)
+    assert list(pooled) == ["straggler"]
+    g = pooled["straggler"]
+    assert g["repeats"] == 3 and g["projected_median_ms"] == pytest.approx(99.0)
+    assert g["measured_median_ms"] == pytest.approx(100.0)
+    assert g["error_pct"] == pytest.approx(-1.0)
+    lines = W.summary_lines({**W.summarise(rs), "pooled": pooled})
+    assert "straggler over 3 repeats: median projection 99.0 ms against the fixed runs' " \
+        "median 100.0 ms: -1.0%" in lines
+
+
 def test_summary_meets_targets_only_with_figures_within_them() -> None:
     ok = W.summarise([_result("straggler", 105.0, 100.0, replay=(0.5, 4.9))])
     assert ok["projection"]["met"] and ok["replay"]["met"]
