@@ -4,7 +4,13 @@ pytest keeps a fixture per place it is defined, and a fixture imported into a te
 defined in that module: a session-scoped run imported by six files ran six times (about 14
 extra jobs a suite). Registered in this conftest, each runs once per session; test files name
 the fixture as an argument and import nothing of it (a test file that imports one is refused at
-collection). A test that changes a run works on its own copy (shutil.copytree, as they do)."""
+collection). A test that changes a run works on its own copy (shutil.copytree, as they do).
+
+Under pytest-xdist (`make test` runs this folder on JOBS_WORKERS processes, `--dist loadgroup`)
+every file that uses a shared run is in one group, so each shared run is still made once, on
+one worker; any other file is a group of its own, beside it (its module-scoped runs stay single
+too). About half of this folder's time is waiting (hang timeouts, browsers, jobs starting),
+which the second worker fills."""
 
 from __future__ import annotations
 
