@@ -34,9 +34,9 @@ demo: $(STAMP)
 
 # tests/unit first (fast, no jobs), then tests/jobs (real jobs, browsers, terminals, namespaces).
 # The unit tests start no job, so they run on UNIT_WORKERS processes (pytest-xdist), a test
-# file per worker at a time. tests/jobs runs on JOBS_WORKERS: serial, its CPU use was 57% of
-# two cores (hang timeouts, browsers and jobs starting are waits); every test of a shared run
-# stays on one worker (tests/jobs/conftest.py), so each run is still made once.
+# file per worker at a time. tests/jobs runs on JOBS_WORKERS (0: serial): run serially it used
+# 57% of two cores (hang timeouts, browsers and jobs starting are waits); every test of a shared
+# run stays on one worker (tests/jobs/conftest.py), so each run is still made once.
 UNIT_WORKERS ?= 2
 JOBS_WORKERS ?= 2
 UNIT_PYTEST := $(BIN)/python -m pytest -q -ra -n $(UNIT_WORKERS) --dist loadfile tests/unit

@@ -219,18 +219,17 @@ def pooled_pairs(results: list[PairResult]) -> dict[str, Any]:
     alternate the runs' order, the drift of either run is no longer one-sided, so this says
     whether the projection is off beyond it. The target stays on every pair run
     (`summarise`)."""
-    by_pair: dict[str, list[PairResult]] = {}
+    by_pair: dict[str, list[tuple[float, float]]] = {}
     for r in results:
         if r.projected_ms is not None and r.measured is not None and r.measured.step_ms:
-            by_pair.setdefault(r.pair, []).append(r)
+            by_pair.setdefault(r.pair, []).append((r.projected_ms, r.measured.step_ms))
     out = {}
-    for pair, rs in sorted(by_pair.items()):
-        if len(rs) < 2:
+    for pair, runs in sorted(by_pair.items()):
+        if len(runs) < 2:
             continue
-        proj = statistics.median(r.projected_ms for r in rs if r.projected_ms is not None)
-        meas = statistics.median(r.measured.step_ms for r in rs if r.measured is not None
-                                 and r.measured.step_ms is not None)
-        out[pair] = {"repeats": len(rs), "projected_median_ms": proj,
+        proj = statistics.median(p for p, _ in runs)
+        meas = statistics.median(m for _, m in runs)
+        out[pair] = {"repeats": len(runs), "projected_median_ms": proj,
                      "measured_median_ms": meas,
                      "error_pct": projection_error_pct(proj, meas)}
     return out
