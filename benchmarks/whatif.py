@@ -4,6 +4,7 @@ problem removed by a what-if option) against the median step time measured in th
 
     python benchmarks/whatif.py --quick                  # straggler and data pairs, once each
     python benchmarks/whatif.py --repeats 3              # every pair three times
+    python benchmarks/whatif.py --in-job --repeats 4     # problem and fix in one job each
     python benchmarks/whatif.py --pairs link --keep --out /tmp/wi
     python benchmarks/whatif.py --device cuda --pairs straggler,data   # on a GPU machine
     python benchmarks/whatif.py --repeats 2 --out /tmp/wi --rescore   # kept runs, this
@@ -40,6 +41,15 @@ than the target. With --repeats 2 or more, each pair's median projection is also
 its fixed runs' median (`pooled`): the projection's own error once the runs' drift, which the
 alternating order spreads over both sides, is taken out.
 
+With --in-job, a pair is one job instead of two, of twice the steps: the problem is on every
+other step (the sample's --fault-steps; the odd steps on odd repeats, else the even) and off on
+the others, all traced in one window. One `whatif` replays the window; the projection is the
+median of the problem steps' projected lengths, measured is the median of the other steps'
+measured lengths. Both sides then see the same machine: its drift, which on a shared 2-core
+machine changes the same work's CPU time by 20% within a minute, is no part of the error, and
+what is left is the projection's own (and the steps' spread). Pairs whose fix changes the
+job's set-up (link, pipeline) have no in-job form and are skipped.
+
 Before the pairs, one unscored run of the first pair's fixed job warms the machine up
 (--no-warm-up skips it): a first run after the machine idled measured up to 1.5x slower in its
 own work.
@@ -53,6 +63,7 @@ minutes: read the measured intervals before the errors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -88,6 +99,7 @@ class Pair:
     caps: tuple[str, str] | None = None
     what: str = ""
     max_traced: int | None = None  # at most this many traced steps (None: up to --steps - 2)
+    in_job: bool = False  # the sample can switch the problem off mid-job (--fault-steps)
 
 
 # a small batch and a large vocabulary: ~5.7 M parameters (23 MB of gradients all-reduced a
@@ -102,9 +114,9 @@ LINK_MODEL = ("--seq", "16", "--batch", "4", "--dim", "256", "--vocab", "8000")
 PIPELINE_MODEL = ("--dim", "256", "--batch", "16")
 PAIRS = {p.name: p for p in (
     Pair("straggler", "train_ddp.py", ("--slow-rank", "1", "--slow-factor", "2"), (),
-         (("--remove", "straggler"),), what="rank 1 computes 2x"),
+         (("--remove", "straggler"),), what="rank 1 computes 2x", in_job=True),
     Pair("data", "train_ddp.py", ("--slow-data-rank", "1", "--data-delay-ms", "5"), (),
-         (("--remove", "data"),), what="rank 1's loader +40 ms/batch"),
+         (("--remove", "data"),), what="rank 1's loader +40 ms/batch", in_job=True),
     Pair("link", "train_ddp.py", LINK_MODEL, LINK_MODEL,
          (("--link-gbps", "4"), ("--link-scale", "4")), caps=("1gbit", "4gbit"),
          what="1 -> 4 Gbit/s inter-node link"),
@@ -346,21 +358,34 @@ def whatif_json(run: Path, option: list[str], timeout: float) -> dict[str, Any]:
     return uberprof_json(["whatif", str(run), *option, "--json"], timeout)
 
 
-def figures(doc: dict[str, Any], run: Path | None = None) -> RunFigures:
-    """A run's own figures from a `whatif --json` document: the measured median step, a 95%
-    interval of it from the steps' spread (the range with fewer than six), the replay error."""
+def step_figures(doc: dict[str, Any], steps: list[int] | None = None,
+                 key: str = "measured_ms") -> tuple[float, list[float]] | None:
+    """The median of `key` over a `whatif --json` document's steps (those of `steps` when
+    given) and a 95% interval of it from their spread (the range with fewer than six); None
+    without a step."""
     import numpy as np
 
     from uberprof.analysis.tables.steptime import median_interval
 
-    ms = np.array([s["measured_ms"] for s in doc.get("steps") or []], np.float64)
-    wait, cpu = contention(run, [s["step"] for s in doc.get("steps") or []]) if run else \
-        (None, None)
-    iv = median_interval(ms) if ms.size else None
-    if iv is None and ms.size:
-        iv = (float(ms.min()), float(ms.max()))
-    return RunFigures(doc.get("baseline_step_ms"), [round(iv[0], 3), round(iv[1], 3)]
-                      if iv else None, doc.get("replay_error_pct"), int(ms.size), wait, cpu)
+    rows = [s for s in doc.get("steps") or [] if steps is None or s["step"] in steps]
+    x = np.array([s[key] for s in rows if s.get(key) is not None], np.float64)
+    if not x.size:
+        return None
+    iv = median_interval(x) or (float(x.min()), float(x.max()))
+    return round(float(np.median(x)), 3), [round(iv[0], 3), round(iv[1], 3)]
+
+
+def figures(doc: dict[str, Any], run: Path | None = None,
+            steps: list[int] | None = None) -> RunFigures:
+    """A run's own figures from a `whatif --json` document (over `steps` when given: an
+    in-job pair's half): the measured median step, a 95% interval of it from the steps'
+    spread (the range with fewer than six), the replay error."""
+    rows = [s["step"] for s in doc.get("steps") or [] if steps is None or s["step"] in steps]
+    wait, cpu = contention(run, rows) if run else (None, None)
+    med = step_figures(doc, rows)
+    step_ms = doc.get("baseline_step_ms") if steps is None else (med[0] if med else None)
+    return RunFigures(step_ms, med[1] if med else None, doc.get("replay_error_pct"),
+                      len(rows), wait, cpu)
 
 
 def contention(run: Path, steps: list[int]) -> tuple[float | None, float | None]:
@@ -438,6 +463,8 @@ def run_pair(pair: Pair, repeat: int, out: Path, args: Any, help_text: str,
         res.skipped = "needs root, iproute2 and tc for the network namespaces"
         return res
     res.option = option
+    if args.in_job:
+        return run_in_job(pair, res, out, args, index)
     last = args.steps - 2 if pair.max_traced is None else \
         min(args.steps - 2, args.trace_from + pair.max_traced - 1)
     trace = f"{args.trace_from}-{last}"
@@ -470,6 +497,53 @@ def run_pair(pair: Pair, repeat: int, out: Path, args: Any, help_text: str,
     return res
 
 
+def in_job_plan(steps: int, trace_from: int, phase: int) -> tuple[str, str, list[int],
+                                                                   list[int]]:
+    """One job of 2 x `steps` steps for an in-job pair: the sample's --fault-steps (every
+    other step, the odd ones with `phase` 1, else the even), uberprof's --trace-steps (from
+    `trace_from` to two steps before the end), and the traced steps with the problem and
+    without it."""
+    last = 2 * steps - 1
+    bad = [s for s in range(last + 1) if s % 2 == phase % 2]
+    traced = range(trace_from, last - 1)
+    return (",".join(map(str, bad)), f"{trace_from}-{last - 2}",
+            [s for s in traced if s % 2 == phase % 2], [s for s in traced if s % 2 != phase % 2])
+
+
+def run_in_job(pair: Pair, res: PairResult, out: Path, args: Any, index: int) -> PairResult:
+    """One repeat of `pair` as one job (module docstring, --in-job): one `whatif` over its
+    window; the projection is the median of the problem steps' projected lengths, measured
+    is the median of the other steps' measured lengths."""
+    if not pair.in_job:
+        res.skipped = "no in-job form (its fix changes the job's set-up)"
+        return res
+    fault, trace, bad, good = in_job_plan(args.steps, args.trace_from, res.repeat)
+    rid = f"{pair.name}-{res.repeat}-in-job"
+    run = out / rid
+    try:
+        if args.rescore:
+            if not (run / "ranks").is_dir():
+                raise RuntimeError(f"no kept run {run}")
+        else:
+            job = dataclasses.replace(pair, problem=(*pair.problem, "--fault-steps", fault))
+            record(job, True, out, rid, 2 * args.steps, trace, args.run_timeout,
+                   29600 + index % 300, args.device)
+        proj = whatif_json(run, res.option, args.run_timeout)
+        res.problem = figures(proj, run, bad)
+        res.measured = figures(proj, run, good)
+        res.baseline_ms = res.problem.step_ms
+        projected = step_figures(proj, bad, "projected_ms")
+        if projected is not None:
+            res.projected_ms, res.projected_interval_ms = projected
+        (out / f"{rid}.whatif.json").write_text(json.dumps(proj, indent=1))
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as e:
+        res.skipped = f"failed: {str(e)[-400:]}"
+    finally:
+        if not args.keep and not args.rescore:
+            shutil.rmtree(run, ignore_errors=True)
+    return res
+
+
 def main() -> None:
     ap = doc_parser(__doc__)
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"from {list(PAIRS)} (default all)")
@@ -486,6 +560,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="runs and projections go here (default: temp)")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--in-job", action="store_true",
+                    help="each pair as one job: the problem on for one half of its 2 x STEPS "
+                         "steps, projected from that half, measured on the other (straggler, "
+                         "data)")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                     help="skip the unscored warm-up run before the pairs")
     ap.add_argument("--rescore", action="store_true",
@@ -520,7 +598,9 @@ def main() -> None:
             "pooled": pooled_pairs(results)}
     doc = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "load_before": load0,
            "load_after": os.getloadavg(), "minutes": round((time.monotonic() - t0) / 60, 1),
-           "steps": args.steps, "traced": f"{args.trace_from}-{args.steps - 2}",
+           "mode": "in-job" if args.in_job else "pairs of runs",
+           "steps": args.steps, "traced": in_job_plan(args.steps, args.trace_from, True)[1]
+           if args.in_job else f"{args.trace_from}-{args.steps - 2}",
            "results": [{**asdict(r), "error_pct": r.error_pct} for r in results], **summ}
     (out / ("whatif-rescore.json" if args.rescore else "whatif-bench.json")).write_text(
         json.dumps(doc, indent=1))
@@ -528,7 +608,8 @@ def main() -> None:
         print(json.dumps(doc, indent=1))
     else:
         print(f"{len(results)} pair run(s) in {doc['minutes']} min on {doc['cpus']} CPUs, load "
-              f"{load0[0]:.1f} -> {doc['load_after'][0]:.1f}; {args.steps} steps, traced "
+              f"{load0[0]:.1f} -> {doc['load_after'][0]:.1f}; {doc['mode']}: "
+              f"{2 * args.steps if args.in_job else args.steps} steps a job, traced "
               f"{doc['traced']} (fewer where a pair says); results in {out}")
         print("\n".join(result_lines(results) + summary_lines(summ)))
     sys.exit(0 if summ["projection"]["met"] and summ["replay"]["met"] else 1)

@@ -9,6 +9,10 @@ and tests of the diagnosis:
   --host-work-ms H                 every rank does H ms of extra host work per step
   --sleep-rank R --sleep-ms S      rank R sleeps S ms per step on its training thread (off the
                                    CPU by its own doing, as blocking I/O or a lock would be)
+  --fault-steps A-B[,C-D]          the slow-rank, slow-data and sleep faults above only on
+                                   these steps (0-based, inclusive); the job's other steps are
+                                   healthy (a problem and its fix measured in one job:
+                                   benchmarks/whatif.py --in-job)
   --extra-matmul N                 every rank multiplies two 256x256 matrices N more times
                                    per step (a code change that costs compute: uberprof diff)
   --bucket-cap-mb MB --no-overlap  DDP buckets of MB; each all-reduced inside backward,
@@ -41,7 +45,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import torch
 import torch.distributed as dist
@@ -66,18 +70,38 @@ class TinyTransformer(nn.Module):
 
 
 class SyntheticTokens(Dataset):
-    def __init__(self, n: int, seq: int, vocab: int, delay_s: float) -> None:
+    """Seeded random tokens; `delay_s` per sample read (a slow loader), only for the samples of
+    steps `delayed` (step numbers, `per_step` samples a step) when given."""
+
+    def __init__(self, n: int, seq: int, vocab: int, delay_s: float,
+                 delayed: Container[int] | None = None, per_step: int = 1) -> None:
         self.n, self.seq, self.vocab, self.delay_s = n, seq, vocab, delay_s
+        self.delayed, self.per_step = delayed, per_step
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.delay_s:
+        if self.delay_s and (self.delayed is None or i // self.per_step in self.delayed):
             time.sleep(self.delay_s)
         g = torch.Generator().manual_seed(i)
         x = torch.randint(0, self.vocab, (self.seq + 1,), generator=g)
         return x[:-1], x[1:]
+
+
+def _step_set(text: str) -> frozenset[int]:
+    """`A-B[,C[,D-E]]` (inclusive) as a set of step numbers."""
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        try:
+            lo, hi = int(a), int(b or a)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: use A-B[,C-D], such as 10-19") from None
+        if lo < 0 or hi < lo:
+            raise argparse.ArgumentTypeError(f"{part!r}: need 0 <= A <= B")
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,6 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=1.0, metavar="F")
     p.add_argument("--slow-data-rank", type=int, default=-1)
     p.add_argument("--data-delay-ms", type=float, default=0.0)
+    p.add_argument("--fault-steps", type=_step_set, default=None, metavar="A-B[,C-D]")
     p.add_argument("--host-work-ms", type=float, default=0.0)
     p.add_argument("--sleep-rank", type=int, default=-1)
     p.add_argument("--sleep-ms", type=float, default=0.0)
@@ -221,11 +246,13 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     delay = args.data_delay_ms / 1e3 if rank == args.slow_data_rank else 0.0
     accum = max(1, args.accum)
-    data = SyntheticTokens(args.steps * accum * args.batch, args.seq, args.vocab, delay)
+    faulty = args.fault_steps if args.fault_steps is not None else range(args.steps)
+    data = SyntheticTokens(args.steps * accum * args.batch, args.seq, args.vocab, delay,
+                           faulty, accum * args.batch)
     loader = DataLoader(data, batch_size=args.batch, num_workers=args.workers)
     batches = iter(loader)
-    extra = max(0, round(args.slow_compute) - 1) if rank == args.slow_rank else 0
-    slow_factor = args.slow_factor if rank == args.slow_rank else 1.0
+    extra_set = max(0, round(args.slow_compute) - 1) if rank == args.slow_rank else 0
+    slow_set = args.slow_factor if rank == args.slow_rank else 1.0
     own: list[float] = []  # this rank's steps so far, without the slow-factor work
     loss_fn = nn.CrossEntropyLoss()
     if args.start_gate:
@@ -234,6 +261,7 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     cpu_prev = time.thread_time()
     durations, cpu_times = [], []
     for step in range(args.steps):
+        extra, slow_factor = (extra_set, slow_set) if step in faulty else (0, 1.0)
         micro = [next(batches) for _ in range(accum)]
         t_step = time.perf_counter()
         if rank == args.oom_rank and step == args.oom_step:
@@ -252,7 +280,7 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
                 model(x)
         if args.host_work_ms:
             _busy_wait(args.host_work_ms / 1e3)
-        if rank == args.sleep_rank and args.sleep_ms:
+        if rank == args.sleep_rank and args.sleep_ms and step in faulty:
             time.sleep(args.sleep_ms / 1e3)
         if args.extra_matmul:  # extra aten::mm work on every rank, outside autograd
             m = torch.ones(256, 256, device=device)

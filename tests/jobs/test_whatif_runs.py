@@ -58,6 +58,16 @@ def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
     assert lo <= doc["projected_step_ms"] <= hi and "interval" in doc["interval"]
     assert doc["changes"][0]["rank"] == STRAGGLER and doc["changes"][0]["removed_ms"] > 0
 
+    # --steps: those steps' figures, each step's gain as the whole window's replay gave it
+    steps = [s["step"] for s in doc["steps"]]
+    lo, hi = steps[2], steps[-3]
+    part = _whatif(run, "--remove", "straggler", "--steps", f"{lo}-{hi}")
+    assert [s["step"] for s in part["steps"]] == steps[2:-2]
+    assert [s["gain_ms"] for s in part["steps"]] == [s["gain_ms"] for s in doc["steps"][2:-2]]
+    res = CliRunner().invoke(main, ["whatif", str(run), "--remove", "straggler", "--steps",
+                                    "100000-100001"])
+    assert res.exit_code == 1 and "no traced step in 100000-100001" in res.stdout, res.output
+
     res = CliRunner().invoke(main, ["whatif", str(run), "--remove", "straggler", "--remove",
                                     "data", "--link-scale", "2", "--op", "aten::addmm=2"],
                              terminal_width=120)

@@ -119,3 +119,25 @@ def _with_contention() -> object:
     r.problem.core_wait_ms, r.problem.cpu_ms = 40.0, 30.0
     r.measured.core_wait_ms, r.measured.cpu_ms = 12.0, 8.0
     return r
+
+
+def test_an_in_job_pair_faults_every_other_step_and_traces_both_kinds() -> None:
+    fault, trace, bad, good = W.in_job_plan(9, 3, 1)
+    # 18 steps; the odd ones faulty; traced 3..15, two steps left after the window as a pair's
+    # run leaves them
+    assert fault == "1,3,5,7,9,11,13,15,17" and trace == "3-15"
+    assert bad == [3, 5, 7, 9, 11, 13, 15] and good == [4, 6, 8, 10, 12, 14]
+    fault, _, bad, good = W.in_job_plan(9, 3, 2)
+    assert fault.startswith("0,2,4") and bad[0] == 4 and good[0] == 3
+
+
+def test_step_figures_take_the_median_of_the_chosen_steps_only() -> None:
+    doc = {"steps": [{"step": s, "measured_ms": float(m), "projected_ms": float(p)}
+                     for s, m, p in [(3, 100, 60), (4, 50, 50), (5, 110, 70), (6, 60, 60),
+                                     (7, 120, 80)]]}
+    med, iv = W.step_figures(doc, [3, 5, 7], "projected_ms")
+    assert med == 70.0 and iv == [60.0, 80.0]  # fewer than six steps: their range
+    assert W.step_figures(doc, [4, 6])[0] == 55.0
+    assert W.step_figures(doc, [99]) is None
+    f = W.figures({**doc, "baseline_step_ms": 100.0, "replay_error_pct": 0.5}, None, [4, 6])
+    assert (f.step_ms, f.steps, f.replay_error_pct) == (55.0, 2, 0.5)

@@ -171,3 +171,47 @@ def test_clocks_that_disagree_show_as_replay_error() -> None:
     assert doc["steps"] == [{"step": 0, "measured_ms": 100.0, "replayed_ms": 103.0,
                              "error_pct": 3.0}]
     assert doc["fit_for_projection"] and "3.0%" in doc["why"]
+
+
+def two_step_graph():
+    """Steps 0 and 1 on two ranks, one all-reduce each, 55 ms a step:
+
+    rank 0: compute 0-30, waiting 30-55 | compute 55-85, waiting 85-110
+    rank 1: compute 0-50 (20 ms of it aten::mm), waiting 50-55 | compute 55-105, waiting
+            105-110
+
+    Each all-reduce is issued where the rank's compute ends and ends 5 ms after rank 1's."""
+    seg = [(0, 30, COMPUTE), (30, 55, WAIT), (55, 85, COMPUTE), (85, 110, WAIT)]
+    one = [(0, 50, COMPUTE), (50, 55, WAIT), (55, 105, COMPUTE), (105, 110, WAIT)]
+    lanes = {0: _lane(0, seg), 1: _lane(1, one, ops=[(0, "aten::mm", 20)])}
+    for lane in lanes.values():
+        lane.step = np.array([0, 0, 1, 1], np.int64)
+    instances = pa.table({"instance": [0, 0, 1, 1], "rank": [0, 1, 0, 1],
+                          "start_ns": [30 * MS, 50 * MS, 85 * MS, 105 * MS],
+                          "end_ns": [55 * MS, 55 * MS, 110 * MS, 110 * MS]})
+    traced = pa.table({"rank": [0, 1, 0, 1], "step": [0, 0, 1, 1],
+                       "step_time_ns": [55 * MS] * 4})
+    return build_graph(lanes, {}, instances, None), traced
+
+
+def test_steps_keep_each_kept_step_gain_as_the_whole_replay_gives_it() -> None:
+    g, traced = two_step_graph()
+    faster = parse_changes([], None, ["aten::mm=2"])
+    whole = project(g, traced, faster, straggler=None)
+    # step 0 loses 10 ms of aten::mm; step 1 starts 10 ms earlier and gains nothing of its own
+    assert [s["gain_ms"] for s in whole["steps"]] == [10.0, 0.0]
+    first = project(g, traced, faster, straggler=None, only=(0, 0))
+    assert [s["step"] for s in first["steps"]] == [0]
+    assert (first["baseline_step_ms"], first["projected_step_ms"]) == (55.0, 45.0)
+    second = project(g, traced, faster, straggler=None, only=(1, 1))
+    # not 10 ms: step 1's gain is not step 0's carried over
+    assert [s["gain_ms"] for s in second["steps"]] == [0.0]
+    assert second["projected_step_ms"] == 55.0 and second["step_range"] == [1, 1]
+    assert second["replay_error_pct"] == 0.0
+
+
+def test_steps_without_a_traced_step_say_which_steps_were_traced() -> None:
+    g, traced = two_step_graph()
+    doc = project(g, traced, parse_changes([], 2.0, []), straggler=None, only=(5, 9))
+    assert doc["steps"] == [] and doc["projected_step_ms"] is None
+    assert doc["why"] == "no traced step in 5-9; the traced steps are 0-1"

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
-from uberprof.cli.params import FiniteRange
+from uberprof.cli.params import STEP_RANGE, FiniteRange
 
 EPILOG = """\
 \b
@@ -20,6 +20,7 @@ Examples:
   uberprof whatif uberprof-runs/RUN --link-gbps 4 --remove exposed-comm
   uberprof whatif uberprof-runs/RUN --balance-stages --remove sync --remove launch
   uberprof whatif uberprof-runs/RUN --op aten::mm=2 --op "nccl:all_reduce=1.5" --json
+  uberprof whatif uberprof-runs/RUN --remove straggler --steps 100-102
 \b
 How to read it: each traced step is replayed twice on the run's dependency
 graph (every rank's work in program order, each collective waiting for its
@@ -59,6 +60,10 @@ or removes, caches, a schedule the framework would pick instead.
 @click.option("--op", "ops", multiple=True, metavar="NAME=F",
               help="Operator or kernel NAME F times faster (its self time / F). An exact name, "
                    "else every name containing NAME. Repeatable.")
+@click.option("--steps", "only", type=STEP_RANGE, metavar="A-B",
+              help="Only these traced steps' figures (inclusive), such as one trace window of "
+                   "several; the whole run is still replayed, so each step's gain is the same "
+                   "as without --steps.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the projection as JSON (baseline_step_ms, replayed_step_ms, "
                    "projected_step_ms, interval_ms, changes, steps; docs/whatif.md).")
@@ -66,8 +71,9 @@ or removes, caches, a schedule the framework would pick instead.
 @workers_option()
 @derived_option("--out", "Where derived tables go (default: PATH/derived).")
 def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None,
-           link_gbps: float | None, balance_stages: bool, ops: tuple[str, ...], as_json: bool, gap_threshold_us: float, workers: int | None,
-           out: Path | None) -> None:
+           link_gbps: float | None, balance_stages: bool, ops: tuple[str, ...],
+           only: tuple[int, int] | None, as_json: bool, gap_threshold_us: float,
+           workers: int | None, out: Path | None) -> None:
     """Project PATH's step time (a run directory, a folder of Kineto traces, or one trace) if
     the given problems were fixed: the traced steps replayed on the run's dependency graph
     with the changes, against the measured steps. Several changes compose. The run is
@@ -96,7 +102,7 @@ def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None,
         err.print(f"uberprof whatif: {opened.no_traces or 'nothing to replay'}", markup=False,
                   highlight=False, soft_wrap=True)
         sys.exit(1)
-    doc = project_run(opened.ctx, opened.diagnosis, changes)
+    doc = project_run(opened.ctx, opened.diagnosis, changes, only)
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")

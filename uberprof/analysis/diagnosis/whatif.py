@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.bandwidth import bus_factor, message_bytes
 from uberprof.analysis.diagnosis.model import Diagnosis
@@ -43,6 +44,7 @@ from uberprof.analysis.tables.replay import (
     step_spans,
 )
 from uberprof.analysis.tables.steptime import median_interval
+from uberprof.rundir import rank_ranges
 
 __all__ = ["FIT_PCT", "Change", "critical_path_doc", "parse_changes", "project",
            "project_run", "replay_doc", "run_docs", "run_graph", "run_graph_docs", "stages_of", "step_ends",
@@ -241,13 +243,18 @@ def step_ends(g: StepGraph, r: Replay) -> dict[int, int]:
 def project(g: StepGraph, traced: pa.Table, changes: list[Change],
             straggler: int | None, straggler_basis: str = "", base: Replay | None = None,
             stages: dict[int, int] | None = None,
-            fit: dict[str, Any] | None = None) -> dict[str, Any]:
+            fit: dict[str, Any] | None = None,
+            only: tuple[int, int] | None = None) -> dict[str, Any]:
     """Replay `g` as recorded (`base`, when the caller has it) and with `changes`
     (`whatif_changes.apply_changes`; `stages`: each rank's pipeline stage). A step's gain is
     how much earlier its last rank finishes it, less the gain of the step before (so the
     gains add up to the whole window's, and a rank that merely starts a step earlier gains
     nothing); the projected step is the measured one less its gain. Medians over the steps,
-    with a 95% interval of the projected median (module docstring; docs/whatif.md)."""
+    with a 95% interval of the projected median (module docstring; docs/whatif.md).
+
+    `only` (steps A-B, inclusive) keeps those steps' figures: the whole graph is still
+    replayed, so a step's gain is the same as without it (its predecessors' gains are taken
+    off whichever steps are kept), and the replay error is that of the kept steps."""
     base = base if base is not None else replay(g)
     edit = apply_changes(g, changes, straggler, stages)
     unchanged = edit.graph is g and bool((edit.own == 1).all()) and \
@@ -259,6 +266,11 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
     steps = sorted(set(meas) & set(rep) & set(e0) & set(e1))
     saved = np.array([e0[s] - e1[s] for s in steps], np.float64)
     gain = np.diff(np.r_[0.0, saved])
+    if only is not None:
+        traced_steps = steps
+        keep = np.array([only[0] <= s <= only[1] for s in steps], bool)
+        steps, gain = [s for s, k in zip(steps, keep) if k], gain[keep]
+        traced = traced.filter(pc.is_in(traced.column("step"), pa.array(steps, pa.int64())))
     m = np.array([meas[s] for s in steps], np.float64)
     rp = np.array([rep[s][0] for s in steps], np.float64)
     p = m - gain
@@ -271,8 +283,12 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
         "projected_step_ms": None, "interval_ms": None, "interval": None, "gain_ms": None,
         "gain_pct": None, "fit_for_projection": fit["fit_for_projection"],
         "replay_error_pct": fit["median_error_pct"], "why": fit["why"],
-        "dropped_dependencies": new.broken}
+        "dropped_dependencies": new.broken,
+        "step_range": list(only) if only is not None else None}
     if not steps:
+        if only is not None:
+            doc["why"] = (f"no traced step in {only[0]}-{only[1]}; the traced steps are "
+                          f"{rank_ranges(traced_steps) if traced_steps else 'none'}")
         return doc
     iv = median_interval(p)
     kind = "95% interval of the median over the steps"
@@ -316,9 +332,11 @@ def straggler_of(d: Diagnosis) -> tuple[int | None, str]:
     return None, "no straggler: the straggler test has no candidate"
 
 
-def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change]) -> dict[str, Any]:
+def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change],
+                only: tuple[int, int] | None = None) -> dict[str, Any]:
     """`uberprof whatif`: the run's graph (from its tables and its diagnosis's matched
-    collectives, send/recv pairs and clock alignment) replayed with `changes`."""
+    collectives, send/recv pairs and clock alignment) replayed with `changes`; `only`: the
+    figures of steps A-B alone (`project`)."""
     g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
     rank, basis = straggler_of(d)
-    return project(g, d.steps, changes, rank, basis, stages=stages_of(d))
+    return project(g, d.steps, changes, rank, basis, stages=stages_of(d), only=only)
