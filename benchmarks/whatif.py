@@ -292,14 +292,18 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
            (f"replay error over {r['runs']} run(s): median {_f(r['median_pct'])}%, max "
             f"{_f(r['max_pct'])}% (target <= {r['target_pct']:g}% on every run): "
             f"{'met' if r['met'] else 'NOT met'}")]
+    in_job = s.get("mode") == "in-job"
     for g in s.get("fixed_reference", {}).get("groups", []):
         errs = ", ".join(f"{k} {_f(v, '{:+.1f}')}%" for k, v in g["errors_pct"].items())
-        out.append(f"fixed runs of {'/'.join(g['pairs'])} (one configuration): {g['runs']} runs, "
-                   f"median {_f(g['median_ms'])} ms, run-to-run spread {_f(g['spread_pct'])}%; "
-                   f"projections against that median: {errs}")
+        what = (f"fixed steps of {'/'.join(g['pairs'])} over {g['runs']} jobs" if in_job else
+                f"fixed runs of {'/'.join(g['pairs'])} (one configuration): {g['runs']} runs")
+        out.append(f"{what}, median {_f(g['median_ms'])} ms, "
+                   f"{'job-to-job' if in_job else 'run-to-run'} spread "
+                   f"{_f(g['spread_pct'])}%; projections against that median: {errs}")
     for pair, g in s.get("pooled", {}).items():
         out.append(f"{pair} over {g['repeats']} repeats: median projection "
-                   f"{_f(g['projected_median_ms'])} ms against the fixed runs' median "
+                   f"{_f(g['projected_median_ms'])} ms against the fixed "
+                   f"{'steps' if in_job else 'runs'}' median "
                    f"{_f(g['measured_median_ms'])} ms: {_f(g['error_pct'], '{:+.1f}')}%")
     out += [f"skipped {x}" for x in s["skipped"]]
     return out
@@ -595,10 +599,10 @@ def main() -> None:
                  f"{_f(r.measured.step_ms if r.measured else None)} ms, error "
                  f"{_f(r.error_pct, '{:+.1f}')}%"), file=sys.stderr, flush=True)
     summ = {**summarise(results), "fixed_reference": fixed_reference(results),
-            "pooled": pooled_pairs(results)}
+            "pooled": pooled_pairs(results),
+            "mode": "in-job" if args.in_job else "pairs of runs"}
     doc = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "load_before": load0,
            "load_after": os.getloadavg(), "minutes": round((time.monotonic() - t0) / 60, 1),
-           "mode": "in-job" if args.in_job else "pairs of runs",
            "steps": args.steps, "traced": in_job_plan(args.steps, args.trace_from, True)[1]
            if args.in_job else f"{args.trace_from}-{args.steps - 2}",
            "results": [{**asdict(r), "error_pct": r.error_pct} for r in results], **summ}

@@ -9,6 +9,7 @@ tests/unit/test_whatif_graph.py, test_whatif_changes.py, test_whatif_gains.py.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -58,6 +59,14 @@ def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
     assert lo <= doc["projected_step_ms"] <= hi and "interval" in doc["interval"]
     assert doc["changes"][0]["rank"] == STRAGGLER and doc["changes"][0]["removed_ms"] > 0
 
+    # the ranks' CPU as rank.json records it, and the caution where they fill their cores
+    cpus = [json.loads((run / "ranks" / str(r) / "rank.json").read_text())["cpu"]
+            for r in range(4)]
+    assert all(c["cores"] == len(os.sched_getaffinity(0)) and c["torch_threads"] >= 1
+               for c in cpus), cpus
+    full = sum(c["torch_threads"] for c in cpus) >= cpus[0]["cores"]
+    assert bool(doc["caveats"]) == full and all("optimistic" in c for c in doc["caveats"])
+
     # --steps: those steps' figures, each step's gain as the whole window's replay gave it
     steps = [s["step"] for s in doc["steps"]]
     lo, hi = steps[2], steps[-3]
@@ -73,7 +82,7 @@ def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
                              terminal_width=120)
     assert res.exit_code == 0, res.output
     assert "projected" in res.stdout and "shorter" in res.stdout
-    assert "replay error" in res.stdout
+    assert "replay error" in res.stdout and ("caution: CPU ranks fill" in res.stdout) == full
 
 
 def _whatif(run: Path, *options: str) -> dict:

@@ -61,6 +61,10 @@ def test_fixed_runs_of_one_configuration_are_pooled_with_their_spread() -> None:
     assert g["errors_pct"]["data#0"] == pytest.approx(-2200 / 110)
     line = W.summary_lines({**W.summarise(rs), "fixed_reference": W.fixed_reference(rs)})[-1]
     assert "2 runs, median 110.0 ms, run-to-run spread 18.2%" in line
+    line = W.summary_lines({**W.summarise(rs), "fixed_reference": W.fixed_reference(rs),
+                            "mode": "in-job"})[-1]
+    assert "fixed steps of data/straggler over 2 jobs, median 110.0 ms, job-to-job spread" \
+        in line
 
 
 def test_a_pair_repeated_is_pooled_as_median_projection_against_median_fixed_run() -> None:

@@ -10,11 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from uberprof.analysis.diagnosis.whatif import (
+    core_contention,
     critical_path_doc,
     parse_changes,
     project,
     replay_doc,
 )
+from uberprof.analysis.tables.context import RankInfo
 from uberprof.analysis.tables.graph import build_graph
 from uberprof.analysis.tables.lanes import (
     COMPLETE,
@@ -215,3 +217,25 @@ def test_steps_without_a_traced_step_say_which_steps_were_traced() -> None:
     doc = project(g, traced, parse_changes([], 2.0, []), straggler=None, only=(5, 9))
     assert doc["steps"] == [] and doc["projected_step_ms"] is None
     assert doc["why"] == "no traced step in 5-9; the traced steps are 0-1"
+
+
+def _rank(rank: int, host: str, mode: str = "cpu", cores: int | None = 2,
+          threads: int | None = 1) -> RankInfo:
+    return RankInfo(rank, host, 4, rank % 2, "gloo", mode, mode, {}, [], None, cores, threads)
+
+
+def test_cpu_ranks_that_fill_their_cores_are_cautioned_as_optimistic() -> None:
+    # two ranks of one thread each on a host of two cores: full; on 16 cores: not
+    full = core_contention([_rank(0, "a"), _rank(1, "a"), _rank(2, "b", cores=16),
+                            _rank(3, "b", cores=16)])
+    assert full is not None and "2 rank(s), 2 torch thread(s) on 2 core(s) of a" in full
+    assert "optimistic" in full and "other host" not in full
+    assert core_contention([_rank(0, "b", cores=16), _rank(1, "b", cores=16)]) is None
+    # four threads each fill 8 cores with two ranks
+    assert core_contention([_rank(0, "c", cores=8, threads=4),
+                            _rank(1, "c", cores=8, threads=4)]) is not None
+
+
+def test_gpu_ranks_and_runs_without_core_counts_get_no_contention_caveat() -> None:
+    assert core_contention([_rank(0, "a", mode="device"), _rank(1, "a", mode="device")]) is None
+    assert core_contention([_rank(0, "a", cores=None), _rank(1, "a", cores=None)]) is None

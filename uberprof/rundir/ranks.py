@@ -69,6 +69,8 @@ class RankMeta:
     device: dict[str, Any] = field(default_factory=dict)  # torch's CUDA device; {} on CPU
     clock: dict[str, Any] = field(default_factory=dict)  # the start-up clock offset estimate
     trace: dict[str, Any] = field(default_factory=dict)  # trace schedule, disabled_reason
+    cpu_cores: int | None = None  # the cores the rank's process could run on
+    torch_threads: int | None = None  # torch's intra-op threads in it
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -145,6 +147,8 @@ def _read_rank(folder: Path) -> RankMeta:
         device=as_dict(raw.get("device")),
         clock=as_dict(raw.get("clock")),
         trace=as_dict(raw.get("trace")),
+        cpu_cores=as_int(as_dict(raw.get("cpu")).get("cores"), 1, 1 << 20),
+        torch_threads=as_int(as_dict(raw.get("cpu")).get("torch_threads"), 1, 1 << 20),
         raw=raw,
     )
 

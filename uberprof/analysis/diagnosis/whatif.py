@@ -21,6 +21,7 @@ remove, caches warming differently, or a schedule the framework would pick inste
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ import pyarrow.compute as pc
 from uberprof.analysis.diagnosis.bandwidth import bus_factor, message_bytes
 from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.analysis.diagnosis.whatif_changes import Change, apply_changes, parse_changes
-from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.context import RankInfo, RunContext
 from uberprof.analysis.tables.graph import StepGraph, build_graph
 from uberprof.analysis.tables.lanes import (
     COMPUTE,
@@ -46,7 +47,7 @@ from uberprof.analysis.tables.replay import (
 from uberprof.analysis.tables.steptime import median_interval
 from uberprof.rundir import rank_ranges
 
-__all__ = ["FIT_PCT", "Change", "critical_path_doc", "parse_changes", "project",
+__all__ = ["FIT_PCT", "Change", "core_contention", "critical_path_doc", "parse_changes", "project",
            "project_run", "replay_doc", "run_docs", "run_graph", "run_graph_docs", "stages_of", "step_ends",
            "straggler_of", "with_bytes"]
 
@@ -339,4 +340,30 @@ def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change],
     figures of steps A-B alone (`project`)."""
     g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
     rank, basis = straggler_of(d)
-    return project(g, d.steps, changes, rank, basis, stages=stages_of(d), only=only)
+    doc = project(g, d.steps, changes, rank, basis, stages=stages_of(d), only=only)
+    doc["caveats"] = [c for c in (core_contention(ctx.ranks.values()),) if c]
+    return doc
+
+
+def core_contention(ranks: Iterable[RankInfo]) -> str | None:
+    """Why a projection may be optimistic on CPU ranks that fill their host's cores (torch's
+    threads of its ranks at least its cores, as rank.json records them): a change that lets
+    ranks compute or transfer at the same time, where the recording had one of them idle
+    (a straggler or a data wait removed), adds contention for the cores that the replay, which
+    keeps the recorded durations, cannot see. None where no host is full or it is unknown."""
+    by_host: dict[str, list[tuple[int, int]]] = {}
+    for info in ranks:
+        if info.mode == "cpu" and info.cpu_cores:
+            by_host.setdefault(info.host or "?", []).append((info.torch_threads or 1,
+                                                             info.cpu_cores))
+    full = [(host, len(rs), sum(t for t, _ in rs), max(c for _, c in rs))
+            for host, rs in sorted(by_host.items()) if sum(t for t, _ in rs) >= max(
+                c for _, c in rs)]
+    if not full:
+        return None
+    host, n, threads, cores = full[0]
+    more = f" and {len(full) - 1} other host(s)" if len(full) > 1 else ""
+    return (f"CPU ranks fill their cores ({n} rank(s), {threads} torch thread(s) on {cores} "
+            f"core(s) of {host}{more}): a change that lets ranks compute or communicate at the "
+            "same time adds contention for the cores, which the replay does not model, so its "
+            "projection is optimistic (as measured with 2 ranks on 2 cores: docs/whatif.md)")

@@ -39,6 +39,8 @@ class RankInfo:
     clock: dict[str, Any]  # rank.json "clock" (online offset estimate), {} for plain traces
     process_groups: list[dict[str, Any]]  # from the trace's distributedInfo.pg_config
     window: tuple[int, int] | None = None  # whole-trace window (first to last activity), ns
+    cpu_cores: int | None = None  # rank.json: the cores its process could run on
+    torch_threads: int | None = None  # rank.json: torch's intra-op threads
 
 
 @dataclass
@@ -179,6 +181,8 @@ def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | Non
             clock=m.clock,
             process_groups=list(s.get("process_groups") or []),
             window=_window(s),
+            cpu_cores=m.cpu_cores,
+            torch_threads=m.torch_threads,
         )
     return RunContext(run=analysis, root=root, is_run_dir=is_run, ranks=ranks,
                       problems=list(analysis.summary.get("problems") or []), workers=workers,

@@ -65,6 +65,7 @@ class RankAgent:
             "argv": list(getattr(sys, "orig_argv", sys.argv)),
             "uberprof_version": __version__,
             "torch_version": _torch_version(),
+            "cpu": _cpu(),
             "start_ns": time.time_ns(),
             "end_ns": None,
             "exit": None,
@@ -320,6 +321,21 @@ def _default_store(dist: Any) -> Any:
         return dist.distributed_c10d._get_default_store()
     except Exception:  # noqa: BLE001 - some backends have no store; no estimate then
         return None
+
+
+def _cpu() -> dict[str, int | None]:
+    """The cores this process may run on and torch's intra-op threads: CPU ranks that fill
+    their cores contend for them, which `whatif` says its projections cannot model."""
+    try:
+        cores: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count()
+    torch = sys.modules.get("torch")
+    try:
+        threads = int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # noqa: BLE001 - never harm the job for a figure
+        threads = None
+    return {"cores": cores, "torch_threads": threads}
 
 
 def _torch_version() -> str | None:

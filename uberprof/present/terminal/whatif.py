@@ -68,6 +68,8 @@ def render_whatif(doc: dict[str, Any], console: Console) -> None:
                       "reproduces the measured steps")
     else:
         _say(console, f"UNFIT FOR PROJECTION: {doc['why']}")
+    for caveat in doc.get("caveats") or []:
+        _say(console, f"caution: {caveat}")
     _say(console, "a projection keeps every recorded dependency and duration it was not told "
                   "to change: it cannot know contention, caches or a different schedule "
                   "(docs/whatif.md)")
