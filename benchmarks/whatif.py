@@ -4,7 +4,8 @@ problem removed by a what-if option) against the median step time measured in th
 
     python benchmarks/whatif.py --quick                  # straggler and data pairs, once each
     python benchmarks/whatif.py --repeats 3              # every pair three times
-    python benchmarks/whatif.py --in-job --repeats 4     # problem and fix in one job each
+    python benchmarks/whatif.py --in-job --repeats 4     # problem and fix on alternate steps
+                                                       # of one job (straggler, data)
     python benchmarks/whatif.py --pairs link --keep --out /tmp/wi
     python benchmarks/whatif.py --device cuda --pairs straggler,data   # on a GPU machine
     python benchmarks/whatif.py --repeats 2 --out /tmp/wi --rescore   # kept runs, this
@@ -552,8 +553,9 @@ def main() -> None:
     ap = doc_parser(__doc__)
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"from {list(PAIRS)} (default all)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each pair (default 1)")
-    ap.add_argument("--steps", type=int, default=18,
-                    help="training steps per run; steps TRACE_FROM..STEPS-2 are traced")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps per run (default 18), steps TRACE_FROM..STEPS-2 "
+                         "traced; with --in-job half the job's steps (default 30)")
     ap.add_argument("--trace-from", type=int, default=5, help="first traced step (default 5)")
     ap.add_argument("--quick", action="store_true",
                     help=f"{', '.join(QUICK)} once each, 14 steps (10 traced)")
@@ -565,9 +567,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--in-job", action="store_true",
-                    help="each pair as one job: the problem on for one half of its 2 x STEPS "
-                         "steps, projected from that half, measured on the other (straggler, "
-                         "data)")
+                    help="each pair as one job of 2 x STEPS steps, the problem on every other "
+                         "step: projected from those, measured on the others (straggler, data)")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                     help="skip the unscored warm-up run before the pairs")
     ap.add_argument("--rescore", action="store_true",
@@ -579,6 +580,8 @@ def main() -> None:
     names = list(QUICK) if args.quick else [s for s in args.pairs.split(",") if s]
     if unknown := [s for s in names if s not in PAIRS]:
         ap.error(f"unknown pair(s) {unknown}; choose from {list(PAIRS)}")
+    if args.steps is None:
+        args.steps = 30 if args.in_job else 18
     if args.quick:
         args.repeats, args.steps, args.trace_from = 1, 14, 3
     if args.steps - 2 - args.trace_from < 5:
