@@ -47,9 +47,9 @@ from uberprof.analysis.tables.replay import (
 from uberprof.analysis.tables.steptime import median_interval
 from uberprof.rundir import rank_ranges
 
-__all__ = ["FIT_PCT", "Change", "core_contention", "critical_path_doc", "parse_changes", "project",
-           "project_run", "replay_doc", "run_docs", "run_graph", "run_graph_docs", "stages_of", "step_ends",
-           "straggler_of", "with_bytes"]
+__all__ = ["FIT_PCT", "Change", "core_contention", "critical_path_doc", "parse_changes",
+           "project", "project_run", "replay_doc", "run_docs", "run_graph", "run_graph_docs",
+           "stages_of", "step_ends", "straggler_of", "with_bytes"]
 
 FIT_PCT = 5.0  # a replay whose median error per step is above this is unfit for projection
 TOP_OPS = 5
@@ -356,9 +356,11 @@ def core_contention(ranks: Iterable[RankInfo]) -> str | None:
         if info.mode == "cpu" and info.cpu_cores:
             by_host.setdefault(info.host or "?", []).append((info.torch_threads or 1,
                                                              info.cpu_cores))
-    full = [(host, len(rs), sum(t for t, _ in rs), max(c for _, c in rs))
-            for host, rs in sorted(by_host.items()) if sum(t for t, _ in rs) >= max(
-                c for _, c in rs)]
+    full = []  # (host, ranks, their threads, its cores) where the threads fill the cores
+    for host, rs in sorted(by_host.items()):
+        threads, cores = sum(t for t, _ in rs), max(c for _, c in rs)
+        if threads >= cores:
+            full.append((host, len(rs), threads, cores))
     if not full:
         return None
     host, n, threads, cores = full[0]
