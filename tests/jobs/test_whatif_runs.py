@@ -27,6 +27,16 @@ def _copy(src: Path, tmp_path: Path) -> Path:
     return run
 
 
+def _fills_cores(run: Path) -> bool:
+    """Whether the run's 4 ranks' torch threads fill this machine's cores, from the CPU each
+    rank's rank.json records (checked against what this process may use)."""
+    cpus = [json.loads((run / "ranks" / str(r) / "rank.json").read_text())["cpu"]
+            for r in range(4)]
+    assert all(c["cores"] == len(os.sched_getaffinity(0)) and c["torch_threads"] >= 1
+               for c in cpus), cpus
+    return sum(c["torch_threads"] for c in cpus) >= cpus[0]["cores"]
+
+
 def test_the_replay_reproduces_the_steps_and_the_path_runs_on_the_straggler(
         slow_compute_run: Path, tmp_path: Path) -> None:
     run = _copy(slow_compute_run, tmp_path)
@@ -38,10 +48,12 @@ def test_the_replay_reproduces_the_steps_and_the_path_runs_on_the_straggler(
     assert rp["graph"]["comm_nodes"] >= 4 * 10 and rp["graph"]["complete_edges"] > 0
     assert rp["median_error_pct"] <= 5.0 and rp["fit_for_projection"], rp
     assert all(s["error_pct"] <= 5.0 for s in rp["steps"]), rp["steps"]
+    assert bool(rp["caveats"]) == _fills_cores(run)
     assert cp["rank"] == STRAGGLER, cp
     assert sum(cp["by_kind_ms"].values()) > 0 and cp["top_operators"]
     res = CliRunner().invoke(main, ["report", str(run)], terminal_width=120)
     assert "critical path" in res.stdout and "replay: median error" in res.stdout
+    assert ("caution: CPU ranks fill" in res.stdout) == bool(rp["caveats"])
 
 
 def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
@@ -59,12 +71,7 @@ def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
     assert lo <= doc["projected_step_ms"] <= hi and "interval" in doc["interval"]
     assert doc["changes"][0]["rank"] == STRAGGLER and doc["changes"][0]["removed_ms"] > 0
 
-    # the ranks' CPU as rank.json records it, and the caution where they fill their cores
-    cpus = [json.loads((run / "ranks" / str(r) / "rank.json").read_text())["cpu"]
-            for r in range(4)]
-    assert all(c["cores"] == len(os.sched_getaffinity(0)) and c["torch_threads"] >= 1
-               for c in cpus), cpus
-    full = sum(c["torch_threads"] for c in cpus) >= cpus[0]["cores"]
+    full = _fills_cores(run)
     assert bool(doc["caveats"]) == full and all("optimistic" in c for c in doc["caveats"])
 
     # --steps: those steps' figures, each step's gain as the whole window's replay gave it

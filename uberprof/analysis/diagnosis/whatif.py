@@ -47,7 +47,7 @@ from uberprof.analysis.tables.replay import (
 from uberprof.analysis.tables.steptime import median_interval
 from uberprof.rundir import rank_ranges
 
-__all__ = ["FIT_PCT", "Change", "core_contention", "critical_path_doc", "parse_changes",
+__all__ = ["FIT_PCT", "Change", "caveats", "core_contention", "critical_path_doc", "parse_changes",
            "project", "project_run", "replay_doc", "run_docs", "run_graph", "run_graph_docs",
            "stages_of", "step_ends", "straggler_of", "with_bytes"]
 
@@ -98,7 +98,9 @@ def run_graph_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table,
         if not g.lanes:
             return None, None, None, None
         r = replay(g)
-        return g, r, critical_path_doc(g, r), replay_doc(g, traced, r)
+        rp = replay_doc(g, traced, r)
+        rp["caveats"] = caveats(ctx)
+        return g, r, critical_path_doc(g, r), rp
     except Exception as exc:  # noqa: BLE001 - a projection aid never stops the report
         return None, None, None, {
             "steps": [], "median_error_pct": None, "max_error_pct": None,
@@ -341,8 +343,14 @@ def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change],
     g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
     rank, basis = straggler_of(d)
     doc = project(g, d.steps, changes, rank, basis, stages=stages_of(d), only=only)
-    doc["caveats"] = [c for c in (core_contention(ctx.ranks.values()),) if c]
+    doc["caveats"] = caveats(ctx)
     return doc
+
+
+def caveats(ctx: RunContext) -> list[str]:
+    """What makes the run's projections less sure than their intervals say (`caveats` of a
+    projection and of `run.replay`): today, CPU ranks that fill their cores."""
+    return [c for c in (core_contention(ctx.ranks.values()),) if c]
 
 
 def core_contention(ranks: Iterable[RankInfo]) -> str | None:

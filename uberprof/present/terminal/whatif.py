@@ -42,6 +42,8 @@ def render_critical_path(run: dict[str, Any], console: Console) -> None:
                       f"{rp['max_error_pct']}%) over {len(rp.get('steps') or [])} step(s): "
                       f"{verdict} for projection" +
                       ("" if rp.get("fit_for_projection") else f"; {rp.get('why')}"))
+        for caveat in rp.get("caveats") or []:
+            _say(console, f"  caution: {caveat}")
 
 
 def render_whatif(doc: dict[str, Any], console: Console) -> None:
