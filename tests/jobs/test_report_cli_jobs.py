@@ -35,6 +35,9 @@ def test_report_on_a_run_analyses_first_and_names_the_straggler(
     assert doc["findings"][0]["kind"] == "straggler" and doc["findings"][0]["ranks"] == [2]
     text = html.read_text()
     assert text.startswith("<!DOCTYPE html>") and "Rank 2 is a straggler" in text
+    # the replay's caution, where the ranks fill this machine's cores, beside the gains
+    assert ("<b>Caution</b> (projected gains): CPU ranks fill" in text) == \
+        bool(doc["run"]["replay"]["caveats"])
     # self-contained: plotly's code inlined once, nothing fetched from elsewhere
     assert "plotly.js v" in text or "Plotly" in text
     assert not re.search(r"<script[^>]+src=", text)

@@ -123,6 +123,9 @@ def _findings_html(d: Diagnosis) -> str:
     both = d.run.get("fix_top_two")
     if isinstance(both, dict) and both.get("sentence"):
         out.append(f"<p class='together'><b>Together</b>: {e(both['sentence'])}</p>")
+    replay = d.run.get("replay")
+    for caveat in (replay.get("caveats") or []) if isinstance(replay, dict) else []:
+        out.append(f"<p class='caution'><b>Caution</b> (projected gains): {e(caveat)}</p>")
     return "\n".join(out)
 
 
