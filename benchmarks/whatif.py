@@ -606,7 +606,7 @@ def main() -> None:
             "mode": "in-job" if args.in_job else "pairs of runs"}
     doc = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "load_before": load0,
            "load_after": os.getloadavg(), "minutes": round((time.monotonic() - t0) / 60, 1),
-           "steps": args.steps, "traced": in_job_plan(args.steps, args.trace_from, True)[1]
+           "steps": args.steps, "traced": in_job_plan(args.steps, args.trace_from, 1)[1]
            if args.in_job else f"{args.trace_from}-{args.steps - 2}",
            "results": [{**asdict(r), "error_pct": r.error_pct} for r in results], **summ}
     (out / ("whatif-rescore.json" if args.rescore else "whatif-bench.json")).write_text(

@@ -54,6 +54,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 from uberprof.collect.calibrate import local_device
+from uberprof.collect.config import TraceSchedule
 
 
 class TinyTransformer(nn.Module):
@@ -90,18 +91,12 @@ class SyntheticTokens(Dataset):
 
 
 def _step_set(text: str) -> frozenset[int]:
-    """`A-B[,C[,D-E]]` (inclusive) as a set of step numbers."""
-    out: set[int] = set()
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        try:
-            lo, hi = int(a), int(b or a)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: use A-B[,C-D], such as 10-19") from None
-        if lo < 0 or hi < lo:
-            raise argparse.ArgumentTypeError(f"{part!r}: need 0 <= A <= B")
-        out.update(range(lo, hi + 1))
-    return frozenset(out)
+    """`A-B[,C-D]` (inclusive, as `uberprof run --trace-steps` reads it) as step numbers."""
+    try:
+        windows = TraceSchedule.parse_steps(text).windows
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return frozenset(s for a, b in windows for s in range(a, b + 1))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -19,7 +19,7 @@ def test_fault_steps_read_ranges_and_single_steps() -> None:
     assert T.parse_args([]).fault_steps is None
 
 
-@pytest.mark.parametrize("bad", ["x", "5-3", "-2", "1,,2"])
+@pytest.mark.parametrize("bad", ["x", "5-3", "-2", "1,x"])
 def test_fault_steps_refuse_what_is_not_a_step_range(bad: str) -> None:
     with pytest.raises(SystemExit):
         T.parse_args(["--fault-steps", bad])
