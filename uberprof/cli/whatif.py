@@ -26,9 +26,9 @@ How to read it: each traced step is replayed twice on the run's dependency
 graph (every rank's work in program order, each collective waiting for its
 last participant, each receive for its send): once with the recorded
 durations (the "replayed" column: it should match "measured"; the replay
-error says how well) and once with your changes ("projected"). The step
-time is the median over the traced steps with a 95% interval from their
-spread. A run whose replay error is above 5% is said to be unfit for
+error says how well) and once with your changes ("projected"). The projected
+step time is the measured median less the mean gain a step, with a 95%
+interval from the steps' spread. A run whose replay error is above 5% is said to be unfit for
 projection, with why. What a replay cannot know: contention a change adds
 or removes, caches, a schedule the framework would pick instead.
 """

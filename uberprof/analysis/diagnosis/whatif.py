@@ -252,8 +252,9 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
     (`whatif_changes.apply_changes`; `stages`: each rank's pipeline stage). A step's gain is
     how much earlier its last rank finishes it, less the gain of the step before (so the
     gains add up to the whole window's, and a rank that merely starts a step earlier gains
-    nothing); the projected step is the measured one less its gain. Medians over the steps,
-    with a 95% interval of the projected median (module docstring; docs/whatif.md).
+    nothing); the projected step is the measured one less its gain. The projected step time is
+    the measured median less the mean gain a step (the window's saving spread over its steps),
+    with the measured median's 95% interval moved by it (module docstring; docs/whatif.md).
 
     `only` (steps A-B, inclusive) keeps those steps' figures: the whole graph is still
     replayed, so a step's gain is the same as without it (its predecessors' gains are taken
@@ -293,17 +294,21 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
             doc["why"] = (f"no traced step in {only[0]}-{only[1]}; the traced steps are "
                           f"{rank_ranges(traced_steps) if traced_steps else 'none'}")
         return doc
-    iv = median_interval(p)
+    # the window's saving a step, not the median of the steps' projections: a change moves
+    # step boundaries, so one step's gain can be negative while the window gains (a median
+    # over such steps came out 1% longer than measured with the window 111 ms shorter)
+    saving = float(gain.mean())
+    iv = median_interval(m)
     kind = "95% interval of the median over the steps"
     if iv is None:
-        iv, kind = (float(p.min()), float(p.max())), \
+        iv, kind = (float(m.min()), float(m.max())), \
             "range over the steps (too few for a 95% interval)"
     base_ms = float(np.median(m))
     doc.update(baseline_step_ms=_ms(base_ms), replayed_step_ms=_ms(np.median(rp)),
-               projected_step_ms=_ms(np.median(p)), interval_ms=[_ms(iv[0]), _ms(iv[1])],
-               interval=kind, gain_ms=_ms(base_ms - np.median(p)),
-               gain_pct=round(100 * (base_ms - float(np.median(p))) / base_ms, 1)
-               if base_ms else None)
+               projected_step_ms=_ms(base_ms - saving),
+               interval_ms=[_ms(iv[0] - saving), _ms(iv[1] - saving)],
+               interval=kind, gain_ms=_ms(saving),
+               gain_pct=round(100 * saving / base_ms, 1) if base_ms else None)
     return doc
 
 
