@@ -202,6 +202,32 @@ def test_a_late_rank_that_waited_longer_for_a_core_is_cleared_as_delayed_by_the_
     assert "no record of its wait for a core" not in sentence
 
 
+def test_extra_work_outweighed_by_a_longer_wait_for_a_core_is_only_suspected() -> None:
+    """The CI case: a healthy rank on cores shared with other heavy processes, last at most
+    collectives with 6% more CPU time a step (confirmed) but 16 ms more a step in the run queue:
+    other load held it back more than its work, so it is suspected, not confirmed."""
+    late = _arrivals(1, 30, seed=2)
+    busy = _busy({1: 0.08}, seed=2)  # 7.2 ms a step more, above the 6 ms floor: confirmed
+    plain = _test(late, _with_run_wait(_busy({1: 0.08}, seed=2), {}))
+    assert plain is not None and plain.decision == "confirmed" and not plain.preempted
+    t = _test(late, _with_run_wait(busy, {1: 16e6}))
+    assert t is not None and t.rank == 1 and t.busy is not None and t.busy.confirmed
+    assert t.busy.outweighed_by_os and t.preempted and t.decision == "suspected"
+    sentence = t.as_test().sentence
+    assert "its wait for a core (run queue) per step is the others' +16 ms, more than its " \
+           "extra CPU time" in sentence
+    assert "suspected, not confirmed: other load on its host kept it from a core" in sentence
+    doc = t.as_dict()["test"]
+    assert doc["preempted"] is True and doc["busy_time"]["outweighed_by_os"] is True
+    assert doc["busy_time"]["decision"] == "confirmed"  # its own test: more work, confirmed
+    s = find_straggler(_lateness(late, np.arange(N_STEPS)), STEP, N_STEPS * STEP, test=t)
+    assert s is not None and s.confidence == "suspected"
+    # a longer wait for a core that stays under its extra work leaves the verdict confirmed
+    under = _test(late, _with_run_wait(_busy({1: 0.08}, seed=2), {1: 5e6}))
+    assert under is not None and under.decision == "confirmed" and not under.preempted
+    assert under.busy is not None and not under.busy.outweighed_by_os
+
+
 def test_without_run_queue_waits_a_late_rank_without_excess_work_is_still_cleared() -> None:
     t = _test(_arrivals(1, 30, seed=2), _busy({}, seed=2))  # an older agent's timelines
     assert t is not None and t.decision == "none" and t.busy is not None

@@ -181,19 +181,43 @@ def test_a_compute_straggler_shows_in_busy_time_while_step_times_are_alike() -> 
     assert step_signals(times, waits, busy=_busy(4, 40, {2: 0.3})[:3]) == []
 
 
+def test_live_busy_time_outweighed_by_a_longer_wait_for_a_core_is_only_suspected() -> None:
+    """The diagnosis's rule, live: a rank with 8% more CPU time a step (12 ms) that waits 20 ms
+    a step longer than the others for a core is suspected, other load named; one that waits
+    4 ms longer stays confirmed."""
+    times, waits = _series(4, 40)
+    busy = _busy(4, 40, {2: 0.08})
+
+    def run_wait(extra: float) -> list[Any]:
+        rng = np.random.default_rng(3)
+        return [(r, np.arange(40), (2e6 + rng.normal(0, 1e5, 40)
+                                    + (extra if r == 2 else 0)).astype(np.int64))
+                for r in range(4)]
+
+    found = step_signals(times, waits, busy=busy, run_wait=run_wait(20e6))
+    assert _kinds(found) == {"straggler": (2, "suspected")}
+    assert "its wait for a core is +20.0 ms a step over the others'" in found[0].title
+    assert "other load on its host kept it from a core" in found[0].test["sentence"]
+    assert _kinds(step_signals(times, waits, busy=busy, run_wait=run_wait(4e6))) == \
+        {"straggler": (2, "confirmed")}
+    assert _kinds(step_signals(times, waits, busy=busy)) == {"straggler": (2, "confirmed")}
+
+
 def test_the_follower_reads_cpu_time_and_a_device_run_has_no_busy_time(tmp_path: Path) -> None:
     import orjson
 
-    from uberprof.analysis.diagnosis.busy import followed_busy
+    from uberprof.analysis.diagnosis.busy import followed_busy, followed_run_wait
     from uberprof.rundir.follow import StepFollower
 
     path = tmp_path / "steps.jsonl"
     rows = [{"kind": "step", "step": s, "host_start_ns": 100 * s, "host_end_ns": 100 * s + 90,
-             "data_wait_ns": 0} | ({"cpu_ns": 70 + s} if s >= 2 else {}) for s in range(6)]
+             "data_wait_ns": 0} | ({"cpu_ns": 70 + s} if s >= 2 else {})
+            | ({"run_wait_ns": 5 + s} if s >= 3 else {}) for s in range(6)]
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     f = StepFollower(path)
     assert f.poll() == 6
     assert f.cpu_ns.values.tolist() == [-1, -1, 72, 73, 74, 75]  # none for the first two steps
+    assert f.run_wait_ns.values.tolist() == [-1, -1, -1, 8, 9, 10]  # -1: the row has none
 
     class Followed:  # RunFollower's reading side, for two ranks with these timelines
         gpu = False
@@ -206,6 +230,8 @@ def test_the_follower_reads_cpu_time_and_a_device_run_has_no_busy_time(tmp_path:
 
     busy = followed_busy(Followed(), window=100)
     assert busy is not None and [s.tolist() for _, s, _ in busy] == [[2, 3, 4, 5]] * 2
+    waits = followed_run_wait(Followed(), window=100)
+    assert [(s.tolist(), v.tolist()) for _, s, v in waits] == [([3, 4, 5], [8, 9, 10])] * 2
     device = Followed()
     device.gpu = True  # a device run: its CPU time is no busy time (analysis/diagnosis/busy.py)
     assert followed_busy(device, window=100) is None

@@ -73,6 +73,7 @@ class StepFollower:
         self.data_wait_ns = _Column()
         self.end_ns = _Column()
         self.cpu_ns = _Column()  # the training thread's CPU time; -1 where the row has none
+        self.run_wait_ns = _Column()  # its time runnable, waiting for a core; -1: none
         self.last_gpu_time_ns: int | None = None
         self.skipped = 0  # rows that are not usable step rows (see `step_row_problem`)
         self._medians: tuple[int, int, int] | None = None  # (rows, step, data wait)
@@ -106,6 +107,7 @@ class StepFollower:
         waits: list[int] = []
         ends: list[int] = []
         cpus: list[int] = []
+        run_waits: list[int] = []
         for line in chunk[:cut].splitlines():
             if not line.strip():
                 continue
@@ -133,9 +135,11 @@ class StepFollower:
             ends.append(end)
             cpu = row.get("cpu_ns")
             cpus.append(cpu if isinstance(cpu, int) and not isinstance(cpu, bool) else -1)
+            rw = row.get("run_wait_ns")
+            run_waits.append(rw if isinstance(rw, int) and not isinstance(rw, bool) else -1)
         for col, vals in ((self.step, steps), (self.duration_ns, durations),
                           (self.data_wait_ns, waits), (self.end_ns, ends),
-                          (self.cpu_ns, cpus)):
+                          (self.cpu_ns, cpus), (self.run_wait_ns, run_waits)):
             col.extend(vals)
         return len(steps)
 
@@ -267,7 +271,7 @@ class RunFollower:
 
     def series(self, column: str = "duration_ns") -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Per rank: (rank, its steps, one of `StepFollower`'s columns: `duration_ns`,
-        `data_wait_ns`, `end_ns` or `cpu_ns`), as read so far; views of the followers' arrays,
+        `data_wait_ns`, `end_ns`, `cpu_ns` or `run_wait_ns`), as read so far; views of the followers' arrays,
         no copy."""
         return [(r, f.step.values, getattr(f, column).values)
                 for r, f in sorted(self._steps.items()) if f.step.n]

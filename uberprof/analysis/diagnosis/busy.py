@@ -32,6 +32,15 @@ straggler's training thread spends more CPU time per step, a delayed one the sam
   Involuntary context switches were tried first and do not tell them apart: on a loaded host a
   sleeping rank is preempted about as often as the others when it runs. Without the run-queue
   wait (older agents, not Linux) the old reading stands: cleared.
+- **More delayed than working** (`BusyExcess.outweighed_by_os`): a rank whose CPU-time excess is
+  confirmed, but whose extra wait for a core per step is at least that excess, was held back by
+  other load on its host more than by its own work, and its extra CPU time may itself be that
+  load's doing (the same operators, called as often, running slower between preemptions). It is
+  at most a suspected straggler, cause `preempted`. A healthy 4-rank job on two cores shared with
+  three other heavy processes was confirmed a compute straggler on +5.8 ms of CPU time a step
+  beside +16.2 ms of run-queue wait (its excess operators ran as many times as the others'); the
+  injected 1.3x compute stragglers (110 runs, 2 and 4 ranks, with and without a CPU hog) waited
+  at most 0.76x their CPU excess for a core.
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "BusyExcess", "BusyTimes",
            "RankBusy", "busy_kind", "busy_of_ranks", "busy_series", "busy_times",
-           "followed_busy", "table_busy"]
+           "excess_over_others", "followed_busy", "followed_run_wait", "os_outweighs",
+           "table_busy"]
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
@@ -86,6 +96,25 @@ def followed_busy(follower: RunFollower, window: int) -> list[Series] | None:
     if kind is None:
         return None
     return [(r, s[v >= 0], v[v >= 0]) for r, s, v in tails]
+
+
+def followed_run_wait(follower: RunFollower, window: int) -> list[Series]:
+    """The run-queue wait per step of a run being followed, per rank (rank, steps, ns), over
+    its latest `window` steps that have it (none for older agents, not Linux)."""
+    tails = [(r, s[-2 * window:], v[-2 * window:]) for r, s, v in follower.series("run_wait_ns")]
+    return [(r, s[v >= 0], v[v >= 0]) for r, s, v in tails]
+
+
+def excess_over_others(values: np.ndarray, i: int) -> int:
+    """Row `i`'s excess over the other rows' median, median over the columns ([rank, step])."""
+    return int(np.median(values[i] - np.median(np.delete(values, i, axis=0), axis=0)))
+
+
+def os_outweighs(run_wait_excess_ns: float | None, excess_ns: float, need_ns: float) -> bool:
+    """Whether a rank's extra wait for a core per step is material and at least its extra CPU
+    time (module docstring, "More delayed than working"): the one rule, for the diagnosis
+    (`BusyExcess.outweighed_by_os`) and the live views (step_signals.py)."""
+    return run_wait_excess_ns is not None and run_wait_excess_ns >= max(need_ns, excess_ns)
 
 
 @dataclass
@@ -134,6 +163,13 @@ class BusyExcess:
         return self.run_wait_excess_ns >= max(self.need_ns, 0.5 * (self.lead_ns or 0.0))
 
     @property
+    def outweighed_by_os(self) -> bool:
+        """Confirmed more work, but a longer extra wait for a core than that work (module
+        docstring): other load delayed it more than its own work did."""
+        return self.confirmed and os_outweighs(self.run_wait_excess_ns, self.excess_ns,
+                                               self.need_ns)
+
+    @property
     def off_cpu(self) -> bool:
         """Late by waiting off the CPU on its own (sleep, I/O, a lock): no excess of CPU time
         or data wait, and no evidence that the OS preempted it."""
@@ -149,7 +185,12 @@ class BusyExcess:
         data = (f"; its data wait {self.data_excess_ns / 1e6:+.3g} ms per step over the "
                 "others'" if self.data_excess_ns >= self.need_ns else "")
         switches = ""
-        if self.run_wait_excess_ns is not None and self.excess_ns < self.need_ns:
+        if self.outweighed_by_os:
+            assert self.run_wait_excess_ns is not None
+            switches = (f"; but its wait for a core (run queue) per step is the others' "
+                        f"{self.run_wait_excess_ns / 1e6:+.3g} ms, more than its extra "
+                        f"{what}: other load on its host delayed it more than its own work")
+        elif self.run_wait_excess_ns is not None and self.excess_ns < self.need_ns:
             switches = (f"; its wait for a core (run queue) per step is the others' "
                         f"{self.run_wait_excess_ns / 1e6:+.3g} ms: "
                         + ("delayed by the OS (other load)" if self.preempted else
@@ -173,6 +214,7 @@ class BusyExcess:
                 "run_wait_excess_ms": (round(self.run_wait_excess_ns / 1e6, 3)
                                        if self.run_wait_excess_ns is not None else None),
                 "preempted": self.preempted,
+                "outweighed_by_os": self.outweighed_by_os,
                 "decision": ("confirmed" if self.confirmed else "off_cpu" if self.off_cpu else
                              "none" if self.cleared else "not confirmed")}
 
@@ -211,7 +253,7 @@ class BusyTimes:
         if self.run_wait is not None:
             rw = self.run_wait[:, keep]
             if not np.isnan(rw).any():
-                wait_excess = int(np.median(rw[i] - np.median(np.delete(rw, i, axis=0), axis=0)))
+                wait_excess = excess_over_others(rw, i)
         return BusyExcess(
             rank=rank, kind=self.kind, most=most, steps=n, ranks_tested=len(self.ranks),
             p_value=min(1.0, p * len(self.ranks)), p_uncorrected=p,

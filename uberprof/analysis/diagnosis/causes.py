@@ -113,6 +113,15 @@ STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (
           "lock held by another thread. Find the call: py-spy dump --pid <its pid> during a "
           "step, or the hang stacks; move I/O off the step (a background thread, async "
           "checkpointing, prefetching) and drop sleeps and polling on the training thread."),
+    Cause("preempted", "preempted by other load", "preempted",
+          "the OS kept its training thread from a core longer than the others' (other load "
+          "on its host), more than it computed extra",
+          "Rank {r}'s training thread waits for a core longer than the others' do: other "
+          "load on its host takes its cores. Find what else runs there (top -H, ps -eLo "
+          "psr,pcpu,comm: other jobs, data-loader workers, the ranks' own intra-op threads), "
+          "give each rank cores of its own (taskset or numactl; OMP_NUM_THREADS and "
+          "torch.set_num_threads at most the cores per rank) and keep other work off the "
+          "node during training."),
     Cause("clock_throttle", "GPU clock throttle", "clock_throttle",
           "its GPU runs at lower clocks (throttled)",
           "Rank {r}'s GPU runs at lower clocks (throttle reasons set). Check its "

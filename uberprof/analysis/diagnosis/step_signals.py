@@ -11,7 +11,8 @@ thresholds of their own:
   suspected, or nothing. In a synchronous job (DDP) ranks wait for each other, so step times
   are alike and only a data-loader straggler shows in them; where the run has busy time
   (`busy.py`: the training thread's CPU time, CPU runs), the same test on it shows a
-  rank that computes more. The trace window tells the rest.
+  rank that computes more, and at most suspects it where its extra wait for a core is larger
+  still (`busy.os_outweighs`, as the diagnosis does). The trace window tells the rest.
 - **Data stall**: a rank whose data wait is at least the diagnosis's `MIN_SHARE` of its step
   time over the window; its confidence is `evidence.count_test`'s (too few
   steps: suspected).
@@ -36,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uberprof.analysis.diagnosis.busy import followed_busy
+from uberprof.analysis.diagnosis.busy import (
+    MATERIAL_EXCESS,
+    excess_over_others,
+    followed_busy,
+    followed_run_wait,
+    os_outweighs,
+)
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness
 from uberprof.analysis.diagnosis.model import MIN_SHARE
@@ -110,7 +117,8 @@ def _matrix(series: Sequence[Series], window: int) -> tuple[list[int], np.ndarra
 
 
 def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np.ndarray,
-               busy: tuple[np.ndarray, np.ndarray] | None) -> Signal | None:
+               busy: tuple[np.ndarray, np.ndarray] | None,
+               run_wait: tuple[np.ndarray, np.ndarray] | None = None) -> Signal | None:
 
     median_step = float(np.median(times))
     wall = float(times.max(axis=0).sum())  # the ranks run in parallel
@@ -122,13 +130,32 @@ def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np
                            basis=BASIS_STEP_TIMELINE)
         if t is None or t.decision == "none":
             continue
+        outweighed = ""
+        if what == "CPU time" and t.decision == "confirmed" and run_wait is not None:
+            rw = _run_wait_excess(ranks.index(t.rank), s, *run_wait)
+            if os_outweighs(rw, t.median_lead_ns, MATERIAL_EXCESS * median_step):
+                assert rw is not None
+                t.decision, t.preempted = "suspected", True
+                outweighed = (f"; but its wait for a core is {rw / 1e6:+,.1f} ms a step over "
+                              "the others', more than its extra CPU time: other load on its "
+                              "host")
         verb = "is a straggler" if t.decision == "confirmed" else \
             "may be a straggler (suspected)"
         title = (f"rank {t.rank} {verb}: the longest {what} in {t.last} of the last "
                  f"{t.instances} steps, {t.median_lead_ns / 1e6:,.1f} ms over the others' "
-                 "median")
+                 "median" + outweighed)
         return Signal("straggler", t.rank, t.decision, title, t.as_test().as_dict())
     return None
+
+
+def _run_wait_excess(i: int, steps: np.ndarray, rw_steps: np.ndarray,
+                    rw: np.ndarray) -> int | None:
+    """Row `i`'s run-queue wait over the other rows' median on `steps` (median over the steps
+    that have every rank's), or None where fewer than half of `steps` have it."""
+    keep = np.isin(rw_steps, steps)
+    if int(keep.sum()) < max(1, steps.size // 2):
+        return None
+    return excess_over_others(rw[:, keep], i)
 
 
 def _data_stall(ranks: list[int], times: np.ndarray, waits: np.ndarray) -> Signal | None:
@@ -151,11 +178,12 @@ def _data_stall(ranks: list[int], times: np.ndarray, waits: np.ndarray) -> Signa
 
 def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int = WINDOW,
                  busy: Sequence[Series] | None = None,
-                 peers: Sequence[Sequence[int]] | None = None) -> list[Signal]:
+                 peers: Sequence[Sequence[int]] | None = None,
+                 run_wait: Sequence[Series] | None = None) -> list[Signal]:
     """The indications of the latest `window` steps every rank finished: `times` and `waits`
     are per rank (rank, steps, step time ns) and (rank, steps, data wait ns), in step order
     (`RunFollower.series`); `busy`, where the run has busy time, likewise
-    (`analysis.busy.followed_busy`). `peers`: the sets of ranks that do the same work
+    (`analysis.busy.followed_busy`), and the run-queue wait (`followed_run_wait`). `peers`: the sets of ranks that do the same work
     (`peer_sets`); a straggler is sought within each set of two or more ranks only (one
     signal per set at most). None: every rank is every other's peer. None before any step."""
     times = [x for x in times if x[1].size]
@@ -172,13 +200,19 @@ def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int =
     if busy_of.keys() == set(ranks):  # every rank, or no busy basis at all
         _, b_steps, b_m = _matrix([(r, *busy_of[r]) for r in ranks], window)
         b = (b_steps, b_m) if b_steps.size else None
+    q = None
+    wait_of = {r: (s, v) for r, s, v in run_wait or () if s.size}
+    if b is not None and wait_of.keys() == set(ranks):
+        _, q_steps, q_m = _matrix([(r, *wait_of[r]) for r in ranks], window)
+        q = (q_steps, q_m) if q_steps.size else None
     row = {r: i for i, r in enumerate(ranks)}
     out = []
     for group in ([ranks] if peers is None else peers):
         rows = [row[r] for r in group if r in row]
         if len(rows) > 1:
             out.append(_straggler([ranks[i] for i in rows], steps, t[rows], w[rows],
-                                  (b[0], b[1][rows]) if b is not None else None))
+                                  (b[0], b[1][rows]) if b is not None else None,
+                                  (q[0], q[1][rows]) if q is not None else None))
     out.append(_data_stall(ranks, t, w))
     return [s for s in out if s is not None]
 
@@ -267,7 +301,8 @@ def followed_signals(follower: RunFollower, window: int = WINDOW) -> list[Signal
     Once the job ended and a diagnosis was saved, its straggler verdict (`diagnosed`)."""
     peers = followed_peers(follower)
     found = step_signals(follower.series("duration_ns"), follower.series("data_wait_ns"),
-                         window, busy=followed_busy(follower, window), peers=peers.sets)
+                         window, busy=followed_busy(follower, window), peers=peers.sets,
+                         run_wait=followed_run_wait(follower, window))
     ended = follower.ended_ns()  # the saved diagnosis matters only once the job ended
     found = diagnosed(found, read_saved_findings(follower.run) if ended is not None else None,
                       ended)

@@ -51,7 +51,9 @@
   excess of its own time (busy time or data wait) is not named when the OS delayed it (a
   run-queue wait excess of at least half its lead, or no record of it); one the OS did not
   delay waited off the CPU by its own doing (sleep, I/O, a lock) and is named, cause
-  `off_cpu`.
+  `off_cpu`. A candidate whose extra work is confirmed but whose extra wait for a core is
+  larger still (`BusyExcess.outweighed_by_os`: other load held it back more than its work) is
+  at most suspected (`preempted`), cause `preempted`.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -192,6 +194,7 @@ class StragglerTest:
     overrules_pool: bool = False  # the larger basis alone decided: the pool said less
     disputed: bool = False  # confirmed by the pool, but a basis alone disagreed: suspected
     lead_by_work: bool = False  # the lead's floor met by its work's excess (by_work)
+    preempted: bool = False  # confirmed, but the OS delayed it more than it worked: suspected
 
     def _alone_words(self) -> str:
         """Each pooled basis's own test, where one alone would decide otherwise."""
@@ -258,6 +261,12 @@ class StragglerTest:
         elif self.decision == "confirmed":
             below = "" if self.by_work else f", below the {rate} false-alarm rate"
             sentence = f"{freq}{below}; {lead}{work}: confirmed"
+        elif self.preempted:
+            sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
+                        "not confirmed: other load on its host kept it from a core longer "
+                        "than it worked extra, and that load may also be what slowed its "
+                        "work — to confirm, run it again with its cores free of other "
+                        "processes")
         elif self.disputed:
             sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
                         "not confirmed: its bases disagree (below), its lead is within twice "
@@ -306,6 +315,8 @@ class StragglerTest:
             doc["disputed"] = True
         if self.lead_by_work:
             doc["lead_by_work"] = True
+        if self.preempted:
+            doc["preempted"] = True
         if self.alone:
             doc["bases"] = {b: None if t is None else t.brief() for b, t in self.alone.items()}
         return doc
@@ -445,6 +456,9 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     waived = k < need_frac * n and frequent and more_work
     material = big_lead and big_share and (k >= need_frac * n or waived)
     decision, decided = _decision(frequent, maybe, material, work)
+    preempted = decision == "confirmed" and work is not None and work.outweighed_by_os
+    if preempted:
+        decision = "suspected"
     return StragglerTest(
         rank=r, last=k, instances=n, steps=len(steps), ranks_tested=len(ranks),
         p_value=p_adj, p_uncorrected=p_raw, median_lead_ns=int(med_lead), noise_ns=int(noise),
@@ -452,7 +466,7 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
         decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
         need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived,
         spread_waived=spread_waived, later_than_most=later, by_work=by_work,
-        lead_by_work=lead_by_work)
+        lead_by_work=lead_by_work, preempted=preempted)
 
 
 def _candidate(ranks: list[int], rank: np.ndarray, late: np.ndarray, sole_last: np.ndarray,

@@ -26,6 +26,9 @@ from uberprof.units import ns_to_ms as _ms
 __all__ = ["KINDS", "straggler_findings"]
 
 KINDS = ("straggler",)
+# causes whose finding names the operators behind the excess: more work, or the same work
+# slowed by other load on the host (then with as many calls as the others')
+_WORK_CAUSES = ("compute", "host_launch", "preempted")
 
 
 def straggler_findings(facts: Facts) -> list[Finding]:
@@ -34,7 +37,7 @@ def straggler_findings(facts: Facts) -> list[Finding]:
         return []
     f = _straggler_finding(facts.straggler, facts.wall_ns, facts.ctx, facts.summaries,
                            facts.device_type)
-    if f.cause in ("compute", "host_launch") and facts.straggler.basis != BASIS_FLIGHT_RECORDER:
+    if f.cause in _WORK_CAUSES and facts.straggler.basis != BASIS_FLIGHT_RECORDER:
         more = operator_excess(facts.ctx, facts.straggler.rank, facts.traced)
         if more:
             f.evidence["operators_excess"] = [e.as_dict() for e in more]
