@@ -129,6 +129,15 @@ def test_a_faster_operator_shortens_the_path_it_is_on() -> None:
     # rank 1's 60-90 compute loses 10 ms: the send is posted at 80, the receive ends at 90
     assert doc["projected_step_ms"] == 90.0
     assert doc["changes"][0]["matched"] == ["aten::mm"]
+    assert "closest" not in doc["changes"][0]
+
+
+def test_an_operator_name_that_matches_nothing_changes_nothing_and_names_the_closest() -> None:
+    doc = project(hand_graph(), traced_steps(), parse_changes([], None, ["aten::nm=2"]),
+                  straggler=None)
+    assert doc["projected_step_ms"] == doc["replayed_step_ms"] == 100.0
+    assert doc["changes"][0]["matched"] == [] and doc["changes"][0]["operator_ms"] == 0.0
+    assert doc["changes"][0]["closest"][0] == "aten::mm"  # the nearest first
 
 
 def test_removing_the_straggler_brings_its_work_to_the_others_median() -> None:

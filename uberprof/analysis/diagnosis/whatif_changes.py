@@ -14,6 +14,7 @@ counts, no pipeline stages).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,8 +197,12 @@ def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
     has = cut > 0
     dur = g.dur[has].astype(np.float64)
     own[has] *= np.clip((dur - cut[has]) / np.where(dur > 0, dur, 1), 0, 1)
-    return {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
-            "operator_ms": _ms(g.op_ns[m].sum())}
+    doc = {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
+           "operator_ms": _ms(g.op_ns[m].sum())}
+    if not names:  # a typo, most often: the names it may have meant
+        doc["closest"] = difflib.get_close_matches(c.name, sorted(set(g.names)), n=3,
+                                                   cutoff=0.5)
+    return doc
 
 
 def _lane_mask(g: StepGraph, device: bool) -> np.ndarray:

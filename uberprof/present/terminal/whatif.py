@@ -97,7 +97,8 @@ def _touched(c: dict[str, Any]) -> str:
     if "rank" in c:
         return f" (rank {c['rank']}: {_ms(c.get('removed_ms'))} ms of work removed)"
     if "matched" in c:
-        names = ", ".join(c["matched"][:3]) or "no operator of that name"
+        names = ", ".join(c["matched"][:3]) or "no operator of that name" + (
+            f" (closest: {', '.join(c['closest'])})" if c.get("closest") else "")
         return f" ({names}: {_ms(c.get('operator_ms'))} ms in the steps)"
     if "removed_ms" in c:
         return f" ({_ms(c['removed_ms'])} ms in the steps)"
