@@ -53,11 +53,19 @@ def test_extra_compute_on_one_rank_makes_it_the_straggler(slow_compute_run: Path
 
 
 def test_no_straggler_without_a_fault(healthy_run: Path, tmp_path: Path) -> None:
+    """No straggler is named in a healthy job. On a machine busy with other work a rank the
+    OS holds back may be *suspected*, saying why (its wait for a core, work within a slower
+    core's, bases that disagree, too few instances): never confirmed."""
     d = diagnose(healthy_run, out=tmp_path / "derived")
-    assert _stragglers(d) == [], [f.as_dict() for f in _stragglers(d)]
+    found = _stragglers(d)
+    assert all(f.confidence == "suspected" for f in found), [f.as_dict() for f in found]
     # the overview says which test decided, with its numbers
-    assert d.run["straggler_test"]["decision"] == "none"
-    assert d.run["straggler_test"]["test"]["sentence"].startswith("no straggler")
+    t = d.run["straggler_test"]
+    assert t["decision"] == ("suspected" if found else "none"), t
+    if not found:
+        assert t["test"]["sentence"].startswith("no straggler")
+    else:
+        assert "suspected" in t["test"]["sentence"]
     _assert_accounted(d)
     assert d.run["collectives"]["matched_instances"] == 20  # 10 steps x 2 buckets
     assert d.run["collectives"]["unmatched_calls"] == 0

@@ -228,6 +228,27 @@ def test_extra_work_outweighed_by_a_longer_wait_for_a_core_is_only_suspected() -
     assert under.busy is not None and not under.busy.outweighed_by_os
 
 
+def test_a_rank_late_by_slightly_more_work_than_a_slower_core_gives_is_only_suspected() -> None:
+    """Healthy ranks' cores differ: one ran the same work 5-7% longer in gradient-accumulation
+    runs. A rank late by ~15 ms (arrivals: a straggler) whose 9% more CPU time (8.1 ms) is at
+    least half its lead, but under a tenth of the others', is suspected; with 25% more work it
+    is confirmed, and a lead its 8% does not half explain is left to the arrivals."""
+    late = _arrivals(1, 30, seed=2) * 0.75  # ~15 ms late, alone last at 30 of 38
+    t = _test(late, _busy({1: 0.09}, seed=2))
+    assert t is not None and t.rank == 1 and t.busy is not None and t.busy.confirmed
+    assert t.busy.excess_ns >= 0.5 * t.median_lead_ns and t.busy.slight
+    assert t.slight and t.decision == "suspected" and not t.preempted
+    sentence = t.as_test().sentence
+    assert "it is late by its own work, but that work is under 10% more than the others' " \
+           "(+8.9%)" in sentence
+    assert t.as_dict()["test"]["slight"] is True
+    assert t.as_dict()["test"]["busy_time"]["slight"] is True
+    more = _test(late, _busy({1: 0.25}, seed=2))
+    assert more is not None and more.decision == "confirmed" and not more.slight
+    far = _test(_arrivals(1, 30, seed=2), _busy({1: 0.09}, seed=2))  # ~20 ms late
+    assert far is not None and far.decision == "confirmed" and not far.slight
+
+
 def test_without_run_queue_waits_a_late_rank_without_excess_work_is_still_cleared() -> None:
     t = _test(_arrivals(1, 30, seed=2), _busy({}, seed=2))  # an older agent's timelines
     assert t is not None and t.decision == "none" and t.busy is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.unit.test_diagnosis_units import _lateness
+from uberprof.analysis.diagnosis.busy import KIND_CPU, BusyTimes
 from uberprof.analysis.diagnosis.lateness import pooled_lateness
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_ARRIVALS,
@@ -216,3 +217,24 @@ def test_bases_that_disagree_on_a_lead_within_its_spread_give_a_suspect_not_a_ve
     assert clear is not None and clear.rank == 1 and clear.share >= 0.15
     assert clear.alone[BASIS_FLIGHT_RECORDER].decision == "none"  # disagrees here too
     assert clear.decision == "confirmed" and not clear.disputed
+
+
+def test_a_pool_held_back_by_slight_extra_work_is_not_overruled_by_the_larger_basis() -> None:
+    """Two ranks: rank 1 last at 20 of 20 traced and 34 of 38 untraced all-reduces, ~10 ms
+    behind, with 5.5 ms (9%) more CPU time in the traced steps and a third of the untraced ones.
+    Pooled, its work is slight (busy.py): suspected. The Flight Recorder alone, on the untraced
+    steps where its CPU time is the other's, would confirm it (late off the CPU); that basis
+    must not overrule a pool held back by the rank's own work over all its steps."""
+    steps = np.arange(4, 33)
+    rng = np.random.default_rng(2)
+    cpu = 60 * MS * (1 + 0.005 * rng.standard_normal((2, steps.size)))
+    cpu[1, (steps < 14) | np.isin(steps, [14, 17, 20, 23, 26, 29])] += 5.5 * MS
+    zeros = np.zeros((2, steps.size))
+    busy = BusyTimes(KIND_CPU, [0, 1], steps, cpu, zeros, zeros)
+    test, _ = combined_straggler_test(list(_two_ranks((9.0, 11.0), 34, 10.0, seed=1)), 33 * MS,
+                                      busy)
+    assert test is not None and test.rank == 1 and test.basis == BASIS_ARRIVALS
+    assert test.slight and test.decision == "suspected" and not test.overrules_pool
+    fr = test.alone[BASIS_FLIGHT_RECORDER]
+    assert fr is not None and fr.decision == "confirmed" and fr.busy is not None
+    assert fr.busy.off_cpu  # its own steps show no extra work

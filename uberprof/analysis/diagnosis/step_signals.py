@@ -12,7 +12,8 @@ thresholds of their own:
   are alike and only a data-loader straggler shows in them; where the run has busy time
   (`busy.py`: the training thread's CPU time, CPU runs), the same test on it shows a
   rank that computes more, and at most suspects it where its extra wait for a core is larger
-  still (`busy.os_outweighs`, as the diagnosis does). The trace window tells the rest.
+  still (`busy.os_outweighs`) or its extra CPU time is slight (`busy.is_slight`), as the
+  diagnosis does. The trace window tells the rest.
 - **Data stall**: a rank whose data wait is at least the diagnosis's `MIN_SHARE` of its step
   time over the window; its confidence is `evidence.count_test`'s (too few
   steps: suspected).
@@ -42,13 +43,18 @@ from uberprof.analysis.diagnosis.busy import (
     excess_over_others,
     followed_busy,
     followed_run_wait,
+    is_slight,
     os_outweighs,
 )
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness
 from uberprof.analysis.diagnosis.model import MIN_SHARE
 from uberprof.analysis.diagnosis.saved import SavedFindings, read_saved_findings
-from uberprof.analysis.diagnosis.stragglers import BASIS_STEP_TIMELINE, straggler_test
+from uberprof.analysis.diagnosis.stragglers import (
+    BASIS_STEP_TIMELINE,
+    StragglerTest,
+    straggler_test,
+)
 from uberprof.analysis.tables.parallelism import is_pipeline_group, mesh_dim
 from uberprof.rundir import RANK_FILE
 from uberprof.rundir.ranks import ranks_by_id
@@ -131,14 +137,8 @@ def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np
         if t is None or t.decision == "none":
             continue
         outweighed = ""
-        if what == "CPU time" and t.decision == "confirmed" and run_wait is not None:
-            rw = _run_wait_excess(ranks.index(t.rank), s, *run_wait)
-            if os_outweighs(rw, t.median_lead_ns, MATERIAL_EXCESS * median_step):
-                assert rw is not None
-                t.decision, t.preempted = "suspected", True
-                outweighed = (f"; but its wait for a core is {rw / 1e6:+,.1f} ms a step over "
-                              "the others', more than its extra CPU time: other load on its "
-                              "host")
+        if what == "CPU time" and t.decision == "confirmed":
+            outweighed = _held_to_busy_rules(t, ranks, s, m, median_step, run_wait)
         verb = "is a straggler" if t.decision == "confirmed" else \
             "may be a straggler (suspected)"
         title = (f"rank {t.rank} {verb}: the longest {what} in {t.last} of the last "
@@ -146,6 +146,27 @@ def _straggler(ranks: list[int], steps: np.ndarray, times: np.ndarray, waits: np
                  "median" + outweighed)
         return Signal("straggler", t.rank, t.decision, title, t.as_test().as_dict())
     return None
+
+
+def _held_to_busy_rules(t: StragglerTest, ranks: list[int], steps: np.ndarray,
+                        cpu: np.ndarray, median_step: float,
+                        run_wait: tuple[np.ndarray, np.ndarray] | None) -> str:
+    """A CPU-time verdict held to the diagnosis's busy-time rules (busy.py): suspected where
+    its extra wait for a core outweighs its extra CPU time (`os_outweighs`) or that extra is
+    slight (`is_slight`); what the title adds, in words ("" where it stays confirmed)."""
+    i = ranks.index(t.rank)
+    rw = _run_wait_excess(i, steps, *run_wait) if run_wait is not None else None
+    if os_outweighs(rw, t.median_lead_ns, MATERIAL_EXCESS * median_step):
+        assert rw is not None
+        t.decision, t.preempted = "suspected", True
+        return (f"; but its wait for a core is {rw / 1e6:+,.1f} ms a step over the others', "
+                "more than its extra CPU time: other load on its host")
+    others = float(np.median(np.delete(cpu, i, axis=0)))
+    if is_slight(t.median_lead_ns, others):
+        t.decision = "suspected"
+        return (f"; {100 * t.median_lead_ns / others:+.1f}% of the others' CPU time, no more "
+                "than a slower core")
+    return ""
 
 
 def _run_wait_excess(i: int, steps: np.ndarray, rw_steps: np.ndarray,
@@ -183,9 +204,10 @@ def step_signals(times: Sequence[Series], waits: Sequence[Series], window: int =
     """The indications of the latest `window` steps every rank finished: `times` and `waits`
     are per rank (rank, steps, step time ns) and (rank, steps, data wait ns), in step order
     (`RunFollower.series`); `busy`, where the run has busy time, likewise
-    (`analysis.busy.followed_busy`), and the run-queue wait (`followed_run_wait`). `peers`: the sets of ranks that do the same work
-    (`peer_sets`); a straggler is sought within each set of two or more ranks only (one
-    signal per set at most). None: every rank is every other's peer. None before any step."""
+    (`analysis.busy.followed_busy`), and the run-queue wait (`followed_run_wait`). `peers`:
+    the sets of ranks that do the same work (`peer_sets`); a straggler is sought within each
+    set of two or more ranks only (one signal per set at most). None: every rank is every
+    other's peer. None before any step."""
     times = [x for x in times if x[1].size]
     if not times:
         return []

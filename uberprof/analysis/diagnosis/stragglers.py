@@ -53,7 +53,8 @@
   delay waited off the CPU by its own doing (sleep, I/O, a lock) and is named, cause
   `off_cpu`. A candidate whose extra work is confirmed but whose extra wait for a core is
   larger still (`BusyExcess.outweighed_by_os`: other load held it back more than its work) is
-  at most suspected (`preempted`), cause `preempted`.
+  at most suspected (`preempted`), cause `preempted`; so is one late by its work whose extra
+  work is under a tenth of the others' (`BusyExcess.slight`: no more than a slower core).
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -74,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from uberprof.analysis.diagnosis.busy import SLIGHT_EXCESS
 from uberprof.analysis.diagnosis.causes import STRAGGLER_CAUSES as _CAUSES
 from uberprof.analysis.diagnosis.evidence import (
     FALSE_ALARM_RATE,
@@ -195,6 +197,7 @@ class StragglerTest:
     disputed: bool = False  # confirmed by the pool, but a basis alone disagreed: suspected
     lead_by_work: bool = False  # the lead's floor met by its work's excess (by_work)
     preempted: bool = False  # confirmed, but the OS delayed it more than it worked: suspected
+    slight: bool = False  # confirmed, but late by work no more than a slower core's: suspected
 
     def _alone_words(self) -> str:
         """Each pooled basis's own test, where one alone would decide otherwise."""
@@ -267,6 +270,14 @@ class StragglerTest:
                         "than it worked extra, and that load may also be what slowed its "
                         "work — to confirm, run it again with its cores free of other "
                         "processes")
+        elif self.slight and self.busy is not None:
+            sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
+                        "not confirmed: it is late by its own work, but that work is under "
+                        f"{100 * SLIGHT_EXCESS:.0f}% more than the others' "
+                        f"({self.busy.excess_pct:+.1f}%), which healthy ranks on cores of one "
+                        "host differ by — to confirm, "
+                        "swap its cores or host with another rank's and see whether the "
+                        "lateness follows the rank")
         elif self.disputed:
             sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
                         "not confirmed: its bases disagree (below), its lead is within twice "
@@ -317,6 +328,8 @@ class StragglerTest:
             doc["lead_by_work"] = True
         if self.preempted:
             doc["preempted"] = True
+        if self.slight:
+            doc["slight"] = True
         if self.alone:
             doc["bases"] = {b: None if t is None else t.brief() for b, t in self.alone.items()}
         return doc
@@ -371,9 +384,12 @@ def combined_straggler_test(bases: list[ArrivalBasis], median_step_ns: float | N
              for b in bases}
     largest = max(used, key=lambda b: b.lateness.num_rows)
     big = alone[largest.name]
-    if big is not None and (test is None or _STRENGTH[big.decision] > _STRENGTH[test.decision]):
+    if big is not None and (test is None or (_STRENGTH[big.decision] > _STRENGTH[test.decision]
+                                             and not (test.preempted or test.slight))):
         # the larger basis alone says more than the pool: the smaller one (a traced window
-        # the profiler skewed, say) must not dilute it
+        # the profiler skewed, say) must not dilute it. Not where the pool was held back by
+        # the rank's busy time over all its steps (its work slight, or the OS's delay larger):
+        # that is no dilution of arrivals, and one basis's steps alone say less of its work
         big.alone, big.overrules_pool = alone, True
         return _dispute(big), largest.lateness
     if test is not None:
@@ -457,7 +473,8 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
     material = big_lead and big_share and (k >= need_frac * n or waived)
     decision, decided = _decision(frequent, maybe, material, work)
     preempted = decision == "confirmed" and work is not None and work.outweighed_by_os
-    if preempted:
+    slight = decision == "confirmed" and not preempted and work is not None and work.slight
+    if preempted or slight:
         decision = "suspected"
     return StragglerTest(
         rank=r, last=k, instances=n, steps=len(steps), ranks_tested=len(ranks),
@@ -466,7 +483,7 @@ def straggler_test(lat: pa.Table, median_step_ns: float | None,
         decision=decision, decided_by=decided, first_step=steps[0] if steps else None,
         need_fraction=need_frac, basis=basis, busy=work, fraction_waived=waived,
         spread_waived=spread_waived, later_than_most=later, by_work=by_work,
-        lead_by_work=lead_by_work, preempted=preempted)
+        lead_by_work=lead_by_work, preempted=preempted, slight=slight)
 
 
 def _candidate(ranks: list[int], rank: np.ndarray, late: np.ndarray, sole_last: np.ndarray,
