@@ -194,7 +194,7 @@ def findings_list(data: RunData, sel: Selection) -> Any:
                       html.Span(f.kind.replace("_", " ")
                                 + (" · suspected" if f.confidence == "suspected" else ""),
                                 className="kind"),
-                      html.Span(ui.fmt_ms(f.time_at_stake_ms), className="stake",
+                      html.Span(f.stake_words(short=True), className="stake",
                                 title="time at stake in the analysed steps, counted once")],
                      className="finding-head"),
             html.Div(f.title, className="finding-title"),

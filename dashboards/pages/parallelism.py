@@ -224,7 +224,7 @@ def findings_list(found: list[Any], sel: Selection) -> html.Div:
         items.append(html.Div([
             html.Div([html.Span(f.severity, className=f"badge {f.severity}"),
                       html.Span(f.kind.replace("_", " "), className="kind"),
-                      html.Span(ui.fmt_ms(f.time_at_stake_ms), className="stake",
+                      html.Span(f.stake_words(short=True), className="stake",
                                 title="time at stake in the analysed steps, counted once")],
                      className="finding-head"),
             html.Div(f.title, className="finding-title"),

@@ -96,3 +96,13 @@ def test_each_remedied_kind_maps_to_its_change() -> None:
     for kind, cause in (("hang", None), ("throttle", None), ("idle", "other")):
         c, why = finding_change(_finding(kind, 1.0, "low", cause))
         assert c is None and why
+
+
+def test_a_finding_that_explains_others_says_so_instead_of_zero_ms_at_stake() -> None:
+    by = {f.kind: f for f in _findings()}
+    assert by["host_cpu"].stake_words() == "no time of its own: it explains other findings"
+    assert by["host_cpu"].stake_words(short=True) == "explains others"
+    assert by["exposed_comm"].stake_words() == "5.0 ms at stake"
+    assert by["exposed_comm"].stake_words(short=True) == "5.0 ms"
+    assert _finding("idle", 1500.0, "high").stake_words() == "1.50 s at stake"
+    assert _finding("idle", 0.0, "low").stake_words() == "0.0 ms at stake"  # not a context kind

@@ -113,7 +113,7 @@ def _findings_html(d: Diagnosis) -> str:
             f"<div class='finding {e(f.severity)}'><span class='sev'>{e(f.severity)}</span> "
             f"<b>{e(f.kind)}</b>{' (' + e(f.cause) + ')' if f.cause else ''} "
             f"{' <i>' + e(f.confidence) + '</i>' if f.confidence != 'confirmed' else ''} "
-            f"&middot; {f.time_at_stake_ms:.1f} ms at stake"
+            f"&middot; {e(f.stake_words())}"
             f"{' &middot; ranks ' + e(ranks) if ranks else ''}<br>{e(f.title)}"
             f"{_test_html(f)}"
             f"{_gain_html(f)}"

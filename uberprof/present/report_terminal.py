@@ -251,7 +251,7 @@ def _finding(i: int, f: Finding, console: Console) -> None:
         head.append(f" ({f.cause})")
     if f.confidence != "confirmed":
         head.append(f" {f.confidence.upper()}", style="italic")
-    head.append(f"  {f.time_at_stake_ms:.1f} ms at stake" + (f", {share}%" if share else ""))
+    head.append(f"  {f.stake_words()}" + (f", {share}%" if share else ""))
     console.print(head)
     console.print(f"    {f.title}", markup=False, highlight=False)
     ev = _evidence_line(f)

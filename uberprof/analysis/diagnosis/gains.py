@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Finding
+from uberprof.analysis.diagnosis.model import CONTEXT_KINDS, FAILURE_KINDS, Finding
 from uberprof.analysis.diagnosis.whatif import project, run_graph_docs
 from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.analysis.tables.context import RunContext
@@ -71,7 +71,7 @@ def finding_change(f: Finding) -> tuple[Change | None, str]:
     if f.kind == "idle":
         return None, (f"no what-if change models idle time of cause '{f.cause}' (uberprof "
                       "whatif --op projects a faster operator)")
-    if f.kind == "host_cpu":
+    if f.kind in CONTEXT_KINDS:
         return None, "it explains other findings and stakes no time of its own"
     return None, f"no what-if change models a '{f.kind}' finding"
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from uberprof.units import fmt_ms
+
 if TYPE_CHECKING:
     from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
     from uberprof.analysis.diagnosis.stragglers import Straggler
@@ -24,11 +26,14 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.align import Alignment
     from uberprof.analysis.tables.collectives import Matched
 
-__all__ = ["FAILURE_KINDS", "MIN_SHARE", "SCHEMA_VERSION", "Diagnosis", "Finding", "Progress",
+__all__ = ["CONTEXT_KINDS", "FAILURE_KINDS", "MIN_SHARE", "SCHEMA_VERSION", "Diagnosis", "Finding", "Progress",
            "ranks_text", "severity_of"]
 
 SCHEMA_VERSION = 1
 FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked first
+# findings that explain others and count no time of their own (a saturated host: the time it
+# costs is in the stragglers', idle gaps' and communication findings it explains)
+CONTEXT_KINDS = ("host_cpu",)
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
 
 Progress = Callable[[int, int, str], None]  # (done, total, what): long work tells a progress bar
@@ -65,6 +70,16 @@ class Finding:
     # gain, interval, sentence; None with `projected_gain_why` when it cannot be projected
     projected_gain: dict[str, Any] | None = None
     projected_gain_why: str | None = None
+
+    def stake_words(self, short: bool = False) -> str:
+        """Its time at stake as every view says it ("12.3 ms at stake"; `short`: "12.3 ms"),
+        or, for a finding that counts no time of its own (CONTEXT_KINDS), that it explains
+        the others."""
+        if self.kind in CONTEXT_KINDS and self.time_at_stake_ms <= 0:
+            return "explains others" if short else \
+                "no time of its own: it explains other findings"
+        ms = fmt_ms(self.time_at_stake_ms)
+        return ms if short else f"{ms} at stake"
 
     def as_dict(self) -> dict[str, Any]:
         observed = self.observed_ms if self.observed_ms is not None else self.time_at_stake_ms
