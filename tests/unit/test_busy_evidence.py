@@ -209,22 +209,22 @@ def test_extra_work_outweighed_by_a_longer_wait_for_a_core_is_only_suspected() -
     late = _arrivals(1, 30, seed=2)
     busy = _busy({1: 0.08}, seed=2)  # 7.2 ms a step more, above the 6 ms floor: confirmed
     plain = _test(late, _with_run_wait(_busy({1: 0.08}, seed=2), {}))
-    assert plain is not None and plain.decision == "confirmed" and not plain.preempted
+    assert plain is not None and plain.decision == "confirmed" and not plain.outweighed_by_os
     t = _test(late, _with_run_wait(busy, {1: 16e6}))
     assert t is not None and t.rank == 1 and t.busy is not None and t.busy.confirmed
-    assert t.busy.outweighed_by_os and t.preempted and t.decision == "suspected"
+    assert t.busy.outweighed_by_os and t.outweighed_by_os and t.decision == "suspected"
     sentence = t.as_test().sentence
     assert "its wait for a core (run queue) per step is the others' +16 ms, more than its " \
            "extra CPU time" in sentence
     assert "suspected, not confirmed: other load on its host kept it from a core" in sentence
     doc = t.as_dict()["test"]
-    assert doc["preempted"] is True and doc["busy_time"]["outweighed_by_os"] is True
+    assert doc["outweighed_by_os"] is True and doc["busy_time"]["outweighed_by_os"] is True
     assert doc["busy_time"]["decision"] == "confirmed"  # its own test: more work, confirmed
     s = find_straggler(_lateness(late, np.arange(N_STEPS)), STEP, N_STEPS * STEP, test=t)
     assert s is not None and s.confidence == "suspected"
     # a longer wait for a core that stays under its extra work leaves the verdict confirmed
     under = _test(late, _with_run_wait(_busy({1: 0.08}, seed=2), {1: 5e6}))
-    assert under is not None and under.decision == "confirmed" and not under.preempted
+    assert under is not None and under.decision == "confirmed" and not under.outweighed_by_os
     assert under.busy is not None and not under.busy.outweighed_by_os
 
 
@@ -237,7 +237,7 @@ def test_a_rank_late_by_slightly_more_work_than_a_slower_core_gives_is_only_susp
     t = _test(late, _busy({1: 0.09}, seed=2))
     assert t is not None and t.rank == 1 and t.busy is not None and t.busy.confirmed
     assert t.busy.excess_ns >= 0.5 * t.median_lead_ns and t.busy.slight
-    assert t.slight and t.decision == "suspected" and not t.preempted
+    assert t.slight and t.decision == "suspected" and not t.outweighed_by_os
     sentence = t.as_test().sentence
     assert "it is late by its own work, but that work is under 10% more than the others' " \
            "(+8.9%)" in sentence

@@ -83,6 +83,7 @@ def test_a_traced_window_the_profiler_skewed_is_outweighed_by_many_untraced_step
     rng = np.random.default_rng(11)
     skewed = rng.uniform(0, 1 * MS, size=(20, 4))
     skewed[:15, 1] += 12 * MS  # a delay of 6% of the wall time: material, were it a cause
+    skewed = skewed[rng.permutation(20)]  # over the whole window
     skewed -= skewed.min(1, keepdims=True)
     traced = ArrivalBasis(BASIS_TRACES, _lateness(skewed, np.repeat(np.arange(4, 14), 2)),
                           STEP, 10 * STEP)
@@ -115,6 +116,7 @@ def test_the_larger_basis_decides_where_a_smaller_skewed_one_would_dilute_it() -
     fr = rng.uniform(0, 2 * MS, size=(38, 4))
     fr[:27, 1] += 40 * MS
     fr[27:, 1] -= 5 * MS  # the first to arrive in the other 11
+    fr = fr[rng.permutation(38)]  # spread over the steps: persistent, not a passing spell
     fr -= fr.min(1, keepdims=True)
     untraced = ArrivalBasis(BASIS_FLIGHT_RECORDER, _lateness(fr, np.repeat(np.arange(20, 39), 2)),
                             STEP, 19 * STEP)
@@ -179,7 +181,7 @@ def _two_ranks(traced_lead_ms: tuple[float, float], untraced_last: int, lead_ms:
                seed: int) -> tuple[ArrivalBasis, ArrivalBasis]:
     """Two ranks, 33 ms steps: 20 traced all-reduces where rank 1 is last every time by a lead
     drawn from `traced_lead_ms`, and 38 untraced ones where it is last at `untraced_last`
-    (by `lead_ms`, scattered as much) and first in the others."""
+    (by `lead_ms`, scattered as much) and first in the others, in no order of steps."""
     rng = np.random.default_rng(seed)
     step = 33 * MS
     traced = np.zeros((20, 2))
@@ -188,6 +190,7 @@ def _two_ranks(traced_lead_ms: tuple[float, float], untraced_last: int, lead_ms:
     lead = np.abs(rng.normal(lead_ms, lead_ms, size=38)) * MS
     fr[:untraced_last, 1] = lead[:untraced_last]
     fr[untraced_last:, 0] = lead[untraced_last:]
+    fr = fr[rng.permutation(38)]  # spread over the steps: no passing spell
     return (ArrivalBasis(BASIS_TRACES, _lateness(traced, np.repeat(np.arange(4, 14), 2)), step,
                          10 * step),
             ArrivalBasis(BASIS_FLIGHT_RECORDER,
@@ -200,7 +203,7 @@ def test_bases_that_disagree_on_a_lead_within_its_spread_give_a_suspect_not_a_ve
     (none alone); pooled, 81% last with a 2 ms lead inside its own 3.6 ms spread, adding 9% of
     the wall time. Such a verdict is suspected and says why; a lead well clear of its spread
     or a large delay stays confirmed though a basis disagrees."""
-    thin = combined_straggler_test(list(_two_ranks((0.2, 4.5), 27, 2.0, seed=1)), 33 * MS)[0]
+    thin = combined_straggler_test(list(_two_ranks((0.2, 4.5), 27, 2.0, seed=3)), 33 * MS)[0]
     assert thin is not None and thin.rank == 1
     assert thin.alone[BASIS_TRACES].decision == "confirmed"
     assert thin.alone[BASIS_FLIGHT_RECORDER].decision == "none"
@@ -208,7 +211,7 @@ def test_bases_that_disagree_on_a_lead_within_its_spread_give_a_suspect_not_a_ve
     assert thin.decision == "suspected" and thin.disputed
     assert thin.test_doc()["disputed"] is True
     assert "suspected, not confirmed: its bases disagree" in thin.as_test().sentence
-    s = find_straggler(_two_ranks((0.2, 4.5), 27, 2.0, seed=1)[0].lateness, 33 * MS, 330 * MS,
+    s = find_straggler(_two_ranks((0.2, 4.5), 27, 2.0, seed=3)[0].lateness, 33 * MS, 330 * MS,
                        test=thin)
     assert s is not None and s.confidence == "suspected"
 
@@ -238,3 +241,64 @@ def test_a_pool_held_back_by_slight_extra_work_is_not_overruled_by_the_larger_ba
     fr = test.alone[BASIS_FLIGHT_RECORDER]
     assert fr is not None and fr.decision == "confirmed" and fr.busy is not None
     assert fr.busy.off_cpu  # its own steps show no extra work
+
+
+def test_a_rank_late_in_the_first_steps_only_is_a_passing_spell_not_a_persistent_straggler(
+        ) -> None:
+    """Healthy 2-rank runs on the development VM had one rank computing ~50% longer over its
+    first 20 steps and like the other after them (benchmarks/accuracy.py, seeds 302 and 316):
+    alone last at most collectives, but not persistently. Late by 12 ms in the first 20 of 38
+    untraced all-reduces and by nothing after, it is suspected, the quiet part named; a
+    rank late at 30 of the 38, spread over the steps, is a confirmed straggler."""
+    rng = np.random.default_rng(3)
+    fr = np.zeros((38, 2))
+    fr[:, 0] = rng.uniform(0, 1 * MS, 38)
+    fr[:20, 1] = 12 * MS + rng.uniform(0, 1 * MS, 20)  # late in steps 2-11 only
+    fr[20:, 1] = rng.uniform(0, 1 * MS, 18)
+    steps = np.repeat(np.arange(2, 21), 2)
+
+    def test_of(late: np.ndarray):  # type: ignore[no-untyped-def]
+        basis = ArrivalBasis(BASIS_FLIGHT_RECORDER, _lateness(late - late.min(1, keepdims=True),
+                                                              steps), 33 * MS, 19 * 33 * MS)
+        return combined_straggler_test([basis], 33 * MS)[0]
+
+    spell = test_of(fr)
+    assert spell is not None and spell.rank == 1 and spell.decision == "suspected"
+    assert spell.transient is not None
+    (a, b), half = spell.transient
+    assert (a, b) == (15, 20) and half < spell.need_lead_ns
+    assert "over steps 15-20 its median lead is only" in spell.as_test().sentence
+    assert spell.test_doc()["transient"]["steps"] == [15, 20]
+    steady = fr.copy()
+    steady[rng.permutation(38)[:30], 1] = 12 * MS  # late at 30 of 38, over all the steps
+    persistent = test_of(steady)
+    assert persistent is not None and persistent.rank == 1
+    assert persistent.decision == "confirmed" and persistent.transient is None
+
+
+def test_extra_work_in_every_part_keeps_a_straggler_whose_lead_scatters_persistent() -> None:
+    """Beside a CPU hog a 1.3x compute straggler's lead scatters (it fell under the floor in a
+    third of the steps in 6 of 20 such runs), while its extra CPU time holds in every step. A
+    third where it does not lead, but still works materially more, counts as led; where its
+    extra work ends with its lead, the spell is transient."""
+    rng = np.random.default_rng(3)
+    fr = np.zeros((38, 2))
+    fr[:, 0] = rng.uniform(0, 1 * MS, 38)
+    fr[:20, 1] = 12 * MS + rng.uniform(0, 1 * MS, 20)
+    fr[20:, 1] = rng.uniform(0, 1 * MS, 18)
+    lat = _lateness(fr - fr.min(1, keepdims=True), np.repeat(np.arange(2, 21), 2))
+    basis = ArrivalBasis(BASIS_FLIGHT_RECORDER, lat, 33 * MS, 19 * 33 * MS)
+    steps = np.arange(2, 21)
+
+    def busy(more_until: int) -> BusyTimes:
+        cpu = 30 * MS * (1 + 0.005 * rng.standard_normal((2, steps.size)))
+        cpu[1, steps <= more_until] *= 1.3
+        zeros = np.zeros((2, steps.size))
+        return BusyTimes(KIND_CPU, [0, 1], steps, cpu, zeros, zeros)
+
+    kept = combined_straggler_test([basis], 33 * MS, busy(20))[0]
+    assert kept is not None and kept.rank == 1 and kept.transient is None
+    assert kept.decision == "confirmed"
+    spell = combined_straggler_test([basis], 33 * MS, busy(11))[0]
+    assert spell is not None and spell.rank == 1 and spell.decision == "suspected"
+    assert spell.transient is not None and spell.transient[0] == (15, 20)

@@ -242,7 +242,7 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
             straggler.cause = "off_cpu"  # its own CPU time and its wait for a core explain
             #                              under half of it, and the OS did not keep it from
             #                              a core: it waited off the CPU by itself
-        if mine and s_test is not None and s_test.preempted:
+        if mine and s_test is not None and s_test.outweighed_by_os:
             straggler.cause = "preempted"  # the OS held it back more than its work (busy.py)
         straggler.counters = clock_ev
         if basis_doc is not None:

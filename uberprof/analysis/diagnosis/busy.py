@@ -288,6 +288,17 @@ class BusyTimes:
             need_ns=int(need), run_wait_excess_ns=wait_excess, lead_ns=lead_ns)
 
 
+    def excess_in(self, rank: int, steps: Iterable[int]) -> int | None:
+        """`rank`'s busy time over the others' median, median over those of `steps` it has
+        (ns); None where it has none of them (or no other rank to compare with)."""
+        if rank not in self.ranks or len(self.ranks) < 2:
+            return None
+        keep = np.isin(self.steps, list(steps))
+        if not keep.any():
+            return None
+        return excess_over_others(self.busy[:, keep], self.ranks.index(rank))
+
+
 RankBusy = tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """One rank's busy time: its kind, and per step (in step order) the step number, the busy time
 and the data wait (0 where unknown), ns, and the run-queue wait (ns; NaN: unknown)."""

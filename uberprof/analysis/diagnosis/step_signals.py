@@ -158,7 +158,7 @@ def _held_to_busy_rules(t: StragglerTest, ranks: list[int], steps: np.ndarray,
     rw = _run_wait_excess(i, steps, *run_wait) if run_wait is not None else None
     if os_outweighs(rw, t.median_lead_ns, MATERIAL_EXCESS * median_step):
         assert rw is not None
-        t.decision, t.preempted = "suspected", True
+        t.decision, t.outweighed_by_os = "suspected", True
         return (f"; but its wait for a core is {rw / 1e6:+,.1f} ms a step over the others', "
                 "more than its extra CPU time: other load on its host")
     others = float(np.median(np.delete(cpu, i, axis=0)))
