@@ -77,8 +77,7 @@ if TYPE_CHECKING:
 __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "SLIGHT_EXCESS", "BusyExcess", "BusyTimes",
            "RankBusy", "busy_kind", "busy_of_ranks", "busy_series", "busy_times",
            "excess_over_others", "followed_busy", "followed_run_wait", "is_slight",
-           "os_outweighs",
-           "table_busy"]
+           "os_outweighs", "table_busy"]
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
