@@ -210,6 +210,8 @@ def test_live_extra_cpu_time_under_a_tenth_of_the_others_is_only_suspected() -> 
     found = step_signals(times, waits, busy=_busy(4, 40, {2: 0.08}))
     assert _kinds(found) == {"straggler": (2, "suspected")}
     assert "of the others' CPU time, no more than a slower core" in found[0].title
+    assert "it is late by its own work, but that work is under 10% more than the others'," \
+        in found[0].test["sentence"]
     assert _kinds(step_signals(times, waits, busy=_busy(4, 40, {2: 0.15}))) == \
         {"straggler": (2, "confirmed")}
 

@@ -163,7 +163,7 @@ def _held_to_busy_rules(t: StragglerTest, ranks: list[int], steps: np.ndarray,
                 "more than its extra CPU time: other load on its host")
     others = float(np.median(np.delete(cpu, i, axis=0)))
     if is_slight(t.median_lead_ns, others):
-        t.decision = "suspected"
+        t.decision, t.slight = "suspected", True
         return (f"; {100 * t.median_lead_ns / others:+.1f}% of the others' CPU time, no more "
                 "than a slower core")
     return ""

@@ -276,12 +276,12 @@ class StragglerTest:
                         "than it worked extra, and that load may also be what slowed its "
                         "work — to confirm, run it again with its cores free of other "
                         "processes")
-        elif self.slight and self.busy is not None:
+        elif self.slight:
+            pct = f" ({self.busy.excess_pct:+.1f}%)" if self.busy is not None else ""
             sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
                         "not confirmed: it is late by its own work, but that work is under "
-                        f"{100 * SLIGHT_EXCESS:.0f}% more than the others' "
-                        f"({self.busy.excess_pct:+.1f}%), which healthy ranks on cores of one "
-                        "host differ by — to confirm, "
+                        f"{100 * SLIGHT_EXCESS:.0f}% more than the others'{pct}, which "
+                        "healthy ranks on cores of one host differ by — to confirm, "
                         "swap its cores or host with another rank's and see whether the "
                         "lateness follows the rank")
         elif self.transient is not None:
