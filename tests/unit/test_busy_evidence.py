@@ -462,3 +462,28 @@ def test_work_that_accounts_for_the_lead_meets_the_lead_floor_the_scatter_hid() 
     assert t.as_dict()["test"]["lead_by_work"] is True
     plain = _test(late, None)
     assert plain is None or plain.decision == "none"
+
+
+def test_a_wait_for_a_core_that_its_extra_work_explains_does_not_outweigh_that_work() -> None:
+    """A CI run: rank 2 of 4 on 2 cores did 8x the forward work (CPU 117 ms a step against 40)
+    and waited 108 ms a step longer for a core, where every other rank waited 2.9 ns per ns of
+    CPU: more work waits more. Its extra wait beyond that is none: still a compute straggler.
+    The same extra wait on cores where the others hardly wait (0.05 ns per ns) outweighs it."""
+    late = _arrivals(2, 30, seed=2)
+    rng = np.random.default_rng(5)
+    cpu = 40e6 * (1 + 0.01 * rng.standard_normal((4, N_STEPS)))
+    cpu[2] += 77e6
+
+    def busy(others_wait: float) -> BusyTimes:
+        rw = np.full((4, N_STEPS), others_wait) * (1 + 0.01 * rng.standard_normal((4, N_STEPS)))
+        rw[2] += 108e6
+        return BusyTimes(KIND_CPU, [0, 1, 2, 3], np.arange(N_STEPS), cpu.copy(),
+                         np.full((4, N_STEPS), 1e6), rw)
+
+    loaded = _test(late, busy(117e6))
+    assert loaded is not None and loaded.busy is not None and loaded.busy.confirmed
+    assert loaded.busy.wait_per_cpu == pytest.approx(2.9, abs=0.1)
+    assert not loaded.busy.outweighed_by_os and loaded.decision == "confirmed"
+    quiet = _test(late, busy(2e6))
+    assert quiet is not None and quiet.busy is not None and quiet.busy.outweighed_by_os
+    assert quiet.decision == "suspected"

@@ -34,7 +34,10 @@ straggler's training thread spends more CPU time per step, a delayed one the sam
   sleeping rank is preempted about as often as the others when it runs. Without the run-queue
   wait (older agents, not Linux) the old reading stands: cleared.
 - **More delayed than working** (`BusyExcess.outweighed_by_os`): a rank whose CPU-time excess is
-  confirmed, but whose extra wait for a core per step is at least that excess, was held back by
+  confirmed, but whose extra wait for a core per step, beyond what that extra work itself waits
+  on cores shared as the others' are (the others' wait per CPU ns times the excess: a rank with
+  8x the forward work, 4 ranks on 2 cores, waited +108 ms a step for +77 ms of CPU where the
+  others waited 2.9 ns per ns of CPU), is at least that excess, was held back by
   other load on its host more than by its own work, and its extra CPU time may itself be that
   load's doing (the same operators, called as often, running slower between preemptions). It is
   at most a suspected straggler, cause `preempted`. A healthy 4-rank job on two cores shared with
@@ -77,7 +80,7 @@ if TYPE_CHECKING:
 __all__ = ["KIND_CPU", "MATERIAL_EXCESS", "SLIGHT_EXCESS", "BusyExcess", "BusyTimes",
            "RankBusy", "busy_kind", "busy_of_ranks", "busy_series", "busy_times",
            "excess_over_others", "followed_busy", "followed_run_wait", "is_slight",
-           "os_outweighs", "table_busy"]
+           "os_outweighs", "table_busy", "wait_per_cpu"]
 
 KIND_CPU = "cpu"  # the training thread's CPU time (steps.jsonl `cpu_ns`)
 MATERIAL_EXCESS = 0.03  # of the median step: the excess that counts as more work
@@ -126,11 +129,24 @@ def is_slight(excess_ns: float, others_ns: float) -> bool:
     return excess_ns < SLIGHT_EXCESS * others_ns
 
 
-def os_outweighs(run_wait_excess_ns: float | None, excess_ns: float, need_ns: float) -> bool:
-    """Whether a rank's extra wait for a core per step is material and at least its extra CPU
-    time (module docstring, "More delayed than working"): the one rule, for the diagnosis
-    (`BusyExcess.outweighed_by_os`) and the live views (step_signals.py)."""
-    return run_wait_excess_ns is not None and run_wait_excess_ns >= max(need_ns, excess_ns)
+def wait_per_cpu(run_wait: np.ndarray, cpu: np.ndarray) -> float:
+    """The run-queue wait a rank's thread pays per ns of CPU time on this host, from the other
+    ranks' medians ([rank, step] each): on cores shared k ways, about k - 1."""
+    c = float(np.median(cpu)) if cpu.size else 0.0
+    return max(0.0, float(np.median(run_wait)) / c) if c > 0 else 0.0
+
+
+def os_outweighs(run_wait_excess_ns: float | None, excess_ns: float, need_ns: float,
+                 per_cpu: float = 0.0) -> bool:
+    """Whether a rank's extra wait for a core per step, beyond what its extra CPU time brings
+    on cores shared as the others' are (`per_cpu` x the excess: more work waits more), is
+    material and at least that extra CPU time (module docstring, "More delayed than working"):
+    the one rule, for the diagnosis (`BusyExcess.outweighed_by_os`) and the live views
+    (step_signals.py)."""
+    if run_wait_excess_ns is None:
+        return False
+    unexplained = run_wait_excess_ns - per_cpu * max(excess_ns, 0.0)
+    return unexplained >= max(need_ns, excess_ns)
 
 
 @dataclass
@@ -150,6 +166,7 @@ class BusyExcess:
     need_ns: int  # the material excess: MATERIAL_EXCESS of the median step
     run_wait_excess_ns: int | None = None  # its run-queue wait minus the others' median
     lead_ns: float | None = None  # its lateness at collectives (the straggler test's lead)
+    wait_per_cpu: float = 0.0  # the others' run-queue wait per ns of CPU time (medians)
 
     @property
     def confirmed(self) -> bool:
@@ -192,7 +209,7 @@ class BusyExcess:
         """Confirmed more work, but a longer extra wait for a core than that work (module
         docstring): other load delayed it more than its own work did."""
         return self.confirmed and os_outweighs(self.run_wait_excess_ns, self.excess_ns,
-                                               self.need_ns)
+                                               self.need_ns, self.wait_per_cpu)
 
     @property
     def off_cpu(self) -> bool:
@@ -274,17 +291,19 @@ class BusyTimes:
         i = self.ranks.index(rank)
         others = np.delete(b, i, axis=0)
         need = MATERIAL_EXCESS * (median_step_ns or float(np.median(b)))
-        wait_excess = None
+        wait_excess, per_cpu = None, 0.0
         if self.run_wait is not None:
             rw = self.run_wait[:, keep]
             if not np.isnan(rw).any():
                 wait_excess = excess_over_others(rw, i)
+                per_cpu = wait_per_cpu(np.delete(rw, i, axis=0), others)
         return BusyExcess(
             rank=rank, kind=self.kind, most=most, steps=n, ranks_tested=len(self.ranks),
             p_value=min(1.0, p * len(self.ranks)), p_uncorrected=p,
             median_ns=int(np.median(np.median(others, axis=0))),
             excess_ns=int(np.median(lead)), data_excess_ns=int(np.median(data_lead)),
-            need_ns=int(need), run_wait_excess_ns=wait_excess, lead_ns=lead_ns)
+            need_ns=int(need), run_wait_excess_ns=wait_excess, lead_ns=lead_ns,
+            wait_per_cpu=per_cpu)
 
 
     def excess_in(self, rank: int, steps: Iterable[int]) -> int | None:

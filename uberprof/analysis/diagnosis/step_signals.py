@@ -45,6 +45,7 @@ from uberprof.analysis.diagnosis.busy import (
     followed_run_wait,
     is_slight,
     os_outweighs,
+    wait_per_cpu,
 )
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.lateness import Series, matrix_lateness
@@ -155,8 +156,9 @@ def _held_to_busy_rules(t: StragglerTest, ranks: list[int], steps: np.ndarray,
     its extra wait for a core outweighs its extra CPU time (`os_outweighs`) or that extra is
     slight (`is_slight`); what the title adds, in words ("" where it stays confirmed)."""
     i = ranks.index(t.rank)
-    rw = _run_wait_excess(i, steps, *run_wait) if run_wait is not None else None
-    if os_outweighs(rw, t.median_lead_ns, MATERIAL_EXCESS * median_step):
+    rw, per_cpu = _run_wait_excess(i, steps, cpu, *run_wait) if run_wait is not None else \
+        (None, 0.0)
+    if os_outweighs(rw, t.median_lead_ns, MATERIAL_EXCESS * median_step, per_cpu):
         assert rw is not None
         t.decision, t.outweighed_by_os = "suspected", True
         return (f"; but its wait for a core is {rw / 1e6:+,.1f} ms a step over the others', "
@@ -169,14 +171,17 @@ def _held_to_busy_rules(t: StragglerTest, ranks: list[int], steps: np.ndarray,
     return ""
 
 
-def _run_wait_excess(i: int, steps: np.ndarray, rw_steps: np.ndarray,
-                    rw: np.ndarray) -> int | None:
+def _run_wait_excess(i: int, steps: np.ndarray, cpu: np.ndarray, rw_steps: np.ndarray,
+                     rw: np.ndarray) -> tuple[int | None, float]:
     """Row `i`'s run-queue wait over the other rows' median on `steps` (median over the steps
-    that have every rank's), or None where fewer than half of `steps` have it."""
+    that have every rank's), and the others' wait per ns of CPU (`busy.wait_per_cpu`); None
+    and 0 where fewer than half of `steps` have it."""
     keep = np.isin(rw_steps, steps)
     if int(keep.sum()) < max(1, steps.size // 2):
-        return None
-    return excess_over_others(rw[:, keep], i)
+        return None, 0.0
+    on = np.isin(steps, rw_steps[keep])
+    return excess_over_others(rw[:, keep], i), \
+        wait_per_cpu(np.delete(rw[:, keep], i, axis=0), np.delete(cpu[:, on], i, axis=0))
 
 
 def _data_stall(ranks: list[int], times: np.ndarray, waits: np.ndarray) -> Signal | None:
