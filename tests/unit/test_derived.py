@@ -61,22 +61,18 @@ def test_no_derived_file_is_ever_written_in_place(tmp_path: Path,
     T.write(d / "rank-0.pt.trace.json.gz", T.gpu_step_trace(rank=0))
     T.write(d / "rank-1.pt.trace.json", T.cpu_step_trace(rank=1))
     opened: list[Path] = []
-    real_write, real_writer = pq.write_table, pq.ParquetWriter
+    real_temp = D._temp_beside
 
-    def write_table(table: pa.Table, where: Any, *a: Any, **k: Any) -> None:
-        opened.append(Path(where))
-        real_write(table, where, *a, **k)
+    def temp_beside(path: Path) -> Path:  # every writer (IPC, Parquet, JSON) takes its name here
+        tmp = real_temp(path)
+        opened.append(tmp)
+        return tmp
 
-    def writer(where: Any, *a: Any, **k: Any) -> Any:
-        opened.append(Path(where))
-        return real_writer(where, *a, **k)
-
-    monkeypatch.setattr(pq, "write_table", write_table)
-    monkeypatch.setattr(pq, "ParquetWriter", writer)
+    monkeypatch.setattr(D, "_temp_beside", temp_beside)
     a = analyze(d, out=tmp_path / "d", workers=1)
     assert a.ranks and [r["rank"] for r in a.ranks] == [0, 1]
     made = {p for p in (tmp_path / "d").rglob("*") if p.is_file()}
-    assert {p.name for p in made} >= {"events.parquet", "steps.parquet", "ranks.parquet",
+    assert {p.name for p in made} >= {D.EVENTS_FILE, "steps.parquet", "ranks.parquet",
                                       "collectives.parquet", "summary.json", "manifest.json"}
     assert len(opened) >= 9 and not set(opened) & made
     assert all(p.name.startswith(".") and p.name.endswith(".tmp") and p.parent in

@@ -78,7 +78,7 @@ def tables(derived: Path) -> dict[str, Any]:
 def assert_same(a: Path, b: Path) -> None:
     ta, tb = tables(a), tables(b)
     assert sorted(ta) == sorted(tb)
-    assert sum(k.endswith("events.parquet") for k in ta) == 13  # 8 ranks x 2, less 3
+    assert sum(k.endswith("events.arrow") for k in ta) == 13  # 8 ranks x 2, less 3
     for k, va in ta.items():
         vb = tb[k]
         if k.endswith((".parquet", ".arrow")):

@@ -95,10 +95,14 @@ def _columns(data: bytes, cols: list[str]) -> pa.Table | None:
     """The table of a well-formed file (module docstring), or None for the row path."""
     import pyarrow.json as pj
 
-    body = data[:-1] if data.endswith(b"\n") else data
-    lines = body.count(b"\n") + 1
-    if not (body.startswith(b"{") and body.count(b"\n{") == lines - 1 and data.isascii()) \
-            or b"null" in data:  # a line not starting with "{" (blank, indented): the rows
+    # On the bytes as an array: a line not starting with "{" (blank, indented) takes the row
+    # path. Counting "\n" and "\n{" with bytes.count was 3.3 of a 10,000-line file's 20 ms.
+    a = np.frombuffer(data, np.uint8)
+    end = a.size - 1 if data.endswith(b"\n") else a.size
+    newlines = np.flatnonzero(a[:end] == ord("\n"))
+    lines = newlines.size + 1
+    if not (end > 0 and a[0] == ord("{") and bool((a[newlines + 1] == ord("{")).all())
+            and data.isascii()) or data.find(b"null") >= 0:
         return None
     try:
         # one block for the whole file (Arrow's default is 1 MiB): a 10,000-step timeline

@@ -38,14 +38,14 @@ from uberprof.analysis.tables.derived import (
 )
 from uberprof.rundir import write_json_atomic
 
-__all__ = ["HEATMAP_COLS", "HEATMAP_ROWS", "Heatmap", "OverviewSummary", "RankSeries",
-           "heatmap_of_series", "in_rank_step_order", "read_overview", "series_of",
+__all__ = ["HEATMAP_COLS", "HEATMAP_ROWS", "OVERVIEW_COLUMNS", "Heatmap", "OverviewSummary",
+           "RankSeries", "heatmap_of_series", "in_rank_step_order", "read_overview", "series_of",
            "step_quantiles", "summarise", "write_overview"]
 
 # The overview's heat map: at most this many step columns and rank rows (binned beyond).
 HEATMAP_COLS = 250
 HEATMAP_ROWS = 256
-_COLUMNS = ["rank", "step", "step_time_ns", "data_wait_ns", "traced"]
+OVERVIEW_COLUMNS = ["rank", "step", "step_time_ns", "data_wait_ns", "traced"]  # step table's
 _VERSION = 1  # of the saved summary's layout
 
 
@@ -186,11 +186,12 @@ def _reduce_key(derived: Path) -> str | None:
     return doc.get("key") if isinstance(doc, dict) else None
 
 
-def write_overview(derived: Path, key: str) -> OverviewSummary:
+def write_overview(derived: Path, key: str, steps: pa.Table | None = None) -> OverviewSummary:
     """Summarise the run's step table (`derived/steps.parquet`, just written by the reduce whose
-    key is `key`) and save the summary beside it: the heat map first, then the document that
-    names the reduce."""
-    steps = read_whole(derived / STEPS_FILE, _COLUMNS)
+    key is `key`; or `steps`, its OVERVIEW_COLUMNS as the reduce wrote them) and save the
+    summary beside it: the heat map first, then the document that names the reduce."""
+    if steps is None:
+        steps = read_whole(derived / STEPS_FILE, OVERVIEW_COLUMNS)
     s = summarise(steps)
     hm = s.heatmap
     if hm is not None:

@@ -33,6 +33,7 @@ from uberprof.analysis.tables.derived import (
     MODULES_FILE,
     SUMMARY_FILE,
     replacing,
+    write_events,
     write_parquet,
     write_small,
 )
@@ -178,8 +179,10 @@ def activity_table(act: M.Activity) -> pa.Table:
     }, schema=ACTIVITY_SCHEMA)
 
 
-_FORMAT_10_FILES = ("steps.parquet", "collectives.parquet", "operators.parquet",
-                    "activity.parquet")
+# What earlier derived formats wrote that is not read now: removed when an input is analysed again.
+_OLD_FILES = frozenset({"steps.parquet", "collectives.parquet", "operators.parquet",
+                        "activity.parquet",  # format 10's
+                        "events.parquet"})  # format 11's
 
 
 def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
@@ -190,7 +193,9 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
     out = Path(out_dir)
     try:
         tables = analyze_trace(path)
-        write_parquet(tables.events, out / EVENTS_FILE, compression="zstd")
+        out.mkdir(parents=True, exist_ok=True)
+        before = set(os.listdir(out))  # one listing, not an unlink tried per old name
+        write_events(tables.events, out / EVENTS_FILE)
         write_small(tables.steps, out / INPUT_STEPS_FILE)
         write_small(tables.collectives, out / INPUT_COLLECTIVES_FILE)
         write_small(tables.activity, out / ACTIVITY_FILE)
@@ -202,9 +207,9 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
                                    (tables.memory, MEMORY_FILE, "zstd")):
             if table.num_rows:
                 write_parquet(table, out / name, compression=codec)
-            else:  # not one an earlier analysis of this input left
+            elif name in before:  # not one an earlier analysis of this input left
                 (out / name).unlink(missing_ok=True)
-        for name in _FORMAT_10_FILES:  # what derived format 10 wrote as Parquet: not read now
+        for name in _OLD_FILES & before:
             (out / name).unlink(missing_ok=True)
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
