@@ -346,3 +346,24 @@ def test_a_worker_stops_when_its_parent_dies_without_telling_it(tmp_path: Path) 
     workers = [psutil.Process(int(pid)) for pid in out.split() if psutil.pid_exists(int(pid))]
     _, left = psutil.wait_procs(workers, timeout=30)
     assert not left, f"workers still running after their parent died: {[p.pid for p in left]}"
+
+
+def test_analyze_tells_its_progress_in_stages_traces_then_timelines_then_ranks_combined(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preparing page and the bar stayed on "reading traces: N of N" while a 512-rank run's
+    step timelines were read and its ranks combined (10 of its 20 s): each stage counts."""
+    from uberprof.analysis.tables import reduce
+
+    monkeypatch.setattr(reduce, "PARALLEL_RANKS", 2)  # told from this many ranks
+    seen: list[tuple[str, int, int]] = []
+    analyze(_copied(run, tmp_path / "run"), out=tmp_path / "d", workers=2,
+            progress=lambda done, total, label, stage="reading traces":
+            seen.append((stage, done, total)))
+    stages = [s for i, (s, _, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != s]
+    assert stages == ["reading traces", "reading step timelines", "combining ranks"]
+    for stage, n in (("reading traces", 14), ("reading step timelines", 8),
+                     ("combining ranks", 8)):  # rank 2 has no trace
+        counts = [(d, t) for s, d, t in seen if s == stage]
+        assert counts[-1] == (n, n) and all(t == n for _, t in counts)
+        done = [d for d, _ in counts]
+        assert done == sorted(set(done))  # only forward

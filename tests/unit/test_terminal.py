@@ -46,6 +46,17 @@ def test_analysis_rows_are_cut_with_a_pointer() -> None:
     assert "p1" in out
 
 
+def test_progress_on_a_terminal_names_each_stage_and_counts_it_again() -> None:
+    c = Console(record=True, width=100, force_terminal=True)
+    with ReadProgress(c) as update:
+        update(3, 4, "rank-0.json")
+        seen = c.export_text()
+        update(1, 512, "ranks/7", "reading step timelines")
+        later = c.export_text()
+    assert "reading traces" in seen and "3/4" in seen
+    assert "reading step timelines" in later and "1/512" in later
+
+
 def test_progress_is_silent_off_a_terminal() -> None:
     c = _console()
     with ReadProgress(c) as update:

@@ -201,8 +201,9 @@ def _read(root: Path, opened: Any, out: Path | None, workers: int | None,
     (said)."""
     from uberprof.dashboards.data import RunData
 
-    data = RunData.of(opened, out=out, workers=workers,
-                      baseline=baseline.resolve() if baseline is not None else None)
+    with step("reading the run's tables"):
+        data = RunData.of(opened, out=out, workers=workers,
+                          baseline=baseline.resolve() if baseline is not None else None)
     for n in data.notices:
         err.print(f"uberprof dashboard: {n}", markup=False, highlight=False)
     if not data.has_traces and data.steps.num_rows == 0:
@@ -247,6 +248,7 @@ def _open_tables(root: Path, out: Path | None, workers: int | None, stage: list[
                  err: Console) -> Any:
     """`read.open_tables` of the run, with the same progress bar as `uberprof analyze` (and
     `stage[0]` saying how far)."""
+    from uberprof.analysis.diagnosis.model import READING_TRACES
     from uberprof.analysis.read import open_tables
 
     stage[0] = "reading the run"
@@ -255,8 +257,8 @@ def _open_tables(root: Path, out: Path | None, workers: int | None, stage: list[
     except ImportError:  # pragma: no cover - it moved: no bar, same work
         return open_tables(root, out=out, workers=workers)
     with ReadProgress(err) as update:
-        def progress(done: int, total: int, label: str) -> None:
-            stage[0] = f"reading traces: {done} of {total}"
-            update(done, total, label)
+        def progress(done: int, total: int, label: str, what: str = READING_TRACES) -> None:
+            stage[0] = f"{what}: {done} of {total}"
+            update(done, total, label, what)
 
         return open_tables(root, out=out, workers=workers, progress=progress)

@@ -10,13 +10,13 @@ saved diagnosis and of the `uberprof report --json` document (docs/json.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from uberprof.analysis.progress import READING_TRACES, Progress
 from uberprof.units import fmt_ms
 
 if TYPE_CHECKING:
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.align import Alignment
     from uberprof.analysis.tables.collectives import Matched
 
-__all__ = ["CONTEXT_KINDS", "FAILURE_KINDS", "MIN_SHARE", "SCHEMA_VERSION", "Diagnosis", "Finding", "Progress",
-           "ranks_text", "severity_of"]
+__all__ = ["CONTEXT_KINDS", "FAILURE_KINDS", "MIN_SHARE", "READING_TRACES", "SCHEMA_VERSION",
+           "Diagnosis", "Finding", "Progress", "ranks_text", "severity_of"]
 
 SCHEMA_VERSION = 1
 FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked first
@@ -36,7 +36,6 @@ FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked 
 CONTEXT_KINDS = ("host_cpu",)
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
 
-Progress = Callable[[int, int, str], None]  # (done, total, what): long work tells a progress bar
 
 
 def severity_of(share: float) -> str:

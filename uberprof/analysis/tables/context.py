@@ -9,7 +9,7 @@ that changed.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from uberprof.analysis.progress import Progress
 from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables.pipeline import Analysis, analyze
 from uberprof.rundir import RankMeta, RunDir, ranks_by_id
@@ -146,9 +147,6 @@ class RunContext:
     def host_of(self, rank: int) -> str | None:
         info = self.ranks.get(rank)
         return info.host if info else None
-
-
-Progress = Callable[[int, int, str], None]
 
 
 def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,

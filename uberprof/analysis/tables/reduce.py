@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof._version import __version__
+from uberprof.analysis.progress import Progress
 from uberprof.analysis.tables.derived import (
     COLLECTIVES_FILE,
     FORMAT_VERSION,
@@ -85,17 +86,19 @@ _WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, MODULES_FILE, MEMORY_FI
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
                timelines: dict[str, dict[str, Any]], reuse: bool = True,
-               workers: int | None = None, executor: Executor | None = None) -> Analysis:
+               workers: int | None = None, executor: Executor | None = None,
+               progress: Progress | None = None) -> Analysis:
     """Decide each trace's rank, then write the run-level tables and summary.json from the
     inputs' and timelines' tables (`entries`, `timelines`: the manifest's sections); or, with
     `reuse`, read them back when none of that changed since the last time. `workers` and
-    `executor` as for the map: a big run's per-rank parts are made there."""
+    `executor` as for the map: a big run's per-rank parts are made there; `progress` is told
+    of each rank's (COMBINING_STAGE)."""
     key = _reduce_key(source, entries, timelines)
     done = _reduced_before(source, derived, entries, key) if reuse else None
     if done is not None:
         done.timelines = timelines
         return done
-    result = _reduce(source, derived, entries, timelines, key, workers, executor)
+    result = _reduce(source, derived, entries, timelines, key, workers, executor, progress)
     result.timelines = timelines
     rank_of = {rel: e.get("rank") for rel, e in result.inputs.items()}
     try:
@@ -151,7 +154,7 @@ Ranked = tuple[int, TraceInput, dict[str, Any], dict[str, Any]]  # rank, then as
 
 def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
             timelines: dict[str, dict[str, Any]], key: str = "", workers: int | None = None,
-            executor: Executor | None = None) -> Analysis:
+            executor: Executor | None = None, progress: Progress | None = None) -> Analysis:
     """The reduce, in stages: choose the rank folders to read (one per rank), read the inputs'
     summaries, decide each trace's rank and drop duplicates, write the per-rank steps and
     collectives, then the rank table and the summary document. Every stage adds its problems
@@ -164,7 +167,7 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
     loaded = _read_summaries(source, derived, entries, left_out, problems)
     kept = _drop_duplicates(_assign_ranks(source, loaded, problems), problems)
     rank_rows, damage, overview_rows = _write_rank_steps(
-        source, derived, timelines, kept, left_out, metas, problems, workers, executor)
+        source, derived, timelines, kept, left_out, metas, problems, workers, executor, progress)
     problems[:0] = damage  # run.json, node.json, flight logs, counters: named first, not fatal
     write_overview(derived, key, overview_rows)  # what the dashboard's overview draws
     if not rank_rows and not problems:
@@ -250,7 +253,7 @@ def _assign_ranks(source: Source, loaded: list[Item], problems: list[str]) -> li
 def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[str, Any]],
                       kept: list[Ranked], left_out: set[Path], metas: list[RankMeta],
                       problems: list[str], workers: int | None = None,
-                      executor: Executor | None = None
+                      executor: Executor | None = None, progress: Progress | None = None
                       ) -> tuple[list[dict[str, Any]], list[str], pa.Table]:
     """Stage 3: the run's steps, collectives and operators tables (through ParquetOut), one
     rank at a time in rank order: each rank's part (`reduce_rank.rank_part`: its step rows,
@@ -283,10 +286,15 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
             contextlib.ExitStack() as stack:
         outs = {name: stack.enter_context(ParquetOut(derived / name, schema))
                 for name, schema, _, _ in PER_TRACE}
+        ranks = sum(c[0] == "rank" for c in calls)
+        done = 0
         for part in _in_order(calls, workers, executor, derived):
             if not isinstance(part, RankPart):
                 damage = part
                 continue
+            done += 1
+            if progress and ranks >= PARALLEL_RANKS:  # a small run's reduce is instant
+                progress(done, ranks, f"rank {part.rank}", COMBINING_STAGE)
             cut.update(part.notes)
             if part.steps is None or part.row is None:
                 continue
@@ -316,6 +324,8 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     return rank_rows, damage, rows
 
 
+COMBINING_STAGE = "combining ranks"  # the reduce's stage (Progress)
+
 # From this many ranks the ranks' parts are made on the analysis workers: at ~11 ms a rank
 # (512 ranks x 10,000 steps), forking two workers (~20 ms) pays for itself well below it.
 PARALLEL_RANKS = 32
@@ -323,11 +333,12 @@ PARALLEL_RANKS = 32
 
 def _in_order(calls: list[tuple[Any, ...]], workers: int | None, executor: Executor | None,
               derived: Path) -> Iterator[RankPart | list[str]]:
-    """`_reduce_call(*call)` of every call, in the calls' order: in this process for a small
-    run, else on the analysis workers (forked, or `executor`'s), each result handed on as
-    soon as the ones before it are (a worker that died fails the reduce, as it would here).
-    Workers hand their parts' step rows over as files in a folder of `derived` (`spill`),
-    removed when done."""
+    """`_reduce_call(*call)` of every call: in this process for a small run, else on the
+    analysis workers (forked, or `executor`'s), the ranks' parts handed on in the calls' order,
+    each as soon as the ones before it are, and the damage check as soon as it is done (it
+    came first and held every part back: a second of the reduce at 512 ranks). A worker that
+    died fails the reduce, as it would here. Workers hand their parts' step rows over as
+    files in a folder of `derived` (`spill`), removed when done."""
     if executor is None and (len(calls) < PARALLEL_RANKS or workers == 1):
         for call in calls:
             yield _reduce_call(*call)
@@ -344,9 +355,13 @@ def _in_order(calls: list[tuple[Any, ...]], workers: int | None, executor: Execu
             if isinstance(res, RuntimeError):  # the process making it died
                 what = "damage check" if calls[i][0] == "damage" else f"part of rank {calls[i][2]}"
                 raise OSError(f"the reduce's {what}: {res}")
-            waiting[i] = unspill(res) if isinstance(res, RankPart) else res
-            while upto in waiting:
-                yield waiting.pop(upto)
+            if not isinstance(res, RankPart):
+                yield res
+                continue
+            waiting[i] = unspill(res)
+            while upto < len(calls) and (upto in waiting or calls[upto][0] != "rank"):
+                if upto in waiting:
+                    yield waiting.pop(upto)
                 upto += 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)

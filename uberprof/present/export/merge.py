@@ -133,7 +133,7 @@ def _write_all(writer: TraceWriter, ctx: RunContext, d: Diagnosis, sel: Selectio
     per_rank: dict[int, int] = {}
     for i, r in enumerate(sel.ranks):
         if progress:
-            progress(i, len(sel.ranks), f"rank {r}")
+            progress(i, len(sel.ranks), f"rank {r}", "writing ranks")
         st = _write_rank(writer, ctx, sel, plan, cut, opts, r, drops, notes)
         if st is None:
             continue
