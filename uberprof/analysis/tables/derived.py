@@ -345,10 +345,11 @@ class ParquetOut:
 
     GROUP_ROWS = 1 << 14
 
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, compression: str = "snappy") -> None:
         self.path = path
         self.tmp = _temp_beside(path)
-        self.writer = pq.ParquetWriter(self.tmp, schema, **encoding(schema))
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression=compression,
+                                       **encoding(schema))
         self.pending: list[pa.Table] = []
         self.rows = 0
 
