@@ -186,30 +186,6 @@ def _give_back_memory() -> None:
         pass
 
 
-# glibc's malloc serves a block of at least its mmap threshold (128 kB at first, raised as
-# such blocks are freed) with a fresh mapping, and gives back a heap top past its trim threshold:
-# a worker that reads a 2 MB step timeline after another faulted its pages in again every time
-# (~1,000 page faults, 3 ms of system time a timeline: a sixth of its cost, and most of a 512-rank
-# analysis's 7-9 s of system time). Fixed here, in the workers only: blocks below 8 MB come from
-# the heap, which keeps up to 64 MB free at its top; larger ones (a big trace's text and
-# columns) are still mapped and given back when freed.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
-KEEP_FREED_BYTES = 64 << 20
-MAPPED_FROM_BYTES = 8 << 20
-
-
-def _steady_malloc() -> None:
-    """mallopt as the comment above says, where the C library is glibc (else nothing)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, MAPPED_FROM_BYTES)
-        libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
-    except (OSError, AttributeError):
-        pass
-
-
 def _worker(conn: Any, parent_end: Any = None) -> None:
     """Run the calls sent through `conn` until told to stop, or until one left this process
     more than RECYCLE_BYTES bigger than it started (then the parent starts a new one), or
@@ -223,7 +199,6 @@ def _worker(conn: Any, parent_end: Any = None) -> None:
     if parent_end is not None:
         parent_end.close()
     keep_pandas_out()
-    _steady_malloc()
     start = _rss()
     while True:
         try:
