@@ -39,6 +39,35 @@ def test_empty_optional_tables_are_not_written_and_stale_ones_are_removed(
     assert not (out / D.MEMORY_FILE).exists()
 
 
+def test_an_input_analysed_again_loses_the_files_earlier_formats_wrote(tmp_path: Path) -> None:
+    src = T.write(tmp_path / "rank-0.pt.trace.json", T.cpu_step_trace(rank=0))
+    out = tmp_path / "input"
+    out.mkdir()
+    old = ["events.parquet", "steps.parquet", "collectives.parquet", "operators.parquet",
+           "activity.parquet"]  # formats 10 and 11
+    for name in old:
+        (out / name).write_bytes(b"stale")
+    assert analyze_input(str(src), str(out))["status"] == "ok"
+    assert not {p.name for p in out.iterdir()} & set(old)
+    events = D.read_small(out / D.EVENTS_FILE)
+    assert D.EVENTS_FILE.endswith(".arrow") and events.num_rows > 0
+
+
+def test_a_large_event_table_is_compressed_and_reads_back_the_same(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    n = D.COMPRESS_EVENTS_FROM // 8 + 1  # one int64 column past the size that compresses
+    big = pa.table({"ts": pa.array(range(n), pa.int64())})
+    small = big.slice(0, 1000)
+    D.write_events(big, tmp_path / "big.arrow")
+    D.write_events(small, tmp_path / "small.arrow")
+    assert (tmp_path / "big.arrow").stat().st_size < big.nbytes / 4  # zstd: a range packs
+    assert (tmp_path / "small.arrow").stat().st_size > small.nbytes  # as it is, framing added
+    assert D.read_small(tmp_path / "big.arrow").equals(big)
+    assert D.read_small(tmp_path / "small.arrow").equals(small)
+    assert D.read_small(tmp_path / "big.arrow", ["ts"]).equals(big)
+
+
 def test_run_tables_are_whole_when_inputs_skip_their_empty_optional_tables(
         tmp_path: Path) -> None:
     d = tmp_path / "traces"

@@ -132,3 +132,24 @@ def test_a_missing_file_is_an_empty_table(tmp_path: Path) -> None:
     t = read_step_table(tmp_path, NAMES)
     assert t.table.num_rows == 0 and t.table.column_names == ["step", *NAMES]
     assert t.tail() == (0, None, None) and not t.truncated
+
+
+def test_threads_reading_timelines_at_once_each_get_their_own_files_table(
+        tmp_path: Path) -> None:
+    """The line check reuses a scratch array per thread: threads reading files of different
+    lengths at once (the dashboard's diagnosis beside a page) must not see each other's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dirs = []
+    for i, steps in enumerate([40, 4000, 400, 12000, 7, 2500]):
+        d = tmp_path / str(i)
+        d.mkdir()
+        (d / "steps.jsonl").write_bytes(_jsonl(_rows(steps, gpu=bool(i % 2))))
+        dirs.append(d)
+    alone = [read_step_table(d, NAMES).table for d in dirs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            together = list(pool.map(lambda d: read_step_table(d, NAMES).table, dirs * 4))
+            assert all(t.equals(alone[i % len(dirs)]) for i, t in enumerate(together))
+    assert all(step_table._columns((d / "steps.jsonl").read_bytes(), NAMES) is not None
+               for d in dirs)  # every one on the columnar path, where the scratch is used
