@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from uberprof.analysis.diagnosis.findings.failures import failure_findings
 from uberprof.analysis.tables.context import load_context
 from uberprof.collect.node_agent import FR_BUFFER_SIZE, flight_recorder_env
@@ -432,3 +434,53 @@ def test_a_crash_after_a_desync_names_who_departed_from_the_best_evidence(tmp_pa
     ranks2, _ = load_evidence([run2.root])
     d = _desync(ranks2, first, none, [site("a", [0, 1, 3]), site("b", [2])])
     assert (d["ranks"], d["decided_by"]) == ([2], "majority")
+
+
+def test_a_rank_that_closed_its_capture_is_not_ended_by_a_late_request_for_stacks(
+        tmp_path: Path) -> None:
+    """The watchdog may ask for stacks while a rank winds down (its steps stopped for the
+    timeout as the job ended): after `close` the request must be ignored, not end the rank with
+    the signal's default action (a CI job's ranks exited with -40 so)."""
+    from uberprof.collect.rank.capture import SIGNAL
+
+    if SIGNAL is None:
+        pytest.skip("no real-time signals here")
+    code = (
+        "import os, signal, sys, time, types\n"
+        "from uberprof.collect.rank.capture import Capture, SIGNAL\n"
+        "from uberprof.collect.safety import AgentLog\n"
+        f"c = Capture(types.SimpleNamespace(dir={str(tmp_path)!r}), AgentLog('t'))\n"
+        "assert c.arm()['signal'] == SIGNAL\n"
+        "os.kill(os.getpid(), SIGNAL); time.sleep(0.2)  # armed: stacks written\n"
+        "c.close()\n"
+        "os.kill(os.getpid(), SIGNAL); time.sleep(0.2)  # closed: ignored\n"
+        "print('alive')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive", proc.stderr[-2000:]
+
+
+def test_a_rank_winding_down_is_no_hang_but_the_same_rank_silent_is(tmp_path: Path) -> None:
+    """A rank whose capture closed (a normal exit: rank.json's closing_ns) may take longer than
+    the timeout to end (its trace export on a busy machine): no hang is declared for it. The
+    same rank without that mark is a hang within the timeout."""
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    proc = _sleeper(run)
+    try:
+        rank_dir = _fake_rank(run, node_dir.name, 0, proc.pid, steps=1)
+        meta = json.loads((rank_dir / "rank.json").read_text())
+        write_json_atomic(rank_dir / "rank.json", {**meta, "closing_ns": time.time_ns()})
+        seen: list = []
+        dog = _watch(run, node_dir, "report", proc.pid, seen)
+        time.sleep(3.0)  # three timeouts
+        assert not seen and not (node_dir / "hang.json").exists()
+        write_json_atomic(rank_dir / "rank.json", meta)  # not winding down after all
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+        dog.stop()
+        assert seen and seen[0]["ranks"][0]["rank"] == 0
+    finally:
+        proc.kill()

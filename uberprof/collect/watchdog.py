@@ -41,7 +41,7 @@ from typing import Any
 
 from uberprof.collect.rank.capture import SIGNAL
 from uberprof.collect.safety import AgentLog
-from uberprof.rundir import NODE_FILE, STEPS_FILE, RunDir, list_ranks, write_json_atomic
+from uberprof.rundir import NODE_FILE, RANK_FILE, STEPS_FILE, RunDir, list_ranks, write_json_atomic
 from uberprof.rundir.layout import (
     HANG_REQUEST_FILE,
     NODE_HANG_FILE,
@@ -147,7 +147,9 @@ class HangWatchdog:
         timeout = self.current_timeout()
         if time.time_ns() - progress < timeout * 1e9:
             return
-        self._capture(progress, timeout, alive)
+        alive = [r for r in alive if not _closing(r)]  # read only when a hang is due
+        if alive:
+            self._capture(progress, timeout, alive)
 
     def current_timeout(self) -> float:
         if self.timeout_s is not None:
@@ -383,6 +385,17 @@ def _alive(pid: int | None) -> bool:
             return True
         except OSError:
             return False
+
+
+def _closing(r: _Rank) -> bool:
+    """The rank said it is winding down (rank.json's `closing_ns` or `end_ns`, written when
+    its capture closes at a normal exit): no step will come, and that is no hang."""
+    try:
+        meta = read_json(r.folder / RANK_FILE)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and any(isinstance(meta.get(k), int)
+                                          for k in ("closing_ns", "end_ns"))
 
 
 def _is_rank_process(pid: int | None, run_root: Path) -> bool:

@@ -246,6 +246,12 @@ class RankAgent:
             return
         self.closed = True
         self.capture.close()
+        # Said at once: what follows (the trace window's export, the Flight Recorder's dump) can
+        # take seconds on a busy machine, and the node's watchdog must not read a rank winding
+        # down as a hang (it did, with a 5 s timeout, in a CI job).
+        with self._meta_lock:
+            self.meta["closing_ns"] = time.time_ns()
+        self._write_meta(lock_wait_s=1.0)
         if self.capture.exception_seen:
             exit_reason = "exception"
         self.detector.flush()

@@ -289,6 +289,10 @@ class Capture:
         try:
             if self.status["signal"] is not None:
                 faulthandler.unregister(self.status["signal"])
+                # ignored from now on, not the default (which ends the process): a watchdog
+                # that asks for stacks as the job winds down (its steps stop for the timeout)
+                # killed two exiting ranks of a CI job with it (exit codes -40)
+                signal.signal(self.status["signal"], signal.SIG_IGN)
                 self.status["signal"] = None
             if self.status.get("sigterm"):
                 faulthandler.unregister(signal.SIGTERM)
