@@ -72,6 +72,20 @@ def _sleeper(run: RunDir) -> subprocess.Popen[bytes]:
                             env={**os.environ, "UBERPROF_RUN_DIR": str(run.root)})
 
 
+def _one_node_with_a_rank(tmp_path: Path, **meta: object
+                          ) -> tuple[RunDir, Path, subprocess.Popen[bytes], Path]:
+    """A run with one node and a rank 0 that has finished one step: a sleeping process of the
+    run, its rank.json extended by `meta`. (run, node folder, process, rank folder)."""
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    proc = _sleeper(run)
+    d = _fake_rank(run, node_dir.name, 0, proc.pid, steps=1)
+    if meta:
+        write_json_atomic(d / "rank.json", {**json.loads((d / "rank.json").read_text()), **meta})
+    return run, node_dir, proc, d
+
+
 def _watch(run: RunDir, node_dir: Path, action: str, pid: int, seen: list) -> HangWatchdog:
     dog = HangWatchdog(run, node_dir, AgentLog("node"), timeout_s=1.0, action=action,
                        on_hang=seen.append, poll_s=0.2)
@@ -264,15 +278,9 @@ def test_a_stopped_rank_is_given_up_on_at_once_and_named_frozen(tmp_path: Path) 
 
     from uberprof.collect.rank.capture import SIGNAL
 
-    run = RunDir(tmp_path / "run")
-    run.create("r")
-    node_dir = run.claim_node_dir("n0")
-    proc = _sleeper(run)
+    run, node_dir, proc, d = _one_node_with_a_rank(
+        tmp_path, capture={"signal": SIGNAL, "helper": True})
     try:
-        d = _fake_rank(run, node_dir.name, 0, proc.pid, steps=1)
-        meta = json.loads((d / "rank.json").read_text())
-        write_json_atomic(d / "rank.json", {**meta, "capture": {"signal": SIGNAL,
-                                                                "helper": True}})
         os.kill(proc.pid, signal.SIGSTOP)
         seen: list = []
         t0 = time.monotonic()
@@ -464,14 +472,10 @@ def test_a_rank_winding_down_is_no_hang_but_the_same_rank_silent_is(tmp_path: Pa
     """A rank whose capture closed (a normal exit: rank.json's closing_ns) may take longer than
     the timeout to end (its trace export on a busy machine): no hang is declared for it. The
     same rank without that mark is a hang within the timeout."""
-    run = RunDir(tmp_path / "run")
-    run.create("r")
-    node_dir = run.claim_node_dir("n0")
-    proc = _sleeper(run)
+    run, node_dir, proc, rank_dir = _one_node_with_a_rank(tmp_path, closing_ns=time.time_ns())
     try:
-        rank_dir = _fake_rank(run, node_dir.name, 0, proc.pid, steps=1)
         meta = json.loads((rank_dir / "rank.json").read_text())
-        write_json_atomic(rank_dir / "rank.json", {**meta, "closing_ns": time.time_ns()})
+        del meta["closing_ns"]
         seen: list = []
         dog = _watch(run, node_dir, "report", proc.pid, seen)
         time.sleep(3.0)  # three timeouts
