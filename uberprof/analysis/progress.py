@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["READING_TRACES", "Progress"]
+__all__ = ["COMBINING_RANKS", "READING_TIMELINES", "READING_TRACES", "WRITING_RANKS",
+           "Progress"]
 
-READING_TRACES = "reading traces"  # the stage a Progress is in unless told another
+# The stages, in the words the bar and the preparing page show.
+READING_TRACES = "reading traces"  # the map's traces: the stage unless told another
+READING_TIMELINES = "reading step timelines"  # the map's rank folders, after the traces
+COMBINING_RANKS = "combining ranks"  # the reduce's ranks' parts
+WRITING_RANKS = "writing ranks"  # export's ranks
 
 
 class Progress(Protocol):
-    """`done` of `total` in `stage` ("reading traces", "reading step timelines", "combining
-    ranks", "writing ranks"), `label` the item just done. A new stage starts its own count."""
+    """`done` of `total` in `stage` (the names above), `label` the item just done. A new stage
+    starts its own count."""
 
     def __call__(self, done: int, total: int, label: str, stage: str = ..., /) -> None: ...

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from uberprof.analysis.progress import READING_TRACES, Progress
+from uberprof.analysis.progress import READING_TRACES, WRITING_RANKS, Progress
 from uberprof.units import fmt_ms
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.collectives import Matched
 
 __all__ = ["CONTEXT_KINDS", "FAILURE_KINDS", "MIN_SHARE", "READING_TRACES", "SCHEMA_VERSION",
-           "Diagnosis", "Finding", "Progress", "ranks_text", "severity_of"]
+           "WRITING_RANKS", "Diagnosis", "Finding", "Progress", "ranks_text", "severity_of"]
 
 SCHEMA_VERSION = 1
 FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked first
@@ -35,7 +35,6 @@ FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked 
 # costs is in the stragglers', idle gaps' and communication findings it explains)
 CONTEXT_KINDS = ("host_cpu",)
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
-
 
 
 def severity_of(share: float) -> str:

@@ -29,12 +29,13 @@ An input's tables and a rank's step timeline are Arrow IPC files (`.arrow`, `wri
 the run-level ones Parquet: a run has thousands of them, each written once by the map and read
 once by the reduce, and at their size a file is all overhead: IPC writes one in about half
 Parquet's time and reads it in a third (0.4 against 0.85 ms, 0.16 against 0.42 ms for a trace's
-steps). Each is written to memory and then to its file in one call, and read in one call
-(Arrow's file streams made ~190 writes and ~70 seeks per trace's tables, and read a small file
-in 0.14 ms against 0.04 ms whole). An input's events are compressed (zstd) from 1 MiB up: there
-IPC with zstd is the size of Parquet's zstd and writes 3x, reads 5x as fast (a 45 k-event
-trace: 7.7 against 22.5 ms, 4.3 against 20 ms); a small trace's 750 events are written as they
-are (0.27 against 1.6 ms, ~100 kB against ~25 kB).
+steps). A small one is written to memory and then to its file in one call, and every one is
+read in one call (Arrow's file streams made ~190 writes and ~70 seeks per trace's tables, and
+read a small file in 0.14 ms against 0.04 ms whole); a large one is written in batches. An
+input's events are compressed (zstd) from 1 MiB up: there IPC with zstd is the size of
+Parquet's zstd and writes 3x, reads 5x as fast (a 45 k-event trace: 7.7 against 22.5 ms, 4.3
+against 20 ms); a small trace's 750 events are written as they are (0.27 against 1.6 ms, ~100
+kB against ~25 kB).
 """
 
 from __future__ import annotations
@@ -310,6 +311,11 @@ def write_parquet(table: pa.Table, path: Path, **options: Any) -> None:
         pq.write_table(table, tmp, **{**encoding(table.schema), **options})
 
 
+BUFFER_BELOW = 1 << 18  # bytes of a table in memory (write_small)
+BATCH_ROWS = 1 << 16  # rows of a large table's batches in its IPC file
+COMPRESS_EVENTS_FROM = 1 << 20  # bytes of an input's event table in memory (module doc)
+
+
 def write_small(table: pa.Table, path: Path, compression: str | None = None) -> None:
     """A table as an Arrow IPC file, atomically (see the module doc): an input's tables and a
     rank's step timeline. A small one is made in memory and written in one call; from
@@ -318,8 +324,7 @@ def write_small(table: pa.Table, path: Path, compression: str | None = None) -> 
     options = pa.ipc.IpcWriteOptions(compression=compression)
     with replacing(path) as tmp:
         if table.nbytes >= BUFFER_BELOW:
-            # in batches: a compressed batch is held whole before it is written (a 5 M-event
-            # trace written as one batch took 125 MB more than its Parquet file had)
+            # in batches: a compressed batch is held whole until it is written
             with pa.OSFile(str(tmp), "wb") as f, \
                     pa.ipc.new_file(f, table.schema, options=options) as writer:
                 writer.write_table(table, max_chunksize=BATCH_ROWS)
@@ -328,11 +333,6 @@ def write_small(table: pa.Table, path: Path, compression: str | None = None) -> 
         with pa.ipc.new_file(sink, table.schema, options=options) as writer:
             writer.write_table(table)
         tmp.write_bytes(sink.getvalue())
-
-
-BUFFER_BELOW = 1 << 18  # bytes of a table in memory (write_small)
-BATCH_ROWS = 1 << 16  # rows of a large table's batches in its IPC file
-COMPRESS_EVENTS_FROM = 1 << 20  # bytes of an input's event table in memory (module doc)
 
 
 def write_events(table: pa.Table, path: Path) -> None:

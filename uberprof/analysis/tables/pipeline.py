@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from uberprof.analysis.progress import Progress
+from uberprof.analysis.progress import READING_TIMELINES, Progress
 from uberprof.analysis.tables.derived import (
     DIAGNOSIS_DIR,
     DIAGNOSIS_STATE_FILE,
@@ -59,7 +59,6 @@ __all__ = [
 ]
 
 SAVE_EVERY_S = 5  # an interrupted analysis keeps what it finished
-TIMELINES_STAGE = "reading step timelines"  # the map's second stage (Progress)
 
 
 def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
@@ -124,7 +123,7 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
         else:
             m += 1
         if progress and n == total and m > told:
-            progress(m, timelines, job.rel, TIMELINES_STAGE)
+            progress(m, timelines, job.rel, READING_TIMELINES)
             told = m
         if time.monotonic() - saved > SAVE_EVERY_S:
             write_manifest(derived, manifest)

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof._version import __version__
-from uberprof.analysis.progress import Progress
+from uberprof.analysis.progress import COMBINING_RANKS, Progress
 from uberprof.analysis.tables.derived import (
     COLLECTIVES_FILE,
     FORMAT_VERSION,
@@ -92,7 +92,7 @@ def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]]
     inputs' and timelines' tables (`entries`, `timelines`: the manifest's sections); or, with
     `reuse`, read them back when none of that changed since the last time. `workers` and
     `executor` as for the map: a big run's per-rank parts are made there; `progress` is told
-    of each rank's (COMBINING_STAGE)."""
+    of each rank's (COMBINING_RANKS)."""
     key = _reduce_key(source, entries, timelines)
     done = _reduced_before(source, derived, entries, key) if reuse else None
     if done is not None:
@@ -297,7 +297,7 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
                 continue
             done += 1
             if progress and ranks >= PARALLEL_RANKS:  # a small run's reduce is instant
-                progress(done, ranks, f"rank {part.rank}", COMBINING_STAGE)
+                progress(done, ranks, f"rank {part.rank}", COMBINING_RANKS)
             cut.update(part.notes)
             if part.steps is None or part.row is None:
                 continue
@@ -326,8 +326,6 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
         RUN_STEP_SCHEMA.empty_table().select(OVERVIEW_COLUMNS)
     return rank_rows, damage, rows
 
-
-COMBINING_STAGE = "combining ranks"  # the reduce's stage (Progress)
 
 # From this many ranks the ranks' parts are made on the analysis workers: at ~11 ms a rank
 # (512 ranks x 10,000 steps), forking two workers (~20 ms) pays for itself well below it.

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uberprof._version import __version__
-from uberprof.analysis.diagnosis.model import Diagnosis, Progress
+from uberprof.analysis.diagnosis.model import WRITING_RANKS, Diagnosis, Progress
 from uberprof.analysis.read import OpenedRun
 from uberprof.present.export.autosteps import plan_window
 from uberprof.present.export.budget import Cut
@@ -133,7 +133,7 @@ def _write_all(writer: TraceWriter, ctx: RunContext, d: Diagnosis, sel: Selectio
     per_rank: dict[int, int] = {}
     for i, r in enumerate(sel.ranks):
         if progress:
-            progress(i, len(sel.ranks), f"rank {r}", "writing ranks")
+            progress(i, len(sel.ranks), f"rank {r}", WRITING_RANKS)
         st = _write_rank(writer, ctx, sel, plan, cut, opts, r, drops, notes)
         if st is None:
             continue
