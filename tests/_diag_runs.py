@@ -32,8 +32,10 @@ def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def slow_compute_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Rank 2 runs the forward pass four times (three extra, outside autograd)."""
-    return _ddp_run(tmp_path_factory, "slowcompute", "--slow-rank", "2", "--slow-compute", "8")
+    """Rank 2 runs its forward pass 16 times (15 extra, outside autograd): a lead of some
+    400 ms a step, well clear of the stalls a busy 2-core machine gives the other ranks (with 8
+    passes, CI once saw another rank's stall leave it last in only 11 of 20 instances)."""
+    return _ddp_run(tmp_path_factory, "slowcompute", "--slow-rank", "2", "--slow-compute", "16")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The dashboard in a real browser (Debian's headless Chromium driven by Playwright): every
-page of a real 2-rank run of samples/train_ddp.py, of a real 4-rank run whose rank 2 computes
-four times as much (the straggler), and of a synthetic 8-GPU run with a throttled GPU. Each page
+page of a real 2-rank run of samples/train_ddp.py, of a real 4-rank run whose rank 2 runs its
+forward pass 16 times (the straggler), and of a synthetic 8-GPU run with a throttled GPU. Each page
 must show its elements with no browser console error; the straggler must stand out. Screenshots
 go to test-artifacts/dashboard/ (gitignored) for people to look at.
 
@@ -27,7 +27,7 @@ PAGES = {"/": "page-overview", "/steps": "page-steps", "/stragglers": "page-stra
          "/gaps": "page-gaps", "/communication": "page-communication",
          "/counters": "page-counters", "/compare": "page-compare", "/memory": "page-memory",
          "/operators": "page-operators"}
-STRAGGLER = 2  # slow_compute_run: rank 2 runs its forward pass four times
+STRAGGLER = 2  # slow_compute_run: rank 2 runs its forward pass 16 times
 
 if not CHROMIUM.exists():
     pytest.skip("no Chromium at /usr/bin/chromium (apt-get install chromium; `make test` does)",

@@ -1,5 +1,5 @@
 """`uberprof whatif` and the report's replay and critical path on a real 4-rank CPU (Gloo) run
-whose rank 2 runs its forward pass four times (tests/_diag_runs.py): the step graph replays the
+whose rank 2 runs its forward pass 16 times (tests/_diag_runs.py): the step graph replays the
 measured steps within 5%, its critical path runs mostly on the straggler, and removing the
 straggler's extra work projects a shorter step with its interval; the other changes act on it
 as they should, and the findings rank by projected gain (the straggler's first; on the
