@@ -13,6 +13,7 @@ from uberprof.analysis.diagnosis.stragglers import (
     BASIS_ARRIVALS,
     BASIS_FLIGHT_RECORDER,
     BASIS_TRACES,
+    DISPUTED_SHARE,
     ArrivalBasis,
     combined_straggler_test,
     find_straggler,
@@ -220,6 +221,33 @@ def test_bases_that_disagree_on_a_lead_within_its_spread_give_a_suspect_not_a_ve
     assert clear is not None and clear.rank == 1 and clear.share >= 0.15
     assert clear.alone[BASIS_FLIGHT_RECORDER].decision == "none"  # disagrees here too
     assert clear.decision == "confirmed" and not clear.disputed
+
+
+def test_a_verdict_by_elimination_whose_bases_disagree_is_suspected_however_large() -> None:
+    """A rank late with no more CPU time than the other and no longer wait for a core is late
+    off the CPU by elimination: nothing in its own time says it did anything. Where a basis
+    contradicts it, a large delay no longer confirms it (a healthy 2-rank run beside a CPU hog:
+    last at 29 of 38 untraced collectives by 18.9 ms, level over the traced window, confirmed
+    off the CPU at 24% of the time); where the bases agree (a rank asleep every step), it
+    stays confirmed."""
+    steps = np.arange(4, 33)
+    rng = np.random.default_rng(5)
+    cpu = 60 * MS * (1 + 0.005 * rng.standard_normal((2, steps.size)))
+    zeros = np.zeros((2, steps.size))
+    busy = BusyTimes(KIND_CPU, [0, 1], steps, cpu, zeros, zeros)  # the same wait for a core
+    disagree = list(_two_ranks((0.2, 30.0), 27, 12.0, seed=1))  # a lead within its spread
+    plain = combined_straggler_test(disagree, 33 * MS)[0]
+    assert plain is not None and plain.decision == "confirmed"  # no busy time: its delay
+    test = combined_straggler_test(disagree, 33 * MS, busy)[0]
+    assert test is not None and test.rank == 1 and test.busy is not None
+    assert test.busy.off_cpu and test.share is not None and test.share >= DISPUTED_SHARE
+    assert test.median_lead_ns < 2 * test.noise_ns
+    assert test.decision == "suspected" and test.disputed
+    assert "late off the CPU by elimination" in test.as_test().sentence
+    agree = combined_straggler_test(list(_two_ranks((0.2, 30.0), 36, 12.0, seed=1)), 33 * MS,
+                                    busy)[0]
+    assert agree is not None and agree.busy is not None and agree.busy.off_cpu
+    assert agree.decision == "confirmed" and not agree.disputed
 
 
 def test_a_pool_held_back_by_slight_extra_work_is_not_overruled_by_the_larger_basis() -> None:

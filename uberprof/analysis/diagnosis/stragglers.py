@@ -34,16 +34,21 @@
   or its own work accounts for its lead. Healthy 2-rank runs were confirmed this way (a
   traced window the profiler skewed: last at 20 of 20 there, 27 of 38 elsewhere; leads of
   0.6-0.9x the spread), at 8-12% of the wall time; the injected stragglers whose bases
-  disagreed added 20-31%. The cost (the delay over the analysed steps, `find_straggler`)
-  always comes from the traced ones, as do the cause and the split of collective time into
-  wait and transfer.
+  disagreed added 20-31%. A large delay does not save a verdict *by elimination* (no extra CPU
+  time or data wait, no extra wait for a core: late off the CPU, `off_cpu`): nothing in it
+  says the rank did anything, so a basis that contradicts it leaves it suspected (a healthy
+  2-rank run beside a CPU hog was late by 18.9 ms at 29 of 38 untraced collectives, level over
+  the traced window, with 4% more CPU time: confirmed off the CPU at 24% of the time). The
+  cost (the delay over the analysed steps, `find_straggler`) always comes from the traced
+  ones, as do the cause and the split of collective time into wait and transfer.
 - *Busy time* (analysis/diagnosis/busy.py: the training thread's CPU time per step, where the step
   timelines have it): arrival order cannot tell a rank that computes more from one the OS
   scheduler delayed. For a candidate whose busy-time excess is confirmed: the frequency may
   also be shown by a second look (it arrived after most of the others, each instance's chance
   floor(n/2)/n; corrected x2 for the look), as the others' scatter on oversubscribed cores
-  takes many of its "alone last", or by its work alone where that excess, in at least 90% of
-  the steps, is more than its median lead (`BusyExcess.accounts_for_lead`: with two ranks
+  takes many of its "alone last", or by its work alone where that excess, the most in at
+  least 90% of the steps, takes more wall time than its median lead on cores shared as the
+  others' are (`BusyExcess.accounts_for_lead`: with two ranks
   beside a CPU hog, the second look is the first one again); it needs no last-fraction, and
   its lead need not exceed twice the others' spread (the spread rule tells chance from cause;
   its work is the cause): the lead's floors and the delay are still required (a rank
@@ -245,8 +250,10 @@ class StragglerTest:
             b = self.busy
             freq += (f"; but its own work accounts for its lateness whatever the order of "
                      f"arrival: the most busy time of all ranks in {b.most} of {b.steps} "
-                     f"steps, {b.excess_ns / 1e6:.3g} ms a step over the others' median, more "
-                     f"than its median lead")
+                     f"steps, {b.excess_ns / 1e6:.3g} ms a step over the others' median"
+                     + (f" ({b.work_wall_ns / 1e6:.3g} ms of wall time on cores where each ms "
+                        f"of CPU also waits {b.wait_per_cpu:.2g} ms for a core, as the others')"
+                        if b.wait_per_cpu > 0 else "") + ", more than its median lead")
         waived = "; waived: its work is confirmed in excess" if self.fraction_waived else ""
         spread = (f"; twice the others' spread, {2 * self.noise_ns / 1e6:.3g} ms, waived: its "
                   "work is confirmed in excess" if self.spread_waived else
@@ -292,11 +299,14 @@ class StragglerTest:
                         "needs: late in part of the run only (a warm-up, a passing slowdown), "
                         "not persistently — to confirm, run more steps")
         elif self.disputed:
+            small = (f"the delay it adds is under {100 * DISPUTED_SHARE:.0f}% of the analysed "
+                     "time" if self.share is None or self.share < DISPUTED_SHARE else
+                     "the delay it adds is large, but it is late off the CPU by elimination "
+                     "alone (no extra work, no extra wait for a core)")
             sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
                         "not confirmed: its bases disagree (below), its lead is within twice "
-                        "the spread above, the delay it adds is under "
-                        f"{100 * DISPUTED_SHARE:.0f}% of the analysed time, and no excess of its "
-                        "own work accounts for its lead — to confirm, " + self._confirm_hint())
+                        f"the spread above, {small}, and no excess of its own work accounts "
+                        "for its lead — to confirm, " + self._confirm_hint())
         elif self.decision == "suspected":
             sentence = (f"{freq}: not below the {rate} false-alarm rate, too few instances "
                         f"to tell it from chance; {lead}{work}: suspected — to confirm, "
@@ -423,10 +433,12 @@ def combined_straggler_test(bases: list[ArrivalBasis], median_step_ns: float | N
 def _dispute(test: StragglerTest | None) -> StragglerTest | None:
     """A confirmed pooled verdict that a basis alone contradicts (clears its rank, or names
     another) is suspected unless its lead stands clear of the others' spread, the delay is at
-    least `DISPUTED_SHARE` or its own work accounts for its lead (module docstring)."""
+    least `DISPUTED_SHARE` (not for a verdict by elimination: late off the CPU) or its own work
+    accounts for its lead (module docstring)."""
+    by_elimination = test is not None and test.busy is not None and test.busy.off_cpu
     if test is None or test.decision != "confirmed" or test.by_work or \
             test.median_lead_ns >= SIGMA_FACTOR * test.noise_ns or \
-            (test.share is not None and test.share >= DISPUTED_SHARE):
+            (test.share is not None and test.share >= DISPUTED_SHARE and not by_elimination):
         return test
     if any(t is not None and (t.decision == "none" or t.rank != test.rank)
            for t in test.alone.values()):
