@@ -201,21 +201,29 @@ class Result:
 
 
 # A spinning process that also ends itself once the benchmark is gone (its parent changes),
-# whatever ended the benchmark: a check every ~10 ms of spinning.
-HOG_LOOP = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
-            "    for _ in range(200_000):\n        pass\n")
+# whatever ended the benchmark: a check every ~10 ms of spinning. It says it has started (one
+# byte on stdout, then closes it) before it spins.
+HOG_LOOP = ("import os\nparent = os.getppid()\nos.write(1, b'.')\nos.close(1)\n"
+            "while os.getppid() == parent:\n    for _ in range(200_000):\n        pass\n")
 
 
 @contextlib.contextmanager
 def cpu_hog(procs: int) -> Iterator[None]:
     """`procs` Python processes spinning at normal priority while the block runs: another
-    job on the machine, competing with the ranks for the cores."""
+    job on the machine, competing with the ranks for the cores. The block starts once every
+    one of them spins (on a busy machine a Python process takes a while to start: the job
+    would otherwise begin beside fewer hogs than it was asked to)."""
     hogs: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(procs):
             hogs.append(subprocess.Popen([PY, "-c", HOG_LOOP], stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL))
+        for h in hogs:
+            assert h.stdout is not None
+            if h.stdout.read(1) != b".":
+                raise RuntimeError(f"a CPU hog ended before it started (exit {h.wait()})")
+            h.stdout.close()
         yield
     finally:
         for h in hogs:
