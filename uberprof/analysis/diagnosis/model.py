@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+# re-exported for the views, which take from the analysis only what tests/unit/test_architecture.py
+# allows them (this model among it); analysis/progress.py defines them
 from uberprof.analysis.progress import READING_TRACES, WRITING_RANKS, Progress
 from uberprof.units import fmt_ms
 
