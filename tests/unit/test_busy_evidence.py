@@ -18,6 +18,7 @@ import pytest
 from tests.unit.test_diagnosis_units import _lateness
 from uberprof.analysis.diagnosis.busy import (
     KIND_CPU,
+    BusyExcess,
     BusyTimes,
     busy_of_ranks,
     busy_series,
@@ -509,3 +510,23 @@ def test_a_wait_for_a_core_that_its_extra_work_explains_does_not_outweigh_that_w
     quiet = _test(late, busy(2e6))
     assert quiet is not None and quiet.busy is not None and quiet.busy.outweighed_by_os
     assert quiet.decision == "suspected"
+
+
+def _excess(excess_ms: float, run_wait_ms: float, others_ms: float = 45.0) -> BusyExcess:
+    """One rank's compute-excess test, alone most in all of 27 steps (a confirmed frequency)."""
+    return BusyExcess(rank=1, kind=KIND_CPU, most=27, steps=27, ranks_tested=2, p_value=1.5e-8,
+                      p_uncorrected=7.5e-9, median_ns=int(others_ms * 1e6),
+                      excess_ns=int(excess_ms * 1e6), data_excess_ns=0, need_ns=int(3e6),
+                      run_wait_excess_ns=int(run_wait_ms * 1e6), lead_ns=140e6)
+
+
+def test_a_rank_doing_twice_the_work_is_not_called_off_cpu_by_an_unexplained_lead() -> None:
+    """A 2x compute straggler on a busy host: +45 ms of CPU time and +10 ms of run-queue wait a
+    step behind a 140 ms lead. Its extra work is confirmed and far more than a slower core
+    gives: late by that work, not by waits of its own."""
+    assert not _excess(45, 10).waited_off_cpu(140e6)
+    # the same lead with no extra work, or only a slower core's, is waited off the CPU
+    assert _excess(0.5, 1).waited_off_cpu(140e6)
+    assert _excess(4, 1).confirmed and _excess(4, 1).waited_off_cpu(140e6)
+    # and work that explains half its lead is its cause, as before
+    assert not _excess(4, 1).waited_off_cpu(9e6)

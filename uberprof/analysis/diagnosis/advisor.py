@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.arrivals import flight_basis
 from uberprof.analysis.diagnosis.bandwidth import Peaks, bandwidth_classes, instance_bandwidth
-from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
+from uberprof.analysis.diagnosis.busy import BusyExcess, BusyTimes, busy_times
 from uberprof.analysis.diagnosis.document import ranks_doc, run_doc_of
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings import produce
@@ -236,12 +236,10 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
         # what makes it late: its lead, or the host gaps the traced steps blame, if larger
         late_by = max(straggler.median_lead_ns, straggler.factors.get("host_launch", 0)
                       if straggler.cause == "host_launch" else 0)
-        if mine and work is not None and work.preempted is False \
-                and work.data_excess_ns < work.need_ns \
-                and work.excess_ns + max(run_wait or 0, 0) < 0.5 * late_by:
-            straggler.cause = "off_cpu"  # its own CPU time and its wait for a core explain
-            #                              under half of it, and the OS did not keep it from
-            #                              a core: it waited off the CPU by itself
+        if mine and work is not None and work.waited_off_cpu(late_by):
+            straggler.cause = "off_cpu"  # it waited off the CPU by itself (busy.py)
+        elif mine and work is not None and work.confirmed and late_by > 0:
+            _note_unexplained_lead(straggler, work, late_by)
         if mine and s_test is not None and s_test.outweighed_by_os:
             straggler.cause = "preempted"  # the OS held it back more than its work (busy.py)
         straggler.counters = clock_ev
@@ -287,6 +285,19 @@ def _straggler_on_all_arrivals(ctx: RunContext, alignment: Alignment, lat: pa.Ta
         float(np.median(w)) if w else median_step, busy)
     return test, find_straggler(lat, median_step, wall_ns, test=test,
                                 basis=pooled), fr.as_dict()
+
+
+def _note_unexplained_lead(s: Straggler, work: BusyExcess, late_by_ns: float) -> None:
+    """Say how much of its lateness a straggler's confirmed extra work leaves unexplained when
+    that is over half (busy.py, `waited_off_cpu`): the cause stands, the rest is time off the
+    CPU the run does not attribute (waits of its own, or CPU time its host did not give it)."""
+    explained = work.excess_ns + max(work.run_wait_excess_ns or 0, 0)
+    if explained >= 0.5 * late_by_ns:
+        return
+    s.test["sentence"] += (
+        f"; its extra CPU time and wait for a core explain {explained / 1e6:.3g} ms of the "
+        f"{late_by_ns / 1e6:.3g} ms it is late by: the rest it spent off the CPU (waits of its "
+        "own, or time its host did not give it)")
 
 
 def _note_traced_view(s: Straggler, traced: StragglerTest | None,

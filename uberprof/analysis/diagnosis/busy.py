@@ -226,6 +226,19 @@ class BusyExcess:
         or data wait, and no evidence that the OS preempted it."""
         return self.cleared and self.preempted is False
 
+    def waited_off_cpu(self, late_by_ns: float) -> bool:
+        """Late mostly off the CPU by its own doing, weighed against `late_by_ns` (its lead, or
+        the host gaps the traced steps blame where larger): its extra CPU time and wait for a
+        core explain under half of it, the OS did not keep it from a core, its data wait is the
+        others', and it does no more work than a slower core gives (`is_slight`). A rank with
+        confirmed, more than slight extra work is late by that work whatever else holds it: a
+        2x compute straggler (+100% CPU time a step) on a busy CI host had a lead over twice its
+        extra CPU time and run-queue wait, time its host took from it unseen."""
+        if self.confirmed and not is_slight(self.excess_ns, self.median_ns):
+            return False
+        return (self.preempted is False and self.data_excess_ns < self.need_ns
+                and self.excess_ns + max(self.run_wait_excess_ns or 0, 0) < 0.5 * late_by_ns)
+
     @property
     def excess_pct(self) -> float:
         return 100 * self.excess_ns / self.median_ns if self.median_ns else 0.0
