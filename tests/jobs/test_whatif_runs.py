@@ -49,6 +49,9 @@ def test_the_replay_reproduces_the_steps_and_the_path_runs_on_the_straggler(
     assert rp["median_error_pct"] <= 5.0 and rp["fit_for_projection"], rp
     assert all(s["error_pct"] <= 5.0 for s in rp["steps"]), rp["steps"]
     assert bool(rp["caveats"]) == _fills_cores(run)
+    # the step timelines' run-queue waits give the cores the ranks share a model
+    [host] = rp["core_sharing"]["hosts"]
+    assert host["cores"] == len(os.sched_getaffinity(0)) and host["background_threads"] >= 0
     assert cp["rank"] == STRAGGLER, cp
     assert sum(cp["by_kind_ms"].values()) > 0 and cp["top_operators"]
     res = CliRunner().invoke(main, ["report", str(run)], terminal_width=120)

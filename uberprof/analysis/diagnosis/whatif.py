@@ -30,7 +30,9 @@ import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.bandwidth import bus_factor, message_bytes
 from uberprof.analysis.diagnosis.model import Diagnosis
+from uberprof.analysis.diagnosis.shared_cores import core_sharing
 from uberprof.analysis.diagnosis.whatif_changes import Change, apply_changes, parse_changes
+from uberprof.analysis.tables.contention import SHARING_DAMPING, SHARING_ROUNDS, mean_rates
 from uberprof.analysis.tables.context import RankInfo, RunContext
 from uberprof.analysis.tables.graph import StepGraph, build_graph
 from uberprof.analysis.tables.lanes import (
@@ -59,7 +61,9 @@ def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
               offsets: dict[int, int], pairs: pa.Table | None) -> StepGraph:
     """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
     the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock."""
-    return build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs)
+    g = build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs)
+    g.sharing = core_sharing(ctx, g)
+    return g
 
 
 def with_bytes(instances: pa.Table) -> pa.Table:
@@ -99,7 +103,8 @@ def run_graph_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table,
             return None, None, None, None
         r = replay(g)
         rp = replay_doc(g, traced, r)
-        rp["caveats"] = caveats(ctx)
+        rp["caveats"] = caveats(ctx, g)
+        rp["core_sharing"] = g.sharing.as_dict() if g.sharing is not None else None
         return g, r, critical_path_doc(g, r), rp
     except Exception as exc:  # noqa: BLE001 - a projection aid never stops the report
         return None, None, None, {
@@ -263,8 +268,8 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
     edit = apply_changes(g, changes, straggler, stages)
     unchanged = edit.graph is g and bool((edit.own == 1).all()) and \
         bool((edit.tail == g.tail).all())
-    new = base if unchanged else replay(edit.graph, edit.own, None, edit.tail)  # nothing to
-    #                                       replay again where the changes touched nothing
+    new = base if unchanged else _replay_shared(edit.graph, edit.own, edit.tail, base)
+    #                                       (nothing to replay again where nothing changed)
     meas, rep = measured_steps(traced), replayed_steps(g, base)
     e0, e1 = step_ends(g, base), step_ends(g, new)
     steps = sorted(set(meas) & set(rep) & set(e0) & set(e1))
@@ -288,6 +293,7 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
         "gain_pct": None, "fit_for_projection": fit["fit_for_projection"],
         "replay_error_pct": fit["median_error_pct"], "why": fit["why"],
         "dropped_dependencies": new.broken,
+        "core_sharing": g.sharing.as_dict() if g.sharing is not None else None,
         "step_range": list(only) if only is not None else None}
     if not steps:
         if only is not None:
@@ -310,6 +316,25 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
                interval=kind, gain_ms=_ms(saving),
                gain_pct=round(100 * saving / base_ms, 1) if base_ms else None)
     return doc
+
+
+def _replay_shared(g: StepGraph, own: np.ndarray, tail: np.ndarray, base: Replay) -> Replay:
+    """Replay `g` with each node's work scaled by `own`, then, where its CPU ranks share a
+    host's cores (`g.sharing`), each running segment's work also by its recorded rate over
+    its rate in the new replay, damped, for a few rounds (tables/contention.py)."""
+    new = replay(g, own, None, tail)
+    sh = g.sharing
+    if sh is None:
+        return new
+    run = sh.running()
+    recorded = mean_rates(sh, base.start, base.end)
+    factor = np.ones(g.n)
+    for _ in range(SHARING_ROUNDS):
+        now = mean_rates(sh, new.start, new.end)
+        target = np.where(run, recorded / np.maximum(now, 1e-6), 1.0)
+        factor = (1 - SHARING_DAMPING) * factor + SHARING_DAMPING * target
+        new = replay(g, own * factor, None, tail)
+    return new
 
 
 def stages_of(d: Diagnosis) -> dict[int, int]:
@@ -348,22 +373,24 @@ def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change],
     g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
     rank, basis = straggler_of(d)
     doc = project(g, d.steps, changes, rank, basis, stages=stages_of(d), only=only)
-    doc["caveats"] = caveats(ctx)
+    doc["caveats"] = caveats(ctx, g)
     return doc
 
 
-def caveats(ctx: RunContext) -> list[str]:
+def caveats(ctx: RunContext, g: StepGraph | None = None) -> list[str]:
     """What makes the run's projections less sure than their intervals say (`caveats` of a
     projection and of `run.replay`): today, CPU ranks that fill their cores."""
-    return [c for c in (core_contention(ctx.ranks.values()),) if c]
+    modelled = g is not None and g.sharing is not None
+    return [c for c in (core_contention(ctx.ranks.values(), modelled),) if c]
 
 
-def core_contention(ranks: Iterable[RankInfo]) -> str | None:
+def core_contention(ranks: Iterable[RankInfo], modelled: bool = False) -> str | None:
     """Why a projection may be optimistic on CPU ranks that fill their host's cores (torch's
     threads of its ranks at least its cores, as rank.json records them): a change that lets
     ranks compute or transfer at the same time, where the recording had one of them idle
     (a straggler or a data wait removed), adds contention for the cores that the replay, which
-    keeps the recorded durations, cannot see. None where no host is full or it is unknown."""
+    keeps the recorded durations, cannot see, or sees only as far as `modelled` (the graph's
+    `sharing`: contention.py) goes. None where no host is full or it is unknown."""
     by_host: dict[str, list[tuple[int, int]]] = {}
     for info in ranks:
         if info.mode == "cpu" and info.cpu_cores:
@@ -378,7 +405,13 @@ def core_contention(ranks: Iterable[RankInfo]) -> str | None:
         return None
     host, n, threads, cores = full[0]
     more = f" and {len(full) - 1} other host(s)" if len(full) > 1 else ""
-    return (f"CPU ranks fill their cores ({n} rank(s), {threads} torch thread(s) on {cores} "
+    head = (f"CPU ranks fill their cores ({n} rank(s), {threads} torch thread(s) on {cores} "
             f"core(s) of {host}{more}): a change that lets ranks compute or communicate at the "
-            "same time adds contention for the cores, which the replay does not model, so its "
-            "projection is optimistic (as measured with 2 ranks on 2 cores: docs/whatif.md)")
+            "same time adds contention for the cores, ")
+    if modelled:
+        return head + ("which the projection models as processor sharing fitted to the "
+                       "run-queue wait the run recorded, but not the cache or memory bandwidth "
+                       "the ranks also share, so it may still be optimistic (docs/whatif.md)")
+    return head + ("which the replay does not model (the run recorded no run-queue wait), so "
+                   "its projection is optimistic (as measured with 2 ranks on 2 cores: "
+                   "docs/whatif.md)")

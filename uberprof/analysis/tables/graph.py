@@ -40,7 +40,7 @@ schedule or contention. `replay.py` runs the graph; `diagnosis/whatif.py` change
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -59,6 +59,9 @@ from uberprof.analysis.tables.lanes import (
     WAIT,
     RankLane,
 )
+
+if TYPE_CHECKING:
+    from uberprof.analysis.tables.contention import CoreSharing
 
 __all__ = ["StepGraph", "build_graph"]
 
@@ -107,6 +110,8 @@ class StepGraph:
     launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sync: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per node: a host's
     #   wait for its own device (lanes.RankLane.sync), not for a collective
+    sharing: CoreSharing | None = None  # which nodes share which host's cores (contention.py;
+    #   set by the diagnosis where the step timelines show it), for projections
 
     @property
     def n(self) -> int:

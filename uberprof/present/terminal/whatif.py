@@ -72,8 +72,16 @@ def render_whatif(doc: dict[str, Any], console: Console) -> None:
         _say(console, f"UNFIT FOR PROJECTION: {doc['why']}")
     for caveat in doc.get("caveats") or []:
         _say(console, f"caution: {caveat}")
+    sharing = doc.get("core_sharing")
+    if sharing:
+        hosts = ", ".join(f"{h['host']}: {h['cores']} core(s), {h['background_threads']} other "
+                          "thread(s) runnable on average" for h in sharing["hosts"])
+        _say(console, f"cores shared by the CPU ranks ({hosts}): each rank's work is slowed "
+                      "by as many others running at once (processor sharing)")
     _say(console, "a projection keeps every recorded dependency and duration it was not told "
-                  "to change: it cannot know contention, caches or a different schedule "
+                  "to change" + (", slowed or sped only by the ranks' sharing of their cores"
+                                 if sharing else "") +
+                  ": it cannot know other contention, caches or a different schedule "
                   "(docs/whatif.md)")
 
 
