@@ -1,6 +1,6 @@
 """Cores shared by CPU ranks in a projection (tables/contention.py): the processor-sharing rate,
-the background fitted to the recorded run-queue wait, a hand graph whose ranks took turns on
-one core, projected with its data wait removed, and which transfers run on a host's cores."""
+the background fitted to the recorded run-queue wait, and a hand graph whose ranks took turns
+on one core, projected with its data wait removed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.unit.test_whatif_graph import MS, _lane, hand_graph
-from uberprof.analysis.diagnosis.shared_cores import _transfers_on_one_host
+from tests.unit.test_whatif_graph import MS, _lane
 from uberprof.analysis.diagnosis.whatif import parse_changes, project
 from uberprof.analysis.tables.contention import (
     CoreSharing,
@@ -20,7 +19,7 @@ from uberprof.analysis.tables.contention import (
     sharing_rate,
 )
 from uberprof.analysis.tables.graph import build_graph
-from uberprof.analysis.tables.lanes import COMM, COMPUTE, DATA, HOST, WAIT
+from uberprof.analysis.tables.lanes import COMPUTE, DATA, HOST, WAIT
 
 
 def test_without_background_each_thread_gets_its_share_of_the_cores() -> None:
@@ -92,15 +91,3 @@ def test_the_recorded_run_replays_unchanged_with_its_cores_shared() -> None:
     traced = pa.table({"rank": [0, 1], "step": [0, 0], "step_time_ns": [80 * MS] * 2})
     doc = project(g, traced, parse_changes([], 1.0, [], None, False), straggler=None)
     assert doc["projected_step_ms"] == pytest.approx(80.0)
-
-
-def test_a_transfer_among_ranks_of_one_host_runs_on_its_cores_one_between_hosts_not() -> None:
-    g = hand_graph()
-    running = np.isin(g.kind, [COMPUTE, HOST]) & (g.rank >= 0)
-    one = np.where(running, 0, -1)
-    tails = _transfers_on_one_host(g, one)
-    # the all-reduce and the send/recv: every comm node with a transfer after its last arrival
-    assert tails.any() and set(np.flatnonzero(tails)) == \
-        set(np.flatnonzero((g.kind == COMM) & (g.tail > 0)))
-    two = np.where(running, g.rank, -1)  # rank 0 on host 0, rank 1 on host 1
-    assert not _transfers_on_one_host(g, two).any()

@@ -5,10 +5,7 @@ change adds where CPU ranks fill their cores.
 Only CPU ranks take part: a device rank's work is on its device, and its host thread's waits
 for it are no load. A rank's `compute` segments keep torch's intra-op threads busy (at most its
 cores), its `host` segments one thread; `data` and `waiting` segments wait off the CPU (a loader
-that sleeps, a thread blocked in a collective). A comm node whose collective's participants all
-run on one host keeps one thread of it busy over its transfer after the last arrival (Gloo's
-work, on the same cores: in the data pair of benchmarks/whatif.py the first bucket's took 4 ms
-a step with one rank computing and 7 ms with both); a transfer between hosts is a link's. The background
+that sleeps, a thread blocked in a collective), and comm nodes are its transfers. The background
 of each host is fitted to the run-queue wait its ranks' training threads recorded over the
 traced steps (`busy.busy_times`); a run without it (plain traces, agents before `run_wait_ns`)
 gets no model, and its projections keep the recorded durations as before.
@@ -22,7 +19,7 @@ from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
 from uberprof.analysis.tables.contention import CoreSharing, fit_background, load_profile
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.graph import StepGraph
-from uberprof.analysis.tables.lanes import ARRIVE, COMM, COMPUTE, HOST
+from uberprof.analysis.tables.lanes import COMPUTE, HOST
 
 __all__ = ["core_sharing"]
 
@@ -57,11 +54,8 @@ def core_sharing(ctx: RunContext, g: StepGraph) -> CoreSharing | None:
             host[lo:hi][run] = h
             weight[lo:hi] = np.where(kind == COMPUTE, min(int(info.torch_threads or 1), c),
                                      np.where(kind == HOST, 1.0, 0.0))
-    tail = _transfers_on_one_host(g, host)
-    host[tail] = _rank_host(g, host)[tail]
-    weight[tail] = 1.0
-    sh = CoreSharing(host, weight, cores, np.zeros(len(names)), names, tail)
-    start, end = sh.spans(g.start, g.start + g.dur, g.tail)
+    start, end = g.start, g.start + g.dur
+    sh = CoreSharing(host, weight, cores, np.zeros(len(names)), names)
     background = np.zeros(len(names), np.float64)
     for h, name in enumerate(names):
         rate = _observed_rate(busy, hosts[name], g)
@@ -69,29 +63,7 @@ def core_sharing(ctx: RunContext, g: StepGraph) -> CoreSharing | None:
             return None
         loads, thread_ns = load_profile(sh, start, end, h)
         background[h] = fit_background(loads, thread_ns, float(cores[h]), rate)
-    return CoreSharing(host, weight, cores, background, names, tail)
-
-
-def _rank_host(g: StepGraph, host: np.ndarray) -> np.ndarray:
-    """Per node, the host index of its rank's lane (-1 for barriers and ranks not modelled)."""
-    by_rank = {r: int(host[lo:hi].max()) for r, (lo, hi) in g.lanes.items() if hi > lo}
-    return np.array([by_rank.get(int(r), -1) for r in g.rank], np.int64)
-
-
-def _transfers_on_one_host(g: StepGraph, host: np.ndarray) -> np.ndarray:
-    """Comm nodes whose every participant runs on one modelled host: their transfer after the
-    last arrival is Gloo's work on that host's cores, not a link's."""
-    rh = _rank_host(g, host)
-    arrive = g.etype == ARRIVE
-    comm, barrier = g.src[arrive], g.dst[arrive]
-    lo = np.full(g.n, np.iinfo(np.int64).max, np.int64)
-    hi = np.full(g.n, -2, np.int64)
-    np.minimum.at(lo, barrier, rh[comm])
-    np.maximum.at(hi, barrier, rh[comm])
-    one = (lo == hi) & (hi >= 0)
-    out = np.zeros(g.n, bool)
-    out[comm[one[barrier]]] = True
-    return out & (g.kind == COMM) & (g.tail > 0)
+    return CoreSharing(host, weight, cores, background, names)
 
 
 def _observed_rate(busy: BusyTimes, ranks: list[int], g: StepGraph) -> float | None:

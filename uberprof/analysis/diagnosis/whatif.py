@@ -327,13 +327,13 @@ def _replay_shared(g: StepGraph, own: np.ndarray, tail: np.ndarray, base: Replay
     if sh is None:
         return new
     run = sh.running()
-    recorded = mean_rates(sh, *sh.spans(base.start, base.end, base.tail))
+    recorded = mean_rates(sh, base.start, base.end)
     factor = np.ones(g.n)
     for _ in range(SHARING_ROUNDS):
-        now = mean_rates(sh, *sh.spans(new.start, new.end, new.tail))
+        now = mean_rates(sh, new.start, new.end)
         target = np.where(run, recorded / np.maximum(now, 1e-6), 1.0)
         factor = (1 - SHARING_DAMPING) * factor + SHARING_DAMPING * target
-        new = replay(g, own * factor, factor, tail)
+        new = replay(g, own * factor, None, tail)
     return new
 
 

@@ -9,8 +9,7 @@ the fixed steps waited 15-20 ms more a step for a core (benchmarks/README, `what
 
 **The model.** A host has `C` cores. At any moment its ranks' running work (the `compute` and
 `host` segments of CPU ranks' lanes, each keeping `weight` threads busy: torch's intra-op
-threads for compute, one for host work; and one thread for each transfer after the last arrival
-of a collective held on that host alone, over that `tail` only) adds up to a load `L`; other runnable threads (the
+threads for compute, one for host work) adds up to a load `L`; other runnable threads (the
 ranks' own helpers, the OS, other jobs) are a Poisson number `B` of mean `background`. Each
 running thread progresses at the rate `E[min(1, C / (L + B))]`. The Poisson background keeps
 the rate smooth in `L`: a rank alone on two cores that waited 5% of its time for a core is not
@@ -53,18 +52,9 @@ class CoreSharing:
     cores: np.ndarray  # float64 per host
     background: np.ndarray  # float64 per host: mean number of other runnable threads
     names: list[str]  # per host
-    tail: np.ndarray | None = None  # bool per node: runs only over its tail (a transfer after
-    #                                  the last arrival, on the host's cores), not start-end
 
     def running(self) -> np.ndarray:
         return self.host >= 0
-
-    def spans(self, start: np.ndarray, end: np.ndarray, tail: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
-        """When each node takes a core: its whole span, or its tail's for a transfer."""
-        if self.tail is None:
-            return start, end
-        return np.where(self.tail, end - tail, start), end
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": "processor sharing, Poisson background (docs/whatif.md)",
