@@ -119,7 +119,9 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
 
     window = _window(traced, alignment)
     clocks = gpu_clocks(ctx, window)
-    tests = _name_straggler(ctx, alignment, traced, gaps, lat, clocks, median_step, wall_ns)
+    busy = busy_times(ctx)
+    tests = _name_straggler(ctx, alignment, traced, gaps, lat, clocks, median_step, wall_ns,
+                            busy)
     bw = instance_bandwidth(ctx, aligned, exposed, Peaks(ctx, window), alignment.error_bounds())
     classes = bandwidth_classes(bw)
 
@@ -133,7 +135,7 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                   parallelism=parallelism, pipeline=pipeline,
                   groups=groups, exposed_around=_exposed_around(per_rank.values()))
     proj, cp_doc, rp_doc = run_projector(ctx, traced, matched.instances, alignment.offsets(),
-                                         p2p.pairs, parallelism.stage_of or {})
+                                         p2p.pairs, parallelism.stage_of or {}, busy)
     produced = produce(facts)
     attach_gains(produced, proj, unfit_why(rp_doc))  # before the order, which uses them
     findings = account(produced, wall_ns)
@@ -217,10 +219,9 @@ class _StragglerTests:
 
 def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gaps: pa.Table,
                     lat: pa.Table, clocks: dict[int, GpuClocks], median_step: float | None,
-                    wall_ns: int) -> _StragglerTests:
+                    wall_ns: int, busy: BusyTimes | None) -> _StragglerTests:
     """The straggler test, then the named straggler's cause from its per-step excess, its GPU
-    clocks and its busy time (stragglers.py)."""
-    busy = busy_times(ctx)
+    clocks and its busy time (stragglers.py; `busy`: the run's busy times)."""
     traced_test = straggler_test(lat, median_step, wall_ns, busy=busy)
     s_test, straggler, basis_doc = _straggler_on_all_arrivals(ctx, alignment, lat, traced_test,
                                                             median_step, wall_ns, busy)
@@ -291,7 +292,7 @@ def _note_unexplained_lead(s: Straggler, work: BusyExcess, late_by_ns: float) ->
     """Say how much of its lateness a straggler's confirmed extra work leaves unexplained when
     that is over half (busy.py, `waited_off_cpu`): the cause stands, the rest is time off the
     CPU the run does not attribute (waits of its own, or CPU time its host did not give it)."""
-    explained = work.excess_ns + max(work.run_wait_excess_ns or 0, 0)
+    explained = work.explained_ns
     if explained >= 0.5 * late_by_ns:
         return
     s.test["sentence"] += (

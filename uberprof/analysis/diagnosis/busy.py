@@ -237,7 +237,13 @@ class BusyExcess:
         if self.confirmed and not is_slight(self.excess_ns, self.median_ns):
             return False
         return (self.preempted is False and self.data_excess_ns < self.need_ns
-                and self.excess_ns + max(self.run_wait_excess_ns or 0, 0) < 0.5 * late_by_ns)
+                and self.explained_ns < 0.5 * late_by_ns)
+
+    @property
+    def explained_ns(self) -> int:
+        """Per step, the lateness its own record explains (ns): its extra CPU time and its extra
+        wait for a core."""
+        return self.excess_ns + max(self.run_wait_excess_ns or 0, 0)
 
     @property
     def excess_pct(self) -> float:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from uberprof.analysis.diagnosis.busy import BusyTimes
 from uberprof.analysis.diagnosis.model import CONTEXT_KINDS, FAILURE_KINDS, Finding
 from uberprof.analysis.diagnosis.whatif import project, run_graph_docs
 from uberprof.analysis.diagnosis.whatif_changes import Change
@@ -154,11 +155,13 @@ def top_two(findings: list[Finding], proj: Projector | None) -> dict[str, Any] |
 
 
 def run_projector(ctx: RunContext, traced: pa.Table, instances: pa.Table,
-                  offsets: dict[int, int], pairs: pa.Table | None, stages: dict[int, int]
+                  offsets: dict[int, int], pairs: pa.Table | None, stages: dict[int, int],
+                  busy: BusyTimes | None
                   ) -> tuple[Projector | None, dict[str, Any] | None, dict[str, Any] | None]:
     """The diagnosis's step graph built once: the projector of the findings' gains, and the
-    report's `run.critical_path` and `run.replay` from the same replay."""
-    g, r, cp, rp = run_graph_docs(ctx, traced, instances, offsets, pairs)
+    report's `run.critical_path` and `run.replay` from the same replay (`busy`: the run's busy
+    times, which the straggler test read)."""
+    g, r, cp, rp = run_graph_docs(ctx, traced, instances, offsets, pairs, busy)
     if g is None or r is None or rp is None:
         return None, cp, rp
     return Projector(g, r, traced, rp, dict(stages)), cp, rp

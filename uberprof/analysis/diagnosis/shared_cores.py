@@ -13,6 +13,8 @@ gets no model, and its projections keep the recorded durations as before.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
@@ -24,10 +26,13 @@ from uberprof.analysis.tables.lanes import COMPUTE, HOST
 __all__ = ["core_sharing"]
 
 
-def core_sharing(ctx: RunContext, g: StepGraph) -> CoreSharing | None:
+def core_sharing(ctx: RunContext, g: StepGraph,
+                 busy: BusyTimes | None | Literal["read"] = "read") -> CoreSharing | None:
     """The graph's CPU ranks grouped by host, with each host's fitted background (module
-    docstring); None where no CPU rank's cores or run-queue wait are known."""
-    busy = busy_times(ctx)
+    docstring); None where no CPU rank's cores or run-queue wait are known. `busy`: the run's
+    busy times where the caller has them (the diagnosis does), else read here."""
+    if busy == "read":
+        busy = busy_times(ctx)
     if busy is None or busy.run_wait is None:
         return None
     hosts: dict[str, list[int]] = {}

@@ -22,13 +22,14 @@ remove, caches warming differently, or a schedule the framework would pick inste
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.bandwidth import bus_factor, message_bytes
+from uberprof.analysis.diagnosis.busy import BusyTimes
 from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.analysis.diagnosis.shared_cores import core_sharing
 from uberprof.analysis.diagnosis.whatif_changes import Change, apply_changes, parse_changes
@@ -58,11 +59,13 @@ TOP_OPS = 5
 
 
 def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
-              offsets: dict[int, int], pairs: pa.Table | None) -> StepGraph:
+              offsets: dict[int, int], pairs: pa.Table | None,
+              busy: BusyTimes | None | Literal["read"] = "read") -> StepGraph:
     """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
-    the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock."""
+    the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock, with the
+    cores its CPU ranks share (`shared_cores.core_sharing`, from `busy` where given)."""
     g = build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs)
-    g.sharing = core_sharing(ctx, g)
+    g.sharing = core_sharing(ctx, g, busy)
     return g
 
 
@@ -93,12 +96,13 @@ def run_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table, offsets: di
 
 
 def run_graph_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table,
-                   offsets: dict[int, int], pairs: pa.Table | None
+                   offsets: dict[int, int], pairs: pa.Table | None,
+                   busy: BusyTimes | None | Literal["read"] = "read"
                    ) -> tuple[StepGraph | None, Replay | None, dict[str, Any] | None,
                               dict[str, Any] | None]:
     """`run_docs` with the graph and its replay kept (for the findings' projected gains)."""
     try:
-        g = run_graph(ctx, traced, instances, offsets, pairs)
+        g = run_graph(ctx, traced, instances, offsets, pairs, busy)
         if not g.lanes:
             return None, None, None, None
         r = replay(g)
