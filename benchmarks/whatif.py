@@ -44,12 +44,17 @@ alternating order spreads over both sides, is taken out.
 
 With --in-job, a pair is one job instead of two, of twice the steps: the problem is on every
 other step (the sample's --fault-steps; the odd steps on odd repeats, else the even) and off on
-the others, all traced in one window. One `whatif` replays the window; the projection is the
-median of the problem steps' projected lengths, measured is the median of the other steps'
-measured lengths. Both sides then see the same machine: its drift, which on a shared 2-core
-machine changes the same work's CPU time by 20% within a minute, is no part of the error, and
-what is left is the projection's own (and the steps' spread). Pairs whose fix changes the
-job's set-up (link, pipeline) have no in-job form and are skipped.
+the others, all traced in one window (the link pair's ranks switch their node's tc rate at
+each step's start, `train_ddp.py --link-rates`; the pipeline's stages hold the blocks of both
+splits and run 2 + 6 or 4 + 4 of them, `train_pipeline.py --fault-steps`). One `whatif`
+replays the window; a step is measured as its period (the last rank's end of it less that of
+the step before: `as_periods` says why not `whatif`'s longest window), a problem step is
+projected as its period less its gain, and the error is the median over the problem steps of
+each one's projection against the mean of the fixed steps on either side of it
+(`neighbour_error_pct`); the medians of both kinds are printed too. Both sides then see the
+same machine: its drift, which on a shared 2-core machine changes the same work's CPU time by
+20% within a minute, is no part of the error, and what is left is the projection's own (and
+the steps' spread).
 
 Before the pairs, one unscored run of the first pair's fixed job warms the machine up
 (--no-warm-up skips it): a first run after the machine idled measured up to 1.5x slower in its
@@ -101,6 +106,7 @@ class Pair:
     what: str = ""
     max_traced: int | None = None  # at most this many traced steps (None: up to --steps - 2)
     in_job: bool = False  # the sample can switch the problem off mid-job (--fault-steps)
+    in_job_steps: int | None = None  # --in-job: half the job's steps, unless --steps says
 
 
 # a small batch and a large vocabulary: ~5.7 M parameters (23 MB of gradients all-reduced a
@@ -120,11 +126,12 @@ PAIRS = {p.name: p for p in (
          (("--remove", "data"),), what="rank 1's loader +40 ms/batch", in_job=True),
     Pair("link", "train_ddp.py", LINK_MODEL, LINK_MODEL,
          (("--link-gbps", "4"), ("--link-scale", "4")), caps=("1gbit", "4gbit"),
-         what="1 -> 4 Gbit/s inter-node link"),
+         what="1 -> 4 Gbit/s inter-node link", in_job=True),
     Pair("pipeline", "train_pipeline.py",
          (*PIPELINE_MODEL, "--heavy-stage", "1", "--heavy-factor", "3"),
          (*PIPELINE_MODEL, "--layers-per-stage", "4"), (("--balance-stages",),),
-         what="stages of 2 + 6 blocks -> 4 + 4", max_traced=6),
+         what="stages of 2 + 6 blocks -> 4 + 4", max_traced=6, in_job=True,
+         in_job_steps=12),  # 24 steps of ~0.7 s; 17 traced: the slow-down comes after 15
 )}
 QUICK = ("straggler", "data")
 
@@ -155,9 +162,12 @@ class PairResult:
     problem: RunFigures | None = None
     top_finding: str | None = None  # the problem run's first finding in `report --json`
     skipped: str | None = None  # why no figures (an option missing, no netns, a failure)
+    step_error_pct: float | None = None  # in-job: `neighbour_error_pct`, the pair's error
 
     @property
     def error_pct(self) -> float | None:
+        if self.step_error_pct is not None:
+            return self.step_error_pct
         return projection_error_pct(self.projected_ms,
                                     self.measured.step_ms if self.measured else None)
 
@@ -170,6 +180,23 @@ def projection_error_pct(projected: float | None, measured: float | None) -> flo
     if projected is None or measured is None or measured <= 0:
         return None
     return 100.0 * (projected - measured) / measured
+
+
+def neighbour_error_pct(doc: dict[str, Any], bad: list[int]) -> float | None:
+    """An in-job pair's error: the median over its problem steps of each one's projection
+    against the mean of the two fixed steps around it, in %; None without such a step.
+
+    Not the median of the projections against the median of the fixed steps: a job's steps can
+    change level within its window (the link and pipeline jobs' CPU time per step rose 2-3x
+    after 10-30 traced steps, both kinds of step alike), and the medians of two such two-level
+    sets then land wherever the counts put them (one link job: -24.9% by the medians, -6.2%
+    step by step). A step's neighbours share its level."""
+    rows = {r["step"]: r for r in doc.get("steps") or []}
+    ratios = [rows[s]["projected_ms"] / ((rows[s - 1]["measured_ms"] + rows[s + 1]["measured_ms"])
+                                         / 2)
+              for s in bad if s in rows and s - 1 in rows and s + 1 in rows
+              and rows[s - 1]["measured_ms"] + rows[s + 1]["measured_ms"] > 0]
+    return 100.0 * (statistics.median(ratios) - 1.0) if ratios else None
 
 
 def pick_option(options: tuple[tuple[str, ...], ...], help_text: str) -> list[str] | None:
@@ -232,19 +259,22 @@ def pooled_pairs(results: list[PairResult]) -> dict[str, Any]:
     alternate the runs' order, the drift of either run is no longer one-sided, so this says
     whether the projection is off beyond it. The target stays on every pair run
     (`summarise`)."""
-    by_pair: dict[str, list[tuple[float, float]]] = {}
+    by_pair: dict[str, list[PairResult]] = {}
     for r in results:
         if r.projected_ms is not None and r.measured is not None and r.measured.step_ms:
-            by_pair.setdefault(r.pair, []).append((r.projected_ms, r.measured.step_ms))
+            by_pair.setdefault(r.pair, []).append(r)
     out = {}
     for pair, runs in sorted(by_pair.items()):
         if len(runs) < 2:
             continue
-        proj = statistics.median(p for p, _ in runs)
-        meas = statistics.median(m for _, m in runs)
+        proj = statistics.median(r.projected_ms for r in runs)  # type: ignore[type-var]
+        meas = statistics.median(r.measured.step_ms for r in runs)  # type: ignore[union-attr]
+        steps = [r.step_error_pct for r in runs if r.step_error_pct is not None]
         out[pair] = {"repeats": len(runs), "projected_median_ms": proj,
                      "measured_median_ms": meas,
-                     "error_pct": projection_error_pct(proj, meas)}
+                     # in-job: the jobs' own errors (each step against its neighbours)
+                     "error_pct": statistics.median(steps) if len(steps) == len(runs)
+                     else projection_error_pct(proj, meas)}
     return out
 
 
@@ -261,7 +291,8 @@ def result_lines(results: list[PairResult]) -> list[str]:
     problem run's own step, both runs' replay errors and its first finding; or why skipped."""
     head = (f"{'pair':<10} {'#':>2} {'option':<20} {'problem ms':>10} {'projected ms':>12} "
             f"{'(95%)':>13} {'measured ms':>11} {'(95%)':>13} {'error %':>8} "
-            f"{'replay % (problem/fixed)':>24} {'core wait/cpu ms (problem; fixed)':>33}  top finding")
+            f"{'replay % (problem/fixed)':>24} {'core wait/cpu ms (problem; fixed)':>33}  "
+            "top finding")
     lines = [head]
     for r in results:
         if r.skipped:
@@ -302,9 +333,11 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
                    f"{'job-to-job' if in_job else 'run-to-run'} spread "
                    f"{_f(g['spread_pct'])}%; projections against that median: {errs}")
     for pair, g in s.get("pooled", {}).items():
-        out.append(f"{pair} over {g['repeats']} repeats: median projection "
-                   f"{_f(g['projected_median_ms'])} ms against the fixed "
-                   f"{'steps' if in_job else 'runs'}' median "
+        out.append(f"{pair} over {g['repeats']} repeats: median of the jobs' errors (each "
+                   f"problem step against the fixed steps around it) "
+                   f"{_f(g['error_pct'], '{:+.1f}')}%" if in_job else
+                   f"{pair} over {g['repeats']} repeats: median projection "
+                   f"{_f(g['projected_median_ms'])} ms against the fixed runs' median "
                    f"{_f(g['measured_median_ms'])} ms: {_f(g['error_pct'], '{:+.1f}')}%")
     out += [f"skipped {x}" for x in s["skipped"]]
     return out
@@ -522,7 +555,8 @@ def run_in_job(pair: Pair, res: PairResult, out: Path, args: Any, index: int) ->
     if not pair.in_job:
         res.skipped = "no in-job form (its fix changes the job's set-up)"
         return res
-    fault, trace, bad, good = in_job_plan(args.steps, args.trace_from, res.repeat)
+    steps = args.steps if args.steps_given else (pair.in_job_steps or args.steps)
+    fault, trace, bad, good = in_job_plan(steps, args.trace_from, res.repeat)
     rid = f"{pair.name}-{res.repeat}-in-job"
     run = out / rid
     try:
@@ -530,17 +564,21 @@ def run_in_job(pair: Pair, res: PairResult, out: Path, args: Any, index: int) ->
             if not (run / "ranks").is_dir():
                 raise RuntimeError(f"no kept run {run}")
         else:
-            job = dataclasses.replace(pair, problem=(*pair.problem, "--fault-steps", fault))
-            record(job, True, out, rid, 2 * args.steps, trace, args.run_timeout,
+            rates = ("--link-rates", ",".join(pair.caps)) if pair.caps else ()
+            job = dataclasses.replace(pair, problem=(*pair.problem, "--fault-steps", fault,
+                                                     *rates))
+            record(job, True, out, rid, 2 * steps, trace, args.run_timeout,
                    29600 + index % 300, args.device)
         proj = whatif_json(run, res.option, args.run_timeout)
+        (out / f"{rid}.whatif.json").write_text(json.dumps(proj, indent=1))
+        proj = as_periods(proj, run)
         res.problem = figures(proj, run, bad)
         res.measured = figures(proj, run, good)
         res.baseline_ms = res.problem.step_ms
         projected = step_figures(proj, bad, "projected_ms")
         if projected is not None:
             res.projected_ms, res.projected_interval_ms = projected
-        (out / f"{rid}.whatif.json").write_text(json.dumps(proj, indent=1))
+        res.step_error_pct = neighbour_error_pct(proj, bad)
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as e:
         res.skipped = f"failed: {str(e)[-400:]}"
     finally:
@@ -549,13 +587,47 @@ def run_in_job(pair: Pair, res: PairResult, out: Path, args: Any, index: int) ->
     return res
 
 
+def as_periods(doc: dict[str, Any], run: Path) -> dict[str, Any]:
+    """`doc` (an in-job `whatif --json`) with each step measured as its period: the last
+    rank's end of the step less that of the step before (the step timelines' `host_end_ns`,
+    one machine's clock), and projected as that period less the step's gain (which `whatif`
+    takes the same way, from the last ends); a step without one before it is dropped.
+
+    Not the longest rank's window, `whatif`'s own measure: where the ranks do not end a step
+    together (pipeline stages: the first stage ends its step last, after its last backward),
+    a window starts where its rank ended the step before, and on alternate steps that start
+    swings with the step before's split; the longest window then counts the swing (on
+    the pipeline pair the problem steps' longest window is the late stage's, started early
+    after a balanced step: 6-15% longer than their period). In a job without alternation a
+    rank's windows average its period, so the period is what a run of the fixed job
+    measures."""
+    ends: dict[int, int] = {}
+    for f in run.glob("ranks/*/steps.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("kind", "step") == "step" and isinstance(row.get("host_end_ns"), int):
+                ends[row["step"]] = max(ends.get(row["step"], 0), row["host_end_ns"])
+    rows = []
+    for s in doc.get("steps") or []:
+        if s["step"] - 1 not in ends or s["step"] not in ends:
+            continue
+        period = (ends[s["step"]] - ends[s["step"] - 1]) / 1e6
+        rows.append({**s, "measured_ms": round(period, 3),
+                     "projected_ms": round(period - (s.get("gain_ms") or 0.0), 3)})
+    return {**doc, "steps": rows}
+
+
 def main() -> None:
     ap = doc_parser(__doc__)
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"from {list(PAIRS)} (default all)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each pair (default 1)")
     ap.add_argument("--steps", type=int, default=None,
                     help="training steps per run (default 18), steps TRACE_FROM..STEPS-2 "
-                         "traced; with --in-job half the job's steps (default 30)")
+                         "traced; with --in-job half the job's steps (default 30; the "
+                         "pipeline's 12)")
     ap.add_argument("--trace-from", type=int, default=5, help="first traced step (default 5)")
     ap.add_argument("--quick", action="store_true",
                     help=f"{', '.join(QUICK)} once each, 14 steps (10 traced)")
@@ -568,7 +640,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--in-job", action="store_true",
                     help="each pair as one job of 2 x STEPS steps, the problem on every other "
-                         "step: projected from those, measured on the others (straggler, data)")
+                         "step: projected from those, measured on the others (the link pair "
+                         "switches its tc rate, the pipeline its stages' split)")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                     help="skip the unscored warm-up run before the pairs")
     ap.add_argument("--rescore", action="store_true",
@@ -580,6 +653,7 @@ def main() -> None:
     names = list(QUICK) if args.quick else [s for s in args.pairs.split(",") if s]
     if unknown := [s for s in names if s not in PAIRS]:
         ap.error(f"unknown pair(s) {unknown}; choose from {list(PAIRS)}")
+    args.steps_given = args.steps is not None
     if args.steps is None:
         args.steps = 30 if args.in_job else 18
     if args.quick:

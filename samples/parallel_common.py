@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_ddp import exit_after_python  # noqa: F401  (re-exported for the samples)
+from train_ddp import exit_after_python, step_set  # noqa: F401  (re-exported for the samples)
 
 
 class Block(nn.Module):

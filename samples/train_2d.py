@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     add_pg_init_option(p)
     args = p.parse_args(argv)
     check_pipeline_options(p, args, 2)
+    if args.fault_steps is not None:  # blocks left out on some steps: DDP wants every gradient
+        p.error("--fault-steps is train_pipeline.py's (no DDP over the stages)")
     names = ("dp", "tp") if args.layout == "fsdp_tp" else ("pp", "dp")
     rank, mesh = init_mesh((2, 2), names, args.pg_init)
     (fsdp_tp if args.layout == "fsdp_tp" else pp_dp)(args, rank, mesh)

@@ -13,6 +13,11 @@ and tests of the diagnosis:
                                    these steps (0-based, inclusive); the job's other steps are
                                    healthy (a problem and its fix measured in one job:
                                    benchmarks/whatif.py --in-job)
+  --link-rates SLOW,FAST           this rank's node link (the tc tbf qdisc on the interface
+                                   GLOO_SOCKET_IFNAME names) at SLOW on the --fault-steps, at
+                                   FAST on the others, set at each step's start (root in the
+                                   node's network namespace: benchmarks/whatif.py's link pair
+                                   in one job)
   --extra-matmul N                 every rank multiplies two 256x256 matrices N more times
                                    per step (a code change that costs compute: uberprof diff)
   --bucket-cap-mb MB --no-overlap  DDP buckets of MB; each all-reduced inside backward,
@@ -44,6 +49,7 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Container
 
@@ -90,7 +96,36 @@ class SyntheticTokens(Dataset):
         return x[:-1], x[1:]
 
 
-def _step_set(text: str) -> frozenset[int]:
+class LinkShaper:
+    """Switches this node's link between two tc rates (`tc qdisc change` of the tbf qdisc that
+    tests/netns.py puts on the node's veth); a change only where the rate differs. It runs at a
+    step's start, when the last step's all-reduce is over, so each step runs at one rate."""
+
+    def __init__(self, dev: str, slow: str, fast: str) -> None:
+        self.dev, self.slow, self.fast = dev, slow, fast
+        self.now: str | None = None
+
+    @classmethod
+    def from_option(cls, text: str | None) -> LinkShaper | None:
+        if not text:
+            return None
+        slow, _, fast = text.partition(",")
+        dev = os.environ.get("GLOO_SOCKET_IFNAME")
+        if not (slow and fast and dev):
+            raise SystemExit("--link-rates needs SLOW,FAST and GLOO_SOCKET_IFNAME naming the "
+                             "node's shaped interface")
+        return cls(dev, slow, fast)
+
+    def set(self, slow: bool) -> None:
+        rate = self.slow if slow else self.fast
+        if rate != self.now:
+            subprocess.run(["tc", "qdisc", "change", "dev", self.dev, "root", "tbf", "rate",
+                            rate, "burst", "256kb", "latency", "50ms"], check=True,
+                           capture_output=True)
+            self.now = rate
+
+
+def step_set(text: str) -> frozenset[int]:
     """`A-B[,C-D]` (inclusive, as `uberprof run --trace-steps` reads it) as step numbers."""
     try:
         windows = TraceSchedule.parse_steps(text).windows
@@ -114,7 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=1.0, metavar="F")
     p.add_argument("--slow-data-rank", type=int, default=-1)
     p.add_argument("--data-delay-ms", type=float, default=0.0)
-    p.add_argument("--fault-steps", type=_step_set, default=None, metavar="A-B[,C-D]")
+    p.add_argument("--fault-steps", type=step_set, default=None, metavar="A-B[,C-D]")
+    p.add_argument("--link-rates", default=None, metavar="SLOW,FAST")
     p.add_argument("--host-work-ms", type=float, default=0.0)
     p.add_argument("--sleep-rank", type=int, default=-1)
     p.add_argument("--sleep-ms", type=float, default=0.0)
@@ -255,8 +291,11 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
     t_start = t_prev = time.perf_counter()
     cpu_prev = time.thread_time()
     durations, cpu_times = [], []
+    shaper = LinkShaper.from_option(args.link_rates)
     for step in range(args.steps):
         extra, slow_factor = (extra_set, slow_set) if step in faulty else (0, 1.0)
+        if shaper is not None:
+            shaper.set(step in faulty)
         micro = [next(batches) for _ in range(accum)]
         t_step = time.perf_counter()
         if rank == args.oom_rank and step == args.oom_step:

@@ -19,6 +19,10 @@ What a test can inject:
   --heavy-stage K --heavy-factor F   stage K holds round(F x layers-per-stage) blocks instead
                                      of layers-per-stage: an unbalanced pipeline whose other
                                      stages wait (idle in recv) for stage K
+  --fault-steps A-B[,C-D]            the --heavy-stage split only on these steps (0-based,
+                                     inclusive); on the others the same blocks in all are
+                                     shared evenly between the stages (the imbalance and its
+                                     fix measured in one job: benchmarks/whatif.py --in-job)
   --microbatches M                   fewer micro-batches, a larger pipeline bubble
 The world size is the number of stages (2 or more). The last stage prints one line.
 """
@@ -45,6 +49,7 @@ from parallel_common import (
     finish,
     init_gloo,
     lm_loss,
+    step_set,
 )
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -52,12 +57,17 @@ Schedule = ScheduleGPipe | Schedule1F1B
 
 
 class StageModule(nn.Module):
-    """One pipeline stage: [embedding] -> blocks -> [norm -> head]."""
+    """One pipeline stage: [embedding] -> blocks -> [norm -> head]. With --fault-steps it holds
+    the blocks of both splits and runs `active` of them (set per step by `train_steps`); a
+    block left out gets no gradient, so the optimizer skips it too."""
 
     def __init__(self, args: argparse.Namespace, stage: int, num_stages: int) -> None:
         super().__init__()
         self.first, self.last = stage == 0, stage == num_stages - 1
         n_blocks = stage_blocks(args, stage)
+        self.active = n_blocks
+        if args.fault_steps is not None:
+            n_blocks = max(n_blocks, balanced_blocks(args, num_stages))
         if self.first:
             self.embed = nn.Embedding(args.vocab, args.dim)
             self.pos = nn.Parameter(torch.zeros(1, args.seq, args.dim))
@@ -69,7 +79,7 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = self.embed(x) + self.pos
-        for block in self.blocks:
+        for block in self.blocks[:self.active]:
             x = block(x)
         return self.head(self.norm(x)) if self.last else x
 
@@ -80,12 +90,18 @@ def stage_blocks(args: argparse.Namespace, stage: int) -> int:
     return args.layers_per_stage
 
 
+def balanced_blocks(args: argparse.Namespace, num_stages: int) -> int:
+    """Each stage's blocks once the split's blocks in all are shared evenly."""
+    return sum(stage_blocks(args, s) for s in range(num_stages)) // num_stages
+
+
 def add_pipeline_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="gpipe")
     p.add_argument("--microbatches", type=int, default=4, metavar="M")
     p.add_argument("--layers-per-stage", type=int, default=2)
     p.add_argument("--heavy-stage", type=int, default=-1, metavar="K")
     p.add_argument("--heavy-factor", type=float, default=1.0, metavar="F")
+    p.add_argument("--fault-steps", type=step_set, default=None, metavar="A-B[,C-D]")
 
 
 def check_pipeline_options(p: argparse.ArgumentParser, args: argparse.Namespace,
@@ -96,6 +112,11 @@ def check_pipeline_options(p: argparse.ArgumentParser, args: argparse.Namespace,
         p.error(f"1f1b needs --microbatches >= {num_stages} stages")
     if args.heavy_stage >= num_stages:
         p.error(f"--heavy-stage {args.heavy_stage}: there are only {num_stages} stages")
+    if args.fault_steps is not None:
+        total = sum(stage_blocks(args, s) for s in range(num_stages))
+        if args.heavy_stage < 0 or total % num_stages:
+            p.error(f"--fault-steps needs --heavy-stage and blocks that share evenly "
+                    f"({total} over {num_stages} stages)")
 
 
 def build_schedule(args: argparse.Namespace, stage: int, num_stages: int,
@@ -127,8 +148,12 @@ def train_steps(args: argparse.Namespace, module: nn.Module, schedule: Schedule,
     """--steps pipeline steps; the last stage's mean micro-batch loss of the last step."""
     opt = torch.optim.AdamW(module.parameters(), lr=args.lr)
     loss = float("nan")
+    even = balanced_blocks(args, num_stages)
     for step in range(args.steps):
         x, y = batch(step, replica, args)
+        if args.fault_steps is not None:  # the heavy split on the fault steps, else even
+            module.active = (
+                stage_blocks(args, stage) if step in args.fault_steps else even)
         opt.zero_grad(set_to_none=True)
         if stage == 0:
             schedule.step(x)

@@ -145,3 +145,36 @@ def test_step_figures_take_the_median_of_the_chosen_steps_only() -> None:
     assert W.step_figures(doc, [99]) is None
     f = W.figures({**doc, "baseline_step_ms": 100.0, "replay_error_pct": 0.5}, None, [4, 6])
     assert (f.step_ms, f.steps, f.replay_error_pct) == (55.0, 2, 0.5)
+
+
+def test_in_job_steps_are_measured_as_the_period_of_their_last_rank_end(tmp_path: Path) -> None:
+    # rank 0 ends each step last; rank 1's ends swing (a pipeline's split alternating): its
+    # windows are 80/120 ms, the periods of the last end 100 ms each
+    ends = {0: [0, 100, 200, 300], 1: [-10, 70, 190, 270]}
+    for rank, es in ends.items():
+        d = tmp_path / "ranks" / str(rank)
+        d.mkdir(parents=True)
+        (d / "steps.jsonl").write_text("".join(
+            json.dumps({"kind": "step", "step": s, "host_end_ns": int(e * 1e6)}) + "\n"
+            for s, e in enumerate(es)) + "{torn\n")
+    doc = {"steps": [{"step": s, "measured_ms": 120.0, "projected_ms": 90.0, "gain_ms": g}
+                     for s, g in [(0, 5.0), (2, 30.0), (3, -4.0)]], "baseline_step_ms": 120.0}
+    rows = W.as_periods(doc, tmp_path)["steps"]
+    assert [(r["step"], r["measured_ms"], r["projected_ms"]) for r in rows] == \
+        [(2, 100.0, 70.0), (3, 100.0, 104.0)]  # step 0 has no step before it: dropped
+
+
+def test_an_in_job_error_sets_each_problem_step_against_the_fixed_steps_around_it() -> None:
+    # the job's level doubles halfway: by the medians the projection looks 25% off, step by
+    # step it is 10% short throughout
+    measured = {3: 100, 5: 100, 7: 100, 9: 200, 11: 200, 13: 200}
+    doc = {"steps": [{"step": s, "measured_ms": float(m), "projected_ms": 0.0}
+                     for s, m in measured.items()]
+           + [{"step": s, "measured_ms": 999.0, "projected_ms": 0.9 * (measured[s - 1]
+                                                                         + measured[s + 1]) / 2}
+              for s in (4, 6, 8, 10, 12)]}
+    assert W.neighbour_error_pct(doc, [4, 6, 8, 10, 12]) == pytest.approx(-10.0)
+    assert W.neighbour_error_pct(doc, [2, 14]) is None  # no fixed step on both sides
+    r = _result("link", 120.0, 150.0)
+    r.step_error_pct = -10.0
+    assert r.error_pct == -10.0 and W.pooled_pairs([r, r])["link"]["error_pct"] == -10.0
