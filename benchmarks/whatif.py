@@ -191,12 +191,17 @@ def neighbour_error_pct(doc: dict[str, Any], bad: list[int]) -> float | None:
     after 10-30 traced steps, both kinds of step alike), and the medians of two such two-level
     sets then land wherever the counts put them (one link job: -24.9% by the medians, -6.2%
     step by step). A step's neighbours share its level."""
-    rows = {r["step"]: r for r in doc.get("steps") or []}
-    ratios = [rows[s]["projected_ms"] / ((rows[s - 1]["measured_ms"] + rows[s + 1]["measured_ms"])
-                                         / 2)
-              for s in bad if s in rows and s - 1 in rows and s + 1 in rows
-              and rows[s - 1]["measured_ms"] + rows[s + 1]["measured_ms"] > 0]
+    ratios = neighbour_ratios(doc, bad)
     return 100.0 * (statistics.median(ratios) - 1.0) if ratios else None
+
+
+def neighbour_ratios(doc: dict[str, Any], bad: list[int]) -> list[float]:
+    """Each problem step's projection over the mean of the two steps around it (measured)."""
+    rows = {r["step"]: r for r in doc.get("steps") or []}
+    return [rows[s]["projected_ms"] / ((rows[s - 1]["measured_ms"] + rows[s + 1]["measured_ms"])
+                                       / 2)
+            for s in bad if s in rows and s - 1 in rows and s + 1 in rows
+            and rows[s - 1]["measured_ms"] + rows[s + 1]["measured_ms"] > 0]
 
 
 def pick_option(options: tuple[tuple[str, ...], ...], help_text: str) -> list[str] | None:
