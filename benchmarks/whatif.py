@@ -78,6 +78,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -431,20 +432,25 @@ def figures(doc: dict[str, Any], run: Path | None = None,
                       len(rows), wait, cpu)
 
 
+def timeline_rows(run: Path) -> Iterator[dict[str, Any]]:
+    """Every rank's step-timeline rows (`ranks/*/steps.jsonl`), a torn line skipped."""
+    for f in run.glob("ranks/*/steps.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
 def contention(run: Path, steps: list[int]) -> tuple[float | None, float | None]:
     """Per traced step, the median over `steps` of the ranks' mean time waiting for a CPU core
     (`run_wait_ns`, the kernel's schedstat of the training thread) and CPU time (`cpu_ns`), in
     ms, from the step timelines: when the first is large, the step's length is the machine's
     load, which no what-if option models, and it drifts between a pair's runs."""
     per: dict[int, list[tuple[float, float]]] = {}
-    for f in run.glob("ranks/*/steps.jsonl"):
-        for line in f.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if row.get("step") in steps and "run_wait_ns" in row and "cpu_ns" in row:
-                per.setdefault(row["step"], []).append((row["run_wait_ns"], row["cpu_ns"]))
+    for row in timeline_rows(run):
+        if row.get("step") in steps and "run_wait_ns" in row and "cpu_ns" in row:
+            per.setdefault(row["step"], []).append((row["run_wait_ns"], row["cpu_ns"]))
     if not per:
         return None, None
     wait = statistics.median(statistics.fmean(w for w, _ in v) for v in per.values())
@@ -607,14 +613,9 @@ def as_periods(doc: dict[str, Any], run: Path) -> dict[str, Any]:
     rank's windows average its period, so the period is what a run of the fixed job
     measures."""
     ends: dict[int, int] = {}
-    for f in run.glob("ranks/*/steps.jsonl"):
-        for line in f.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if row.get("kind", "step") == "step" and isinstance(row.get("host_end_ns"), int):
-                ends[row["step"]] = max(ends.get(row["step"], 0), row["host_end_ns"])
+    for row in timeline_rows(run):
+        if row.get("kind", "step") == "step" and isinstance(row.get("host_end_ns"), int):
+            ends[row["step"]] = max(ends.get(row["step"], 0), row["host_end_ns"])
     rows = []
     for s in doc.get("steps") or []:
         if s["step"] - 1 not in ends or s["step"] not in ends:
