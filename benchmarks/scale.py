@@ -153,7 +153,7 @@ def child(phase: str, mode: str, run: Path, derived: Path, workers: int) -> dict
 def whatif_costs(run: Path, derived: Path, workers: int) -> dict[str, Any]:
     """The step graph's parts timed one by one over an analysed run (issue 26 item 8): each
     rank's lane (on the workers), the graph's assembly, the replay, the report's critical path
-    and replay documents (together `run_docs`, which the diagnosis runs), and the default
+    and replay documents (`run_graph_docs`, which the diagnosis runs), and the default
     projections (`project` once per change set of DEFAULT_CHANGES). `work_s` is their sum."""
     from uberprof.analysis.diagnosis.advisor import diagnose_context
     from uberprof.analysis.diagnosis.whatif import (

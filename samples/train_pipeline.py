@@ -90,9 +90,14 @@ def stage_blocks(args: argparse.Namespace, stage: int) -> int:
     return args.layers_per_stage
 
 
+def total_blocks(args: argparse.Namespace, num_stages: int) -> int:
+    """The blocks of all stages together (the same in either split)."""
+    return sum(stage_blocks(args, s) for s in range(num_stages))
+
+
 def balanced_blocks(args: argparse.Namespace, num_stages: int) -> int:
     """Each stage's blocks once the split's blocks in all are shared evenly."""
-    return sum(stage_blocks(args, s) for s in range(num_stages)) // num_stages
+    return total_blocks(args, num_stages) // num_stages
 
 
 def add_pipeline_options(p: argparse.ArgumentParser) -> None:
@@ -113,7 +118,7 @@ def check_pipeline_options(p: argparse.ArgumentParser, args: argparse.Namespace,
     if args.heavy_stage >= num_stages:
         p.error(f"--heavy-stage {args.heavy_stage}: there are only {num_stages} stages")
     if args.fault_steps is not None:
-        total = sum(stage_blocks(args, s) for s in range(num_stages))
+        total = total_blocks(args, num_stages)
         if args.heavy_stage < 0 or total % num_stages:
             p.error(f"--fault-steps needs --heavy-stage and blocks that share evenly "
                     f"({total} over {num_stages} stages)")

@@ -80,7 +80,7 @@ def two_nodes(tag: str, rate: str | None = None) -> Iterator[tuple[Node, Node]]:
             _ip("-n", n.ns, "addr", "add", f"{n.addr}/24", "dev", n.veth)
             _ip("-n", n.ns, "link", "set", n.veth, "up")
             _ip("-n", n.ns, "link", "set", "lo", "up")
-            if rate:
+            if rate:  # samples/train_ddp.py's LinkShaper changes it with this burst/latency
                 subprocess.run(["ip", "netns", "exec", n.ns, "tc", "qdisc", "add", "dev", n.veth,
                                 "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
                                check=True, capture_output=True)

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from uberprof.analysis.diagnosis.busy import busy_times
 from uberprof.analysis.diagnosis.whatif import parse_changes, run_graph
 from uberprof.analysis.diagnosis.whatif_changes import apply_changes
 from uberprof.analysis.tables.graph import StepGraph, build_graph
@@ -162,7 +163,8 @@ def test_the_level_replay_equals_the_loop_on_real_traces(folder: str, tmp_path: 
     opened = open_run(TRACES / folder, out=tmp_path, workers=1)
     d = opened.diagnosis
     assert opened.ctx is not None and d is not None
-    g = run_graph(opened.ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
+    g = run_graph(opened.ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p,
+                  busy_times(opened.ctx))
     assert g.n > 100
     for remove in CHANGES:
         e = apply_changes(g, parse_changes(remove, None, []), None)
@@ -181,7 +183,8 @@ def test_the_level_replay_equals_the_loop_on_a_synthetic_run(tmp_path: Path) -> 
     opened = open_run(run, out=tmp_path / "derived", workers=1)
     d = opened.diagnosis
     assert opened.ctx is not None and d is not None
-    g = run_graph(opened.ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
+    g = run_graph(opened.ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p,
+                  busy_times(opened.ctx))
     assert len(g.lanes) == 8
     for changes in ([], parse_changes(["straggler", "exposed-comm"], 2.0, [])):
         e = apply_changes(g, changes, SYNTH_STRAGGLER)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from uberprof.analysis.diagnosis.busy import busy_times
 from uberprof.analysis.diagnosis.whatif import (
     critical_path_doc,
     parse_changes,
@@ -28,7 +29,7 @@ def _graph(folder: str, out: Path):
     d = opened.diagnosis
     assert opened.ctx is not None and d is not None
     return run_graph(opened.ctx, d.steps, d.matched.instances, d.alignment.offsets(),
-                     d.p2p), d
+                     d.p2p, busy_times(opened.ctx)), d
 
 
 @pytest.mark.parametrize("folder", ["hta/trace_filter", "hta/nccl_parser_config",

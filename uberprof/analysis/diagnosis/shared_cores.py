@@ -13,11 +13,9 @@ gets no model, and its projections keep the recorded durations as before.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
-from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
+from uberprof.analysis.diagnosis.busy import BusyTimes
 from uberprof.analysis.tables.contention import CoreSharing, fit_background, load_profile
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.graph import StepGraph
@@ -26,13 +24,10 @@ from uberprof.analysis.tables.lanes import COMPUTE, HOST
 __all__ = ["core_sharing"]
 
 
-def core_sharing(ctx: RunContext, g: StepGraph,
-                 busy: BusyTimes | None | Literal["read"] = "read") -> CoreSharing | None:
+def core_sharing(ctx: RunContext, g: StepGraph, busy: BusyTimes | None) -> CoreSharing | None:
     """The graph's CPU ranks grouped by host, with each host's fitted background (module
-    docstring); None where no CPU rank's cores or run-queue wait are known. `busy`: the run's
-    busy times where the caller has them (the diagnosis does), else read here."""
-    if busy == "read":
-        busy = busy_times(ctx)
+    docstring) from the run's busy times (`busy.busy_times`); None where no CPU rank's cores
+    or run-queue wait are known."""
     if busy is None or busy.run_wait is None:
         return None
     hosts: dict[str, list[int]] = {}

@@ -22,14 +22,14 @@ remove, caches warming differently, or a schedule the framework would pick inste
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.bandwidth import bus_factor, message_bytes
-from uberprof.analysis.diagnosis.busy import BusyTimes
+from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
 from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.analysis.diagnosis.shared_cores import core_sharing
 from uberprof.analysis.diagnosis.whatif_changes import Change, apply_changes, parse_changes
@@ -51,7 +51,7 @@ from uberprof.analysis.tables.steptime import median_interval
 from uberprof.rundir import rank_ranges
 
 __all__ = ["FIT_PCT", "Change", "caveats", "core_contention", "critical_path_doc", "parse_changes",
-           "project", "project_run", "replay_doc", "run_docs", "run_graph", "run_graph_docs",
+           "project", "project_run", "replay_doc", "run_graph", "run_graph_docs",
            "stages_of", "step_ends", "straggler_of", "with_bytes"]
 
 FIT_PCT = 5.0  # a replay whose median error per step is above this is unfit for projection
@@ -60,10 +60,10 @@ TOP_OPS = 5
 
 def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
               offsets: dict[int, int], pairs: pa.Table | None,
-              busy: BusyTimes | None | Literal["read"] = "read") -> StepGraph:
+              busy: BusyTimes | None) -> StepGraph:
     """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
     the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock, with the
-    cores its CPU ranks share (`shared_cores.core_sharing`, from `busy` where given)."""
+    cores its CPU ranks share (`shared_cores.core_sharing`, from the run's `busy` times)."""
     g = build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs)
     g.sharing = core_sharing(ctx, g, busy)
     return g
@@ -86,21 +86,13 @@ def with_bytes(instances: pa.Table) -> pa.Table:
         .append_column("bus_factor", pa.array(bus, pa.float64()))
 
 
-def run_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table, offsets: dict[int, int],
-             pairs: pa.Table | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """`run.critical_path` and `run.replay` of the report (None, None without a traced step
-    on any rank's lane). A graph that cannot be built costs the report these two fields only:
-    the reason goes to `run.replay.why`."""
-    _, _, cp, rp = run_graph_docs(ctx, traced, instances, offsets, pairs)
-    return cp, rp
-
-
 def run_graph_docs(ctx: RunContext, traced: pa.Table, instances: pa.Table,
-                   offsets: dict[int, int], pairs: pa.Table | None,
-                   busy: BusyTimes | None | Literal["read"] = "read"
+                   offsets: dict[int, int], pairs: pa.Table | None, busy: BusyTimes | None
                    ) -> tuple[StepGraph | None, Replay | None, dict[str, Any] | None,
                               dict[str, Any] | None]:
-    """`run_docs` with the graph and its replay kept (for the findings' projected gains)."""
+    """The graph, its replay, and the report's `run.critical_path` and `run.replay` (all None
+    without a traced step on any rank's lane). A graph that cannot be built costs the report
+    these two fields only: the reason goes to `run.replay.why`."""
     try:
         g = run_graph(ctx, traced, instances, offsets, pairs, busy)
         if not g.lanes:
@@ -374,7 +366,8 @@ def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change],
     """`uberprof whatif`: the run's graph (from its tables and its diagnosis's matched
     collectives, send/recv pairs and clock alignment) replayed with `changes`; `only`: the
     figures of steps A-B alone (`project`)."""
-    g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p)
+    g = run_graph(ctx, d.steps, d.matched.instances, d.alignment.offsets(), d.p2p,
+                  busy_times(ctx))
     rank, basis = straggler_of(d)
     doc = project(g, d.steps, changes, rank, basis, stages=stages_of(d), only=only)
     doc["caveats"] = caveats(ctx, g)
