@@ -23,8 +23,8 @@ Pairs (2 ranks; samples/train_ddp.py unless said; the first run, the fix, the wh
              each step all-reduces ~23 MB of gradients against ~50 ms of compute (needs root,
              iproute2 and tc: skipped without)
   pipeline   samples/train_pipeline.py (dim 256, batch 16), stage 1 with 3x the blocks of stage
-             0 (2 + 6) | 4 + 4 blocks | --balance-stages; 6 traced steps at most (a longer
-             window slows this job's later traced steps by ~2x)
+             0 (2 + 6) | 4 + 4 blocks | --balance-stages; as separate runs 6 traced steps
+             at most (a longer window slows this job's later traced steps by ~2x)
 
 Measured is like for like with the projection: the median over the second run's traced steps
 of the longest rank's step (what `whatif` calls `baseline_step_ms`, read with a change that
@@ -132,7 +132,7 @@ PAIRS = {p.name: p for p in (
          (*PIPELINE_MODEL, "--heavy-stage", "1", "--heavy-factor", "3"),
          (*PIPELINE_MODEL, "--layers-per-stage", "4"), (("--balance-stages",),),
          what="stages of 2 + 6 blocks -> 4 + 4", max_traced=6, in_job=True,
-         in_job_steps=12),  # 24 steps of ~0.7 s; 17 traced: the slow-down comes after 15
+         in_job_steps=12),  # in one job: 24 steps of ~0.7 s, 17 traced
 )}
 QUICK = ("straggler", "data")
 
@@ -265,17 +265,18 @@ def pooled_pairs(results: list[PairResult]) -> dict[str, Any]:
     alternate the runs' order, the drift of either run is no longer one-sided, so this says
     whether the projection is off beyond it. The target stays on every pair run
     (`summarise`)."""
-    by_pair: dict[str, list[PairResult]] = {}
+    by_pair: dict[str, list[tuple[float, float, float | None]]] = {}
     for r in results:
         if r.projected_ms is not None and r.measured is not None and r.measured.step_ms:
-            by_pair.setdefault(r.pair, []).append(r)
+            by_pair.setdefault(r.pair, []).append((r.projected_ms, r.measured.step_ms,
+                                                   r.step_error_pct))
     out = {}
     for pair, runs in sorted(by_pair.items()):
         if len(runs) < 2:
             continue
-        proj = statistics.median(r.projected_ms for r in runs)  # type: ignore[type-var]
-        meas = statistics.median(r.measured.step_ms for r in runs)  # type: ignore[union-attr]
-        steps = [r.step_error_pct for r in runs if r.step_error_pct is not None]
+        proj = statistics.median(p for p, _, _ in runs)
+        meas = statistics.median(m for _, m, _ in runs)
+        steps = [e for _, _, e in runs if e is not None]
         out[pair] = {"repeats": len(runs), "projected_median_ms": proj,
                      "measured_median_ms": meas,
                      # in-job: the jobs' own errors (each step against its neighbours)
