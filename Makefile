@@ -36,14 +36,18 @@ demo: $(STAMP)
 # The unit tests start no job, so they run on UNIT_WORKERS processes (pytest-xdist), a test
 # file per worker at a time. tests/jobs runs on JOBS_WORKERS (0: serial): run serially it used
 # 57% of two cores (hang timeouts, browsers and jobs starting are waits); every test of a shared
-# run stays on one worker (tests/jobs/conftest.py), so each run is still made once.
+# run stays on one worker (tests/jobs/conftest.py), so each run is still made once. Tests marked
+# `solo` time their jobs against each other (what-if projections against the measured fix),
+# which a neighbouring test's jobs would change: they run after the rest, one at a time.
 UNIT_WORKERS ?= 2
 JOBS_WORKERS ?= 2
 UNIT_PYTEST := $(BIN)/python -m pytest -q -ra -n $(UNIT_WORKERS) --dist loadfile tests/unit
 
 test: $(STAMP) netns-tools browser terminal-tools
 	$(UNIT_PYTEST)
-	$(BIN)/python -m pytest -q -ra -n $(JOBS_WORKERS) --dist loadgroup --durations=25 tests/jobs
+	$(BIN)/python -m pytest -q -ra -n $(JOBS_WORKERS) --dist loadgroup --durations=25 \
+		-m "not solo" tests/jobs
+	$(BIN)/python -m pytest -q -ra -m solo tests/jobs
 
 # tests/unit only: no training job, browser, terminal or network namespace (a minute or two).
 test-fast: $(STAMP)

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 
 from tests.unit.test_whatif_graph import MS, _lane
-from uberprof.analysis.diagnosis.whatif import parse_changes, project
+from uberprof.analysis.diagnosis.whatif import other_load, parse_changes, project
 from uberprof.analysis.tables.contention import (
+    BUSY_PER_CORE,
     CoreSharing,
     fit_background,
     mean_rates,
@@ -51,6 +52,23 @@ def test_a_segment_s_rate_is_its_share_averaged_over_its_time() -> None:
                      ["h"])
     r = mean_rates(sh, np.array([0, 5]) * MS, np.array([10, 15]) * MS)
     assert r == pytest.approx([0.75, 0.75])
+
+
+def _hosts(background: list[float], cores: list[float]) -> CoreSharing:
+    return CoreSharing(np.array([0]), np.array([1.0]), np.array(cores), np.array(background),
+                       [f"h{i}" for i in range(len(cores))])
+
+
+def test_a_host_whose_background_fills_a_quarter_of_its_cores_is_busy_and_cautioned() -> None:
+    # fitted on a 2-core VM: 0.06-0.11 quiet, 1.4-1.6 beside one CPU hog
+    quiet = _hosts([0.11, 0.5], [2.0, 16.0])
+    assert quiet.busy_hosts() == [] and other_load(quiet) is None and other_load(None) is None
+    assert [h["busy"] for h in quiet.as_dict()["hosts"]] == [False, False]
+    hog = _hosts([1.5, 2 * BUSY_PER_CORE], [2.0, 2.0])
+    assert [h for h, _, _ in hog.busy_hosts()] == ["h0", "h1"]
+    said = other_load(hog)
+    assert said is not None and said.startswith("h0 (and 1 other host(s)) was busy")
+    assert "1.5 other runnable thread(s)" in said and "quiet host" in said
 
 
 def _turns_graph():

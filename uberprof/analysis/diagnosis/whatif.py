@@ -33,7 +33,12 @@ from uberprof.analysis.diagnosis.busy import BusyTimes, busy_times
 from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.analysis.diagnosis.shared_cores import core_sharing
 from uberprof.analysis.diagnosis.whatif_changes import Change, apply_changes, parse_changes
-from uberprof.analysis.tables.contention import SHARING_DAMPING, SHARING_ROUNDS, mean_rates
+from uberprof.analysis.tables.contention import (
+    SHARING_DAMPING,
+    SHARING_ROUNDS,
+    CoreSharing,
+    mean_rates,
+)
 from uberprof.analysis.tables.context import RankInfo, RunContext
 from uberprof.analysis.tables.graph import StepGraph, build_graph
 from uberprof.analysis.tables.lanes import (
@@ -50,8 +55,8 @@ from uberprof.analysis.tables.replay import (
 from uberprof.analysis.tables.steptime import median_interval
 from uberprof.rundir import rank_ranges
 
-__all__ = ["FIT_PCT", "Change", "caveats", "core_contention", "critical_path_doc", "parse_changes",
-           "project", "project_run", "replay_doc", "run_graph", "run_graph_docs",
+__all__ = ["FIT_PCT", "Change", "caveats", "core_contention", "critical_path_doc", "other_load",
+           "parse_changes", "project", "project_run", "replay_doc", "run_graph", "run_graph_docs",
            "stages_of", "step_ends", "straggler_of", "with_bytes"]
 
 FIT_PCT = 5.0  # a replay whose median error per step is above this is unfit for projection
@@ -376,9 +381,27 @@ def project_run(ctx: RunContext, d: Diagnosis, changes: list[Change],
 
 def caveats(ctx: RunContext, g: StepGraph | None = None) -> list[str]:
     """What makes the run's projections less sure than their intervals say (`caveats` of a
-    projection and of `run.replay`): today, CPU ranks that fill their cores."""
-    modelled = g is not None and g.sharing is not None
-    return [c for c in (core_contention(ctx.ranks.values(), modelled),) if c]
+    projection and of `run.replay`): CPU ranks that fill their cores, and hosts that other work
+    kept busy."""
+    sharing = g.sharing if g is not None else None
+    return [c for c in (core_contention(ctx.ranks.values(), sharing is not None),
+                        other_load(sharing)) if c]
+
+
+def other_load(sharing: CoreSharing | None) -> str | None:
+    """Why a projection is unsure where other work kept a host busy through the recording
+    (`CoreSharing.busy_hosts`: its fitted background at least `BUSY_PER_CORE` of its cores);
+    None where no host was."""
+    busy = sharing.busy_hosts() if sharing is not None else []
+    if not busy:
+        return None
+    host, cores, background = max(busy, key=lambda b: b[2] / max(b[1], 1))
+    more = f" (and {len(busy) - 1} other host(s))" if len(busy) > 1 else ""
+    return (f"{host}{more} was busy with other work: {background:.1f} other runnable thread(s) "
+            f"on average beside the ranks on {cores} core(s), fitted to their run-queue wait. "
+            "With the cores full the ranks' work shares them whatever its split, so a change "
+            "that moves or removes work frees less than projected (balancing pipeline stages "
+            "beside other jobs: 10-19% optimistic, docs/whatif.md); measure on a quiet host")
 
 
 def core_contention(ranks: Iterable[RankInfo], modelled: bool = False) -> str | None:

@@ -26,6 +26,14 @@ times. The step is damped (`SHARING_DAMPING` of the way): undamped, two ranks of
 of work at once on one core swing between ending at 76 and 80 ms round after round, where
 processor sharing ends them at 78 and 76; damped, 8 rounds land within 0.01 ms. Unchanged,
 every rate is its recorded one and the replay is the recorded run.
+
+**A busy host** (`busy_hosts`) is one whose fitted background is at least `BUSY_PER_CORE` of
+its cores: other work took a share of them through the recording. There the model is not
+enough: once the cores are full, the ranks' work shares them whatever its split, so removing
+an imbalance frees little, and `--balance-stages` projections came out 10-19% optimistic
+(`tests/jobs/test_whatif_in_job.py`'s pipeline, 2-core VM: background 0.06-0.11 quiet, 1.4-1.6
+beside one CPU hog, 1.4-4.4 beside a 4-rank job; the split cost 26-34% quiet, -1..+14% busy).
+`whatif` and the report then say so (`whatif.caveats`).
 """
 
 from __future__ import annotations
@@ -35,12 +43,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SHARING_DAMPING", "SHARING_ROUNDS", "CoreSharing", "fit_background", "load_profile",
-           "mean_rates", "sharing_rate"]
+__all__ = ["BUSY_PER_CORE", "SHARING_DAMPING", "SHARING_ROUNDS", "CoreSharing", "fit_background",
+           "load_profile", "mean_rates", "sharing_rate"]
 
 SHARING_ROUNDS = 8  # rounds of replay and rate toward the fixed point
 SHARING_DAMPING = 0.7  # of the way from a round's factors to the next's
 _MAX_BACKGROUND = 64.0
+BUSY_PER_CORE = 0.25  # fitted background threads per core from which a host is busy
 
 
 @dataclass(frozen=True)
@@ -56,9 +65,16 @@ class CoreSharing:
     def running(self) -> np.ndarray:
         return self.host >= 0
 
+    def busy_hosts(self) -> list[tuple[str, int, float]]:
+        """(host, cores, background) of each busy host (module docstring)."""
+        return [(h, int(c), float(b)) for h, c, b in zip(self.names, self.cores, self.background)
+                if b >= BUSY_PER_CORE * c]
+
     def as_dict(self) -> dict[str, Any]:
+        busy = {h for h, _, _ in self.busy_hosts()}
         return {"model": "processor sharing, Poisson background (docs/whatif.md)",
-                "hosts": [{"host": h, "cores": int(c), "background_threads": round(float(b), 2)}
+                "hosts": [{"host": h, "cores": int(c), "background_threads": round(float(b), 2),
+                           "busy": h in busy}
                           for h, c, b in zip(self.names, self.cores, self.background)]}
 
 
