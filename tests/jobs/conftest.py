@@ -36,11 +36,13 @@ SHARED = {f.__name__: f for f in (healthy_run, logging_run, sleeping_rank_run, s
 SHARED_GROUP = "shared-runs"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse a test module that imports a shared run: it would make that run again. Group the
     tests for pytest-xdist (module docstring): a file that uses a shared run goes whole to the
     shared group (its own module-scoped fixtures stay on one worker), any other file is a group
-    of its own."""
+    of its own. First of the hooks: xdist's own reads the groups into the tests' ids (run after
+    it, the groups were ignored and every module's runs were made on both workers)."""
     users = {item.path for item in items
              if set(getattr(item, "fixturenames", ())) & SHARED.keys()}
     for item in items:
@@ -58,3 +60,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "a shared run imported into a test module runs again for that module; name it as "
             "an argument only (tests/jobs/conftest.py provides it): " + ", ".join(sorted(again)))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test that pytest-xdist's `--dist loadgroup` did not group: each worker would make
+    every run its tests share (pytest 9.2 with pytest-xdist 3.8 did so, silently)."""
+    config = item.config
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup") and "@" not in item.nodeid:
+        pytest.fail(f"pytest-xdist's loadgroup did not group {item.nodeid}, so the runs it shares "
+                    f"would be made on every worker (pytest {pytest.__version__} with this "
+                    "pytest-xdist): use the versions pyproject.toml's dev extra names",
+                    pytrace=False)
