@@ -15,7 +15,7 @@ from tests import _traces as T
 from uberprof.analysis.diagnosis.pipeline_stages import pipeline_stages
 from uberprof.analysis.tables.collectives import match_collectives
 from uberprof.analysis.tables.context import load_context
-from uberprof.analysis.tables.p2p import match_p2p
+from uberprof.analysis.tables.p2p import NO_PEER, match_p2p
 from uberprof.analysis.tables.rank import analyze_trace
 from uberprof.ingest.classify import COMM_OP, classify
 
@@ -171,6 +171,20 @@ def test_a_send_whose_receive_is_missing_is_unmatched_with_its_reason(tmp_path: 
     [u] = p.unmatched.to_pylist()
     assert (u["rank"], u["name"], u["peer"]) == (0, "send", 1)
     assert "no receive" in u["reason"] and "rank 1" in u["reason"]
+
+
+def test_calls_recorded_without_inputs_are_unmatched_saying_shapes_name_the_peer(
+        tmp_path: Path) -> None:
+    # `--record-shapes off`: the c10d calls carry no Concrete Inputs, so no peer
+    for rank in (0, 1):
+        doc = _stage(rank, 1000, sends=[700], recvs=[(300, 420)], compute=200)
+        for ev in doc["traceEvents"]:
+            ev.get("args", {}).pop("Concrete Inputs", None)
+        T.write(tmp_path / "run" / f"rank{rank}.json.gz", doc)
+    p = match_p2p(load_context(tmp_path / "run", out=tmp_path / "derived"), {})
+    assert p.pairs.num_rows == 0 and p.unmatched.num_rows == 4
+    assert set(p.unmatched.column("reason").to_pylist()) == {NO_PEER}
+    assert "--record-shapes on" in NO_PEER
 
 
 def test_posts_closer_than_the_clock_error_leave_the_pair_unsplittable(tmp_path: Path) -> None:

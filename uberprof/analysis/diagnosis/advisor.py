@@ -74,7 +74,7 @@ from uberprof.analysis.diagnosis.top_ops import run_operators
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
-from uberprof.analysis.tables.p2p import P2P, match_p2p, p2p_doc
+from uberprof.analysis.tables.p2p import NO_PEER, P2P, match_p2p, p2p_doc
 from uberprof.analysis.tables.parallelism import Parallelism, read_parallelism
 from uberprof.analysis.tables.steptime import step_time_doc, step_walls
 from uberprof.units import ns_to_ms as _ms
@@ -146,8 +146,11 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                         "time); left out of lateness and bandwidth")
     top = sorted((g for p in per_rank.values() for g in p.top_gaps), key=lambda g: -g["dur_ns"])
     if p2p.unmatched.num_rows:
+        reasons = set(p2p.unmatched.column("reason").to_pylist())
+        why = (f": {NO_PEER}, so pipeline stages' waits and transfers are not measured"
+               if reasons == {NO_PEER} else " (see run.p2p.unmatched_examples)")
         problems.append(f"{p2p.unmatched.num_rows} send/recv call(s) could not be paired with "
-                        "the peer's receive/send (see run.p2p.unmatched_examples)")
+                        f"the peer's receive/send{why}")
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type, parallelism)
     run["p2p"] = p2p_doc(p2p)

@@ -371,8 +371,8 @@ def _balance(g: StepGraph, e: Edit, c: Change, stages: dict[int, int]) -> dict[s
     stage_of = {r: s for r, s in stages.items() if r in g.lanes}
     if len(set(stage_of.values())) < 2:
         return {"change": c.describe(), "stages": [],
-                "note": "no pipeline stages: the run has no send/recv between stages (or one "
-                        "stage only)"}
+                "note": "no pipeline stages measured: no send/recv was paired between stages "
+                        "(the report's problems say why) or there is one stage only"}
     work = g.dur * e.own
     comp = g.kind == COMPUTE
     steps, ranks, per = _work_by_step_rank(g, work, comp)

@@ -32,9 +32,12 @@ import pyarrow as pa
 from uberprof.analysis.tables.context import RankInfo, RunContext
 from uberprof.analysis.tables.parallelism import is_pipeline_group
 
-__all__ = ["P2P", "P2P_NAMES", "PAIR_SCHEMA", "global_peer", "match_p2p", "p2p_doc"]
+__all__ = ["NO_PEER", "P2P", "P2P_NAMES", "PAIR_SCHEMA", "global_peer", "match_p2p", "p2p_doc"]
 
 P2P_NAMES = ("send", "recv")
+# a call whose peer the trace does not give (a SQL literal below: no quote in it)
+NO_PEER = ("the trace does not name its peer (on Gloo only the recorded inputs of the call give "
+           "it: uberprof run --record-shapes on)")
 
 PAIR_SCHEMA = pa.schema([
     ("pair", pa.int64()),
@@ -137,9 +140,9 @@ def match_p2p(ctx: RunContext, offsets: dict[int, int], error_ns: int = 0) -> P2
          AND s.occ = r.occ
         ORDER BY s.start_ns, s.src, s.dst""").to_arrow_table()
     con.register("pairs", pairs)
-    unmatched = con.sql("""
+    unmatched = con.sql(f"""
         SELECT p.rank, p.name, p.peer, p.step, p.start_ns, p.nbytes AS in_bytes,
-               CASE WHEN p.src IS NULL THEN 'the trace does not name its peer'
+               CASE WHEN p.src IS NULL THEN '{NO_PEER}'
                     ELSE 'no ' || CASE WHEN p.side = 'send' THEN 'receive' ELSE 'send' END
                          || ' of the same step and size on rank '
                          || CASE WHEN p.side = 'send' THEN p.dst ELSE p.src END END AS reason
