@@ -196,6 +196,13 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
             problems.append(f"rank {rank}: the trace of steps {a}-{b} was being written when "
                             "it last recorded: lost if the rank was killed or crashed (a normal "
                             "exit waits for it), still to come if it runs")
+    for cut in _cuts(meta.trace.get("cut_short")):
+        problems.append(f"rank {rank}: trace window {cut['window'][0]}-{cut['window'][1]} "
+                        f"stopped after step {cut['last']}: its memory grew by "
+                        f"{cut['grown_mb']} MB in the window, over the budget of "
+                        f"{cut['budget_mb']} MB (the profiler holds recorded tensors until a "
+                        "window ends: trace fewer steps, --record-shapes off, or "
+                        "--window-memory-mb)")
     for w in windows:
         p = Path(w["path"])
         if check_traces and p.suffix == ".gz" and not gzip_is_complete(p):
@@ -226,8 +233,17 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         "trace_disabled_reason": meta.trace.get("disabled_reason"),
         "trace_not_reached": _step_ranges(meta.trace.get("not_reached")),
         "trace_exporting": next(iter(_step_ranges([meta.trace.get("exporting")])), None),
+        "trace_cut_short": _cuts(meta.trace.get("cut_short")),
         "clock": meta.clock or None,
     }
+
+
+def _cuts(value: Any) -> list[dict[str, Any]]:
+    """rank.json's `trace.cut_short` entries that are whole; anything else is none."""
+    if not isinstance(value, list):
+        return []
+    return [c for c in value if isinstance(c, dict) and _step_ranges([c.get("window")])
+            and all(isinstance(c.get(k), int) for k in ("last", "grown_mb", "budget_mb"))]
 
 
 def _as_exit(value: Any) -> str | None:

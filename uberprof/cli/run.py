@@ -68,6 +68,10 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               "ranks and Gloo ranks on GPUs (Gloo collectives' sizes come only from them), off "
               "on NCCL ranks (NCCL records its own; shapes make stopping a window about 3x "
               "slower).")
+@click.option("--window-memory-mb", type=click.IntRange(min=0), metavar="MB",
+              help="Stop a trace window early once the rank's memory grew by this much in it "
+              "(the profiler holds recorded tensors until the window ends; 0: never) "
+              "[default: half the host's available memory, shared by its ranks].")
 @click.option("--counters", "counters_mode", type=click.Choice(MODES), default="auto",
               show_default=True, help="Node counters: auto = host + NVML/GPM where present; "
               "host = host only; dcgm = auto + DCGM profiling fields; none = off.")
@@ -88,7 +92,7 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
         trace_active: int, no_trace: bool, with_stack: bool, modules: bool,
-        profile_memory: bool, record_shapes: str,
+        profile_memory: bool, record_shapes: str, window_memory_mb: int | None,
         counters_mode: str, sample_hz: float, hang_timeout: float | None, on_hang: str,
         dashboard: bool, port: int,
         command: tuple[str, ...]) -> None:
@@ -100,7 +104,8 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     schedule = _schedule(trace_steps, trace_every, trace_active, no_trace)
     config = CollectConfig(trace=schedule, with_stack=with_stack, modules=modules,
                            profile_memory=profile_memory,
-                           record_shapes={"on": True, "off": False}.get(record_shapes))
+                           record_shapes={"on": True, "off": False}.get(record_shapes),
+                           window_memory_mb=window_memory_mb)
     try:
         rid = resolve_run_id(run_id, command, os.environ)
     except ValueError as exc:
@@ -109,6 +114,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     options = {"out": str(out), "run_id": run_id, "trace": schedule.describe(),
                "with_stack": with_stack, "record_shapes": record_shapes,
                "modules": modules, "profile_memory": profile_memory,
+               "window_memory_mb": window_memory_mb,
                "counters": counters_mode, "sample_hz": sample_hz,
                "hang_timeout": hang_timeout, "on_hang": on_hang}
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)

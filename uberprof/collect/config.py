@@ -88,6 +88,7 @@ class CollectConfig:
     with_stack: bool = False
     modules: bool = False  # module::<path> spans in trace windows (collect/rank/modules.py)
     profile_memory: bool = False  # torch.profiler's [memory] events in trace windows
+    window_memory_mb: int | None = None  # None: from the host's memory; 0: none (window_memory)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -110,8 +111,13 @@ class CollectConfig:
             with_stack=bool(data.get("with_stack", False)),
             modules=bool(data.get("modules", False)),
             profile_memory=bool(data.get("profile_memory", False)),
+            window_memory_mb=_optional_int(data.get("window_memory_mb")),
         )
 
 
 def _optional_bool(value: object) -> bool | None:
     return None if value is None else bool(value)
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

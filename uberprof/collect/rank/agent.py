@@ -156,6 +156,7 @@ class RankAgent:
             exporting = self.windows.exporting
             self.meta["trace"]["exporting"] = list(exporting) if exporting else None
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
+            self.meta["trace"]["cut_short"] = list(self.windows.cut_short)
         # bounded: an exit that waits for this thread may come from a signal handler on the
         # training thread while it writes rank.json itself
         self._write_meta(lock_wait_s=5.0)
@@ -267,6 +268,7 @@ class RankAgent:
             self.meta["steps"] = self.timeline.steps_written
             self.meta["flight_log"] = self.flight_log.status()
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
+            self.meta["trace"]["cut_short"] = list(self.windows.cut_short)
             self.meta["trace"]["not_reached"] = [list(w)
                                                  for w in self.windows.not_reached(last_step)]
         self._write_meta(final=True)

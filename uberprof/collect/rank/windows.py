@@ -18,6 +18,10 @@ collectives' waits) or on another core. Exits wait for the trace in flight: atex
 `os._exit` (activation.py); a SIGKILL cannot, and rank.json's `trace.exporting`, written before
 the job goes on, then names the window lost.
 
+A window whose rank's memory grows past its budget stops at that step's end
+(`window_memory.py`: with shapes the profiler holds each operator's tensors until the window
+stops); `cut_short` records it, and rank.json's `trace.cut_short`.
+
 Shapes are recorded where the analysis needs them, on CPU ranks and on GPU ranks whose default
 group runs Gloo (Gloo collectives' sizes come only from them), and not on NCCL ranks, whose kernels
 carry their own sizes, unless asked (`uberprof run --record-shapes on`).
@@ -37,6 +41,7 @@ from typing import Any
 from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank.modules import ModuleMarks
+from uberprof.collect.rank.window_memory import MB, WindowMemory
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import trace_file_name
 
@@ -74,6 +79,9 @@ class TraceWindows:
         self.disabled_reason: str | None = None
         self.windows_written: list[tuple[int, int]] = []
         self._modules = ModuleMarks(log) if config.modules else None  # --modules
+        self._memory = WindowMemory(config.window_memory_mb, _local_ranks())
+        # windows stopped early for memory: {"window", "last", "grown_mb", "budget_mb"}
+        self.cut_short: list[dict[str, Any]] = []
 
     @property
     def active(self) -> bool:
@@ -94,8 +102,25 @@ class TraceWindows:
         self._dir = traces_dir
 
     def step_ended(self, step: int) -> None:
-        if self._window is not None and step >= self._window[1]:
+        if self._window is None:
+            return
+        if step >= self._window[1]:
             self._stop(self._window[0], step)
+            return
+        try:
+            cut = self._memory.over()
+        except Exception as exc:  # noqa: BLE001 - the window goes on as asked
+            self._log.error("reading the window's memory", exc)
+            return
+        if cut is not None:
+            first, last = self._window
+            self.cut_short.append({"window": [first, last], "last": step,
+                                   "grown_mb": round(cut.grown / MB),
+                                   "budget_mb": round(cut.budget / MB)})
+            self._log.notice(f"trace window {first}-{last} stopped after step {step}: "
+                             f"{cut.words()} (uberprof run --window-memory-mb sets it)",
+                             key="window-memory")
+            self._stop(first, step)
 
     def user_profiler_seen(self) -> None:
         """The script started its own profiler: finish ours now and stay out of the way."""
@@ -152,6 +177,10 @@ class TraceWindows:
             profile_memory=self._config.profile_memory,
         )
         prof.start()
+        try:
+            self._memory.start()
+        except Exception as exc:  # noqa: BLE001 - no budget for this window
+            self._log.error("reading the memory at the window's start", exc)
         if self._modules is not None:
             self._modules.start()
         prof.add_metadata("uberprof_window", f"{window[0]}-{window[1]}")
@@ -334,3 +363,11 @@ class _LazyOwnProfile:
 
 _OwnProfile = _LazyOwnProfile()
 is_own_profiler = _OwnProfile.is_own
+
+
+def _local_ranks() -> int:
+    """The ranks on this host, which share its memory (torchrun's LOCAL_WORLD_SIZE; 1 unknown)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
