@@ -68,14 +68,18 @@ class CoreSharing:
     def busy_hosts(self) -> list[tuple[str, int, float]]:
         """(host, cores, background) of each busy host (module docstring)."""
         return [(h, int(c), float(b)) for h, c, b in zip(self.names, self.cores, self.background)
-                if b >= BUSY_PER_CORE * c]
+                if _busy(c, b)]
 
     def as_dict(self) -> dict[str, Any]:
-        busy = {h for h, _, _ in self.busy_hosts()}
         return {"model": "processor sharing, Poisson background (docs/whatif.md)",
                 "hosts": [{"host": h, "cores": int(c), "background_threads": round(float(b), 2),
-                           "busy": h in busy}
+                           "busy": _busy(c, b)}
                           for h, c, b in zip(self.names, self.cores, self.background)]}
+
+
+def _busy(cores: float, background: float) -> bool:
+    """A host whose fitted background is at least `BUSY_PER_CORE` of its cores."""
+    return bool(background >= BUSY_PER_CORE * cores)
 
 
 def sharing_rate(load: np.ndarray, cores: float, background: float) -> np.ndarray:
