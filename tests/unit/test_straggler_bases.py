@@ -69,12 +69,37 @@ def test_a_clear_traced_straggler_is_not_cleared_by_few_untraced_instances_that_
     assert (test.last, test.instances) == (10 + 7, 24)
     s = find_straggler(traced.lateness, STEP, 5 * STEP, test=test, basis=pooled)
     assert s is not None and s.rank == 2 and s.basis == BASIS_ARRIVALS
-    # its cost is the traced steps' delay only, the analysed window's
+    # its delay is the traced steps' (the analysed window's); its share of the time the pool's
     assert s.delay_ns == find_straggler(traced.lateness, STEP, 5 * STEP).delay_ns
+    assert s.share_of(5 * STEP) == test.share
     sentence = test.as_test().sentence
     assert "traced window and Flight Recorder (untraced steps) together" in sentence
     assert "each basis alone" in sentence and "alone last at 7 of 14, none" in sentence
     assert test.test_doc()["bases"][BASIS_FLIGHT_RECORDER]["decision"] == "none"
+
+
+def test_a_straggler_level_in_its_traced_steps_costs_its_share_over_every_step_it_was_read_on(
+        ) -> None:
+    """A 2-rank run: rank 1 arrives 20 ms after rank 0 at both all-reduces of 26 untraced
+    steps and level with it in its 2 traced steps (the profiler slows ranks unevenly; a CI
+    run's straggler, confirmed at 52 of 58, had a time at stake of 0 ms)."""
+    rng = np.random.default_rng(5)
+    level = rng.uniform(0, 0.2 * MS, size=(4, 2))
+    level[:, 0] += 1 * MS  # rank 0 the later one, by a hair, in the traced window
+    traced = ArrivalBasis(BASIS_TRACES, _lateness(level, np.repeat([4, 5], 2)), STEP,
+                          2 * STEP)
+    late = np.tile([0.0, 20 * MS], (52, 1)) + rng.uniform(0, 0.5 * MS, size=(52, 2))
+    untraced = ArrivalBasis(BASIS_FLIGHT_RECORDER,
+                            _lateness(late, np.repeat(np.arange(6, 32), 2)), STEP, 26 * STEP)
+    test, pooled = combined_straggler_test([traced, untraced], STEP)
+    assert test is not None and test.rank == 1 and test.decision == "confirmed"
+    s = find_straggler(traced.lateness, STEP, 2 * STEP, test=test, basis=pooled)
+    assert s is not None and s.delay_ns == 0  # not late in the traced steps
+    # 20 ms a step (the larger of its two all-reduces) over 26 of the 28 steps: 18.6%
+    assert s.share_of(2 * STEP) == test.share and 0.17 < s.share_of(2 * STEP) < 0.2
+    only_traced = find_straggler(_traced_straggler().lateness, STEP, 5 * STEP)
+    assert only_traced is not None and only_traced.basis_share is None
+    assert only_traced.share_of(5 * STEP) == only_traced.delay_ns / (5 * STEP) > 0
 
 
 def test_a_traced_window_the_profiler_skewed_is_outweighed_by_many_untraced_steps() -> None:

@@ -2,8 +2,9 @@
 
 The test that names it and its cause are `stragglers.py`'s (run by the advisor before any
 producer, since idle and communication findings link their time to it); this module turns the
-named straggler into a finding: its time at stake is the delay it alone adds to each analysed
-step, its remedy the one of its cause (`causes.py`). A compute straggler's finding also names
+named straggler into a finding: its time at stake is the delay it alone adds to the analysed
+steps, as the share of the time its verdict's basis measured (`Straggler.share_of`), its remedy
+the one of its cause (`causes.py`). A compute straggler's finding also names
 the operators and kernels behind its excess (`op_excess.py`).
 """
 
@@ -47,7 +48,7 @@ def straggler_findings(facts: Facts) -> list[Finding]:
 
 def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
                        summaries: RankSummaries, device_type: str) -> Finding:
-    share = s.delay_ns / wall_ns if wall_ns else 0.0
+    share = s.share_of(wall_ns)
     late = summaries.lateness_of(s.rank)  # the rank row's (traced window); `basis`: the test's
     ev = {
         "last_in": late["last_in"], "instances": late["instances"],
@@ -60,6 +61,7 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
         "excess_per_step_ms": {k: _ms(v) for k, v in s.factors.items()},
         "host": ctx.host_of(s.rank),
         "share_pct": round(100 * share, 1),
+        "share_from": "traced steps" if s.basis_share is None else basis_words(s.basis),
         "test": s.test,
         "basis": {"source": s.basis, "last_in": s.last, "instances": s.instances,
                   "steps": s.steps_analysed},
@@ -73,4 +75,4 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
              f"collectives{where}, {ev['median_lead_ms']} ms behind the others' median")
     remedy = remedy_for(STRAGGLER_CAUSES[cause], device_type).format(r=s.rank)
     return Finding("straggler", severity_of(share), title, [s.rank], s.steps, cause,
-                   s.delay_ns / 1e6, ev, remedy, confidence=s.confidence)
+                   share * wall_ns / 1e6, ev, remedy, confidence=s.confidence)
