@@ -35,8 +35,9 @@ demo: $(STAMP)
 # tests/unit first (fast, no jobs), then tests/jobs (real jobs, browsers, terminals, namespaces).
 # The unit tests start no job, so they run on UNIT_WORKERS processes (pytest-xdist), a test
 # file per worker at a time. tests/jobs runs on JOBS_WORKERS (0: serial): run serially it used
-# 57% of two cores (hang timeouts, browsers and jobs starting are waits); every test of a shared
-# run stays on one worker (tests/jobs/conftest.py), so each run is still made once. Tests marked
+# 57% of two cores (hang timeouts, browsers and jobs starting are waits); a file's tests stay on
+# one worker, and each run that files share is made once, by the first worker that needs it
+# (tests/_made_once.py). Tests marked
 # `solo` time their jobs against each other (what-if projections against the measured fix),
 # which a neighbouring test's jobs would change: they run after the rest, one at a time.
 UNIT_WORKERS ?= 2
@@ -45,7 +46,7 @@ UNIT_PYTEST := $(BIN)/python -m pytest -q -ra -n $(UNIT_WORKERS) --dist loadfile
 
 test: $(STAMP) netns-tools browser terminal-tools
 	$(UNIT_PYTEST)
-	$(BIN)/python -m pytest -q -ra -n $(JOBS_WORKERS) --dist loadgroup --durations=25 \
+	$(BIN)/python -m pytest -q -ra -n $(JOBS_WORKERS) --dist loadfile --durations=25 \
 		-m "not solo" tests/jobs
 	$(BIN)/python -m pytest -q -ra -m solo tests/jobs
 

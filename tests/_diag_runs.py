@@ -13,16 +13,19 @@ from pathlib import Path
 import pytest
 
 from tests._jobs import SAMPLES, SCRIPTS, torchrun, uberprof_run
+from tests._made_once import made_once
 
 STEPS = 14
 TRACE = "3-12"  # ten analysed steps: two gradient buckets each
 
 
 def _ddp_run(factory: pytest.TempPathFactory, name: str, *fault: str) -> Path:
-    out = factory.mktemp(f"diag-{name}")
-    uberprof_run(out, name, torchrun(4, SAMPLES / "train_ddp.py", "--steps", str(STEPS), *fault),
-                 "--trace-steps", TRACE, "--counters", "none")
-    return out / name
+    def make(out: Path) -> Path:
+        uberprof_run(out, name,
+                     torchrun(4, SAMPLES / "train_ddp.py", "--steps", str(STEPS), *fault),
+                     "--trace-steps", TRACE, "--counters", "none")
+        return out / name
+    return made_once(factory, f"diag-{name}", make)
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +53,12 @@ def slow_data_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def logging_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """DDP that all-reduces its loss every step (a small collective per step), 20 traced
     steps: the run the clock alignment tests shift."""
-    out = tmp_path_factory.mktemp("diag-logging")
-    uberprof_run(out, "logging",
-                 torchrun(4, SCRIPTS / "ddp_loss_logging.py", "--steps", "25"),
-                 "--trace-steps", "3-22", "--counters", "none")
-    return out / "logging"
+    def make(out: Path) -> Path:
+        uberprof_run(out, "logging",
+                     torchrun(4, SCRIPTS / "ddp_loss_logging.py", "--steps", "25"),
+                     "--trace-steps", "3-22", "--counters", "none")
+        return out / "logging"
+    return made_once(tmp_path_factory, "diag-logging", make)
 
 
 def shift_node(src: Path, dst: Path, ranks: list[int], host: str, shift_ns: int) -> Path:
@@ -90,8 +94,9 @@ def shift_node(src: Path, dst: Path, ranks: list[int], host: str, shift_ns: int)
 def sleeping_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two ranks; rank 1 sleeps 100 ms per step on its training thread (as blocking I/O or a
     lock would): late by its own doing, with the others' CPU time."""
-    out = tmp_path_factory.mktemp("diag-sleep")
-    uberprof_run(out, "sleep", torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(STEPS),
-                                        "--sleep-rank", "1", "--sleep-ms", "100"),
-                 "--trace-steps", TRACE, "--counters", "none")
-    return out / "sleep"
+    def make(out: Path) -> Path:
+        uberprof_run(out, "sleep", torchrun(2, SAMPLES / "train_ddp.py", "--steps", str(STEPS),
+                                            "--sleep-rank", "1", "--sleep-ms", "100"),
+                     "--trace-steps", TRACE, "--counters", "none")
+        return out / "sleep"
+    return made_once(tmp_path_factory, "diag-sleep", make)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests._jobs import PY, SAMPLES, job_env, time_limit, torchrun, uberprof_run
+from tests._made_once import made_once
 
 STEPS = ("--steps", "8")
 OPTIONS = ("--trace-steps", "3-6", "--counters", "none")
@@ -23,13 +24,14 @@ Report = tuple[Path, dict[str, Any]]
 
 def _report(factory: pytest.TempPathFactory, name: str, nproc: int, script: str,
             *args: str) -> Report:
-    out = factory.mktemp(f"par-{name}")
-    uberprof_run(out, name, torchrun(nproc, SAMPLES / script, *STEPS, *args), *OPTIONS)
-    proc = subprocess.run([PY, "-m", "uberprof", "report", str(out / name), "--json"],
-                          capture_output=True, text=True, timeout=time_limit(60),
-                          env=job_env(), check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out / name, json.loads(proc.stdout)
+    def make(out: Path) -> Report:
+        uberprof_run(out, name, torchrun(nproc, SAMPLES / script, *STEPS, *args), *OPTIONS)
+        proc = subprocess.run([PY, "-m", "uberprof", "report", str(out / name), "--json"],
+                              capture_output=True, text=True, timeout=time_limit(60),
+                              env=job_env(), check=False)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return out / name, json.loads(proc.stdout)
+    return made_once(factory, f"par-{name}", make)
 
 
 @pytest.fixture(scope="session")

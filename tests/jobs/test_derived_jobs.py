@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from click.testing import CliRunner
 
 import uberprof
 from tests._jobs import PY, ROOT, job_env
+from tests._made_once import copy_run
 from uberprof.analysis.tables import derived as D
 from uberprof.cli import main
 
@@ -35,8 +35,7 @@ def four_ranks(ddp_runs: dict[int, Path]) -> Path:
 
 def _copy(run: Path, dst: Path) -> Path:
     """A private copy of a session run, without its tables."""
-    shutil.copytree(run, dst, ignore=shutil.ignore_patterns("derived"))
-    return dst
+    return copy_run(run, dst)
 
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

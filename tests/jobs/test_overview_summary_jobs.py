@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests._jobs import browser_timeout_ms
+from tests._made_once import copy_run
 from tests._runs import TRACE_STEPS
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -37,7 +38,7 @@ def test_a_real_runs_overview_is_the_same_from_its_saved_summary(
     from uberprof.dashboards.ui import Selection
 
     run = tmp_path / "ddp4"  # a copy: other tests read the session's run
-    shutil.copytree(ddp_runs[4], run)
+    copy_run(ddp_runs[4], run, derived=True)
     saved = RunData(root=run, workers=1).load()
     assert saved.saved_overview() is not None
     page.layout(saved, Selection())
@@ -66,7 +67,7 @@ def test_the_overview_fills_in_its_findings_when_the_diagnosis_is_done(
     from uberprof.dashboards.data import RunData
 
     run = tmp_path / "ddp2"
-    shutil.copytree(ddp_runs[2], run)
+    copy_run(ddp_runs[2], run, derived=True)
     shutil.rmtree(run / "derived" / "diagnosis", ignore_errors=True)
     (run / "derived" / "diagnosis.json").unlink(missing_ok=True)
     release = threading.Event()
