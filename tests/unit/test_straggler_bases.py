@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.unit.test_diagnosis_units import _lateness
-from uberprof.analysis.diagnosis.busy import KIND_CPU, BusyTimes
+from uberprof.analysis.diagnosis.busy import KIND_CPU, BusyExcess, BusyTimes
 from uberprof.analysis.diagnosis.lateness import pooled_lateness
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_ARRIVALS,
@@ -17,6 +17,7 @@ from uberprof.analysis.diagnosis.stragglers import (
     ArrivalBasis,
     combined_straggler_test,
     find_straggler,
+    hold_for_same_work,
     straggler_cause,
 )
 
@@ -355,3 +356,39 @@ def test_extra_work_in_every_part_keeps_a_straggler_whose_lead_scatters_persiste
     spell = combined_straggler_test([basis], 33 * MS, busy(11))[0]
     assert spell is not None and spell.rank == 1 and spell.decision == "suspected"
     assert spell.transient is not None and spell.transient[0] == (15, 20)
+
+
+def _cpu_excess(most: int, p_value: float) -> BusyExcess:
+    """Rank 2's CPU time: +11.3 ms a step (+14%), the most at `most` of 11 steps."""
+    return BusyExcess(rank=2, kind=KIND_CPU, most=most, steps=11, ranks_tested=4,
+                      p_value=p_value, p_uncorrected=p_value / 4, median_ns=int(81e6),
+                      excess_ns=int(11.3e6), data_excess_ns=0, need_ns=int(10.4e6),
+                      run_wait_excess_ns=0, lead_ns=37.5e6)
+
+
+def test_a_compute_straggler_that_ran_the_others_work_unsingled_by_its_cpu_time_is_suspected(
+        ) -> None:
+    """Four healthy ranks on two busy cores: rank 2 last at 15 of 20 traced all-reduces, its
+    operators called as often as the others' on the same shapes, each slower, and its CPU time
+    the most at only 6 of 11 steps (chance 14%)."""
+    traced = _traced_straggler()
+    for same, busy, held in ((True, _cpu_excess(6, 0.14), True),
+                             (True, _cpu_excess(11, 1e-4), False),  # its CPU time says more
+                             (False, _cpu_excess(6, 0.14), False),  # it ran more operators
+                             (None, _cpu_excess(6, 0.14), False)):  # no shapes: cannot tell
+        test, _ = combined_straggler_test([traced], STEP)
+        assert test is not None and test.decision == "confirmed"
+        test.busy = busy
+        s = find_straggler(traced.lateness, STEP, 5 * STEP, test=test)
+        assert s is not None
+        s.cause = "compute"
+        assert hold_for_same_work(test, s, same) is held
+        assert (s.confidence, test.decision) == (("suspected",) * 2 if held else
+                                                 ("confirmed",) * 2)
+        assert test.same_work is held and s.test.get("same_work", False) is held
+        if held:
+            assert "the same work run slower" in s.test["sentence"]
+    test, _ = combined_straggler_test([traced], STEP)
+    s = find_straggler(traced.lateness, STEP, 5 * STEP, test=test)
+    test.busy, s.cause = _cpu_excess(6, 0.14), "data"  # late by its loader: not work
+    assert not hold_for_same_work(test, s, True) and s.confidence == "confirmed"

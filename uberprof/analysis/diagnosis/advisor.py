@@ -55,16 +55,19 @@ from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.diagnosis.memory import run_memory
 from uberprof.analysis.diagnosis.memory_timeline import run_memory_timeline
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
+from uberprof.analysis.diagnosis.op_excess import same_work
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
 from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
     BASIS_TRACES,
+    WORK_CAUSES,
     ArrivalBasis,
     Straggler,
     StragglerTest,
     combined_straggler_test,
     find_straggler,
+    hold_for_same_work,
     straggler_cause,
     straggler_test,
 )
@@ -237,6 +240,10 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
         run_wait = work.run_wait_excess_ns if mine and work is not None else None
         straggler.cause, straggler.factors = straggler_cause(
             straggler.rank, _factors(traced, gaps, lat), clock_ev, work_ns, run_wait)
+        if s_test is not None and straggler.confidence == "confirmed" and \
+                straggler.cause in WORK_CAUSES and mine and work is not None and \
+                not work.confirmed:
+            hold_for_same_work(s_test, straggler, same_work(ctx, straggler.rank, traced))
         # what makes it late: its lead, or the host gaps the traced steps blame, if larger
         late_by = max(straggler.median_lead_ns, straggler.factors.get("host_launch", 0)
                       if straggler.cause == "host_launch" else 0)

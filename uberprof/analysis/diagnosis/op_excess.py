@@ -7,6 +7,14 @@ would otherwise count its `aten::addmm` again. The others are at most `MAX_OTHER
 over the run (each rank's event table is read once, one at a time), their median per operator
 (0 where a rank never ran it). An operator counts when the slow rank spends at least `MIN_MS`
 more in it per step; the largest excesses come first.
+
+`same_work` asks the converse: did the slow rank do the same work as the others, the same
+host operators with the same input shapes as often per step? Then its extra time is the same
+work running slower (its core or device shared or slower), not more of it: on two cores shared
+by four healthy ranks, one rank ran every operator as often as the others, each slower
+(aten::copy_ +11 ms a step over the same 231 calls), and was confirmed a compute straggler
+from its traced window alone. Without recorded shapes it cannot be told (uneven inputs run the
+same operators as often on larger shapes): None.
 """
 
 from __future__ import annotations
@@ -21,12 +29,14 @@ import pyarrow.compute as pc
 
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.operators import OpStat, rank_ops
+from uberprof.ingest import classify as K
 
-__all__ = ["MAX_OTHERS", "OpExcess", "operator_excess"]
+__all__ = ["MAX_OTHERS", "OpExcess", "operator_excess", "same_work"]
 
 MAX_OTHERS = 8
 MIN_MS = 0.05  # per step: below this an excess is noise, not work
 TOP = 5
+SAME_CALLS = 0.01  # calls per step that differ from the others', as a share of the rank's
 
 
 @dataclass(frozen=True)
@@ -91,3 +101,39 @@ def _per_step(ctx: RunContext, rank: int, traced: pa.Table) -> dict[tuple[str, s
     n = max(steps, 1)
     return {k: OpStat(s.kind, s.name, s.calls / n, s.self_ns / n, s.incl_ns / n)
             for k, s in rank_ops(events, None).items()}
+
+
+def same_work(ctx: RunContext, rank: int, traced: pa.Table,
+              max_others: int = MAX_OTHERS) -> bool | None:
+    """Whether `rank` ran the same host operators with the same input shapes as often per
+    analysed step as the others' median (module docstring): True when the calls that differ
+    add up to under SAME_CALLS of its own; None when it cannot be told (no other rank's
+    operators, or no recorded shapes). Reads the run's operator table (tables/operators.py),
+    not the ranks' events."""
+    ranks = sorted(set(traced.column("rank").to_pylist())) if traced.num_rows else []
+    others = [r for r in ranks if r != rank]
+    if rank not in ranks or not others:
+        return None
+    if len(others) > max_others:
+        others = [others[int(i)] for i in np.linspace(0, len(others) - 1, max_others)]
+    try:
+        ops = ctx.operators()
+    except OSError:
+        return None
+    ops = ops.filter(pc.equal(ops.column("kind"), K.OPERATOR))
+    if ops.num_rows == 0 or ops.column("shapes").null_count == ops.num_rows:
+        return None
+    steps = traced.column("rank").value_counts().to_pylist()
+    n_steps = {int(c["values"]): max(int(c["counts"]), 1) for c in steps}
+    calls: dict[int, dict[tuple[str, str], float]] = {r: {} for r in (rank, *others)}
+    for r, name, shapes, c in zip(*(ops.column(k).to_pylist()
+                                    for k in ("rank", "name", "shapes", "calls"))):
+        if r in calls:
+            key = (name, shapes or "")
+            calls[r][key] = calls[r].get(key, 0.0) + c / n_steps[r]
+    mine, theirs = calls[rank], [calls[r] for r in others if calls[r]]
+    if not mine or not theirs:
+        return None
+    differ = sum(abs(mine.get(k, 0.0) - statistics.median(t.get(k, 0.0) for t in theirs))
+                 for k in set(mine).union(*theirs))
+    return differ < SAME_CALLS * sum(mine.values())

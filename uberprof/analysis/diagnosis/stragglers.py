@@ -64,6 +64,11 @@
   larger still (`BusyExcess.outweighed_by_os`: other load held it back more than its work) is
   at most suspected (`preempted`), cause `preempted`; so is one late by its work whose extra
   work is under a tenth of the others' (`BusyExcess.slight`: no more than a slower core).
+  So is a compute (or host/launch) straggler whose busy-time excess is not confirmed and whose
+  traced steps ran the same work as the others' (`hold_for_same_work`: the same operators on
+  the same input shapes, as often, each slower; op_excess.same_work): four healthy ranks on two
+  busy cores, one confirmed from its traced window (last at 15 of 20) on +14% CPU time that was
+  the most in only 6 of 11 steps, every operator called as often as the others'.
 - `find_straggler`: the named straggler (confirmed or suspected) or None. Its cost is the delay
   it alone adds (its lateness beyond the second-latest rank), per step the largest over the
   step's collectives: every other participant waits that long.
@@ -224,6 +229,9 @@ class StragglerTest:
     # confirmed, but its lead fell under the floor in a third of its steps: (steps, lead ns)
     # of that part; suspected
     transient: tuple[tuple[int, int], int] | None = None
+    # confirmed by its arrivals, but it ran the others' work (op_excess.same_work) and its busy
+    # time over every step does not single it out: suspected (`hold_for_same_work`)
+    same_work: bool = False
 
     def _alone_words(self) -> str:
         """Each pooled basis's own test, where one alone would decide otherwise."""
@@ -306,6 +314,13 @@ class StragglerTest:
                         "healthy ranks on cores of one host differ by — to confirm, "
                         "swap its cores or host with another rank's and see whether the "
                         "lateness follows the rank")
+        elif self.same_work:
+            sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
+                        "not confirmed: in its traced steps it ran the same operators on the "
+                        "same input shapes as often as the others, each slower, and its CPU "
+                        "time over every step does not single it out: the same work run "
+                        "slower (its cores shared or slower), not more work — to confirm, "
+                        "give each rank cores of its own and see whether the lateness stays")
         elif self.transient is not None:
             (a, b), half = self.transient
             sentence = (f"{freq}, below the {rate} false-alarm rate; {lead}{work}: suspected, "
@@ -371,6 +386,8 @@ class StragglerTest:
             doc["transient"] = {"steps": [a, b], "median_lead_ms": round(half / 1e6, 3)}
         if self.slight:
             doc["slight"] = True
+        if self.same_work:
+            doc["same_work"] = True
         if self.alone:
             doc["bases"] = {b: None if t is None else t.brief() for b, t in self.alone.items()}
         return doc
@@ -443,6 +460,23 @@ def combined_straggler_test(bases: list[ArrivalBasis], median_step_ns: float | N
     if test is not None:
         test.alone = alone
     return _dispute(test), pooled
+
+
+WORK_CAUSES = ("compute", "host_launch")  # causes that say the rank does more work
+
+
+def hold_for_same_work(test: StragglerTest, s: Straggler, same: bool | None) -> bool:
+    """Hold a confirmed straggler late by work (`WORK_CAUSES`) at suspected where its traced
+    steps ran the others' work (`same`: op_excess.same_work) and its busy time over every
+    step does not confirm it works longest (module docstring); whether it did. Not where
+    there is no busy time (device runs: a slower GPU on the same kernels is a straggler)."""
+    work = test.busy
+    if s.confidence != "confirmed" or same is not True or s.cause not in WORK_CAUSES or \
+            work is None or work.rank != s.rank or work.confirmed:
+        return False
+    test.decision, test.same_work = "suspected", True
+    s.confidence, s.test = "suspected", test.test_doc()
+    return True
 
 
 def _dispute(test: StragglerTest | None) -> StragglerTest | None:
