@@ -4,6 +4,8 @@ neither basis overrules the other (analysis/diagnosis/stragglers.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tests.unit.test_diagnosis_units import _lateness
@@ -20,6 +22,7 @@ from uberprof.analysis.diagnosis.stragglers import (
     hold_for_same_work,
     straggler_cause,
 )
+from uberprof.analysis.diagnosis.stragglers import _dispute as redispute
 
 STEP = 100e6  # 100 ms steps
 MS = 1e6
@@ -392,3 +395,22 @@ def test_a_compute_straggler_that_ran_the_others_work_unsingled_by_its_cpu_time_
     s = find_straggler(traced.lateness, STEP, 5 * STEP, test=test)
     test.busy, s.cause = _cpu_excess(6, 0.14), "data"  # late by its loader: not work
     assert not hold_for_same_work(test, s, True) and s.confidence == "confirmed"
+
+
+def test_a_disputed_lead_stays_confirmed_where_the_rank_s_own_work_accounts_for_it() -> None:
+    """A 4-rank 1.3x straggler (accuracy seed 711): frequent by its arrivals, +34% CPU time the
+    most in 27 of 27 steps, a lead 0.1 ms inside twice the others' spread and a traced window
+    that alone named none. Its work accounts for its lead, so the dispute does not hold it
+    (the rule said so; it read only `by_work`, which is set where the frequency needed it)."""
+    thin = combined_straggler_test(list(_two_ranks((0.2, 4.5), 27, 2.0, seed=3)), 33 * MS)[0]
+    assert thin is not None and thin.disputed and thin.decision == "suspected"
+    thin.decision, thin.disputed = "confirmed", False
+    lead = float(thin.median_lead_ns)
+    thin.busy = BusyExcess(rank=thin.rank, kind=KIND_CPU, most=27, steps=27, ranks_tested=2,
+                           p_value=1e-8, p_uncorrected=5e-9, median_ns=int(69e6),
+                           excess_ns=int(1.05 * lead), data_excess_ns=0, need_ns=int(1e6),
+                           run_wait_excess_ns=0, lead_ns=lead)
+    assert thin.busy.accounts_for_lead and not thin.by_work
+    assert redispute(thin) is thin and thin.decision == "confirmed" and not thin.disputed
+    thin.busy = dataclasses.replace(thin.busy, most=20)  # the most in 74% of the steps: not so
+    assert redispute(thin).decision == "suspected" and thin.disputed
