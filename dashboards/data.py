@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Diagnosis, Finding
+from uberprof.analysis.diagnosis.model import Diagnosis, Finding
 from uberprof.analysis.read import (
     OpenedRun,
     OverviewSummary,
@@ -313,7 +313,7 @@ class RunData(StepTables, Counters):
         read from the run directory alone: a job that hung or crashed before its trace
         window)."""
         return self.once("failures", lambda: [f for f in self.findings()
-                                              if f.kind in FAILURE_KINDS])
+                                              if f.role == "failure"])
 
     def missing(self) -> list[str]:
         """What the run lacks, in the user's words (shown on every page that would use it)."""

@@ -25,13 +25,6 @@ TOP_FINDINGS = 6
 # that took Chromium 0.3-0.6 s to style and draw, against 0.05-0.07 s for the five paths.
 STACKED_STEPS_ABOVE = 128
 
-# Where a finding is looked at in detail.
-_FINDING_PAGE = {"straggler": "/stragglers", "data_stall": "/gaps", "launch_bound": "/gaps",
-                 "idle": "/gaps", "exposed_comm": "/communication", "bandwidth": "/communication",
-                 "throttle": "/counters", "pipeline_imbalance": "/parallelism",
-                 "tp_exposed_comm": "/parallelism"}
-
-
 def layout(data: RunData, sel: Selection) -> html.Div:
     # While the diagnosis is made in the background, everything but its verdicts is drawn and
     # the findings say so; a timer fills them in when it is done (`register`).
@@ -76,47 +69,21 @@ def diagnosing(data: RunData) -> html.Div:
 
 def failures_box(data: RunData) -> Any:
     """A hang or a crash, first and in red: the job stopped, nothing else matters as much.
-    The stuck or first failing rank's stack (innermost last), the collective the others wait
-    in, mismatches and victims: all from the finding's evidence (analysis/diagnosis/failures.py)."""
+    Its evidence sentence and its details (the stuck or first failing rank's stack, innermost
+    last, the collective the others wait in, mismatches and victims), as its kind saved them
+    (findings/hang.py, findings/crash.py)."""
     found = data.failures()
     if not found:
         return None
     boxes = []
     for f in found:
-        e = f.evidence
         rows: list[Any] = [html.Div(f.title, className="finding-title")]
-        stacks = []
-        if f.kind == "hang":
-            stacks = [(f"rank {r['rank']} ({r.get('state')})", r.get("stack") or [])
-                      for r in e.get("ranks") or [] if r.get("state") in ("stuck", "departed")]
-            w = e.get("waiting_in")
-            if w:
-                rows.append(html.Div([html.B("Others wait in: "),
-                                      (f"{w.get('op')} #{w.get('seq')} of {w.get('process_group')}"
-                                      f" sizes {w.get('sizes')} {w.get('dtypes')}")]))
-            for m in e.get("mismatches") or []:
-                rows.append(html.Div([html.B("Mismatch: "),
-                                      (f"#{m.get('seq')} of {m.get('process_group')}: ranks "
-                                      f"{m.get('ranks')} differ in {m.get('differs_in')}")]))
-        else:
-            first = e.get("first") or {}
-            exc = first.get("exception") or {}
-            if exc:
-                rows.append(html.Div([html.B("Exception: "),
-                                      (f"{exc.get('type')}: {exc.get('message')} "
-                                      f"at {exc.get('where')}")]))
-            stacks = [(f"rank {first.get('rank')} (first to fail)",
-                       exc.get("frames") or first.get("stack") or [])]
-            victims = [v.get("rank") if isinstance(v, dict) else v
-                       for v in e.get("victims") or []]
-            if victims:
-                rows.append(html.Div([html.B("Victims (lost their peer): "),
-                                      ", ".join(map(str, victims))]))
-        for label, frames in stacks:
-            text = "\n".join(f"{x.get('file')}:{x.get('line')} {x.get('function')}"
-                             for x in frames[-12:] if isinstance(x, dict))
-            rows.append(html.Details([html.Summary(f"stack of {label}"),
-                                      html.Pre(text or "no stack was captured")], open=True))
+        if f.evidence_sentence:
+            rows.append(html.Div([html.B("Evidence: "), f.evidence_sentence],
+                                 className="finding-evidence"))
+        if f.details:
+            rows.append(html.Details([html.Summary("details (stacks, innermost last)"),
+                                      html.Pre("\n".join(f.details))], open=True))
         rows.append(html.Div([html.B("Remedy: "), f.remedy], className="finding-remedy"))
         boxes.append(html.Div(rows, className=f"finding failure {f.kind}",
                               id=f"failure-{f.kind}"))
@@ -182,7 +149,7 @@ def findings_list(data: RunData, sel: Selection) -> Any:
     for i, f in enumerate(found[:TOP_FINDINGS]):
         rank = f.ranks[0] if len(f.ranks) == 1 else sel.rank
         step = f.steps[0] if f.steps else sel.step
-        page = _FINDING_PAGE.get(f.kind, "/")
+        page = f.page  # where its kind is looked at in detail (findings/kind.py)
         ev = [html.Li([html.Span(k.replace("_", " "), className="ev-key"), ": ",
                        html.Code(shorten(str(v), 160))]) for k, v in f.evidence.items()]
         test = (f.evidence.get("test") or {}).get("sentence")
@@ -198,6 +165,8 @@ def findings_list(data: RunData, sel: Selection) -> Any:
                                 title="time at stake in the analysed steps, counted once")],
                      className="finding-head"),
             html.Div(f.title, className="finding-title"),
+            *([html.Div([html.B("Evidence: "), f.evidence_sentence],
+                        className="finding-evidence")] if f.evidence_sentence else []),
             *([html.Div([html.B("Test: "), test], className="finding-test")] if test else []),
             *([html.Div([html.B("Accounted elsewhere: "), links], className="finding-links")]
               if links else []),

@@ -230,8 +230,8 @@ def findings_list(found: list[Any], sel: Selection) -> html.Div:
             html.Div(f.title, className="finding-title"),
             *([html.Div([html.B("Test: "), test], className="finding-test")] if test else []),
             html.Div([html.B("Remedy: "), f.remedy], className="finding-remedy"),
-            dcc.Link("communication →", href=sel.href("/communication"), className="finding-link")
-            if f.kind != "pipeline_imbalance" else None,
+            dcc.Link(f"{f.page.strip('/')} →", href=sel.href(f.page), className="finding-link")
+            if f.page not in ("/", PATH) else None,
         ], className=f"finding {f.kind}", id=f"parallelism-finding-{i}",
             **{"data-kind": f.kind}))
     return html.Div(items, className="findings")

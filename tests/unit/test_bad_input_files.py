@@ -254,7 +254,8 @@ def test_exposed_comm_on_every_rank_leaves_out_a_dead_ranks_partial_step() -> No
     traced = _traced([(0, 3, 5 * ms, 20 * ms), (1, 3, 4 * ms, 20 * ms),
                       (0, 4, 5 * ms, 20 * ms), (1, 4, 4 * ms, 20 * ms),
                       (0, 5, 800 * ms, 800 * ms)])
-    crash = Finding("crash", "high", "Crash: rank 1 ...", [1], [5], "exception", 0.0, {}, "")
+    crash = Finding("crash", "high", "Crash: rank 1 ...", [1], [5], "exception", 0.0, {}, "",
+                    role="failure")
     out = exposed_comm.exposed_comm_findings(_facts(traced, [crash]))  # type: ignore[arg-type]
     assert out == []  # 8 ms of 1 s: below the threshold once step 5 is left out
     traced = _traced([(0, 3, 300 * ms, 400 * ms), (1, 3, 200 * ms, 400 * ms),

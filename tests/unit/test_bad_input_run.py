@@ -379,15 +379,15 @@ def test_a_run_with_tracing_off_says_so(tmp_path: Path) -> None:
 
 
 def test_bandwidth_evidence_without_a_peak(tmp_path: Path) -> None:
+    from uberprof.analysis.diagnosis.findings.bandwidth import evidence_sentence
     from uberprof.analysis.diagnosis.model import Finding
-    from uberprof.present.report_terminal import _evidence_line
 
     f = Finding(kind="bandwidth", severity="low", title="t", ranks=[0], steps=[1],
                 cause=None, time_at_stake_ms=1.0,
                 evidence={"instances": 3, "busbw_gbit_s": 4.9, "peak_gbit_s": None,
                           "peak_source": None, "exposed_pct": 1.0, "transfer_ms": 2.0},
                 remedy="r")
-    line = _evidence_line(f)
+    line = evidence_sentence(f)
     assert "None" not in line and "no peak known" in line
 
 

@@ -57,12 +57,11 @@ def test_findings_name_the_kernels_around_their_gaps_and_exposed_comm(tmp_path: 
         "exposed_ms_all_ranks_pay"])
     # both reports print the sentence with the finding
     from uberprof.present.report_html import render_html
-    from uberprof.present.report_terminal import _evidence_line
 
     page = render_html(d)
     for f in (by_kind["idle"], by_kind["exposed_comm"]):
         sentence = f.evidence["around"]["sentence"]
-        assert f"around it: {sentence}" in _evidence_line(f)
+        assert f"around it: {sentence}" in f.evidence_sentence
         assert f"around it: {sentence}" in page
 
 

@@ -398,7 +398,7 @@ def test_the_dashboard_overview_shows_a_crash_first_with_its_stack(tmp_path: Pat
     text = str(page)
     first = page.children[0]
     assert first is not None and first.id == "failures"  # before everything else
-    assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 load" in text
+    assert "Crash: rank 0 raised KeyError" in text and "/job/train.py:3 in load" in text
 
 
 def test_a_crash_after_a_desync_names_who_departed_from_the_best_evidence(tmp_path: Path) -> None:

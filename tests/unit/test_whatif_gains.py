@@ -17,8 +17,10 @@ WALL_NS = 100_000_000
 
 def _finding(kind: str, stake_ms: float, severity: str, cause: str | None = None,
              **evidence: object) -> Finding:
-    return Finding(kind, severity, f"{kind} finding", [0, 1], [0], cause, stake_ms,
-                   dict(evidence), "fix it")
+    from uberprof.analysis.diagnosis.findings import declare
+
+    return declare([Finding(kind, severity, f"{kind} finding", [0, 1], [0], cause, stake_ms,
+                            dict(evidence), "fix it")])[0]
 
 
 def _projector(fit: bool = True) -> Projector:

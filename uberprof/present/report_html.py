@@ -115,6 +115,7 @@ def _findings_html(d: Diagnosis) -> str:
             f"{' <i>' + e(f.confidence) + '</i>' if f.confidence != 'confirmed' else ''} "
             f"&middot; {e(f.stake_words())}"
             f"{' &middot; ranks ' + e(ranks) if ranks else ''}<br>{e(f.title)}"
+            f"{_evidence_html(f)}"
             f"{_test_html(f)}"
             f"{_gain_html(f)}"
             f"<div class='remedy'>&rarr; {e(f.remedy)}</div>"
@@ -127,6 +128,16 @@ def _findings_html(d: Diagnosis) -> str:
     for caveat in (replay.get("caveats") or []) if isinstance(replay, dict) else []:
         out.append(f"<p class='caution'><b>Caution</b> (projected gains): {e(caveat)}</p>")
     return "\n".join(out)
+
+
+def _evidence_html(f: Finding) -> str:
+    """Its evidence sentence and supporting lines (stacks), as its kind made and saved them."""
+    e = html.escape
+    out = (f"<div class='evidence'><span class='dim'>evidence:</span> "
+           f"{e(f.evidence_sentence)}</div>" if f.evidence_sentence else "")
+    if f.details:
+        out += f"<pre class='details'>{e(chr(10).join(f.details))}</pre>"
+    return out
 
 
 def _gain_html(f: Finding) -> str:

@@ -254,10 +254,9 @@ def _finding(i: int, f: Finding, console: Console) -> None:
     head.append(f"  {f.stake_words()}" + (f", {share}%" if share else ""))
     console.print(head)
     console.print(f"    {f.title}", markup=False, highlight=False)
-    ev = _evidence_line(f)
-    if ev:
-        console.print(f"    [dim]evidence:[/dim] {ev}", highlight=False)
-    for line in _failure_lines(f):
+    if f.evidence_sentence:  # its kind's words, saved with it (findings/kind.py)
+        console.print(f"    [dim]evidence:[/dim] {f.evidence_sentence}", highlight=False)
+    for line in f.details:
         console.print(f"    {line}", markup=False, highlight=False)
     test = (f.evidence.get("test") or {}).get("sentence")
     if test:
@@ -276,117 +275,6 @@ def _finding(i: int, f: Finding, console: Console) -> None:
                     " ms; uberprof whatif)")
         console.print(line, highlight=False)
     console.print(f"    [green]→[/green] {f.remedy}", highlight=False)
-
-
-def _frames_text(frames: list[dict[str, Any]], n: int = 6) -> list[str]:
-    """The innermost `n` frames, innermost last, as a traceback shows them."""
-    cut = ["  ..."] if len(frames) > n else []
-    return cut + [f"  {f.get('file')}:{f.get('line')} in {f.get('function')}"
-                  for f in frames[-n:]]
-
-
-def _failure_lines(f: Finding) -> list[str]:
-    """The stacks behind a hang or crash finding (its evidence, as `--json` gives it)."""
-    e = f.evidence
-    out: list[str] = []
-    if f.kind == "hang":
-        for r in e.get("ranks") or []:
-            if r.get("state") in ("stuck", "departed") and r.get("stack"):
-                out.append(f"rank {r['rank']} ({r['state']}, last step {r.get('last_step')}), "
-                           "main thread:")
-                out += _frames_text(r.get("stack") or [])
-        for m in e.get("mismatches") or []:
-            calls = "; ".join(f"rank {k}: {c['op']} {c['sizes']} {c['dtypes']}"
-                              for k, c in (m.get("calls") or {}).items())
-            out.append(f"mismatch at #{m['seq']} of {m['process_group']}: {calls}")
-    elif f.kind == "crash":
-        first = e.get("first") or {}
-        frames = (first.get("exception") or {}).get("frames") or first.get("stack") or []
-        if frames:
-            out.append(f"rank {first.get('rank')}:")
-            out += _frames_text(frames)
-        for v in e.get("failed") or []:
-            if v.get("role") != "first":
-                out.append(f"rank {v['rank']} ({v['role']}): {v.get('what')}")
-    return out
-
-
-def _evidence_line(f: Finding) -> str:
-    e = f.evidence
-    if f.kind == "straggler":
-        x = e.get("excess_per_step_ms") or {}
-        parts = [f"last in {e['last_in']}/{e['instances']} collectives"
-                 + (" of the traced window" if e.get("basis", {}).get("source") ==
-                    "flight_recorder" else ""),
-                 (f"median lateness {e['median_lateness_ms']} ms (others' spread "
-                  f"{e['others_spread_ms']} ms)"),
-                 f"adds {e['delay_ms']} ms wall, {e['others_wait_ms']} ms of others' waiting",
-                 "excess per step: " + ", ".join(f"{k} {v:+.1f} ms" for k, v in x.items()
-                                                  if v is not None)]
-        g = e.get("gpu")
-        if g:
-            parts.append(f"GPU SM clock {g.get('sm_clock_mhz')} MHz vs others "
-                         f"{g.get('others_sm_clock_mhz')}, slowdown {g.get('slowdown_pct')}%")
-        ops = e.get("operators_excess") or []
-        if ops:
-            parts.append("more than the others' median, per step: " + ", ".join(
-                f"{o['name']} {o['excess_ms']:+.1f} ms ({o['calls']:g} vs "
-                f"{o['others_median_calls']:g} calls)" for o in ops[:4]))
-        return "; ".join(parts)
-    if f.kind in ("data_stall", "launch_bound", "idle"):
-        per = e.get("idle_ms_per_rank") or {}
-        top = sorted(per.items(), key=lambda kv: -(kv[1] or 0))[:4]
-        g = e.get("largest_gap") or {}
-        return (f"{e.get('gaps')} gaps; idle ms per rank: "
-                + ", ".join(f"{r}: {v}" for r, v in top)
-                + (f"; largest {g.get('ms')} ms on rank {g.get('rank')} step {g.get('step')} "
-                   f"after {_short(g.get('before'))}" if g else "")
-                + _around_text(e))
-    if f.kind == "exposed_comm":
-        return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank "
-                f"({e.get('wait_ms')} ms waiting for peers, {e.get('transfer_ms')} ms "
-                f"transfer), {e.get('exposed_of_comm_pct')}% of its communication"
-                + _around_text(e))
-    if f.kind == "tp_exposed_comm":
-        if e.get("separable") is False:
-            return (f"{e.get('combined_exposed_ms')} ms exposed over all groups together "
-                    f"({e.get('combined_share_pct')}%); the TP group's part is not separable")
-        return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed in the TP group of "
-                f"{e.get('tp_degree')} ({e.get('wait_ms')} ms waiting for peers, "
-                f"{e.get('transfer_ms')} ms transfer), {e.get('exposed_of_comm_pct')}% of its "
-                "communication")
-    if f.kind == "bandwidth":
-        bound = e.get("busbw_bound_gbit_s")
-        peak = (f"peak {e['peak_gbit_s']} Gbit/s ({e.get('peak_source') or 'source unknown'})"
-                if e.get("peak_gbit_s") is not None else "no peak known")
-        return (f"{e.get('instances')} instances, upper-quartile busbw {e.get('busbw_gbit_s')} "
-                f"Gbit/s" + (f" (clock error bound {bound[0]}-{bound[1] or '∞'})" if bound
-                             else "")
-                + f", {peak}, "
-                f"{e.get('exposed_pct')}% of {e.get('transfer_ms')} ms transfer exposed"
-                + (f" ({e['in_collective_ms']} ms in the collective, waiting included)"
-                   if e.get("in_collective_ms") is not None else ""))
-    if f.kind == "host_cpu":
-        return (f"median {e.get('median_pct')}%, p10 {e.get('p10_pct')}% over "
-                f"{e.get('samples')} samples ({e.get('basis')})")
-    if f.kind == "hang":
-        return (f"no step finished for {e.get('timeout_s')} s ({e.get('timeout_source')} "
-                f"timeout) on node(s) {', '.join(e.get('nodes') or [])}; action "
-                f"{e.get('action')}" + (" (steps resumed later)" if e.get("resumed_ns") else ""))
-    if f.kind == "crash":
-        return f"{len(e.get('failed') or [])} rank(s) failed; the first by kind and time first"
-    if f.kind == "throttle":
-        return "; ".join(f"rank {r}: {g.get('sm_clock_mhz')} MHz, slowdown "
-                         f"{g.get('slowdown_pct')}% {g.get('reasons')}"
-                         for r, g in (e.get("gpus") or {}).items())
-    return ", ".join(f"{k}={v}" for k, v in e.items() if not isinstance(v, (dict, list)))
-
-
-def _around_text(e: dict[str, Any]) -> str:
-    """The operators (kernels) right before and after the time an idle or exposed_comm finding
-    counts, as its evidence says them (`around.sentence`)."""
-    sentence = (e.get("around") or {}).get("sentence")
-    return f"; around it: {sentence}" if sentence else ""
 
 
 def _bandwidth(d: Diagnosis, console: Console) -> None:

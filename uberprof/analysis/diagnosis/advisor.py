@@ -430,7 +430,7 @@ def finding_order(f: Finding) -> tuple[Any, ...]:
     breaks a tie)."""
     gain = (f.projected_gain or {}).get("gain_ms")
     gains = isinstance(gain, (int, float)) and gain > 0
-    return (f.kind not in ("hang", "crash"), not gains,
+    return (f.role != "failure", not gains,
             -gain if gains else -f.time_at_stake_ms, _SEVERITY_RANK.get(f.severity, 3),
             -f.time_at_stake_ms, f.kind)
 

@@ -140,3 +140,11 @@ def where(frames: list[dict[str, Any]]) -> str | None:
 
 def in_distributed(frames: list[dict[str, Any]]) -> bool:
     return any("torch/distributed" in str(f.get("file", "")) for f in frames[-6:])
+
+
+def frames_lines(frames: list[dict[str, Any]], n: int = 6) -> list[str]:
+    """The innermost `n` frames of a stack, innermost last, as a traceback shows them (the
+    details a hang or crash finding saves for every view to print)."""
+    cut = ["  ..."] if len(frames) > n else []
+    return cut + [f"  {f.get('file')}:{f.get('line')} in {f.get('function')}"
+                  for f in frames[-n:] if isinstance(f, dict)]

@@ -2,22 +2,10 @@
 (`whatif_changes.Change`), replayed once on the step graph the diagnosis already built, and
 what fixing the top two findings together would give (one composed replay: gains do not add).
 
-The mapping, finding kind -> change (`finding_change`):
-
-| finding | change |
-|---|---|
-| `straggler` | its rank's extra work at the others' median (`--remove straggler`) |
-| `data_stall` | data-loader waits removed (`--remove data`) |
-| `exposed_comm` | communication hidden where the graph allows (`--remove exposed-comm`) |
-| `tp_exposed_comm` | the same, for the tensor-parallel groups' collectives only |
-| `bandwidth` | its class's transfers (its message size) at the link's peak (`--link-scale`) |
-| `launch_bound` | launch overhead removed (`--remove launch`) |
-| `idle` (cause `sync`) | host synchronisation waits removed (`--remove sync`) |
-| `pipeline_imbalance` | stages' compute at their mean (`--balance-stages`) |
-
-Every other finding (a hang or crash, host work or another stream as idle causes, throttled
-clocks, a saturated host) has no change the replay can make: its `projected_gain` is null and
-`projected_gain_why` says so; so is every finding's when the replay is unfit for projection.
+Which change fixing a finding amounts to, or why none models it, is declared by its kind
+(`findings/kind.py`, `FindingKind.change`; docs/findings.md lists them); a finding without one
+has a null `projected_gain` and says why in `projected_gain_why`, and so does every finding
+when the replay is unfit for projection.
 Cost: one replay per distinct change (cached), on the graph and base replay of the report's
 critical path; no second analysis.
 """
@@ -30,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from uberprof.analysis.diagnosis.busy import BusyTimes
-from uberprof.analysis.diagnosis.model import CONTEXT_KINDS, FAILURE_KINDS, Finding
+from uberprof.analysis.diagnosis.findings import kind_of
+from uberprof.analysis.diagnosis.model import Finding
 from uberprof.analysis.diagnosis.whatif import project, run_graph_docs
 from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.analysis.tables.context import RunContext
@@ -42,39 +31,9 @@ __all__ = ["Projector", "attach_gains", "finding_change", "gain_sentence", "run_
 
 
 def finding_change(f: Finding) -> tuple[Change | None, str]:
-    """The change that fixing `f` amounts to in the replay (module docstring), or None and
-    why there is none."""
-    ev = f.evidence or {}
-    if f.kind in FAILURE_KINDS:
-        return None, "a job that stops: there is no step to replay without it"
-    if f.kind == "straggler" and f.ranks:
-        return Change("straggler", rank=int(f.ranks[0])), ""
-    if f.kind == "data_stall":
-        return Change("data"), ""
-    if f.kind == "exposed_comm":
-        return Change("exposed-comm"), ""
-    if f.kind == "tp_exposed_comm":
-        groups = tuple(tuple(int(r) for r in g) for g in ev.get("tp_groups") or [] if g)
-        return (Change("exposed-comm", groups=groups), "") if groups else \
-            (None, "the tensor-parallel groups are not known: nothing to scope the change to")
-    if f.kind == "bandwidth":
-        peak, bus, size = ev.get("peak_gbit_s"), ev.get("busbw_gbit_s"), ev.get("bytes")
-        if not peak or not bus or not size:
-            return None, ("no peak known for its link: nothing to scale its transfers to "
-                          "(uberprof calibrate measures one)")
-        return Change("link", max(float(peak) / float(bus), 1.0), sizes=(int(size),)), ""
-    if f.kind == "launch_bound":
-        return Change("launch"), ""
-    if f.kind == "idle" and f.cause == "sync":
-        return Change("sync"), ""
-    if f.kind == "pipeline_imbalance":
-        return Change("balance"), ""
-    if f.kind == "idle":
-        return None, (f"no what-if change models idle time of cause '{f.cause}' (uberprof "
-                      "whatif --op projects a faster operator)")
-    if f.kind in CONTEXT_KINDS:
-        return None, "it explains other findings and stakes no time of its own"
-    return None, f"no what-if change models a '{f.kind}' finding"
+    """The change that fixing `f` amounts to in the replay, or None and why there is none, as
+    its kind declares."""
+    return kind_of(f.kind).change(f)
 
 
 @dataclass

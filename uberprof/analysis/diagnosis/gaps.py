@@ -284,6 +284,13 @@ def _compute_around(events: pa.Table, act: M.Activity, lo: np.ndarray, hi: np.nd
     return before.tolist(), after.tolist()
 
 
+def around_words(evidence: dict[str, Any]) -> str:
+    """"; around it: after ..., before ..." from a finding's `around` evidence, or "" (the
+    evidence sentence of the idle and exposed-communication findings)."""
+    sentence = (evidence.get("around") or {}).get("sentence")
+    return f"; around it: {sentence}" if sentence else ""
+
+
 def around_evidence(before: list[str | None], after: list[str | None], dur_ns: list[int],
                     count: list[int], top: int = AROUND_TOP) -> dict[str, Any] | None:
     """What a finding says of the activity around the time it counts: on each side the `top`

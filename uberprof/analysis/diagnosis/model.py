@@ -28,14 +28,10 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.align import Alignment
     from uberprof.analysis.tables.collectives import Matched
 
-__all__ = ["CONTEXT_KINDS", "FAILURE_KINDS", "MIN_SHARE", "READING_TRACES", "SCHEMA_VERSION",
+__all__ = ["MIN_SHARE", "READING_TRACES", "SCHEMA_VERSION",
            "WRITING_RANKS", "Diagnosis", "Finding", "Progress", "ranks_text", "severity_of"]
 
 SCHEMA_VERSION = 1
-FAILURE_KINDS = ("hang", "crash")  # the findings of a job that stopped: ranked first
-# findings that explain others and count no time of their own (a saturated host: the time it
-# costs is in the stragglers', idle gaps' and communication findings it explains)
-CONTEXT_KINDS = ("host_cpu",)
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
 
 
@@ -70,12 +66,20 @@ class Finding:
     # gain, interval, sentence; None with `projected_gain_why` when it cannot be projected
     projected_gain: dict[str, Any] | None = None
     projected_gain_why: str | None = None
+    # what its kind declares (findings/kind.py), stamped when it is made and saved with it, so
+    # that every view prints the same words and no view names a kind: its role (failure: the
+    # job stopped; context: explains others, no time of its own; verdict: costs time), the
+    # dashboard page that shows it, its evidence in one sentence, and supporting lines (stacks)
+    role: str = "verdict"
+    page: str = "/"
+    evidence_sentence: str = ""
+    details: list[str] = field(default_factory=list)
 
     def stake_words(self, short: bool = False) -> str:
         """Its time at stake as every view says it ("12.3 ms at stake"; `short`: "12.3 ms"),
-        or, for a finding that counts no time of its own (CONTEXT_KINDS), that it explains
+        or, for a finding that counts no time of its own (role `context`), that it explains
         the others."""
-        if self.kind in CONTEXT_KINDS and self.time_at_stake_ms <= 0:
+        if self.role == "context" and self.time_at_stake_ms <= 0:
             return "explains others" if short else \
                 "no time of its own: it explains other findings"
         ms = fmt_ms(self.time_at_stake_ms)
@@ -91,7 +95,9 @@ class Finding:
                 "own_pct": round(100 * self.time_at_stake_ms / observed, 1) if observed else
                 100.0,
                 "caused_by": self.caused_by, "projected_gain": self.projected_gain,
-                "projected_gain_why": self.projected_gain_why}
+                "projected_gain_why": self.projected_gain_why, "role": self.role,
+                "page": self.page, "evidence_sentence": self.evidence_sentence,
+                "details": self.details}
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
-from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Diagnosis
+from uberprof.analysis.diagnosis.model import Diagnosis
 from uberprof.units import fmt_bytes, ns_to_ms
 
 __all__ = ["FINDINGS_PROCESS", "GAP_LABEL", "Mark", "global_marks", "rank_marks"]
@@ -224,7 +224,8 @@ def _moment_mark(track: str, f: Any, moment: int, window: tuple[int, int]) -> Ma
         " the exported window"
     return Mark(track, at, None, f.title,
                 {"kind": f.kind, "cause": f.cause, "ranks": f.ranks, "moment_ns": moment,
-                 "where": note or "at this moment", "remedy": f.remedy})
+                 "where": note or "at this moment", "evidence_sentence": f.evidence_sentence,
+                 "details": f.details, "remedy": f.remedy})
 
 
 def global_marks(d: Diagnosis, window: tuple[int, int],
@@ -250,13 +251,14 @@ def global_marks(d: Diagnosis, window: tuple[int, int],
             continue
         track = f"{n}. [{f.severity}] {f.kind}" + (f" ({f.cause})" if f.cause else "") + \
             ("" if f.confidence == "confirmed" else f" {f.confidence}")
-        moment = f.evidence.get("moment_ns") if f.kind in FAILURE_KINDS else None
+        moment = f.evidence.get("moment_ns") if f.role == "failure" else None
         if isinstance(moment, int):
             out.append(_moment_mark(track, f, moment, window))
             continue
         out.append(Mark(track, a, b - a, f.title,
                         {"kind": f.kind, "severity": f.severity, "cause": f.cause,
                          "confidence": f.confidence,
+                         "evidence_sentence": f.evidence_sentence,
                          "test": (f.evidence.get("test") or {}).get("sentence"),
                          "time_at_stake_ms": round(f.time_at_stake_ms, 3), "ranks": f.ranks,
                          "caused_by": f.caused_by,

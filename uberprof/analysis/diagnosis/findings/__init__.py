@@ -8,9 +8,13 @@ its remedy from `causes.py`, and only the time no earlier finding counts (`cause
 rest). It computes no shared statistic of its own: those live in the modules beside this
 package. The advisor then ranks them and holds the accounting invariant (`advisor.account`).
 
-To add a finding: a module here with its `KINDS` and producer, its entry in `PRODUCERS` (after
-the producers whose findings it links to), its label and remedy in `causes.py`, its section in
-docs/findings.md, and a test on a run that has the problem and one that does not.
+Each kind declares itself in its producer's module (`kind.FindingKind`: its role, evidence
+sentence, what-if change or the reason it has none, dashboard page and remedy), and `produce`
+stamps every finding with its declaration, so that no view and no other stage names a kind.
+
+To add a finding: a module here with its `KINDS` (declarations) and producer, its entry in
+`PRODUCERS` (after the producers whose findings it links to), its remedy in `causes.py`, its
+section in docs/findings.md, and a test on a run that has the problem and one that does not.
 """
 
 from __future__ import annotations
@@ -30,16 +34,17 @@ from uberprof.analysis.diagnosis.findings import (
     throttle,
     tp_comm,
 )
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, no_change
 from uberprof.analysis.diagnosis.model import Finding
 
-__all__ = ["PRODUCERS", "Producer", "finding_kinds", "produce"]
+__all__ = ["PRODUCERS", "Producer", "declare", "finding_kinds", "kind_of", "produce"]
 
 
 @dataclass(frozen=True)
 class Producer:
     """One registered producer: the finding kinds it makes and the function that makes them."""
 
-    kinds: tuple[str, ...]
+    kinds: tuple[FindingKind, ...]
     make: Callable[[Facts], list[Finding]]
 
 
@@ -60,11 +65,56 @@ PRODUCERS: tuple[Producer, ...] = (
 
 def finding_kinds() -> tuple[str, ...]:
     """Every finding kind the diagnosis can report, in registry order."""
-    return tuple(dict.fromkeys(k for p in PRODUCERS for k in p.kinds))
+    return tuple(dict.fromkeys(k.name for p in PRODUCERS for k in p.kinds))
+
+
+def kind_of(name: str) -> FindingKind:
+    """The declaration of kind `name` (read from the registry at each call, so that a kind
+    registered later, as tests do, is found). An unknown kind gets a plain verdict's."""
+    for p in PRODUCERS:
+        for k in p.kinds:
+            if k.name == name:
+                return k
+    return FindingKind(name, VERDICT, lambda f: "",
+                       no_change(f"no what-if change models a '{name}' finding"))
+
+
+def declare(found: list[Finding]) -> list[Finding]:
+    """Stamp each finding with its kind's declaration (`FindingKind.declare`)."""
+    for f in found:
+        kind_of(f.kind).declare(f)
+    return found
 
 
 def produce(facts: Facts) -> list[Finding]:
-    """Run every producer in order; each sees the findings of those before it."""
+    """Run every producer in order, each finding stamped with its kind's declaration; each
+    producer sees the findings of those before it."""
     for p in PRODUCERS:
-        facts.found += p.make(facts)
+        facts.found += declare(p.make(facts))
     return facts.found
+
+
+KINDS_TABLE_BEGIN = "<!-- generated from the kinds' declarations: python -m " \
+    "uberprof.analysis.diagnosis.findings docs/findings.md -->"
+KINDS_TABLE_END = "<!-- end of the generated table -->"
+
+
+def kinds_table() -> str:
+    """Every registered kind as its declaration says it, one markdown row each (the table in
+    docs/findings.md, which tests/unit/test_finding_kinds.py compares with this)."""
+    rows = ["| kind | role | what it is | fixing it, in the what-if replay | dashboard page | "
+            "remedy (`causes.py`) |", "|---|---|---|---|---|---|"]
+    for p in PRODUCERS:
+        for k in p.kinds:
+            rows.append(f"| [`{k.name}`](#{k.name}) | {k.role} | {k.summary} | "
+                        f"{k.whatif_words()} | `{k.page}` | `{k.remedy_from}` |")
+    return "\n".join(rows)
+
+
+def with_kinds_table(text: str) -> str:
+    """`text` (docs/findings.md) with the generated table between its markers replaced."""
+    head, sep, rest = text.partition(KINDS_TABLE_BEGIN)
+    _, sep2, tail = rest.partition(KINDS_TABLE_END)
+    if not sep or not sep2:
+        raise ValueError("the kinds table's markers are missing")
+    return f"{head}{KINDS_TABLE_BEGIN}\n{kinds_table()}\n{KINDS_TABLE_END}{tail}"

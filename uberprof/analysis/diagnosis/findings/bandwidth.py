@@ -11,12 +11,44 @@ from uberprof.analysis.diagnosis.bandwidth import SMALL_MESSAGE_BYTES, Bandwidth
 from uberprof.analysis.diagnosis.causes import LINK_VERDICTS, link_remedy
 from uberprof.analysis.diagnosis.evidence import MIN_INSTANCES, Test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
+from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.units import fmt_bytes
 
 __all__ = ["KINDS", "bandwidth_findings"]
 
-KINDS = ("bandwidth",)
+
+def evidence_sentence(f: Finding) -> str:
+    """Its instances and upper-quartile bus bandwidth (with the clock error's bound), the
+    link's peak and source, and how much of its transfer was exposed."""
+    e = f.evidence
+    bound = e.get("busbw_bound_gbit_s")
+    peak = (f"peak {e['peak_gbit_s']} Gbit/s ({e.get('peak_source') or 'source unknown'})"
+            if e.get("peak_gbit_s") is not None else "no peak known")
+    return (f"{e.get('instances')} instances, upper-quartile busbw {e.get('busbw_gbit_s')} "
+            f"Gbit/s" + (f" (clock error bound {bound[0]}-{bound[1] or '∞'})" if bound else "")
+            + f", {peak}, "
+            f"{e.get('exposed_pct')}% of {e.get('transfer_ms')} ms transfer exposed"
+            + (f" ({e['in_collective_ms']} ms in the collective, waiting included)"
+               if e.get("in_collective_ms") is not None else ""))
+
+
+def _change(f: Finding) -> tuple[Change | None, str]:
+    ev = f.evidence
+    peak, bus, size = ev.get("peak_gbit_s"), ev.get("busbw_gbit_s"), ev.get("bytes")
+    if not peak or not bus or not size:
+        return None, ("no peak known for its link: nothing to scale its transfers to "
+                      "(uberprof calibrate measures one)")
+    return Change("link", max(float(peak) / float(bus), 1.0), sizes=(int(size),)), ""
+
+
+BANDWIDTH = FindingKind(
+    "bandwidth", VERDICT, evidence_sentence, _change, page="/communication",
+    remedy_from="link_remedy",
+    summary="a collective class bandwidth- or latency-bound on its link",
+    whatif="its class's transfers at the link's peak (--link-scale)")
+KINDS = (BANDWIDTH,)
 
 
 def bandwidth_findings(facts: Facts) -> list[Finding]:

@@ -28,15 +28,49 @@ from uberprof.analysis.diagnosis.collective_sequence import (
 )
 from uberprof.analysis.diagnosis.failure_evidence import (
     RankEvidence,
+    frames_lines,
     in_distributed,
     main_of,
     where,
 )
+from uberprof.analysis.diagnosis.findings.kind import FAILURE, FindingKind, no_change
 from uberprof.analysis.diagnosis.host_memory import host_memory_at
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.rundir.ranks import read_step_timeline
 
-__all__ = ["FATAL_SIGNALS", "VICTIM_PATTERNS", "crash_finding"]
+__all__ = ["CRASH", "FATAL_SIGNALS", "VICTIM_PATTERNS", "crash_finding"]
+
+
+def evidence_sentence(f: Finding) -> str:
+    """How many ranks failed, and how the first is chosen."""
+    return (f"{len(f.evidence.get('failed') or [])} rank(s) failed; the first by kind and "
+            "time first")
+
+
+def details(f: Finding) -> list[str]:
+    """The first failure's exception and stack, then every other failed rank's role and
+    what it reported."""
+    e = f.evidence
+    first = e.get("first") or {}
+    exc = first.get("exception") or {}
+    out: list[str] = []
+    if exc:
+        out.append(f"exception: {exc.get('type')}: {exc.get('message')} at {exc.get('where')}")
+    frames = exc.get("frames") or first.get("stack") or []
+    if frames:
+        out.append(f"rank {first.get('rank')} (first to fail):")
+        out += frames_lines(frames)
+    for v in e.get("failed") or []:
+        if v.get("role") != "first":
+            out.append(f"rank {v['rank']} ({v['role']}): {v.get('what')}")
+    return out
+
+
+CRASH = FindingKind(
+    "crash", FAILURE, evidence_sentence,
+    no_change("a job that stops: there is no step to replay without it"),
+    remedy_from="CRASH_REMEDY", details=details,
+    summary="a rank died: the first failure and its cause, the others as its victims")
 
 VICTIM_PATTERNS = re.compile(
     r"connection reset by peer|connection closed by peer|broken pipe|connection refused|"

@@ -16,14 +16,32 @@ from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
 from uberprof.analysis.diagnosis.causes import exposed_comm_remedy
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
-from uberprof.analysis.diagnosis.gaps import around_evidence
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
+from uberprof.analysis.diagnosis.gaps import around_evidence, around_words
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
+from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["KINDS", "exposed_comm_findings"]
 
-KINDS = ("exposed_comm",)
+
+def evidence_sentence(f: Finding) -> str:
+    """What every rank pays, split into waiting for peers and transfer, its share of the
+    communication and what ran around it."""
+    e = f.evidence
+    return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank "
+            f"({e.get('wait_ms')} ms waiting for peers, {e.get('transfer_ms')} ms "
+            f"transfer), {e.get('exposed_of_comm_pct')}% of its communication"
+            + around_words(e))
+
+
+EXPOSED_COMM = FindingKind(
+    "exposed_comm", VERDICT, evidence_sentence, lambda f: (Change("exposed-comm"), ""),
+    page="/communication", remedy_from="exposed_comm_remedy",
+    summary="communication not hidden under compute that every rank pays",
+    whatif="communication hidden where the graph allows (--remove exposed-comm)")
+KINDS = (EXPOSED_COMM,)
 
 
 def exposed_comm_findings(facts: Facts) -> list[Finding]:
@@ -42,7 +60,7 @@ def failed_in(found: list[Finding]) -> int | None:
     """The first step a rank failed in (a crash: the step after the first failed rank's last
     finished one; a hang: the step the stuck ranks never finished), None when none failed or
     the step is not known."""
-    steps = [s for f in found if f.kind in ("crash", "hang") for s in f.steps
+    steps = [s for f in found if f.role == "failure" for s in f.steps
              if isinstance(s, int)]
     return min(steps, default=None)
 

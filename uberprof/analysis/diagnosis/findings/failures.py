@@ -15,15 +15,15 @@ from pathlib import Path
 
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.failure_evidence import load_evidence
-from uberprof.analysis.diagnosis.findings.crash import crash_finding
-from uberprof.analysis.diagnosis.findings.hang import hang_finding
-from uberprof.analysis.diagnosis.model import FAILURE_KINDS, Finding
+from uberprof.analysis.diagnosis.findings.crash import CRASH, crash_finding
+from uberprof.analysis.diagnosis.findings.hang import HANG, hang_finding
+from uberprof.analysis.diagnosis.model import Finding
 from uberprof.rundir import RunDir, list_nodes
 from uberprof.rundir.step_table import StepTail
 
-__all__ = ["FAILURE_KINDS", "KINDS", "failure_findings", "hang_summary", "run_failure_findings"]
+__all__ = ["KINDS", "failure_findings", "hang_summary", "run_failure_findings"]
 
-KINDS = FAILURE_KINDS
+KINDS = (HANG, CRASH)
 
 
 def failure_findings(roots: Path | Iterable[Path],
@@ -37,12 +37,12 @@ def failure_findings(roots: Path | Iterable[Path],
     out = []
     hang = hang_finding(ranks, hangs)
     if hang is not None:
-        out.append(hang)
+        out.append(HANG.declare(hang))
     stopped_at = min((h["detected_ns"] for h in hangs if h.get("action") == "stop"
                       and isinstance(h.get("detected_ns"), int)), default=None)
     crash = crash_finding(ranks, stopped_at, running)
     if crash is not None:
-        out.append(crash)
+        out.append(CRASH.declare(crash))
     return out
 
 

@@ -26,11 +26,53 @@ from uberprof.analysis.diagnosis.collective_sequence import (
     ranks_word,
     sequence_frontier,
 )
-from uberprof.analysis.diagnosis.failure_evidence import RankEvidence, in_distributed, where
+from uberprof.analysis.diagnosis.failure_evidence import (
+    RankEvidence,
+    frames_lines,
+    in_distributed,
+    where,
+)
+from uberprof.analysis.diagnosis.findings.kind import FAILURE, FindingKind, no_change
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.rundir.flight_log import read_flight_log
 
-__all__ = ["FROZEN_STATES", "hang_finding"]
+__all__ = ["FROZEN_STATES", "HANG", "hang_finding"]
+
+
+def evidence_sentence(f: Finding) -> str:
+    """How long no step finished, by which timeout, on which nodes, and what was done."""
+    e = f.evidence
+    return (f"no step finished for {e.get('timeout_s')} s ({e.get('timeout_source')} "
+            f"timeout) on node(s) {', '.join(e.get('nodes') or [])}; action "
+            f"{e.get('action')}" + (" (steps resumed later)" if e.get("resumed_ns") else ""))
+
+
+def details(f: Finding) -> list[str]:
+    """The stuck and departed ranks' stacks, the collective the others wait in, and each
+    mismatch of the collective sequences."""
+    e = f.evidence
+    out: list[str] = []
+    for r in e.get("ranks") or []:
+        if r.get("state") in ("stuck", "departed") and r.get("stack"):
+            out.append(f"rank {r['rank']} ({r['state']}, last step {r.get('last_step')}), "
+                       "main thread:")
+            out += frames_lines(r.get("stack") or [])
+    w = e.get("waiting_in")
+    if w:
+        out.append(f"the others wait in {w.get('op')} #{w.get('seq')} of "
+                   f"{w.get('process_group')}, sizes {w.get('sizes')} {w.get('dtypes')}")
+    for m in e.get("mismatches") or []:
+        calls = "; ".join(f"rank {k}: {c['op']} {c['sizes']} {c['dtypes']}"
+                          for k, c in (m.get("calls") or {}).items())
+        out.append(f"mismatch at #{m['seq']} of {m['process_group']}: {calls}")
+    return out
+
+
+HANG = FindingKind(
+    "hang", FAILURE, evidence_sentence,
+    no_change("a job that stops: there is no step to replay without it"),
+    remedy_from="HANG_REMEDY", details=details,
+    summary="no step finished for longer than the hang timeout: the stuck rank, where, why")
 
 def hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
                   ) -> Finding | None:

@@ -20,12 +20,27 @@ import numpy as np
 from uberprof.analysis.diagnosis.causes import HOST_CPU
 from uberprof.analysis.diagnosis.evidence import Test
 from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.findings.kind import CONTEXT, FindingKind, no_change
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.analysis.tables.context import RunContext
 
 __all__ = ["KINDS", "MIN_SAMPLES", "SATURATED_PCT", "host_cpu_findings", "saturated_hosts"]
 
-KINDS = ("host_cpu",)
+
+
+def evidence_sentence(f: Finding) -> str:
+    """The host's median and 10th-percentile CPU use, over how many samples of which span."""
+    e = f.evidence
+    return (f"median {e.get('median_pct')}%, p10 {e.get('p10_pct')}% over "
+            f"{e.get('samples')} samples ({e.get('basis')})")
+
+
+HOST_CPU_KIND = FindingKind(
+    "host_cpu", CONTEXT, evidence_sentence,
+    no_change("it explains other findings and stakes no time of its own"),
+    page="/counters", remedy_from="HOST_CPU",
+    summary="a saturated host, which explains the findings it slows")
+KINDS = (HOST_CPU_KIND,)
 SATURATED_PCT = 90.0
 MIN_SAMPLES = 5
 

@@ -16,14 +16,52 @@ import pyarrow as pa
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, remedy_for
 from uberprof.analysis.diagnosis.evidence import count_test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
-from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
+from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence, around_words
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
-from uberprof.units import ns_to_ms as _ms
+from uberprof.analysis.diagnosis.whatif_changes import Change
+from uberprof.units import ns_to_ms as _ms, shorten
 
 __all__ = ["KINDS", "idle_findings"]
 
-KINDS = tuple(dict.fromkeys(GAP_CAUSES[c].kind for c in CAUSES))
+
+def evidence_sentence(f: Finding) -> str:
+    """Its gaps, idle time per rank (the four worst), its largest gap and what ran around
+    the idle time."""
+    e = f.evidence
+    per = e.get("idle_ms_per_rank") or {}
+    top = sorted(per.items(), key=lambda kv: -(kv[1] or 0))[:4]
+    g = e.get("largest_gap") or {}
+    return (f"{e.get('gaps')} gaps; idle ms per rank: "
+            + ", ".join(f"{r}: {v}" for r, v in top)
+            + (f"; largest {g.get('ms')} ms on rank {g.get('rank')} step {g.get('step')} "
+               f"after {shorten(g.get('before'), 48, missing='-')}" if g else "")
+            + around_words(e))
+
+
+def _idle_change(f: Finding) -> tuple[Change | None, str]:
+    if f.cause == "sync":
+        return Change("sync"), ""
+    return None, (f"no what-if change models idle time of cause '{f.cause}' (uberprof "
+                  "whatif --op projects a faster operator)")
+
+
+_GAPS, _REMEDY = "/gaps", "GAP_CAUSES"
+DATA_STALL = FindingKind(
+    "data_stall", VERDICT, evidence_sentence, lambda f: (Change("data"), ""), page=_GAPS,
+    remedy_from=_REMEDY, summary="the device waits for the data loader",
+    whatif="the data-loader waits removed (--remove data)")
+LAUNCH_BOUND = FindingKind(
+    "launch_bound", VERDICT, evidence_sentence, lambda f: (Change("launch"), ""), page=_GAPS,
+    remedy_from=_REMEDY, summary="the device waits for the host to launch work",
+    whatif="launch overhead removed (--remove launch)")
+IDLE = FindingKind(
+    "idle", VERDICT, evidence_sentence, _idle_change, page=_GAPS, remedy_from=_REMEDY,
+    summary="the device idles for another cause (sync, host work, other)",
+    whatif="cause sync: its waits removed (--remove sync); other causes: none (whatif --op "
+           "projects a faster operator)")
+KINDS = (DATA_STALL, LAUNCH_BOUND, IDLE)
 
 
 def idle_findings(facts: Facts) -> list[Finding]:

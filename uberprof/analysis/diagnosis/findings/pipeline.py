@@ -18,13 +18,32 @@ from __future__ import annotations
 from uberprof.analysis.diagnosis.causes import PIPELINE_IMBALANCE_REMEDY
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages
+from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["KINDS", "MIN_EXCESS", "pipeline_findings"]
 
-KINDS = ("pipeline_imbalance",)
+
+def evidence_sentence(f: Finding) -> str:
+    """The slowest stage's compute against the stages' mean, and each stage's waits."""
+    e = f.evidence
+    waits = "; ".join(f"{stage} waits {w.get('wait_prev_ms')} ms for the previous stage, "
+                      f"{w.get('wait_next_ms')} ms for the next"
+                      for stage, w in (e.get("waits") or {}).items())
+    return (f"stage {e.get('slowest_stage')} computes {e.get('slowest_compute_ms')} ms a step "
+            f"against the stages' mean {e.get('mean_compute_ms')} ms "
+            f"(+{e.get('excess_pct')}%)" + (f"; {waits}" if waits else ""))
+
+
+PIPELINE_IMBALANCE = FindingKind(
+    "pipeline_imbalance", VERDICT, evidence_sentence, lambda f: (Change("balance"), ""),
+    page="/parallelism", remedy_from="PIPELINE_IMBALANCE",
+    summary="one pipeline stage computes more than the others",
+    whatif="the stages' compute at their mean (--balance-stages)")
+KINDS = (PIPELINE_IMBALANCE,)
 MIN_EXCESS = 0.15  # the slowest stage's compute over the stages' mean
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from uberprof.analysis.diagnosis.causes import STRAGGLER_CAUSES, remedy_for
 from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
 from uberprof.analysis.diagnosis.model import Finding, severity_of
 from uberprof.analysis.diagnosis.op_excess import operator_excess
 from uberprof.analysis.diagnosis.stragglers import (
@@ -21,12 +22,52 @@ from uberprof.analysis.diagnosis.stragglers import (
     basis_words,
 )
 from uberprof.analysis.diagnosis.summaries import RankSummaries
+from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.analysis.tables.context import RunContext
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["KINDS", "straggler_findings"]
 
-KINDS = ("straggler",)
+
+
+def evidence_sentence(f: Finding) -> str:
+    """Its arrivals, lateness against the others' spread, the delay it adds, its excess per
+    step by part, and the GPU clocks and operators behind it where known."""
+    e = f.evidence
+    x = e.get("excess_per_step_ms") or {}
+    parts = [f"last in {e.get('last_in')}/{e.get('instances')} collectives"
+             + (" of the traced window" if (e.get("basis") or {}).get("source") ==
+                BASIS_FLIGHT_RECORDER else ""),
+             (f"median lateness {e.get('median_lateness_ms')} ms (others' spread "
+              f"{e.get('others_spread_ms')} ms)"),
+             f"adds {e.get('delay_ms')} ms wall, {e.get('others_wait_ms')} ms of others' "
+             "waiting",
+             "excess per step: " + ", ".join(f"{k} {v:+.1f} ms" for k, v in x.items()
+                                              if v is not None)]
+    g = e.get("gpu")
+    if g:
+        parts.append(f"GPU SM clock {g.get('sm_clock_mhz')} MHz vs others "
+                     f"{g.get('others_sm_clock_mhz')}, slowdown {g.get('slowdown_pct')}%")
+    ops = e.get("operators_excess") or []
+    if ops:
+        parts.append("more than the others' median, per step: " + ", ".join(
+            f"{o['name']} {o['excess_ms']:+.1f} ms ({o['calls']:g} vs "
+            f"{o['others_median_calls']:g} calls)" for o in ops[:4]))
+    return "; ".join(parts)
+
+
+def _change(f: Finding) -> tuple[Change | None, str]:
+    if not f.ranks:
+        return None, "no rank was named"
+    return Change("straggler", rank=int(f.ranks[0])), ""
+
+
+STRAGGLER = FindingKind(
+    "straggler", VERDICT, evidence_sentence, _change, page="/stragglers",
+    remedy_from="STRAGGLER_CAUSES",
+    summary="the rank that arrives last at the collectives, and why",
+    whatif="its extra work at the others' median (--remove straggler)")
+KINDS = (STRAGGLER,)
 # causes whose finding names the operators behind the excess: more work, or the same work
 # slowed by other load on the host (then with as many calls as the others')
 _WORK_CAUSES = ("compute", "host_launch", "preempted")

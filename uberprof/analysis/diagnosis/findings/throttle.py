@@ -11,13 +11,29 @@ import pyarrow as pa
 
 from uberprof.analysis.diagnosis.causes import THROTTLE_REMEDY
 from uberprof.analysis.diagnosis.facts import Facts
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, no_change
 from uberprof.analysis.diagnosis.gpu_clocks import SLOWDOWN_FRACTION, GpuClocks
 from uberprof.analysis.diagnosis.model import Finding, ranks_text, severity_of
 from uberprof.analysis.diagnosis.stragglers import Straggler
 
 __all__ = ["KINDS", "throttle_findings"]
 
-KINDS = ("throttle",)
+
+
+def evidence_sentence(f: Finding) -> str:
+    """Each throttled GPU's SM clock, slowdown and throttle reasons."""
+    return "; ".join(f"rank {r}: {g.get('sm_clock_mhz')} MHz, slowdown "
+                     f"{g.get('slowdown_pct')}% {g.get('reasons')}"
+                     for r, g in (f.evidence.get("gpus") or {}).items())
+
+
+THROTTLE = FindingKind(
+    "throttle", VERDICT, evidence_sentence,
+    no_change("the replay has no model of clock speed: the throttled GPUs' kernels are "
+              "not re-timed at full clock; ranked by its own time at stake"),
+    page="/counters", remedy_from="THROTTLE_REMEDY",
+    summary="GPU clocks slowed down by power, thermal or other throttle reasons")
+KINDS = (THROTTLE,)
 
 
 def throttle_findings(facts: Facts) -> list[Finding]:

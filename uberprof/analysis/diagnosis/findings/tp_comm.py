@@ -35,12 +35,40 @@ from uberprof.analysis.diagnosis.causes import TP_EXPOSED_COMM
 from uberprof.analysis.diagnosis.evidence import Test, count_test
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.exposed_comm import exposed_comm_findings
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
 from uberprof.analysis.diagnosis.group_comm import GroupComm
 from uberprof.analysis.diagnosis.model import Finding, severity_of
+from uberprof.analysis.diagnosis.whatif_changes import Change
 
 __all__ = ["KINDS", "tp_exposed_comm_findings", "tp_only", "unless_tensor_parallel_only"]
 
-KINDS = ("tp_exposed_comm",)
+
+def evidence_sentence(f: Finding) -> str:
+    """The TP group's exposed time, waiting and transfer; or, where the groups' parts cannot
+    be told apart, the combined figure and that it is not separable."""
+    e = f.evidence
+    if e.get("separable") is False:
+        return (f"{e.get('combined_exposed_ms')} ms exposed over all groups together "
+                f"({e.get('combined_share_pct')}%); the TP group's part is not separable")
+    return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed in the TP group of "
+            f"{e.get('tp_degree')} ({e.get('wait_ms')} ms waiting for peers, "
+            f"{e.get('transfer_ms')} ms transfer), {e.get('exposed_of_comm_pct')}% of its "
+            "communication")
+
+
+def _change(f: Finding) -> tuple[Change | None, str]:
+    groups = tuple(tuple(int(r) for r in g) for g in f.evidence.get("tp_groups") or [] if g)
+    if not groups:
+        return None, "the tensor-parallel groups are not known: nothing to scope the change to"
+    return Change("exposed-comm", groups=groups), ""
+
+
+TP_EXPOSED = FindingKind(
+    "tp_exposed_comm", VERDICT, evidence_sentence, _change, page="/parallelism",
+    remedy_from="TP_EXPOSED_COMM",
+    summary="the tensor-parallel groups' exposed communication",
+    whatif="their collectives hidden (--remove exposed-comm within those groups)")
+KINDS = (TP_EXPOSED,)
 
 Make = Callable[[Facts], list[Finding]]
 
