@@ -28,7 +28,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
         return ui.page("page-gaps", *body)
     by = q.gaps_by_rank(data)
     d = data.diagnose()
-    threshold = d.run.get("gap_threshold_us")
+    threshold = d.run["gap_threshold_us"]
     if by is None or by.num_rows == 0:
         body.append(ui.notice(f"No idle gap longer than {threshold:g} µs in the traced steps.",
                               "ok", id="no-gaps"))

@@ -65,7 +65,7 @@ class WindowSeries:
 def _run_doc(data: RunData, key: str) -> dict[str, Any]:
     """`run.<key>` of the saved diagnosis, {} when there is none."""
     d = data.diagnose()
-    return (d.run.get(key) if d is not None else None) or {}
+    return (d.run[key] if d is not None else None) or {}
 
 
 def _memory(data: RunData) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class RankBars:
 def document(data: RunData) -> dict[str, Any] | None:
     """`run.operators` of the saved diagnosis; None when it has none."""
     d = data.diagnose()
-    return (d.run.get("operators") if d is not None else None) or None
+    return (d.run["operators"] if d is not None else None) or None
 
 
 def shapes_recorded(data: RunData) -> bool:

@@ -48,7 +48,7 @@ def _health(run: RunData, pending: bool = False) -> dict[str, Any]:
                               if m == "device"), None) or ("cpu" if modes else None)
     d = None if pending else run.diagnose()
     if d is not None:
-        out["backend"] = d.run.get("backend")
+        out["backend"] = d.run["backend"]
         for f in d.findings:
             out["findings"][f.severity] = out["findings"].get(f.severity, 0) + 1
         s = d.straggler
@@ -59,8 +59,8 @@ def _health(run: RunData, pending: bool = False) -> dict[str, Any]:
                                 "delay_ms": s.delay_ns / 1e6, "host": run.host_of(s.rank),
                                 "confidence": named.confidence if named else "confirmed"}
         # what the straggler test decided and why, also when it named nobody
-        out["straggler_test"] = d.run.get("straggler_test")
-        out["analysed_wall_ms"] = d.run.get("analysed_wall_ms")
+        out["straggler_test"] = d.run["straggler_test"]
+        out["analysed_wall_ms"] = d.run["analysed_wall_ms"]
         out["residual_us"] = max((h.residual_ns or 0 for h in d.alignment.hosts),
                                  default=0) / 1e3
     return out

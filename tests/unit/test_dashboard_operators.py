@@ -155,7 +155,7 @@ def test_a_diagnosis_without_operators_says_so(gpu_data: Any) -> None:
     from uberprof.dashboards.data import RunData
 
     d = gpu_data.opened.diagnosis
-    old = dataclasses.replace(d, run={k: v for k, v in d.run.items() if k != "operators"})
+    old = dataclasses.replace(d, run={**d.run, "operators": None})
     data = RunData.of(dataclasses.replace(gpu_data.opened, diagnosis=old), workers=1)
     lay = _layout(data)
     assert "operators-none" in _ids(lay) and "operators-table" not in _ids(lay)

@@ -136,7 +136,8 @@ def test_memory_timeline_has_step_operator_and_the_peak(tmp_path: Path) -> None:
     assert "layers.1.attn" in text and "aten::mm" in text and "[memory]" in text
     quiet = io.StringIO()
     render_modules({"modules": None}, Console(file=quiet), lambda c, t: c.print(t))
-    render_memory_timeline({}, Console(file=quiet), lambda c, t: c.print(t))
+    render_memory_timeline({"memory_timeline": None}, Console(file=quiet),
+                           lambda c, t: c.print(t))
     assert quiet.getvalue() == ""
 
 

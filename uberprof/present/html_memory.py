@@ -37,7 +37,7 @@ def _cell(v: Any, kind: str) -> str:
 
 def memory_html(run: dict[str, Any]) -> str:
     """An <h2> and a table of every rank's memory, or "" when the run has none."""
-    mem = run.get("memory") or {}
+    mem = run["memory"] or {}
     ranks = mem.get("ranks") or []
     if not ranks:
         return ""

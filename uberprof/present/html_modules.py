@@ -32,7 +32,7 @@ def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
 
 def modules_html(run: dict[str, Any]) -> str:
     """An <h2> section with every module the document holds, largest total first."""
-    doc = run.get("modules") or {}
+    doc = run["modules"] or {}
     rows = doc.get("modules") or []
     if not rows:
         return ""
@@ -58,7 +58,7 @@ def modules_html(run: dict[str, Any]) -> str:
 def memory_timeline_html(run: dict[str, Any]) -> str:
     """An <h2> section with each rank's (and device's) peak in the trace window: how much,
     when (step, time into it) and the operator running then."""
-    doc = run.get("memory_timeline") or {}
+    doc = run["memory_timeline"] or {}
     rows = doc.get("ranks") or []
     if not rows:
         return ""

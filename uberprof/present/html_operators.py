@@ -15,7 +15,7 @@ __all__ = ["operators_html"]
 
 def operators_html(run: dict[str, Any]) -> str:
     """An <h2> section with the top operators, kernels and communication kernels tables."""
-    ops = run.get("operators") or {}
+    ops = run["operators"] or {}
     parts = [_host_groupings(ops),
              _device(ops.get("kernels") or [], ops.get("kernels_total"), "Kernels"),
              _device(ops.get("comm_kernels") or [], ops.get("comm_kernels_total"),

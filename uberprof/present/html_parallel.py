@@ -14,9 +14,9 @@ __all__ = ["parallel_html"]
 
 def parallel_html(run: dict[str, Any]) -> str:
     """The sections the run has, each an <h2> and a table."""
-    return "\n".join(s for s in (_pipeline(run.get("pipeline")),
-                                 _groups(run.get("comm_by_group") or []),
-                                 _p2p(run.get("p2p") or {})) if s)
+    return "\n".join(s for s in (_pipeline(run["pipeline"]),
+                                 _groups(run["comm_by_group"]),
+                                 _p2p(run["p2p"] or {})) if s)
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:

@@ -50,11 +50,11 @@ def render_html(d: Diagnosis) -> str:
                                  config={"displaylogo": False}))
     r = d.run
     e = html.escape
-    name = e(str(r.get("run_id") or r["path"]))
+    name = e(str(r["run_id"] or r["path"]))
     head = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>uberprof report {name}"
             f"</title><style>{_CSS}</style></head><body>")
     parts = [head,
-             f"<h1>uberprof report: {e(str(r.get('run_id') or r['path']))}</h1>",
+             f"<h1>uberprof report: {e(str(r['run_id'] or r['path']))}</h1>",
              f"<div class='dim'>{e(_summary_line(d))}</div>",
              _parallelism_html(r),
              "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
@@ -67,15 +67,15 @@ def render_html(d: Diagnosis) -> str:
 
 def _summary_line(d: Diagnosis) -> str:
     r = d.run
-    steps = r.get("analysed_steps") or []
+    steps = r["analysed_steps"]
     span = f"steps {steps[0]}-{steps[-1]}" if steps and steps != [-1] else "whole trace"
-    c = r.get("collectives") or {}
-    return (f"{r['world_size']} rank(s) on {len(r.get('hosts') or {})} host(s), "
-            f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
-            f"({r.get('analysed_wall_ms')} ms wall); median step {r.get('step_time_ms')} ms "
+    c = r["collectives"]
+    return (f"{r['world_size']} rank(s) on {len(r['hosts'])} host(s), "
+            f"{r['backend'] or '?'} / {r['device_type']}; analysed {span} "
+            f"({r['analysed_wall_ms']} ms wall); median step {r['step_time_ms']} ms "
             f"(traced steps; {_inflation(r)}); "
             f"{c.get('matched_instances', 0)} matched collectives, "
-            f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r.get('uberprof_version')}")
+            f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r['uberprof_version']}")
 
 
 def _parallelism_html(r: dict[str, Any]) -> str:
@@ -83,14 +83,14 @@ def _parallelism_html(r: dict[str, Any]) -> str:
     line = parallelism_line(r)
     if not line:
         return ""
-    ev = (r.get("parallelism") or {}).get("evidence") or {}
+    ev = (r["parallelism"] or {}).get("evidence") or {}
     basis = "; ".join(f"{k}: {v}" for k, v in ev.items()) or "no marker in the traces"
     return (f"<div class='parallelism' title='{html.escape(basis, quote=True)}'>"
             f"{html.escape(line)}</div>")
 
 
 def _inflation(r: dict[str, Any]) -> str:
-    st = r.get("step_time") or {}
+    st = r["step_time"] or {}
     infl, iv = st.get("profiler_inflation"), st.get("profiler_inflation_interval")
     text = (f"profiler inflation {infl}x" + (f", 95% interval {iv[0]}-{iv[1]}x" if iv else "")
             if infl else "profiler inflation unknown (no untraced steps)")
@@ -121,10 +121,10 @@ def _findings_html(d: Diagnosis) -> str:
             f"<div class='remedy'>&rarr; {e(f.remedy)}</div>"
             f"<details><summary class='dim'>evidence</summary><pre>{e(_pretty(f.evidence))}"
             f"</pre></details></div>")
-    both = d.run.get("fix_top_two")
+    both = d.run["fix_top_two"]
     if isinstance(both, dict) and both.get("sentence"):
         out.append(f"<p class='together'><b>Together</b>: {e(both['sentence'])}</p>")
-    replay = d.run.get("replay")
+    replay = d.run["replay"]
     for caveat in (replay.get("caveats") or []) if isinstance(replay, dict) else []:
         out.append(f"<p class='caution'><b>Caution</b> (projected gains): {e(caveat)}</p>")
     return "\n".join(out)
@@ -285,7 +285,7 @@ def _gaps_fig(d: Diagnosis) -> Any:
             fig.add_trace(go.Bar(x=ranks, y=ys, name=c))
     if not fig.data:
         return None
-    thr = d.run.get("gap_threshold_us")
+    thr = d.run["gap_threshold_us"]
     fig.update_layout(barmode="stack", title=f"Idle gaps over {thr} µs by cause",
                       xaxis_title="rank", yaxis_title="ms", height=360, margin={"t": 40, "b": 40})
     return fig

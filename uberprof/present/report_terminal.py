@@ -43,7 +43,7 @@ def render_report(d: Diagnosis, console: Console) -> None:
     render_memory_timeline(d.run, console, _print_table)
     render_critical_path(d.run, console)
     _gaps(d, console)
-    problems = d.run.get("problems") or []
+    problems = d.run["problems"]
     if problems:
         console.print("[bold red]problems[/bold red]")
         for p in problems[:10]:
@@ -77,38 +77,38 @@ def _short(name: Any, n: int = 48) -> str:
 
 def _of_world(r: dict[str, Any]) -> str:
     """"4", or "3 of 4" when ranks of the world are missing."""
-    n = len(r.get("ranks") or [])
+    n = len(r["ranks"])
     return f"{n} of {r['world_size']}" if n < r["world_size"] else str(r["world_size"])
 
 
 def _header(d: Diagnosis, console: Console) -> None:
     r = d.run
-    hosts = r.get("hosts") or {}
-    steps = r.get("analysed_steps") or []
+    hosts = r["hosts"]
+    steps = r["analysed_steps"]
     span = ("whole trace (no step annotations)" if steps == [-1] else
             f"steps {steps[0]}-{steps[-1]}" if steps else "no steps")
-    title = Text(f"uberprof report  {r.get('run_id') or r['path']}", style="bold")
+    title = Text(f"uberprof report  {r['run_id'] or r['path']}", style="bold")
     console.print(title)
     console.print(
         f"{_of_world(r)} rank(s) on {len(hosts)} host(s), "
-        f"{r.get('backend') or '?'} / {r.get('device_type')}; analysed {span} "
-        f"({_ms(r.get('analysed_wall_ms'))} ms wall), median step {_ms(r.get('step_time_ms'))} ms",
+        f"{r['backend'] or '?'} / {r['device_type']}; analysed {span} "
+        f"({_ms(r['analysed_wall_ms'])} ms wall), median step {_ms(r['step_time_ms'])} ms",
         highlight=False)
     par = parallelism_line(r)
     if par:
         console.print(par, highlight=False)
-    st = r.get("step_time") or {}
+    st = r["step_time"] or {}
     line = _step_time_line(st)
     if line:
         console.print(f"[dim]{line}[/dim]", highlight=False)
-    t = (r.get("straggler_test") or {}).get("test") or {}
-    if t.get("sentence") and (r.get("straggler_test") or {}).get("decision") == "none":
+    t = (r["straggler_test"] or {}).get("test") or {}
+    if t.get("sentence") and (r["straggler_test"] or {}).get("decision") == "none":
         console.print(f"[dim]straggler test: {t['sentence']}[/dim]", highlight=False)
-    c = r.get("collectives") or {}
+    c = r["collectives"]
     line = (f"collectives: {c.get('matched_instances', 0)} matched instance(s), "
             f"{c.get('unmatched_calls', 0)} unmatched call(s)")
     console.print(line, highlight=False)
-    for h in (r.get("clock_alignment") or {}).get("hosts") or []:
+    for h in r["clock_alignment"]["hosts"]:
         if h["method"] == "reference" and len(hosts) <= 1:
             continue
         desc = f"clock {h['host']}: "
@@ -134,7 +134,7 @@ def _header(d: Diagnosis, console: Console) -> None:
 def parallelism_line(run: dict[str, Any]) -> str:
     """"Parallelism: pipeline (2 stages) x DDP (2)" from the saved reading (`run.parallelism`),
     with each pipeline stage's ranks; "" for a saved diagnosis that has none."""
-    p = run.get("parallelism") or {}
+    p = run["parallelism"] or {}
     if not p.get("summary"):
         return ""
     line = f"Parallelism: {p['summary']}"
@@ -176,7 +176,7 @@ def _ranks(d: Diagnosis, console: Console) -> None:
     if not d.ranks:
         return
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
-    many_hosts = len(d.run.get("hosts") or {}) > 1
+    many_hosts = len(d.run["hosts"]) > 1
     any_gaps = any(x["idle_gaps"]["count"] for x in d.ranks)
     host_w = min(max((len(str(x["host"])) for x in d.ranks), default=4), 12)
     cols = ["rank", *(["host"] if many_hosts else []), "step ms", "comp%", "exp%", "idle%",
@@ -278,7 +278,7 @@ def _finding(i: int, f: Finding, console: Console) -> None:
 
 
 def _bandwidth(d: Diagnosis, console: Console) -> None:
-    classes = d.run.get("bandwidth") or []
+    classes = d.run["bandwidth"]
     if not classes:
         return
     table = Table(show_edge=False, header_style="bold", pad_edge=False,

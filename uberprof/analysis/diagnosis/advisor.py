@@ -58,6 +58,7 @@ from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
 from uberprof.analysis.diagnosis.op_excess import same_work
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
 from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
+from uberprof.analysis.diagnosis.report_doc import RunDoc, as_json
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
     BASIS_TRACES,
@@ -156,17 +157,17 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                         f"the peer's receive/send{why}")
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type, parallelism)
-    run["p2p"] = p2p_doc(p2p)
-    run["pipeline"] = pipeline.as_dict() if pipeline is not None else None
-    run["comm_by_group"] = [g.as_dict() for g in groups]
-    run["operators"] = run_operators(ctx, traced)
-    run["memory"] = run_memory(ctx)
-    run["modules"] = run_modules(ctx, traced)
-    run["memory_timeline"] = run_memory_timeline(ctx, traced)
-    run["critical_path"], run["replay"] = cp_doc, rp_doc  # the graph built once, above
-    run["fix_top_two"] = top_two(findings, proj)
+    run.p2p = p2p_doc(p2p)  # RunDoc: fields declared in report_doc.py, none added here
+    run.pipeline = pipeline.as_dict() if pipeline is not None else None
+    run.comm_by_group = [g.as_dict() for g in groups]
+    run.operators = run_operators(ctx, traced)
+    run.memory = run_memory(ctx)
+    run.modules = run_modules(ctx, traced)
+    run.memory_timeline = run_memory_timeline(ctx, traced)
+    run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
+    run.fix_top_two = top_two(findings, proj)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
-    return Diagnosis(run=run, ranks=ranks_doc(ctx, traced, summaries), findings=findings,
+    return Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
                      classes=classes, straggler=tests.straggler, steps=traced,
                      summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
@@ -259,16 +260,16 @@ def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gap
     return _StragglerTests(s_test, traced_test, straggler, basis_doc)
 
 
-def _add_verdict_docs(run: dict[str, Any], ctx: RunContext, tests: _StragglerTests,
+def _add_verdict_docs(run: RunDoc, ctx: RunContext, tests: _StragglerTests,
                       median_step: float | None, wall_ns: int, findings: list[Finding]) -> None:
     """The report document's straggler test, step time and accounting (docs/json.md)."""
     doc = tests.test.as_dict() if tests.test is not None else None
     if doc is not None and tests.flight_recorder is not None:
         doc["flight_recorder"] = tests.flight_recorder
         doc["traced"] = tests.traced.as_dict() if tests.traced else None
-    run["straggler_test"] = doc
-    run["step_time"] = step_time_doc(ctx.steps(), median_step)
-    run["accounting"] = {
+    run.straggler_test = doc
+    run.step_time = step_time_doc(ctx.steps(), median_step)
+    run.accounting = {
         "analysed_wall_ms": _ms(wall_ns),
         "at_stake_ms": round(sum(f.time_at_stake_ms for f in findings), 3),
         "rule": "each lost millisecond is counted by one finding; waiting for peers inside a "

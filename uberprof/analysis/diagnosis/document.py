@@ -1,7 +1,9 @@
 """The report document: the one builder of what `uberprof report --json` prints and the HTML
 report, the dashboard and the export read (docs/json.md). Every case goes through `run_doc`: a
 full diagnosis, a run directory without traces (its hang and crash findings only) and a path
-with nothing to diagnose, so a field is always there, empty or null where nothing was analysed.
+with nothing to diagnose. It builds a `RunDoc` (`report_doc.py`), which declares every key, so
+a field is always there, empty or null where nothing was analysed; the advisor fills the rest
+of its fields, and `as_json` makes the plain dict `Diagnosis.run` holds.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof._version import __version__
 from uberprof.analysis.diagnosis.bandwidth import BANDWIDTH_SCHEMA, BandwidthClass
 from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA
 from uberprof.analysis.diagnosis.lateness import LATENESS_SCHEMA
 from uberprof.analysis.diagnosis.memory import memory_doc
-from uberprof.analysis.diagnosis.model import SCHEMA_VERSION, Diagnosis, Finding
+from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.analysis.diagnosis.report_doc import RankDoc, RunDoc, as_json
 from uberprof.analysis.diagnosis.summaries import RankSummaries, summarise
 from uberprof.analysis.tables.align import Alignment
 from uberprof.analysis.tables.collectives import INSTANCE_SCHEMA, Matched
@@ -33,29 +35,27 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
             hosts: dict[str, list[int]], backend: str | None, device_type: str,
             analysed_steps: list[int], wall_ns: int | None, median_step_ns: float | None,
             threshold_ns: int | None, alignment: Alignment, matched: Matched,
-            classes: list[BandwidthClass], problems: list[str]) -> dict[str, Any]:
-    """The `run` object of the report document (docs/json.md): the same fields in every case.
-    The diagnosis adds `straggler_test`, `step_time`, `accounting`, `parallelism` and
-    `operators` (`top_ops.py`) where it ran; `memory` (`memory.py`) wherever the run directory
-    has memory to show."""
+            classes: list[BandwidthClass], problems: list[str]) -> RunDoc:
+    """The `run` object of the report document (docs/json.md), with every field of `RunDoc`
+    in every case. The diagnosis fills `straggler_test`, `step_time`, `accounting`,
+    `parallelism`, `operators` (`top_ops.py`), ... where it ran; `memory` (`memory.py`)
+    wherever the run directory has memory to show; the rest stay null or empty."""
     un = matched.unmatched
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "uberprof_version": __version__,
-        "path": str(path),
-        "run_id": run_id,
-        "kind": kind,
-        "world_size": world_size,
-        "ranks": ranks,
-        "hosts": hosts,
-        "backend": backend,
-        "device_type": device_type,
-        "analysed_steps": analysed_steps,
-        "analysed_wall_ms": _ms(wall_ns) if wall_ns else None,
-        "step_time_ms": _ms(median_step_ns),
-        "gap_threshold_us": threshold_ns / 1e3 if threshold_ns is not None else None,
-        "clock_alignment": alignment.as_dict(),
-        "collectives": {
+    return RunDoc(
+        path=str(path),
+        run_id=run_id,
+        kind=kind,
+        world_size=world_size,
+        ranks=ranks,
+        hosts=hosts,
+        backend=backend,
+        device_type=device_type,
+        analysed_steps=analysed_steps,
+        analysed_wall_ms=_ms(wall_ns) if wall_ns else None,
+        step_time_ms=_ms(median_step_ns),
+        gap_threshold_us=threshold_ns / 1e3 if threshold_ns is not None else None,
+        clock_alignment=alignment.as_dict(),
+        collectives={
             "matched_instances": matched.n_instances,
             "unmatched_calls": un.num_rows,
             "unmatched_examples": [
@@ -65,24 +65,15 @@ def run_doc(*, path: Path, run_id: str | None, kind: str, world_size: int, ranks
             "groups": {g: {"ranks": v, "matched_by": matched.method.get(g)}
                        for g, v in matched.groups.items()},
         },
-        "bandwidth": [c.as_dict() for c in classes],
-        "problems": problems,
-        "straggler_test": None,
-        "step_time": None,
-        "accounting": None,
-        "parallelism": None,
-        "operators": None,
-        "memory": None,
-        "critical_path": None,  # diagnosis/whatif.py
-        "replay": None,
-        "fix_top_two": None,  # diagnosis/gains.py: the top two findings' fixes together
-    }
+        bandwidth=[c.as_dict() for c in classes],
+        problems=problems,
+    )
 
 
 def run_doc_of(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: float | None,
                alignment: Alignment, matched: Matched, threshold_ns: int, problems: list[str],
                classes: list[BandwidthClass], device_type: str,
-               parallelism: Parallelism | None = None) -> dict[str, Any]:
+               parallelism: Parallelism | None = None) -> RunDoc:
     """`run_doc` of a diagnosed run, with its parallelism (`tables/parallelism.py`)."""
     hosts: dict[str, list[int]] = {}
     for r in ctx.rank_ids:
@@ -96,7 +87,7 @@ def run_doc_of(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: flo
         analysed_steps=sorted(set(traced.column("step").to_pylist())) if traced.num_rows else [],
         wall_ns=wall_ns, median_step_ns=median_step, threshold_ns=threshold_ns,
         alignment=alignment, matched=matched, classes=classes, problems=problems)
-    doc["parallelism"] = parallelism.as_dict() if parallelism is not None else None
+    doc.parallelism = parallelism.as_dict() if parallelism is not None else None
     return doc
 
 
@@ -122,8 +113,8 @@ def empty_diagnosis(root: Path, problems: list[str], findings: list[Finding] | N
                   device_type="cuda" if any(m.device for m in metas.values()) else "cpu",
                   analysed_steps=[], wall_ns=None, median_step_ns=None, threshold_ns=None,
                   alignment=alignment, matched=matched, classes=[], problems=problems)
-    doc["memory"] = memory_doc(root) if is_run else None
-    return Diagnosis(run=doc, ranks=[], findings=list(findings or []), alignment=alignment,
+    doc.memory = memory_doc(root) if is_run else None
+    return Diagnosis(run=as_json(doc), ranks=[], findings=list(findings or []), alignment=alignment,
                      matched=matched, lateness=lat, gaps=gaps,
                      bandwidth=BANDWIDTH_SCHEMA.empty_table(), classes=[], straggler=None,
                      steps=RUN_STEP_SCHEMA.empty_table(), summaries=summarise(lat, gaps))
@@ -146,27 +137,27 @@ def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries
         late = summaries.lateness_of(r)
         idle_ns, gaps = summaries.idle_of(r)
         st = per_step.get(r, {})
-        out.append({
-            "rank": r,
-            "host": info.host,
-            "mode": info.mode,
-            "device_type": info.device_type,
-            "steps": b.get("steps"),
-            "step_time_ms": {"median": b.get("step_time_median_ms"),
-                             "p90": b.get("step_time_p90_ms")},
-            "breakdown_pct": {k: b.get(f"{k}_pct") for k in
-                              ("compute", "non_compute", "exposed_comm", "memory", "idle",
-                               "overlap")},
-            "analysed": {"compute_ms": _ms(st.get("compute_ns")),
-                         "exposed_comm_ms": _ms(st.get("exposed_comm_ns")),
-                         "idle_ms": _ms(st.get("idle_ns")),
-                         "data_wait_ms": _ms(st.get("data_wait_ns")),
-                         "window_ms": _ms(st.get("window_ns"))},
-            "idle_gaps": {"count": gaps,
-                          "ms_by_cause": {c: _ms(v) for c, v in idle_ns.items()}},
-            "lateness_ms": {"median": _ms(late["median_ns"]), "p90": _ms(late["p90_ns"]),
-                            "last_in": late["last_in"], "instances": late["instances"]},
-        })
+        out.append(as_json(RankDoc(
+            rank=r,
+            host=info.host,
+            mode=info.mode,
+            device_type=info.device_type,
+            steps=b.get("steps"),
+            step_time_ms={"median": b.get("step_time_median_ms"),
+                          "p90": b.get("step_time_p90_ms")},
+            breakdown_pct={k: b.get(f"{k}_pct") for k in
+                           ("compute", "non_compute", "exposed_comm", "memory", "idle",
+                            "overlap")},
+            analysed={"compute_ms": _ms(st.get("compute_ns")),
+                      "exposed_comm_ms": _ms(st.get("exposed_comm_ns")),
+                      "idle_ms": _ms(st.get("idle_ns")),
+                      "data_wait_ms": _ms(st.get("data_wait_ns")),
+                      "window_ms": _ms(st.get("window_ns"))},
+            idle_gaps={"count": gaps,
+                       "ms_by_cause": {c: _ms(v) for c, v in idle_ns.items()}},
+            lateness_ms={"median": _ms(late["median_ns"]), "p90": _ms(late["p90_ns"]),
+                         "last_in": late["last_in"], "instances": late["instances"]},
+        )))
     return out
 
 

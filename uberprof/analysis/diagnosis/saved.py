@@ -36,6 +36,7 @@ from uberprof._version import __version__
 from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
 from uberprof.analysis.diagnosis.gaps import DEFAULT_THRESHOLD_NS
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.analysis.diagnosis.report_doc import RUN_KEYS
 from uberprof.analysis.diagnosis.stragglers import Straggler
 from uberprof.analysis.diagnosis.summaries import RankSummaries
 from uberprof.analysis.tables.align import Alignment, HostClock
@@ -182,6 +183,8 @@ def _rebuild(ctx: RunContext, derived: Path, state: dict[str, Any], doc: dict[st
     matched = Matched(instances=_unalign(t["instances"], alignment),
                       unmatched=t["unmatched"], groups=state["groups"], method=state["method"])
     s = state["straggler"]
+    if not set(RUN_KEYS) <= doc["run"].keys():
+        raise KeyError("run")  # saved without a field every document has: diagnose again
     run = {**doc["run"], "path": str(ctx.root)}  # how this caller named the run
     return Diagnosis(
         run=run, ranks=doc["ranks"], findings=[Finding(**f) for f in state["findings"]],

@@ -93,7 +93,7 @@ def _group_marks(d: Diagnosis, by_instance: dict[int, list[dict[str, Any]]], wan
     """On a run with several process groups (a device mesh), each matched collective on a
     track of its group's mesh dimension ("tp collectives (uberprof)"), so a 2-D job's
     tensor-parallel and data-parallel communication sit on separate rows."""
-    groups = d.run.get("comm_by_group") or []
+    groups = d.run["comm_by_group"]
     if len(groups) < 2:
         return
     dims = {g["group"]: g.get("dim") or f"group {g['group']}" for g in groups}

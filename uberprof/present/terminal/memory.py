@@ -55,7 +55,7 @@ def _peak(r: dict[str, Any]) -> str:
 
 def render_memory(run: dict[str, Any], console: Console, print_table: PrintTable) -> None:
     """Print the memory section when the run has one."""
-    ranks = ((run.get("memory") or {}).get("ranks")) or []
+    ranks = ((run["memory"] or {}).get("ranks")) or []
     if not ranks:
         return
     gpu = any(r.get("gpu_peak_bytes") is not None for r in ranks)

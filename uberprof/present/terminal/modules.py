@@ -22,7 +22,7 @@ PrintTable = Callable[[Console, Table], None]
 
 def render_modules(run: dict[str, Any], console: Console, print_table: PrintTable) -> None:
     """The top modules by total time, with self time and the spread across ranks per step."""
-    doc = run.get("modules") or {}
+    doc = run["modules"] or {}
     rows = (doc.get("modules") or [])[:TOP_ROWS]
     if not rows:
         return
@@ -47,7 +47,7 @@ def render_modules(run: dict[str, Any], console: Console, print_table: PrintTabl
 def render_memory_timeline(run: dict[str, Any], console: Console,
                            print_table: PrintTable) -> None:
     """Each rank's peak allocated memory in the trace window, and when it came."""
-    doc = run.get("memory_timeline") or {}
+    doc = run["memory_timeline"] or {}
     rows = doc.get("ranks") or []
     if not rows:
         return

@@ -21,7 +21,7 @@ PrintTable = Callable[[Console, Table], None]
 
 def render_operators(run: dict[str, Any], console: Console, print_table: PrintTable) -> None:
     """Print the top operators, then (device runs) the top kernels and communication kernels."""
-    ops = run.get("operators") or {}
+    ops = run["operators"] or {}
     if not ops.get("operators") and not ops.get("kernels") and not ops.get("comm_kernels"):
         return
     _host(ops, console, print_table)

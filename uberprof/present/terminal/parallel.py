@@ -20,9 +20,9 @@ PrintTable = Callable[[Console, Table], None]
 
 def render_parallel(run: dict[str, Any], console: Console, print_table: PrintTable) -> None:
     """Print the pipeline, group and point-to-point sections the run has."""
-    _pipeline(run.get("pipeline"), console, print_table)
-    _groups(run.get("comm_by_group") or [], console, print_table)
-    _p2p(run.get("p2p") or {}, console, print_table)
+    _pipeline(run["pipeline"], console, print_table)
+    _groups(run["comm_by_group"], console, print_table)
+    _p2p(run["p2p"] or {}, console, print_table)
 
 
 def _num(v: Any, digits: int = 1) -> str:

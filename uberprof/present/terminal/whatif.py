@@ -24,7 +24,7 @@ def _say(console: Console, text: str) -> None:
 def render_critical_path(run: dict[str, Any], console: Console) -> None:
     """A few lines: what sets the steps' length, the operators on it, and whether the replay
     reproduces the measured steps (nothing when the run has no graph)."""
-    cp, rp = run.get("critical_path"), run.get("replay")
+    cp, rp = run["critical_path"], run["replay"]
     if not isinstance(cp, dict) or not cp.get("steps"):
         return
     console.print("[bold]critical path[/bold] (what sets each step's length; uberprof whatif "
