@@ -186,3 +186,11 @@ def test_the_kinds_table_in_findings_md_is_the_one_the_declarations_make() -> No
     assert findings.with_kinds_table(text) == text, (
         "docs/findings.md's kinds table is stale: run "
         "`python -m uberprof.analysis.diagnosis.findings docs/findings.md`")
+
+
+def test_a_findings_document_has_exactly_the_keys_its_generated_table_lists() -> None:
+    from uberprof.analysis.diagnosis.schema_doc import schema_rows
+
+    f = findings.declare([_bare("exposed_comm")])[0]
+    assert set(f.as_dict()) == {name for name, _, _ in schema_rows(Finding)}
+    assert all(doc for _, _, doc in schema_rows(Finding))

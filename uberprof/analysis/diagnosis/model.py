@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
@@ -40,6 +40,11 @@ def severity_of(share: float) -> str:
     return "high" if share >= 0.15 else "medium" if share >= 0.05 else "low"
 
 
+def _m(text: str) -> dict[str, str]:
+    """A field's metadata: its one-line meaning (docs/json.md's table is generated from it)."""
+    return {"doc": text}
+
+
 def ranks_text(ranks: list[int]) -> str:
     """"rank 3" or "ranks 0, 1, 2 (+5)": how a finding's title names its ranks."""
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks[:8])) + \
@@ -50,30 +55,71 @@ def ranks_text(ranks: list[int]) -> str:
 class Finding:
     """One thing that holds the job back, in the user's terms."""
 
-    kind: str
-    severity: str  # high | medium | low
-    title: str  # one line for people
-    ranks: list[int]
-    steps: list[int]
-    cause: str | None
-    time_at_stake_ms: float
-    evidence: dict[str, Any]
-    remedy: str
-    confidence: str = "confirmed"  # confirmed | suspected (evidence["test"] says why)
-    observed_ms: float | None = None  # the whole time it observed (own + caused_by)
-    caused_by: list[dict[str, Any]] = field(default_factory=list)  # {index, kind, ms}
-    # what fixing it gains in the replay (diagnosis/gains.py): baseline and projected step ms,
-    # gain, interval, sentence; None with `projected_gain_why` when it cannot be projected
-    projected_gain: dict[str, Any] | None = None
-    projected_gain_why: str | None = None
+    kind: str = field(metadata=_m(
+        "its kind: one of the table in [findings.md](findings.md#how-to-read-any-finding)"))
+    severity: str = field(metadata=_m(
+        "`high` (own share of the analysed wall time ≥ 15%), `medium` (≥ 5%), `low`; "
+        "hangs and crashes are always `high`"))
+    title: str = field(metadata=_m(
+        "one line for people"))
+    ranks: list[int] = field(metadata=_m(
+        "the ranks concerned (the straggler; the affected ranks; the stuck ranks; the "
+        "first failing rank; empty for a bandwidth class)"))
+    steps: list[int] = field(metadata=_m(
+        "the steps concerned (for a hang or crash, the step that never finished)"))
+    cause: str | None = field(metadata=_m(
+        "the kind's cause, or null (table below)"))
+    time_at_stake_ms: float = field(metadata=_m(
+        "wall time of the analysed steps this finding alone accounts for: an upper "
+        "bound on what fixing it saves there. 0 for hangs, crashes and `host_cpu`"))
+    evidence: dict[str, Any] = field(metadata=_m(
+        "the numbers behind it, with its test (below)"))
+    remedy: str = field(metadata=_m(
+        "what to do, in words fitted to the run (CPU runs get CPU remedies)"))
+    confidence: str = field(default="confirmed", metadata=_m(
+        "`confirmed`, or `suspected` (`evidence.test.sentence` says what would confirm "
+        "it)"))
+    observed_ms: float | None = field(default=None, metadata=_m(
+        "the whole time it observed: its own time at stake plus what `caused_by` "
+        "attributes to other findings"))
+    caused_by: list[dict[str, Any]] = field(default_factory=list, metadata=_m(
+        "`[{index, kind, ms, part}]`: the part of `observed_ms` that another finding "
+        "already counts: its `index` in `findings`, its `kind`, the ms, and which part "
+        "in words (\"waiting for the straggler\", \"transfer of a latency-bound class\", "
+        "\"idle on the straggler, rank 3: ...\")"))
+    projected_gain: dict[str, Any] | None = field(default=None, metadata=_m(
+        "what fixing it gains in the replay "
+        "([whatif.md](whatif.md#what-fixing-each-finding-gains)): `change` (its remedy "
+        "as a what-if change, in words), `baseline_step_ms`, `projected_step_ms`, "
+        "`gain_ms`, `gain_pct`, `interval_ms` (95% interval of the projected median, or"
+        " the range), `sentence` (\"fixing this: step 48.0 -> 41.2 ms, -14.2%\"), `note` "
+        "(what the change could not touch, or null); null when it cannot be projected. "
+        "`gain_ms` is the measured median step less the projected median, so it can be "
+        "slightly negative where the change gains nothing (the report then orders the "
+        "finding by time at stake)"))
+    projected_gain_why: str | None = field(default=None, metadata=_m(
+        "why `projected_gain` is null (no change models the kind, or the replay is "
+        "unfit for projection); null otherwise"))
     # what its kind declares (findings/kind.py), stamped when it is made and saved with it, so
-    # that every view prints the same words and no view names a kind: its role (failure: the
-    # job stopped; context: explains others, no time of its own; verdict: costs time), the
-    # dashboard page that shows it, its evidence in one sentence, and supporting lines (stacks)
-    role: str = "verdict"
-    page: str = "/"
-    evidence_sentence: str = ""
-    details: list[str] = field(default_factory=list)
+    # that every view prints the same words and no view names a kind
+    role: str = field(default="verdict", metadata=_m(
+        "what its kind declares it is "
+        "([findings.md](findings.md#how-to-read-any-finding)): `failure` (the job "
+        "stopped: ranked first), `context` (explains other findings, no time of its "
+        "own) or `verdict`"))
+    page: str = field(default="/", metadata=_m(
+        "the dashboard page where its kind is looked at in detail (`/stragglers`, "
+        "`/gaps`, ...)"))
+    evidence_sentence: str = field(default="", metadata=_m(
+        "its evidence in one sentence, made by its kind from `evidence`: what the "
+        "terminal and HTML reports, the dashboard and the export print"))
+    details: list[str] = field(default_factory=list, metadata=_m(
+        "supporting lines a reader checks the verdict with (a stuck or failing rank's "
+        "stack, innermost last; the collective the others wait in; mismatches; "
+        "victims); empty for most kinds"))
+    # keys `as_dict` adds that are not fields: (name, type, meaning), for docs/json.md's table
+    DERIVED: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("own_pct", "number", "`time_at_stake_ms` as a share of `observed_ms` (100 when nothing is caused by another finding)"),)
 
     def stake_words(self, short: bool = False) -> str:
         """Its time at stake as every view says it ("12.3 ms at stake"; `short`: "12.3 ms"),

@@ -31,12 +31,14 @@ from typing import Any
 
 import msgspec
 
+from uberprof.analysis.diagnosis.model import Finding
 from uberprof.analysis.diagnosis.report_doc import RankDoc, RunDoc
 
 __all__ = ["TABLES", "json_schema", "markdown_table", "regenerate", "schema_rows", "type_text"]
 
 # marker name -> the dataclass whose table goes there (docs/json.md)
-TABLES: dict[str, type] = {"run fields": RunDoc, "ranks fields": RankDoc}
+TABLES: dict[str, type] = {"run fields": RunDoc, "ranks fields": RankDoc,
+                           "findings fields": Finding}
 COMMAND = "python -m uberprof.analysis.diagnosis.schema_doc --write docs/json.md"
 
 _NAMES = {int: "integer", float: "number", str: "string", bool: "boolean",
@@ -69,10 +71,11 @@ def type_text(tp: Any) -> str:
 
 def schema_rows(cls: type) -> list[tuple[str, str, str]]:
     """`(name, type_text, meaning)` for each field of the dataclass `cls`, in declared order
-    (the meaning from `field(metadata={"doc": ...})`, empty when a field has none)."""
+    (the meaning from `field(metadata={"doc": ...})`, empty when a field has none), then
+    the keys its document adds that are not fields (`cls.DERIVED`: (name, type, meaning))."""
     hints = typing.get_type_hints(cls)
     return [(f.name, type_text(hints[f.name]), f.metadata.get("doc", ""))
-            for f in dataclasses.fields(cls)]
+            for f in dataclasses.fields(cls)] + list(getattr(cls, "DERIVED", ()))
 
 
 def markdown_table(rows: list[tuple[str, str, str]]) -> str:
