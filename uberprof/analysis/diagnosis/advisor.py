@@ -33,7 +33,6 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,38 +40,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.diagnosis.arrivals import flight_basis
 from uberprof.analysis.diagnosis.bandwidth import Peaks, bandwidth_classes, instance_bandwidth
-from uberprof.analysis.diagnosis.busy import BusyExcess, BusyTimes, busy_times
+from uberprof.analysis.diagnosis.busy import busy_times
 from uberprof.analysis.diagnosis.document import ranks_doc, run_doc_of
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings import produce
 from uberprof.analysis.diagnosis.gains import attach_gains, run_projector, top_two, unfit_why
 from uberprof.analysis.diagnosis.gaps import AROUND_SCHEMA, DEFAULT_THRESHOLD_NS, GAP_SCHEMA
-from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks, gpu_clocks, throttled_vs_others
+from uberprof.analysis.diagnosis.gpu_clocks import gpu_clocks
 from uberprof.analysis.diagnosis.group_comm import GroupComm, group_comm
 from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.diagnosis.memory import run_memory
 from uberprof.analysis.diagnosis.memory_timeline import run_memory_timeline
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
-from uberprof.analysis.diagnosis.op_excess import same_work
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
 from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
 from uberprof.analysis.diagnosis.report_doc import RunDoc, as_json
-from uberprof.analysis.diagnosis.stragglers import (
-    BASIS_FLIGHT_RECORDER,
-    BASIS_TRACES,
-    WORK_CAUSES,
-    ArrivalBasis,
-    Straggler,
-    StragglerTest,
-    combined_straggler_test,
-    find_straggler,
-    hold_for_same_work,
-    straggler_cause,
-    straggler_test,
-)
-from uberprof.analysis.diagnosis.summaries import sql_rows, summarise
+from uberprof.analysis.diagnosis.stragglers import StragglerTests, name_straggler
+from uberprof.analysis.diagnosis.summaries import summarise
 from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
 from uberprof.analysis.tables.align import Alignment, align_clocks
@@ -80,7 +65,7 @@ from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, mat
 from uberprof.analysis.tables.context import RunContext, load_context
 from uberprof.analysis.tables.p2p import NO_PEER, P2P, match_p2p, p2p_doc
 from uberprof.analysis.tables.parallelism import Parallelism, read_parallelism
-from uberprof.analysis.tables.steptime import step_time_doc, step_walls
+from uberprof.analysis.tables.steptime import step_time_doc
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["account", "analysed_steps", "diagnose", "diagnose_context", "finding_order"]
@@ -124,8 +109,8 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     window = _window(traced, alignment)
     clocks = gpu_clocks(ctx, window)
     busy = busy_times(ctx)
-    tests = _name_straggler(ctx, alignment, traced, gaps, lat, clocks, median_step, wall_ns,
-                            busy)
+    tests = name_straggler(ctx, alignment, traced, gaps, lat, clocks, median_step, wall_ns,
+                           busy)
     bw = instance_bandwidth(ctx, aligned, exposed, Peaks(ctx, window), alignment.error_bounds())
     classes = bandwidth_classes(bw)
 
@@ -213,127 +198,16 @@ def _aligned_collectives(ctx: RunContext) -> tuple[Matched, Alignment, pa.Table]
     return matched, alignment, alignment.apply(matched.instances, ("start_ns", "end_ns"))
 
 
-@dataclass
-class _StragglerTests:
-    """The straggler test over all the run's arrivals, the traced window's own, the named
-    straggler and the Flight Recorder basis described (None when the run has none)."""
-
-    test: StragglerTest | None
-    traced: StragglerTest | None
-    straggler: Straggler | None
-    flight_recorder: dict[str, Any] | None
-
-
-def _name_straggler(ctx: RunContext, alignment: Alignment, traced: pa.Table, gaps: pa.Table,
-                    lat: pa.Table, clocks: dict[int, GpuClocks], median_step: float | None,
-                    wall_ns: int, busy: BusyTimes | None) -> _StragglerTests:
-    """The straggler test, then the named straggler's cause from its per-step excess, its GPU
-    clocks and its busy time (stragglers.py; `busy`: the run's busy times)."""
-    traced_test = straggler_test(lat, median_step, wall_ns, busy=busy)
-    s_test, straggler, basis_doc = _straggler_on_all_arrivals(ctx, alignment, lat, traced_test,
-                                                            median_step, wall_ns, busy)
-    if straggler is not None:
-        clock_ev = throttled_vs_others(straggler.rank, clocks)
-        work = s_test.busy if s_test is not None else None
-        work_ns = work.excess_ns if work is not None and work.confirmed \
-            and work.rank == straggler.rank else None
-        mine = work is not None and work.rank == straggler.rank
-        run_wait = work.run_wait_excess_ns if mine and work is not None else None
-        straggler.cause, straggler.factors = straggler_cause(
-            straggler.rank, _factors(traced, gaps, lat), clock_ev, work_ns, run_wait)
-        if s_test is not None and straggler.confidence == "confirmed" and \
-                straggler.cause in WORK_CAUSES and mine and work is not None and \
-                not work.confirmed:
-            hold_for_same_work(s_test, straggler, same_work(ctx, straggler.rank, traced))
-        # what makes it late: its lead, or the host gaps the traced steps blame, if larger
-        late_by = max(straggler.median_lead_ns, straggler.factors.get("host_launch", 0)
-                      if straggler.cause == "host_launch" else 0)
-        if mine and work is not None and work.waited_off_cpu(late_by):
-            straggler.cause = "off_cpu"  # it waited off the CPU by itself (busy.py)
-        elif mine and work is not None and work.confirmed and late_by > 0:
-            _note_unexplained_lead(straggler, work, late_by)
-        if mine and s_test is not None and s_test.outweighed_by_os:
-            straggler.cause = "preempted"  # the OS held it back more than its work (busy.py)
-        straggler.counters = clock_ev
-        if basis_doc is not None:
-            _note_traced_view(straggler, traced_test, work_ns)
-    return _StragglerTests(s_test, traced_test, straggler, basis_doc)
-
-
-def _add_verdict_docs(run: RunDoc, ctx: RunContext, tests: _StragglerTests,
+def _add_verdict_docs(run: RunDoc, ctx: RunContext, tests: StragglerTests,
                       median_step: float | None, wall_ns: int, findings: list[Finding]) -> None:
     """The report document's straggler test, step time and accounting (docs/json.md)."""
-    doc = tests.test.as_dict() if tests.test is not None else None
-    if doc is not None and tests.flight_recorder is not None:
-        doc["flight_recorder"] = tests.flight_recorder
-        doc["traced"] = tests.traced.as_dict() if tests.traced else None
-    run.straggler_test = doc
+    run.straggler_test = tests.as_dict()
     run.step_time = step_time_doc(ctx.steps(), median_step)
     run.accounting = {
         "analysed_wall_ms": _ms(wall_ns),
         "at_stake_ms": round(sum(f.time_at_stake_ms for f in findings), 3),
         "rule": "each lost millisecond is counted by one finding; waiting for peers inside a "
                 "collective is the late rank's, transfer after the last arrival is the link's"}
-
-
-def _straggler_on_all_arrivals(ctx: RunContext, alignment: Alignment, lat: pa.Table,
-                               traced_test: StragglerTest | None, median_step: float | None,
-                               wall_ns: int, busy: BusyTimes | None = None
-                               ) -> tuple[StragglerTest | None, Straggler | None,
-                                          dict[str, Any] | None]:
-    """The one straggler test over every arrival the run has (stragglers.py): the traced
-    window's collectives and the Flight Recorder's arrivals over the untraced steps, pooled.
-    Returns the test, the straggler (its cost from the traced steps) and the Flight Recorder
-    basis described (None when the run has none)."""
-    fr = flight_basis(ctx, alignment.offsets())
-    if fr is None:
-        return traced_test, find_straggler(lat, median_step, wall_ns, test=traced_test), None
-    walls = step_walls(ctx.steps())
-    covered = set(lat.column("step").to_pylist()) | set(fr.steps)
-    w = [walls[s][0] for s in covered if s in walls]
-    test, pooled = combined_straggler_test(
-        [ArrivalBasis(BASIS_TRACES, lat, median_step, wall_ns),
-         ArrivalBasis(BASIS_FLIGHT_RECORDER, fr.lateness, fr.median_step_ns, fr.wall_ns)],
-        float(np.median(w)) if w else median_step, busy)
-    return test, find_straggler(lat, median_step, wall_ns, test=test,
-                                basis=pooled), fr.as_dict()
-
-
-def _note_unexplained_lead(s: Straggler, work: BusyExcess, late_by_ns: float) -> None:
-    """Say how much of its lateness a straggler's confirmed extra work leaves unexplained when
-    that is over half (busy.py, `waited_off_cpu`): the cause stands, the rest is time off the
-    CPU the run does not attribute (waits of its own, or CPU time its host did not give it)."""
-    explained = work.explained_ns
-    if explained >= 0.5 * late_by_ns:
-        return
-    s.test["sentence"] += (
-        f"; its extra CPU time and wait for a core explain {explained / 1e6:.3g} ms of the "
-        f"{late_by_ns / 1e6:.3g} ms it is late by: the rest it spent off the CPU (waits of its "
-        "own, or time its host did not give it)")
-
-
-def _note_traced_view(s: Straggler, traced: StragglerTest | None,
-                      work_ns: int | None = None) -> None:
-    """Say where the traced steps, which the cause is read from, disagree with the Flight
-    Recorder's verdict: another rank last there, or the rank not slower by its cause."""
-    notes = []
-    if traced is None or traced.rank != s.rank:
-        notes.append(f"the traced steps alone do not show rank {s.rank} most often last")
-    excess = s.factors.get(s.cause or "compute", 0) if s.factors else 0
-    traced_says = max(s.factors, key=lambda f: s.factors[f]) if s.factors else None
-    by_busy = s.cause == "compute" and work_ns is not None and traced_says != "compute"
-    if excess <= 0 and not by_busy:
-        notes.append(f"its per-step breakdown in the traced steps shows no excess "
-                     f"{s.cause or 'compute'} over the others: the cause is uncertain")
-    sentence = ("; cause read from its busy time over every step (the traced steps' "
-                "breakdown weighs less)" if by_busy else
-                "; cause read from the traced steps' breakdown")
-    if notes:
-        sentence += " (" + "; ".join(notes) + ")"
-    s.test["sentence"] += sentence
-    s.test["cause_basis"] = "busy time" if by_busy else "traced steps"
-    if notes:
-        s.test["cause_note"] = "; ".join(notes)
 
 
 def analysed_steps(ctx: RunContext) -> pa.Table:
@@ -385,33 +259,6 @@ def _window(traced: pa.Table, alignment: Alignment) -> tuple[int, int] | None:
         return None
     pad = max(abs(h.offset_ns) for h in alignment.hosts) if alignment.hosts else 0
     return int(lo) - pad - 1_000_000_000, int(hi) + pad + 1_000_000_000
-
-
-def _factors(traced: pa.Table, gaps: pa.Table, lat: pa.Table
-             ) -> dict[int, dict[int, dict[str, float]]]:
-    """Per step and rank: compute, data wait, host/launch idle and time in collectives after
-    the last arrival (ns), the numbers a straggler's cause is read from."""
-    out: dict[int, dict[int, dict[str, float]]] = {}
-    for row in traced.select(["rank", "step", "compute_ns", "data_wait_ns"]).to_pylist():
-        out.setdefault(row["step"], {})[row["rank"]] = {
-            "compute": float(row["compute_ns"] or 0), "data": float(row["data_wait_ns"] or 0),
-            "host_launch": 0.0, "network": 0.0}
-    if gaps.num_rows:
-        for r, s, data, host in sql_rows(
-                "SELECT rank, step, sum(dur_ns) FILTER (WHERE cause = 'data'), "
-                "sum(dur_ns) FILTER (WHERE cause IN ('launch', 'host', 'sync')) "
-                "FROM g GROUP BY rank, step", g=gaps):
-            f = out.get(s, {}).get(r)
-            if f is not None:
-                f["data"] = max(f["data"], float(data or 0))
-                f["host_launch"] += float(host or 0)
-    if lat.num_rows:
-        for r, s, t in sql_rows("SELECT rank, step, sum(transfer_ns) FROM l GROUP BY rank, step",
-                            l=lat):
-            f = out.get(s, {}).get(r)
-            if f is not None:
-                f["network"] += float(t or 0)
-    return out
 
 
 def _device_type(ctx: RunContext) -> str:

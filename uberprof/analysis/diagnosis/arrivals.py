@@ -1,5 +1,5 @@
 """Arrivals at collectives on every untraced step, from the Flight Recorder
-(rundir/flight_log.py): with the traced window, the straggler test's basis (stragglers.py).
+(rundir/flight_log.py): with the traced window, the straggler test's basis (stragglers/bases.py).
 
 The traced window holds a few steps; the Flight Recorder's `time_created_ns` (when a rank
 called the collective, epoch ns on its host's clock) is there for every step at no tracing

@@ -93,7 +93,7 @@ GAP_CAUSES: dict[str, Cause] = {c.key: c for c in (
           kind="idle", letter="O"),
 )}
 
-# Why the straggler arrives last (analysis/diagnosis/stragglers.py `straggler_cause`).
+# Why the straggler arrives last (analysis/diagnosis/stragglers/cause.py).
 STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (
     Cause("compute", "compute", "compute",
           "it computes longer than the others on the same work",

@@ -4,7 +4,7 @@ Per matched instance and rank, lateness is its start minus the earliest start am
 participants (aligned clocks); its time in the collective splits into waiting for peers (before
 the last arrival) and transfer (after it). The same table is made from step timelines (each
 step one instance: `matrix_lateness`) for the live indications and the busy-time test. The
-tests that decide on these numbers (`stragglers.py`, `busy.py`, `step_signals.py`) import them
+tests that decide on these numbers (`stragglers/`, `busy.py`, `step_signals.py`) import them
 from here, so none of them imports another to share a statistic.
 """
 

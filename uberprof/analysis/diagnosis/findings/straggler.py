@@ -1,7 +1,7 @@
 """The `straggler` finding: the rank that arrives last at the collectives, and why.
 
-The test that names it and its cause are `stragglers.py`'s (run by the advisor before any
-producer, since idle and communication findings link their time to it); this module turns the
+The test that names it and its cause are the `stragglers/` package's (run by the advisor before
+any producer, since idle and communication findings link their time to it); this module turns the
 named straggler into a finding: its time at stake is the delay it alone adds to the analysed
 steps, as the share of the time its verdict's basis measured (`Straggler.share_of`), its remedy
 the one of its cause (`causes.py`). A compute straggler's finding also names
