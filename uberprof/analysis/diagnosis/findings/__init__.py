@@ -102,8 +102,8 @@ KINDS_TABLE_END = "<!-- end of the generated table -->"
 def kinds_table() -> str:
     """Every registered kind as its declaration says it, one markdown row each (the table in
     docs/findings.md, which tests/unit/test_finding_kinds.py compares with this)."""
-    rows = ["| kind | role | what it is | fixing it, in the what-if replay | dashboard page | "
-            "remedy (`causes.py`) |", "|---|---|---|---|---|---|"]
+    rows = [("| kind | role | what it is | fixing it, in the what-if replay | dashboard page | "
+             "remedy (`causes.py`) |"), "|---|---|---|---|---|---|"]
     for p in PRODUCERS:
         for k in p.kinds:
             rows.append(f"| [`{k.name}`](#{k.name}) | {k.role} | {k.summary} | "

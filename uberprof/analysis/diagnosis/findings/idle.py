@@ -21,7 +21,8 @@ from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence, around_wor
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
 from uberprof.analysis.diagnosis.whatif_changes import Change
-from uberprof.units import ns_to_ms as _ms, shorten
+from uberprof.units import ns_to_ms as _ms
+from uberprof.units import shorten
 
 __all__ = ["KINDS", "idle_findings"]
 

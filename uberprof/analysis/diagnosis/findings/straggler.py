@@ -40,8 +40,8 @@ def evidence_sentence(f: Finding) -> str:
                 BASIS_FLIGHT_RECORDER else ""),
              (f"median lateness {e.get('median_lateness_ms')} ms (others' spread "
               f"{e.get('others_spread_ms')} ms)"),
-             f"adds {e.get('delay_ms')} ms wall, {e.get('others_wait_ms')} ms of others' "
-             "waiting",
+             (f"adds {e.get('delay_ms')} ms wall, {e.get('others_wait_ms')} ms of others' "
+              "waiting"),
              "excess per step: " + ", ".join(f"{k} {v:+.1f} ms" for k, v in x.items()
                                               if v is not None)]
     g = e.get("gpu")
