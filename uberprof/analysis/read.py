@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_THRESHOLD_NS", "HEATMAP_COLS", "HEATMAP_ROWS", "MIN_INSTANCES", "Heatmap",
            "OpenedRun", "OverviewSummary", "RankSeries", "SavedFindings", "compare_runs",
-           "diagnose_opened", "empty_report", "heatmap_of_series", "live_signals", "open_run",
+           "diagnose_opened", "empty_report", "heatmap_of_series", "keep_pandas_out",
+           "live_signals", "open_run",
            "open_tables", "saved_findings", "scaling_of", "series_of", "sql_table",
            "step_quantiles"]
 
@@ -200,6 +201,14 @@ def open_run(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = 
     tables and its diagnosis (`open_tables`, then `diagnose_opened`)."""
     opened = open_tables(path, out=out, workers=workers, progress=progress, executor=executor)
     return diagnose_opened(opened, threshold_ns=threshold_ns, on_save_error=on_save_error)
+
+
+def keep_pandas_out() -> None:
+    """Keep pandas out of this process (`tables.pool.keep_pandas_out`): a view that opens a run
+    calls it before reading, as the analysis's workers do."""
+    from uberprof.analysis.tables.pool import keep_pandas_out as keep_out
+
+    keep_out()
 
 
 def empty_report(path: str | os.PathLike[str], problems: list[str]) -> dict[str, Any]:
