@@ -269,3 +269,52 @@ def test_the_run_directory_reader_knows_nothing_of_derived() -> None:
     bad = [f"{f.relative_to(ROOT)}" for f in files
            if any(w in f.read_text() for w in ("derived_dir", "DERIVED_DIR", "diagnosis.json"))]
     assert not bad, bad
+
+
+# --- derived file names: derived.py's alone -------------------------------------------------------
+
+DERIVED_OWNER = "uberprof/analysis/tables/derived.py"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of `tree` (prose may name a file; code may not)."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and n.body and isinstance(n.body[0], ast.Expr) \
+                and isinstance(n.body[0].value, ast.Constant):
+            out.add(id(n.body[0].value))
+    return out
+
+
+def derived_names(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, literal) of each string in code (not a docstring, not a sentence) that spells a
+    derived file name: a `.parquet` file or diagnosis.json, alone or at the end of a path (an
+    f-string's literal parts included)."""
+    import re
+
+    tree = ast.parse(source, filename)
+    docs = _docstrings(tree)
+    name = re.compile(r"[\w./-]*(\.parquet|diagnosis\.json)")
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and name.fullmatch(n.value)]
+
+
+def test_the_derived_name_check_sees_a_path() -> None:
+    assert derived_names('p = derived / "ranks.parquet"\n') == [(1, "ranks.parquet")]
+    assert derived_names('p = f"{d}/diagnosis.json"\n') == [(1, "/diagnosis.json")]
+    assert derived_names('"""Reads derived/ranks.parquet."""\nx = "a sentence: x.parquet"\n') \
+        == []
+
+
+def test_only_derived_py_spells_a_derived_file_name() -> None:
+    """Only `analysis/tables/derived.py` knows where a derived table lives (DESIGN §1): every
+    other module asks it (its constants, paths and readers)."""
+    files = [f for f in reader_files(["uberprof", "dashboards"])
+             if f.relative_to(ROOT).as_posix() != DERIVED_OWNER]
+    assert ROOT / "uberprof/present/terminal/analyze.py" in files
+    bad = [f"{f.relative_to(ROOT)}:{line}: {text!r}" for f in files
+           for line, text in derived_names(f.read_text(), str(f))]
+    assert not bad, "derived file names belong to derived.py:\n" + "\n".join(bad)
+

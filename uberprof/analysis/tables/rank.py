@@ -31,7 +31,9 @@ from uberprof.analysis.tables.derived import (
     INPUT_STEPS_FILE,
     MEMORY_FILE,
     MODULES_FILE,
+    OLD_INPUT_FILES,
     SUMMARY_FILE,
+    old_timeline_file,
     replacing,
     write_events,
     write_parquet,
@@ -179,12 +181,6 @@ def activity_table(act: M.Activity) -> pa.Table:
     }, schema=ACTIVITY_SCHEMA)
 
 
-# What earlier derived formats wrote that is not read now: removed when an input is analysed again.
-_OLD_FILES = frozenset({"steps.parquet", "collectives.parquet", "operators.parquet",
-                        "activity.parquet",  # format 10's
-                        "events.parquet"})  # format 11's
-
-
 def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
     """Analyse one trace file and write its tables under `out_dir`; never raises.
 
@@ -209,7 +205,7 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
                 write_parquet(table, out / name, compression=codec)
             elif name in before:  # not one an earlier analysis of this input left
                 (out / name).unlink(missing_ok=True)
-        for name in _OLD_FILES & before:
+        for name in OLD_INPUT_FILES & before:
             (out / name).unlink(missing_ok=True)
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
@@ -240,7 +236,7 @@ def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
     try:
         timeline = read_step_table(Path(rank_dir), TIMELINE_SCHEMA.names)
         write_small(timeline.table.cast(TIMELINE_SCHEMA), Path(out_file))
-        Path(out_file).with_suffix(".parquet").unlink(missing_ok=True)  # format 10's
+        old_timeline_file(Path(out_file)).unlink(missing_ok=True)
         rows, last_step, last_end_ns = timeline.tail()
         return {"status": "ok", "message": None, "rows": rows, "truncated": timeline.truncated,
                 "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL),

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from uberprof._version import __version__
 from uberprof.analysis.progress import COMBINING_RANKS, Progress
 from uberprof.analysis.tables.derived import (
+    COLLECTIVE_KINDS_FILE,
     COLLECTIVES_FILE,
     FORMAT_VERSION,
     MEMORY_FILE,
@@ -41,6 +42,7 @@ from uberprof.analysis.tables.derived import (
     OVERVIEW_FILE,
     RANKS_FILE,
     REDUCE_FILE,
+    SHARES_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
     Analysis,
@@ -63,6 +65,7 @@ from uberprof.analysis.tables.schemas import (
     RANK_SCHEMA,
     RUN_STEP_SCHEMA,
 )
+from uberprof.analysis.tables.shares import write_collective_kinds, write_shares
 from uberprof.ingest.discover import Source, TraceInput
 from uberprof.rundir import (
     RANK_FILE,
@@ -81,7 +84,7 @@ from uberprof.rundir.damage import damage_problems
 __all__ = ["reduce_run"]
 
 _WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, MODULES_FILE, MEMORY_FILE, RANKS_FILE,
-           SUMMARY_FILE, OVERVIEW_FILE)
+           SUMMARY_FILE, OVERVIEW_FILE, SHARES_FILE, COLLECTIVE_KINDS_FILE)
 
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
@@ -395,9 +398,12 @@ def _spilled_call(folder: str, what: str, *args: Any) -> RankPart | list[str]:
 
 
 def _write_ranks(derived: Path, rank_rows: list[dict[str, Any]]) -> None:
-    """Stage 4: the rank table (RANK_SCHEMA), one row per rank, HTA's whole-trace breakdown."""
+    """Stage 4: the rank table (RANK_SCHEMA), one row per rank, HTA's whole-trace breakdown;
+    the shares views draw from it and from the collectives (`tables/shares.py`)."""
     with ParquetOut(derived / RANKS_FILE, RANK_SCHEMA) as out:
         out.write(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA))
+    write_shares(derived, rank_rows)
+    write_collective_kinds(derived)
 
 
 def _write_summary(derived: Path, rank_rows: list[dict[str, Any]],
