@@ -318,3 +318,36 @@ def test_only_derived_py_spells_a_derived_file_name() -> None:
            for line, text in derived_names(f.read_text(), str(f))]
     assert not bad, "derived file names belong to derived.py:\n" + "\n".join(bad)
 
+
+
+# --- small functions: no function over 60 lines without a stated reason ---------------------------
+
+MAX_FUNCTION_LINES = 60
+SPLITTING = "being split (issue 49)"
+LONG_FUNCTIONS_ALLOWED = {  # "path::name": why it is longer
+    "uberprof/analysis/diagnosis/stragglers.py::as_test": SPLITTING,
+    "uberprof/analysis/diagnosis/stragglers.py::straggler_test": SPLITTING,
+    "uberprof/analysis/diagnosis/findings/exposed_comm.py::_exposed_comm_findings": SPLITTING,
+    "uberprof/present/report_terminal.py::_evidence_line": SPLITTING,
+    "uberprof/analysis/diagnosis/advisor.py::_diagnose_context": SPLITTING,
+}
+
+
+def long_functions(folders: tuple[str, ...] = ("uberprof/analysis", "uberprof/present")
+                   ) -> dict[str, int]:
+    """{"path::name": lines} of every function longer than MAX_FUNCTION_LINES."""
+    out = {}
+    for f in reader_files(list(folders)):
+        for n in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    n.end_lineno is not None and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES:
+                out[f"{f.relative_to(ROOT).as_posix()}::{n.name}"] = n.end_lineno - n.lineno + 1
+    return out
+
+
+def test_no_long_function_without_a_reason() -> None:
+    """DESIGN §8: long work is split into named stages; a longer function says why here."""
+    long = long_functions()
+    bad = [f"{where}: {n} lines" for where, n in sorted(long.items())
+           if where not in LONG_FUNCTIONS_ALLOWED]
+    assert not bad, "split these (or say why in LONG_FUNCTIONS_ALLOWED):\n" + "\n".join(bad)

@@ -92,7 +92,6 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
     t = ingest_trace(path)
     ev = t.events
     ts = ev.column("ts").to_numpy()
-    dur = ev.column("dur").to_numpy()
     act = M.device_activity(ev)
 
     step_no, host_lo, host_hi = _profiler_steps(ev)
@@ -124,11 +123,29 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
         "device_incomplete": pa.array(_incomplete(ev, act, host_lo, host_hi), pa.bool_()),
     }, schema=STEP_SCHEMA)
 
+    summary = _trace_summary(t, ev, act, host_lo, step_no)
+    problems = list(t.problems)
+    if not act.rows.size:
+        problems.append(f"{t.path}: no device activity and no operators on a training thread: "
+                        "nothing to break down")
+    return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
+                       summary=summary, activity=activity_table(act),
+                       operators=operator_table(events), modules=module_table(events),
+                       memory=_memory(t.memory, ev, host_lo, host_hi, step_no),
+                       problems=problems)
+
+
+def _trace_summary(t: Any, ev: pa.Table, act: Any, host_lo: np.ndarray, step_no: np.ndarray
+                   ) -> dict[str, Any]:
+    """The trace's summary: what it says of itself (rank, host, groups, clock), its extent, its
+    steps and its whole-trace breakdown (the trace window's totals)."""
+    ts = ev.column("ts").to_numpy()
+    dur = ev.column("dur").to_numpy()
     whole = M.trace_activity(act, host_lo, t.sub_us)
     lo, hi = M.trace_window(whole)
     wb = M.breakdown(whole, np.array([lo]), np.array([hi]))
     totals = {k: int(v[0]) for k, v in wb.as_dict().items()}
-    summary: dict[str, Any] = {
+    return {
         "path": t.path,
         "trace_rank": t.rank,
         "world_size": t.world_size,
@@ -148,15 +165,6 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
         **totals,
         "has_comm": whole.has_comm,
     }
-    problems = list(t.problems)
-    if not act.rows.size:
-        problems.append(f"{t.path}: no device activity and no operators on a training thread: "
-                        "nothing to break down")
-    return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
-                       summary=summary, activity=activity_table(act),
-                       operators=operator_table(events), modules=module_table(events),
-                       memory=_memory(t.memory, ev, host_lo, host_hi, step_no),
-                       problems=problems)
 
 
 def _memory(memory: pa.Table | None, ev: pa.Table, host_lo: np.ndarray, host_hi: np.ndarray,

@@ -268,17 +268,7 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     as they pass: reading them back from the table just written took 0.7 s of the reduce's
     serial time at 512 ranks x 10,000 steps, for the same memory); cut-off timelines and ranks
     without a trace go to `problems`."""
-    ranks_info: dict[int, list[Item]] = {}
-    for rank, inp, e, s in kept:
-        ranks_info.setdefault(rank, []).append((inp, e, s))
-    dirs: dict[int, list[tuple[Path, dict[str, Any] | None]]] = {}
-    for rank, rd in source.rank_dirs:
-        if rank is not None and rd not in left_out:
-            dirs.setdefault(rank, []).append(
-                (rd, timelines.get(rd.relative_to(source.root).as_posix())))
-    calls: list[tuple[Any, ...]] = [("damage", source.root)] if source.kind == "run" else []
-    calls += [("rank", derived, rank, ranks_info.get(rank, []), dirs.get(rank, []))
-              for rank in sorted(set(ranks_info) | set(dirs))]
+    calls = _rank_calls(source, derived, timelines, kept, left_out)
     damage: list[str] = []
     cut: dict[Path, str] = {}  # step timelines cut off or unreadable
     rank_rows: list[dict[str, Any]] = []
@@ -318,16 +308,41 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
             if not part.traced:
                 untraced.append(part.rank)
     problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
-    if untraced and not source.inputs:
-        why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
-        problems.append(f"{source.root}: no trace window in this run: {why}; "
-                        "step times only, no breakdown")
-    elif untraced:
-        problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
-                        "step times only")
+    problems.extend(_untraced_problems(source, metas, rank_rows, untraced, last_step))
     rows = pa.concat_tables(overview) if overview else \
         RUN_STEP_SCHEMA.empty_table().select(OVERVIEW_COLUMNS)
     return rank_rows, damage, rows
+
+
+def _rank_calls(source: Source, derived: Path, timelines: dict[str, dict[str, Any]],
+                kept: list[Ranked], left_out: set[Path]) -> list[tuple[Any, ...]]:
+    """Stage 3's plan: the damage check of a run directory, then one `rank_part` call per rank
+    (its kept inputs and its rank folders' timelines), in rank order."""
+    ranks_info: dict[int, list[Item]] = {}
+    for rank, inp, e, s in kept:
+        ranks_info.setdefault(rank, []).append((inp, e, s))
+    dirs: dict[int, list[tuple[Path, dict[str, Any] | None]]] = {}
+    for rank, rd in source.rank_dirs:
+        if rank is not None and rd not in left_out:
+            dirs.setdefault(rank, []).append(
+                (rd, timelines.get(rd.relative_to(source.root).as_posix())))
+    calls: list[tuple[Any, ...]] = [("damage", source.root)] if source.kind == "run" else []
+    calls += [("rank", derived, rank, ranks_info.get(rank, []), dirs.get(rank, []))
+              for rank in sorted(set(ranks_info) | set(dirs))]
+    return calls
+
+
+def _untraced_problems(source: Source, metas: list[RankMeta], rank_rows: list[dict[str, Any]],
+                       untraced: list[int], last_step: int | None) -> list[str]:
+    """The line saying which ranks had no usable trace window (and why, when none had)."""
+    if untraced and not source.inputs:
+        why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
+        return [(f"{source.root}: no trace window in this run: {why}; "
+                 "step times only, no breakdown")]
+    if untraced:
+        return [(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
+                 "step times only")]
+    return []
 
 
 # From this many ranks the ranks' parts are made on the analysis workers: at ~11 ms a rank
