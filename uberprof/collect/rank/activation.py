@@ -255,22 +255,24 @@ def _finish_trace_export() -> None:
 # ---- hooks -----------------------------------------------------------------------------------
 
 
-@swallowing(log, "optimizer step hook")
-def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _tell_agent(event: str, *args: Any) -> None:
+    """Call the agent's method `event` with `args`, in this process's own rank (`_mine`) and
+    once it has an agent (started on first use)."""
     if not _mine():
         return
     agent = current_agent()
     if agent is not None:
-        agent.optimizer_stepped(optimizer)
+        getattr(agent, event)(*args)
+
+
+@swallowing(log, "optimizer step hook")
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _tell_agent("optimizer_stepped", optimizer)
 
 
 @swallowing(log, "uberprof.step()")
 def explicit_step() -> None:
-    if not _mine():
-        return
-    agent = current_agent()
-    if agent is not None:
-        agent.explicit_step()
+    _tell_agent("explicit_step")
 
 
 def _wrap_c10d(dist: Any, name: str, after: Callable[[tuple[Any, ...], dict[str, Any]], None]
@@ -349,18 +351,12 @@ def _wrap_profiler(torch: Any) -> None:
 
 @swallowing(log, "profiler start hook")
 def _user_profiler_started() -> None:
-    if _mine():
-        agent = current_agent()
-        if agent is not None:
-            agent.user_profiler_started()
+    _tell_agent("user_profiler_started")
 
 
 @swallowing(log, "profiler step hook")
 def _user_profiler_stepped() -> None:
-    if _mine():
-        agent = current_agent()
-        if agent is not None:
-            agent.profiler_stepped()
+    _tell_agent("profiler_stepped")
 
 
 def _wrap_dataloader(iter_cls: Any) -> None:
