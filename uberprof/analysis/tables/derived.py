@@ -97,6 +97,7 @@ __all__ = [
     "rank_input_keys",
     "read_collective_kinds",
     "read_collectives",
+    "read_events_if_any",
     "read_input_events",
     "read_input_summary",
     "read_input_table",
@@ -589,6 +590,17 @@ def rank_input_keys(inputs: Mapping[str, Mapping[str, Any]]) -> dict[int, list[s
         if isinstance(e.get("rank"), int) and e.get("key"):
             keys.setdefault(e["rank"], []).append(e["key"])
     return keys
+
+
+def read_events_if_any(derived: Path, keys: list[str]) -> pa.Table | None:
+    """`read_input_events`, None when the rank has no input or its events cannot be read (a
+    map's unit of work then gives the rank's empty result)."""
+    if not keys:
+        return None
+    try:
+        return read_input_events(derived, keys)
+    except OSError:
+        return None
 
 
 def read_input_events(derived: Path, keys: list[str]) -> pa.Table:
