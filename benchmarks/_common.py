@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 from tests._jobs import PY, job_env  # noqa: E402  (the repository is on sys.path now)
 
-__all__ = ["ROOT", "doc_parser", "run_job", "uberprof_json"]
+__all__ = ["ROOT", "doc_parser", "json_option", "run_job", "synth_options", "uberprof_json"]
 
 
 def doc_parser(doc: str) -> argparse.ArgumentParser:
@@ -25,6 +25,16 @@ def doc_parser(doc: str) -> argparse.ArgumentParser:
     first, _, rest = doc.partition("\n\n")
     return argparse.ArgumentParser(description=first, epilog=rest,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def synth_options(p: argparse.ArgumentParser, steps: int) -> None:
+    """The size of the synthetic run a benchmark writes (synth_run.py): ranks and steps."""
+    p.add_argument("--ranks", type=int, default=64, help="ranks of the synthetic run")
+    p.add_argument("--steps", type=int, default=steps, help="steps in each rank's timeline")
+
+
+def json_option(p: argparse.ArgumentParser, what: str = "result") -> None:
+    p.add_argument("--json", action="store_true", help=f"print the {what} as JSON")
 
 
 def run_job(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:

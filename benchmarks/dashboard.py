@@ -56,7 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, doc_parser, stop
+from _common import ROOT, doc_parser, json_option, stop, synth_options
 
 CHROMIUM = os.environ.get("UBERPROF_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -366,8 +366,7 @@ def drawn_main(run: Path, json_out: bool, keep: bool = False, pairs: int = 0,
 def main(argv: list[str] | None = None) -> int:
     p = doc_parser(__doc__)
     p.add_argument("--run", type=Path, help="an existing run directory (else a synthetic one)")
-    p.add_argument("--ranks", type=int, default=64)
-    p.add_argument("--steps", type=int, default=2000)
+    synth_options(p, steps=2000)
     p.add_argument("--synth-dir", type=Path, default=None,
                    help="where the synthetic run goes (default /tmp/uberprof-synth-RxS); "
                         "reused when it exists")
@@ -375,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="rewrite the synthetic run and its analysis")
     p.add_argument("--loads", type=int, default=5,
                    help="first visits to time (each followed by two reloads)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    json_option(p)
     p.add_argument("--reanalyse", action="store_true",
                    help="delete the run's derived tables first: time a fresh start-up")
     p.add_argument("--restart", action="store_true",

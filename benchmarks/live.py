@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, doc_parser
+from _common import ROOT, doc_parser, json_option, synth_options
 
 TARGET_S = 1.0
 
@@ -102,8 +102,7 @@ def _full_reread(base: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = doc_parser(__doc__)
     p.add_argument("--run", type=Path, help="an existing (ended) run directory to use")
-    p.add_argument("--ranks", type=int, default=64)
-    p.add_argument("--steps", type=int, default=100_000)
+    synth_options(p, steps=100_000)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=15,
                    help="steps each rank writes between two refreshes (3 s of 200 ms steps)")
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--diagnose", action="store_true",
                    help="diagnose the run when it is loaded, as `uberprof dashboard` does (once, "
                         "not per refresh; on 64 x 100,000 steps it takes long)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    json_option(p)
     a = p.parse_args(argv)
     run = a.run
     written = None

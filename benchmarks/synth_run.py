@@ -42,7 +42,7 @@ import orjson
 # _common (found here also when this file is imported by path, as the tests do) puts the
 # repository on sys.path for the uberprof imports below.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import doc_parser
+from _common import doc_parser, synth_options
 
 from uberprof.collect.config import TraceSchedule
 from uberprof.collect.counters.store import CounterStore
@@ -470,8 +470,7 @@ def write_run(cfg: Config, log: Any = print) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = doc_parser(__doc__)
     p.add_argument("out", type=Path, help="the run directory to write (replaced if it exists)")
-    p.add_argument("--ranks", type=int, default=64)
-    p.add_argument("--steps", type=int, default=2000)
+    synth_options(p, steps=2000)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--trace-steps", type=parse_windows, default=None, metavar="A-B[,C-D]",
                    help="traced windows (default: 3 steps at 5%% and at 75%% of the run)")

@@ -159,6 +159,12 @@ def notice(text: Any, kind: str = "info", id: str | None = None) -> html.Div:
     return html.Div(text, className=f"notice {kind}", **kw)
 
 
+def without_traces(page_id: str, body: list[Any], why: str, id: str | None = None) -> html.Div:
+    """Page `page_id` of a run without traces: `body` (what the run lacks), then why this page
+    needs them."""
+    return page(page_id, *body, notice(why, "info", id=id))
+
+
 def missing_notices(missing: list[str]) -> html.Div:
     """What the run lacks, said once at the top of a page."""
     return html.Div([notice(m, "warn") for m in missing], id="missing", className="missing")

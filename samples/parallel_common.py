@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_ddp import exit_after_python, step_set  # noqa: F401  (re-exported for the samples)
+from train_ddp import exit_after_python, model_parser, step_set  # noqa: F401  (re-exported for the samples)
 
 
 class Block(nn.Module):
@@ -89,16 +89,8 @@ def batch(step: int, replica: int, args: argparse.Namespace) -> tuple[torch.Tens
 
 
 def base_parser(doc: str | None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=1000)
+    p = model_parser(doc, steps=20)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -154,3 +146,32 @@ class Timer:
 
     def __str__(self) -> str:
         return f"{time.perf_counter() - self.t0:.2f} s"
+
+
+def straggle(extra: float, args: argparse.Namespace, shards: int = 1, passes: int = 4) -> None:
+    """About `extra` x this rank's share (1/shards) of the blocks' matrix products, outside
+    autograd; `passes`: forward + backward ~ 3x forward, 4x with activation recompute."""
+    a = torch.ones(args.batch * args.seq, args.dim)
+    w = torch.ones(args.dim, 12 * args.dim // shards)  # q,k,v,o + w1,w2 = 12 dim^2 per block
+    with torch.no_grad():
+        for _ in range(round(extra * args.layers * passes)):
+            torch.mm(a, w)
+
+
+def train_lm(model: nn.Module, args: argparse.Namespace, rank: int, replica: int,
+             shards: int = 1, passes: int = 4) -> tuple[torch.Tensor, Timer]:
+    """`args.steps` AdamW steps of `model` on replica `replica`'s batches, rank
+    `args.slow_rank` made `args.slow_factor` times as slow (`straggle`): the last loss and the
+    time it took."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    extra = args.slow_factor - 1.0 if rank == args.slow_rank else 0.0
+    timer = Timer()
+    for step in range(args.steps):
+        x, y = batch(step, replica, args)
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x), y)
+        if extra > 0:
+            straggle(extra, args, shards, passes)
+        loss.backward()
+        opt.step()
+    return loss, timer

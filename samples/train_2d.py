@@ -49,13 +49,12 @@ from parallel_common import (
     TinyLM,
     add_pg_init_option,
     base_parser,
-    batch,
     exit_after_python,
     finish,
     init_mesh,
-    lm_loss,
+    train_lm,
 )
-from train_fsdp2 import shard, straggle
+from train_fsdp2 import shard
 from train_pipeline import (
     add_pipeline_options,
     build_schedule,
@@ -73,17 +72,7 @@ def fsdp_tp(args: argparse.Namespace, rank: int, mesh: DeviceMesh) -> None:
     model = TinyLM(args.vocab, args.dim, args.layers, args.heads, args.seq)
     tensor_parallel(model, mesh["tp"])
     shard(model, mesh=mesh["dp"])
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    extra = args.slow_factor - 1.0 if rank == args.slow_rank else 0.0
-    timer = Timer()
-    for step in range(args.steps):
-        x, y = batch(step, replica, args)
-        opt.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y)
-        if extra > 0:
-            straggle(extra, args, shards=2)
-        loss.backward()
-        opt.step()
+    loss, timer = train_lm(model, args, rank, replica, shards=2)
     finish(rank, 0, f"trained {args.steps} FSDP2 x TP steps (2x2 mesh) in {timer}, "
                     f"final loss {loss.item():.3f}")
 

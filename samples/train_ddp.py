@@ -134,15 +134,22 @@ def step_set(text: str) -> frozenset[int]:
     return frozenset(s for a, b in windows for s in range(a, b + 1))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--steps", type=int, default=30)
+def model_parser(doc: str | None, steps: int) -> argparse.ArgumentParser:
+    """The options every sample shares: how many steps, the model's shape and the seed."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = model_parser(__doc__, steps=30)
     p.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-compute", type=float, default=1.0)
@@ -170,7 +177,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="each rank writes its device's torch.cuda.max_memory_allocated() and\n"
                         "memory_allocated() at the end to FILE.<rank> (JSON; checks of the\n"
                         "memory view)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-times", metavar="FILE",
                    help="rank 0 writes each step's wall time (s) here, as JSON (benchmarks)")
     p.add_argument("--step-cpu-times", metavar="FILE",

@@ -26,7 +26,6 @@ Weights and batches are seeded, so runs are deterministic. Rank 0 prints one lin
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import warnings
@@ -36,16 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parallel_common import (
-    Timer,
-    TinyLM,
-    base_parser,
-    batch,
-    exit_after_python,
-    finish,
-    init_gloo,
-    lm_loss,
-)
+from parallel_common import TinyLM, base_parser, exit_after_python, finish, init_gloo, train_lm
 
 # The root module's logits are a view; nothing in this loop modifies them in place.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -57,15 +47,6 @@ def shard(model: TinyLM, mesh: DeviceMesh | None = None, reshard: bool = True) -
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     return model
-
-
-def straggle(extra: float, args: argparse.Namespace, shards: int = 1) -> None:
-    """About `extra` x the blocks' matrix products (1/shards of them), outside autograd."""
-    a = torch.ones(args.batch * args.seq, args.dim)
-    w = torch.ones(args.dim, 12 * args.dim // shards)  # q,k,v,o + w1,w2 = 12 dim^2 per block
-    with torch.no_grad():
-        for _ in range(round(extra * args.layers * 4)):  # fwd + recompute + bwd ~ 4x fwd
-            torch.mm(a, w)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,17 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     model = TinyLM(args.vocab, args.dim, args.layers, args.heads, args.seq,
                    checkpointed=not args.no_checkpoint)
     shard(model, reshard=not args.no_reshard)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    extra = args.slow_factor - 1.0 if rank == args.slow_rank else 0.0
-    timer = Timer()
-    for step in range(args.steps):
-        x, y = batch(step, rank, args)
-        opt.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y)
-        if extra > 0:
-            straggle(extra, args)
-        loss.backward()
-        opt.step()
+    loss, timer = train_lm(model, args, rank, rank)  # fwd + recompute + bwd ~ 4x fwd
     finish(rank, 0, f"trained {args.steps} FSDP2 steps on {world} rank(s) in {timer}, "
                     f"final loss {loss.item():.3f}")
 

@@ -29,7 +29,6 @@ Rank 0 prints one line.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -43,15 +42,13 @@ from torch.distributed.tensor.parallel import (
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from parallel_common import (
-    Timer,
     TinyLM,
     add_pg_init_option,
     base_parser,
-    batch,
     exit_after_python,
     finish,
     init_mesh,
-    lm_loss,
+    train_lm,
 )
 
 # Megatron-style plan for one parallel_common.Block
@@ -85,29 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)  # the same full weights on every rank before splitting
     model = tensor_parallel(TinyLM(args.vocab, args.dim, args.layers, args.heads, args.seq),
                             mesh["tp"])
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    extra = args.slow_factor - 1.0 if rank == args.slow_rank else 0.0
-    timer = Timer()
-    for step in range(args.steps):
-        x, y = batch(step, 0, args)
-        opt.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y)
-        if extra > 0:
-            straggle(extra, args, world)
-        loss.backward()
-        opt.step()
+    loss, timer = train_lm(model, args, rank, 0, shards=world, passes=3)  # fwd + bwd ~ 3x fwd
     finish(rank, 0, f"trained {args.steps} TP steps on {world} rank(s) in {timer}, "
                     f"final loss {loss.item():.3f}")
-
-
-def straggle(extra: float, args: argparse.Namespace, world: int) -> None:
-    """About `extra` x this rank's share of the blocks' matrix products, outside autograd."""
-    tokens = args.batch * args.seq
-    a = torch.ones(tokens, args.dim)
-    w = torch.ones(args.dim, 12 * args.dim // world)  # q,k,v,o + w1,w2 = 12 dim^2 per block
-    with torch.no_grad():
-        for _ in range(round(extra * args.layers * 3)):  # forward + backward ~ 3x forward
-            torch.mm(a, w)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from uberprof.cli import main
@@ -28,3 +29,18 @@ def report_all(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
         assert res.exit_code == 0, (name, res.output)
         out[name] = json.loads(res.stdout)
     return out
+
+
+def sample_fixtures(names: tuple[str, ...], folder: str) -> tuple[Any, Any]:
+    """A test module's `runs` (copies of the named samples, in a temporary `folder`) and
+    `reports` (`report_all` of them) fixtures, module-scoped: `runs, reports =
+    sample_fixtures(RUNS, "my-samples")`."""
+    @pytest.fixture(scope="module")
+    def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+        return copy_samples(tmp_path_factory.mktemp(folder), names)
+
+    @pytest.fixture(scope="module")
+    def reports(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+        return report_all(runs)
+
+    return runs, reports

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from uberprof.collect.runid import option_value
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -51,20 +53,11 @@ def browser_timeout_ms(idle_s: float = 10.0) -> float:
     return time_limit(idle_s) * 1000
 
 
-def _option(command: Sequence[str], name: str) -> str | None:
-    for i, a in enumerate(command):
-        if a == name and i + 1 < len(command):
-            return command[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def job_limit(command: Sequence[str]) -> float:
     """time_limit of a training job from its command: `--steps` (30 by default, the samples'),
     and its ranks (`--nproc_per_node`, `--nprocs`), which share the CPUs."""
-    steps = _option(command, "--steps")
-    ranks = _option(command, "--nproc_per_node") or _option(command, "--nprocs")
+    steps = option_value(command, "--steps")
+    ranks = option_value(command, "--nproc_per_node", "--nprocs")
     n_steps = int(steps) if steps and steps.isdigit() else 30
     n_ranks = int(ranks) if ranks and ranks.isdigit() else 1
     per_cpu = max(1.0, n_ranks / (os.cpu_count() or 1))

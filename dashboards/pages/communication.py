@@ -25,9 +25,8 @@ _VERDICT_COLORS = {"bandwidth-bound": "#D62728", "latency-bound": "#F58518", "fi
 def layout(data: RunData, sel: Selection) -> html.Div:
     body: list[Any] = [ui.missing_notices(data.missing())]
     if not data.has_traces:
-        body.append(ui.notice("Communication needs traces: collective kernels or Gloo spans.",
-                              "info"))
-        return ui.page("page-communication", *body)
+        return ui.without_traces("page-communication", body,
+                                 "Communication needs traces: collective kernels or Gloo spans.")
     kinds = q.collectives_by_kind(data)
     if kinds is None:
         body.append(ui.notice("No collective in the traced steps: a single-rank run, or "

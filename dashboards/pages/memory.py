@@ -42,25 +42,19 @@ def layout(data: RunData, sel: Selection) -> html.Div:
         body.append(cards(rows))
     gpu = q.gpu_series(data, ranks)
     if gpu:
-        body.append(ui.section(
-            "GPU memory per step",
-            ui.graph("memory-gpu", data.figure(f"memory-gpu:{ranks}",
-                                               lambda: gpu_figure(gpu, sel.rank))),
-            id="memory-gpu-section",
-            sub="Per rank at each step boundary: the caching allocator's peak allocated bytes "
-                "so far (dashed) and what is allocated between steps (solid). A steady job "
-                "holds the same at every step; a line that climbs is a leak."
-                + (f" Over {q.STEP_BUCKETS} runs of steps, each one's lowest and highest "
-                   "points are drawn." if any(s.thinned for s in gpu) else "")))
+        body.append(_graph_section(
+            data, "gpu", ranks, "GPU memory per step", lambda: gpu_figure(gpu, sel.rank),
+            "Per rank at each step boundary: the caching allocator's peak allocated bytes "
+            "so far (dashed) and what is allocated between steps (solid). A steady job "
+            "holds the same at every step; a line that climbs is a leak."
+            + (f" Over {q.STEP_BUCKETS} runs of steps, each one's lowest and highest "
+               "points are drawn." if any(s.thinned for s in gpu) else "")))
     rss = q.rss_series(data, ranks)
     if rss:
-        body.append(ui.section(
-            "Host memory",
-            ui.graph("memory-rss", data.figure(f"memory-rss:{ranks}",
-                                               lambda: rss_figure(rss, sel.rank))),
-            id="memory-rss-section",
-            sub="Each rank process's resident set size, sampled by the counters (seconds "
-                "from the run's first step)."))
+        body.append(_graph_section(
+            data, "rss", ranks, "Host memory", lambda: rss_figure(rss, sel.rank),
+            "Each rank process's resident set size, sampled by the counters (seconds "
+            "from the run's first step)."))
     if entries:
         body.append(window_section(data, ranks, entries, sel.rank))
     if rows:
@@ -75,6 +69,14 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                               f"peaks, and the selected rank); {table}.",
                               "info", id="memory-drawn"))
     return ui.page("page-memory", *body)
+
+
+def _graph_section(data: RunData, key: str, ranks: list[int], title: str,
+                   figure: Any, sub: str) -> Any:
+    """Section `memory-<key>-section`: one graph, its figure made once for the drawn ranks."""
+    return ui.section(title, ui.graph(f"memory-{key}", data.figure(f"memory-{key}:{ranks}",
+                                                                  figure)),
+                      id=f"memory-{key}-section", sub=sub)
 
 
 def window_section(data: RunData, ranks: list[int], entries: list[dict[str, Any]],

@@ -35,9 +35,8 @@ NAME_CHARS = 90  # a kernel's name in the table (whole on hover)
 def layout(data: RunData, sel: Selection) -> html.Div:
     body: list[Any] = [ui.missing_notices(data.missing())]
     if not data.has_traces:
-        body.append(ui.notice("Operators and kernels are read from traces.", "info",
-                              id="operators-none"))
-        return ui.page("page-operators", *body)
+        return ui.without_traces("page-operators", body,
+                                 "Operators and kernels are read from traces.", id="operators-none")
     doc = q.document(data)
     kinds = q.kinds_present(data) if doc is not None else []
     if not kinds:

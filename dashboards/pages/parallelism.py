@@ -32,9 +32,9 @@ _STAGE_PARTS = (  # (Stage attribute, legend name, colour): drawn bottom to top
 def layout(data: RunData, sel: Selection) -> html.Div:
     body: list[Any] = [ui.missing_notices(data.missing())]
     if not data.has_traces:
-        body.append(ui.notice("The parallelism is read from traces: process groups, "
-                              "point-to-point transfers and API markers.", "info"))
-        return ui.page("page-parallelism", *body)
+        return ui.without_traces("page-parallelism", body,
+                                 "The parallelism is read from traces: process groups, "
+                                 "point-to-point transfers and API markers.")
     reading = q.reading(data)
     body.append(ui.section("How the ranks divide the work", reading_box(data, reading),
                            id="parallelism-summary"))

@@ -27,9 +27,8 @@ PROC_METRICS = (("cpu.util", "process CPU"), ("mem.rss", "process memory"))
 def layout(data: RunData, sel: Selection) -> html.Div:
     body: list[Any] = [ui.missing_notices(data.missing())]
     if not data.has_traces:
-        body.append(ui.notice("Lateness needs traces: the collectives' start times on every "
-                              "rank.", "info"))
-        return ui.page("page-stragglers", *body)
+        return ui.without_traces("page-stragglers", body, "Lateness needs traces: the "
+                                 "collectives' start times on every rank.")
     s = data.straggler()
     body.append(verdict(data))
     hm = q.lateness_heatmap(data)

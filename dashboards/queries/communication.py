@@ -8,7 +8,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis.read import sql_table
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import evenly
 
@@ -29,18 +28,7 @@ def bandwidth_instances(run: RunData, limit: int = 20_000) -> pa.Table | None:
 
 
 def collectives_by_kind(run: RunData) -> pa.Table | None:
-    """Per collective kind and message size: calls, total and median time (per rank)."""
-    def build() -> pa.Table | None:
-        if run.ctx is None:
-            return None
-        c = run.ctx.collectives()
-        if c.num_rows == 0:
-            return None
-        return sql_table("""
-            SELECT coalesce(name, event) AS name, coalesce(in_bytes, out_bytes) AS bytes,
-                   count(*) AS calls, count(DISTINCT rank) AS ranks,
-                   sum(end_ns - start_ns) / 1e6 AS total_ms,
-                   median(end_ns - start_ns) / 1e6 AS median_ms
-            FROM c GROUP BY ALL ORDER BY total_ms DESC
-        """, c=c)
-    return run.once("collectives_by_kind", build)
+    """Per collective kind and message size: calls, total and median time (per rank), as the
+    analysis saved them (`read.OpenedRun.collective_kinds`)."""
+    return run.once("collectives_by_kind",
+                    lambda: run.opened.collective_kinds() if run.opened is not None else None)

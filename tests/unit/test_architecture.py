@@ -269,3 +269,85 @@ def test_the_run_directory_reader_knows_nothing_of_derived() -> None:
     bad = [f"{f.relative_to(ROOT)}" for f in files
            if any(w in f.read_text() for w in ("derived_dir", "DERIVED_DIR", "diagnosis.json"))]
     assert not bad, bad
+
+
+# --- derived file names: derived.py's alone -------------------------------------------------------
+
+DERIVED_OWNER = "uberprof/analysis/tables/derived.py"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of `tree` (prose may name a file; code may not)."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and n.body and isinstance(n.body[0], ast.Expr) \
+                and isinstance(n.body[0].value, ast.Constant):
+            out.add(id(n.body[0].value))
+    return out
+
+
+def derived_names(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, literal) of each string in code (not a docstring, not a sentence) that spells a
+    derived file name: a `.parquet` file or diagnosis.json, alone or at the end of a path (an
+    f-string's literal parts included)."""
+    import re
+
+    tree = ast.parse(source, filename)
+    docs = _docstrings(tree)
+    name = re.compile(r"[\w./-]*(\.parquet|diagnosis\.json)")
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and name.fullmatch(n.value)]
+
+
+def test_the_derived_name_check_sees_a_path() -> None:
+    assert derived_names('p = derived / "ranks.parquet"\n') == [(1, "ranks.parquet")]
+    assert derived_names('p = f"{d}/diagnosis.json"\n') == [(1, "/diagnosis.json")]
+    assert derived_names('"""Reads derived/ranks.parquet."""\nx = "a sentence: x.parquet"\n') \
+        == []
+
+
+def test_only_derived_py_spells_a_derived_file_name() -> None:
+    """Only `analysis/tables/derived.py` knows where a derived table lives (DESIGN §1): every
+    other module asks it (its constants, paths and readers)."""
+    files = [f for f in reader_files(["uberprof", "dashboards"])
+             if f.relative_to(ROOT).as_posix() != DERIVED_OWNER]
+    assert ROOT / "uberprof/present/terminal/analyze.py" in files
+    bad = [f"{f.relative_to(ROOT)}:{line}: {text!r}" for f in files
+           for line, text in derived_names(f.read_text(), str(f))]
+    assert not bad, "derived file names belong to derived.py:\n" + "\n".join(bad)
+
+
+
+# --- small functions: no function over 60 lines without a stated reason ---------------------------
+
+MAX_FUNCTION_LINES = 60
+SPLITTING = "being split (issue 49)"
+LONG_FUNCTIONS_ALLOWED = {  # "path::name": why it is longer
+    "uberprof/analysis/diagnosis/stragglers.py::as_test": SPLITTING,
+    "uberprof/analysis/diagnosis/stragglers.py::straggler_test": SPLITTING,
+    "uberprof/analysis/diagnosis/findings/exposed_comm.py::_exposed_comm_findings": SPLITTING,
+    "uberprof/present/report_terminal.py::_evidence_line": SPLITTING,
+    "uberprof/analysis/diagnosis/advisor.py::_diagnose_context": SPLITTING,
+}
+
+
+def long_functions(folders: tuple[str, ...] = ("uberprof/analysis", "uberprof/present")
+                   ) -> dict[str, int]:
+    """{"path::name": lines} of every function longer than MAX_FUNCTION_LINES."""
+    out = {}
+    for f in reader_files(list(folders)):
+        for n in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    n.end_lineno is not None and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES:
+                out[f"{f.relative_to(ROOT).as_posix()}::{n.name}"] = n.end_lineno - n.lineno + 1
+    return out
+
+
+def test_no_long_function_without_a_reason() -> None:
+    """DESIGN §8: long work is split into named stages; a longer function says why here."""
+    long = long_functions()
+    bad = [f"{where}: {n} lines" for where, n in sorted(long.items())
+           if where not in LONG_FUNCTIONS_ALLOWED]
+    assert not bad, "split these (or say why in LONG_FUNCTIONS_ALLOWED):\n" + "\n".join(bad)

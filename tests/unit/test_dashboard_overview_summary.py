@@ -105,14 +105,15 @@ def test_the_url_is_printed_before_dash_is_imported(run: Path) -> None:
     code = (
         "import sys\n"
         "import uberprof.cli.dashboard\n"
-        "d = sys.modules['uberprof.cli.dashboard']  # the package names the command so\n"
+        "import uberprof.dashboards.startup as d\n"
         "def serve(server, prepare):\n"
         "    print('dash loaded:', any(m == 'dash' or m.startswith('dash.')"
         " for m in sys.modules), flush=True)\n"
         "    server.server_close()\n"
         "    return True\n"
         "d.serve = serve\n"
-        f"d.dashboard.main([{str(run)!r}, '--port', '0'], standalone_mode=False)\n")
+        "c = sys.modules['uberprof.cli.dashboard']  # the package names the command so\n"
+        f"c.dashboard.main([{str(run)!r}, '--port', '0'], standalone_mode=False)\n")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
                          env=job_env(), cwd=ROOT, check=True).stdout
     lines = out.splitlines()

@@ -17,7 +17,7 @@ from uberprof.analysis.diagnosis.stragglers import find_straggler, straggler_cau
 from uberprof.analysis.tables.align import align_clocks, weighted_median
 from uberprof.analysis.tables.collectives import drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RankInfo, RunContext
-from uberprof.cli.calibrate import launcher_prefix
+from uberprof.collect.calibrate import launcher_prefix
 
 COLL = pa.schema([("rank", pa.int64()), ("name", pa.string()), ("event", pa.string()),
                   ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("launch_ns", pa.int64()),

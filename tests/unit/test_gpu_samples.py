@@ -20,20 +20,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests._gpu_samples import GPU, copy_samples, report_all
+from tests._gpu_samples import GPU, sample_fixtures
 from uberprof.cli import main
 
 RUNS = ("nccl1", "gloo2", "straggler", "oom")
 
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return copy_samples(tmp_path_factory.mktemp("gpu-samples"), RUNS)
-
-
-@pytest.fixture(scope="module")
-def reports(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    return report_all(runs)
+runs, reports = sample_fixtures(RUNS, "gpu-samples")
 
 
 def _findings(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:

@@ -12,21 +12,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests._gpu_samples import copy_samples, report_all
+from tests._gpu_samples import sample_fixtures
 from uberprof.analysis.diff.scaling import ScalingError, scaling, scaling_point_of
 from uberprof.cli import main
 
 RUNS = ("nccl1", "gloo2", "straggler")
 
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return copy_samples(tmp_path_factory.mktemp("scaling-samples"), RUNS)
-
-
-@pytest.fixture(scope="module")
-def reports(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    return report_all(runs)
+runs, reports = sample_fixtures(RUNS, "scaling-samples")
 
 
 def _argv(run: Path) -> list[str]:
@@ -182,23 +174,9 @@ def test_html_figures_draw_the_document(reports: dict[str, dict[str, Any]],
 
 # --- the dashboard's /compare page --------------------------------------------------------------
 
-def _ids(c: Any) -> set[str]:
-    found: set[str] = set()
-
-    def walk(x: Any) -> None:
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-        elif x is not None and not isinstance(x, (str, int, float)):
-            if getattr(x, "id", None):
-                found.add(x.id)
-            walk(getattr(x, "children", None))
-    walk(c)
-    return found
-
-
 def test_compare_page_has_a_scaling_section_for_runs_of_other_sizes(
         runs: dict[str, Path], reports: dict[str, dict[str, Any]]) -> None:
+    from tests.unit.test_dashboard import _ids
     from uberprof.dashboards.data import RunData
     from uberprof.dashboards.pages import compare as page
     from uberprof.dashboards.queries.compare import compare_with

@@ -49,11 +49,31 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.context import RunContext
     from uberprof.rundir.follow import RunFollower
 
-__all__ = ["DEFAULT_THRESHOLD_NS", "HEATMAP_COLS", "HEATMAP_ROWS", "MIN_INSTANCES", "Heatmap",
-           "OpenedRun", "OverviewSummary", "RankSeries", "SavedFindings", "compare_runs",
-           "diagnose_opened", "empty_report", "heatmap_of_series", "live_signals", "open_run",
-           "open_tables", "saved_findings", "scaling_of", "series_of", "sql_table",
-           "step_quantiles"]
+__all__ = [
+    "DEFAULT_THRESHOLD_NS",
+    "HEATMAP_COLS",
+    "HEATMAP_ROWS",
+    "MIN_INSTANCES",
+    "Heatmap",
+    "OpenedRun",
+    "OverviewSummary",
+    "RankSeries",
+    "SavedFindings",
+    "compare_runs",
+    "diagnose_opened",
+    "empty_report",
+    "heatmap_of_series",
+    "keep_pandas_out",
+    "live_signals",
+    "open_run",
+    "open_tables",
+    "ranks_table_file",
+    "saved_findings",
+    "scaling_of",
+    "series_of",
+    "sql_table",
+    "step_quantiles",
+]
 
 
 @dataclass
@@ -95,25 +115,28 @@ class OpenedRun:
 
     def time_shares(self) -> pa.Table | None:
         """Per rank with an analysed trace, the parts that tile its traced window
-        (`diagnosis.summaries.time_shares`: `<part>_ns`, `<part>_pct`, `overlap_pct`), by rank;
-        None without traces. Not saved: made from the whole-trace breakdown when asked."""
-        from uberprof.analysis.diagnosis.summaries import time_shares
+        (`tables.shares.time_shares`: `<part>_ns`, `<part>_pct`, `overlap_pct`), by rank, as
+        the analysis saved them; None without traces."""
+        from uberprof.analysis.tables.shares import read_time_shares
 
-        rt = self.traced_breakdown()
-        return time_shares(rt) if rt is not None else None
+        return read_time_shares(self.ctx.derived) if self.ctx is not None else None
 
     def run_breakdown(self) -> dict[str, Any] | None:
         """The whole run's breakdown: `metrics.percentages` of its traced ranks' whole-trace
-        totals together (compute_pct, exposed_comm_pct, idle_pct, ...); None without traces.
-        Not saved: made from the whole-trace breakdown when asked."""
-        from uberprof.analysis.tables.metrics import percentages
+        totals together (compute_pct, exposed_comm_pct, idle_pct, ...), as the analysis saved
+        it (`tables.shares.run_breakdown`); None without traces."""
+        from uberprof.analysis.tables.shares import read_run_breakdown
 
-        rt = self.traced_breakdown()
-        if rt is None:
-            return None
-        parts = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
-        return percentages(**{p: sum(x or 0 for x in rt.column(f"{p}_ns").to_pylist())
-                              for p in parts})
+        return read_run_breakdown(self.ctx.derived) if self.ctx is not None else None
+
+    def collective_kinds(self) -> pa.Table | None:
+        """Per collective name and message size: calls, ranks, total and median time (ms), by
+        total time, as the analysis saved them (`tables.shares.write_collective_kinds`); None
+        without traces or collectives."""
+        from uberprof.analysis.tables.derived import read_collective_kinds
+
+        t = read_collective_kinds(self.ctx.derived) if self.ctx is not None else None
+        return t if t is not None and t.num_rows else None
 
     def step_timelines(self, columns: list[str]) -> pa.Table | None:
         """Every rank's step timeline as the analysis saved it (TIMELINE_SCHEMA): `rank`,
@@ -200,6 +223,21 @@ def open_run(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = 
     tables and its diagnosis (`open_tables`, then `diagnose_opened`)."""
     opened = open_tables(path, out=out, workers=workers, progress=progress, executor=executor)
     return diagnose_opened(opened, threshold_ns=threshold_ns, on_save_error=on_save_error)
+
+
+def ranks_table_file(derived: str | os.PathLike[str]) -> Path:
+    """Where the analysis saved its per-rank table (`derived/ranks.parquet`), to name it."""
+    from uberprof.analysis.tables.derived import RANKS_FILE
+
+    return Path(derived) / RANKS_FILE
+
+
+def keep_pandas_out() -> None:
+    """Keep pandas out of this process (`tables.pool.keep_pandas_out`): a view that opens a run
+    calls it before reading, as the analysis's workers do."""
+    from uberprof.analysis.tables.pool import keep_pandas_out as keep_out
+
+    keep_out()
 
 
 def empty_report(path: str | os.PathLike[str], problems: list[str]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ reach, with a short all-reduce sweep under the job's own launcher, and record it
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -50,44 +49,27 @@ def calibrate(run_dir: Path, max_mb: float, iters: int, timeout: float, yes: boo
     from rich.console import Console
 
     from uberprof.analysis.diagnosis.links import CALIBRATION_FILE, read_calibration
-    from uberprof.collect import calibrate as sweep
+    from uberprof.collect.calibrate import SweepFailed, recorded_launcher, run_sweep
     from uberprof.present.terminal.calibrate import render_calibration
-    from uberprof.rundir import NODE_FILE, RunDir, read_json
+    from uberprof.rundir import RunDir
 
     err = Console(stderr=True)
     run = RunDir(run_dir.resolve())
     if not run.is_run():
         raise click.BadParameter(f"{run_dir} is not a uberprof run directory", param_hint="RUN")
-    prefix = list(launcher)
-    if not prefix:
-        for nd in run.node_dirs():
-            try:
-                prefix = launcher_prefix(read_json(nd / NODE_FILE).get("command") or [])
-            except (OSError, ValueError):
-                continue
-            if prefix:
-                break
+    prefix = list(launcher) or recorded_launcher(run)
     if not prefix:
         raise click.UsageError("cannot tell the job's launcher from the run; give it after --, "
                                "e.g. uberprof calibrate RUN -- torchrun --nproc_per_node=8")
     if not launcher:
         _consent_to_recorded(prefix, run.root, yes)
-    out = run.root / CALIBRATION_FILE
-    cmd = [*prefix, sweep.__file__, "--out", str(out), "--max-bytes",
-           str(int(max_mb * (1 << 20))), "--iters", str(iters)]
-    err.print(f"uberprof calibrate: {' '.join(cmd)}", markup=False, highlight=False)
     try:
-        proc = subprocess.run(cmd, timeout=timeout, check=False)
-    except FileNotFoundError:
-        err.print(f"uberprof calibrate: {prefix[0]}: command not found", markup=False)
-        sys.exit(127)
-    except subprocess.TimeoutExpired:
-        err.print(f"uberprof calibrate: no result after {timeout:.0f} s", markup=False)
-        sys.exit(124)
-    if proc.returncode != 0:
-        err.print(f"uberprof calibrate: the sweep failed (exit code {proc.returncode})",
-                  markup=False)
-        sys.exit(proc.returncode)
+        run_sweep(prefix, run.root / CALIBRATION_FILE, int(max_mb * (1 << 20)), iters, timeout,
+                  starting=lambda cmd: err.print(f"uberprof calibrate: {' '.join(cmd)}",
+                                                 markup=False, highlight=False))
+    except SweepFailed as exc:
+        err.print(f"uberprof calibrate: {exc}", markup=False)
+        sys.exit(exc.code)
     doc = read_calibration(run.root)
     if doc is None:
         # another node's rank 0 wrote it (local run folders): nothing to show here
@@ -114,13 +96,4 @@ def _consent_to_recorded(prefix: list[str], run: Path, yes: bool) -> None:
 
 def stdin_is_terminal() -> bool:
     return sys.stdin is not None and sys.stdin.isatty()
-
-
-def launcher_prefix(command: list[str]) -> list[str]:
-    """The launcher part of a recorded job command: everything before the training script
-    (the first argument ending in .py after the launcher's own), or [] if there is none."""
-    for i, arg in enumerate(command):
-        if i > 0 and arg.endswith(".py") and not arg.startswith("-"):
-            return list(command[:i])
-    return []
 

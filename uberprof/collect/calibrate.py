@@ -6,6 +6,9 @@ buffers of growing size over the whole job (the slowest link the job crosses) an
 spans several hosts with several ranks each, within each host; rank 0 writes what it measured
 to `--out` (the run's calibration.json). nccl-tests' conventions: time = the slowest rank's
 mean over the iterations, algbw = bytes / time, busbw = algbw * 2(n-1)/n.
+
+`run_sweep` is the other side, in `uberprof calibrate`'s process: it starts this file under the
+launcher (`launcher_prefix` reads it from the command a run recorded) and waits for it.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -140,6 +145,55 @@ def main(argv: list[str] | None = None) -> None:
         os.replace(tmp, out)
     dist.barrier()
     dist.destroy_process_group()
+
+
+class SweepFailed(Exception):
+    """The sweep gave no result: why (one line) and the exit status to leave with."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def launcher_prefix(command: list[str]) -> list[str]:
+    """The launcher part of a recorded job command: everything before the training script
+    (the first argument ending in .py after the launcher's own), or [] if there is none."""
+    for i, arg in enumerate(command):
+        if i > 0 and arg.endswith(".py") and not arg.startswith("-"):
+            return list(command[:i])
+    return []
+
+
+def recorded_launcher(run: Any) -> list[str]:
+    """The launcher of the job a run directory (a `RunDir`) recorded in its nodes' node.json,
+    or [] when none can be told."""
+    from uberprof.rundir import NODE_FILE, read_json
+
+    for nd in run.node_dirs():
+        try:
+            prefix = launcher_prefix(read_json(nd / NODE_FILE).get("command") or [])
+        except (OSError, ValueError):
+            continue
+        if prefix:
+            return prefix
+    return []
+
+
+def run_sweep(prefix: list[str], out: str | os.PathLike[str], max_bytes: int, iters: int,
+              timeout: float, starting: Callable[[list[str]], None] = lambda cmd: None) -> None:
+    """Run this file under the launcher `prefix` (rank 0 writes `out`), told to `starting`
+    first; raises `SweepFailed` when it gives no result."""
+    cmd = [*prefix, __file__, "--out", str(out), "--max-bytes", str(max_bytes), "--iters",
+           str(iters)]
+    starting(cmd)
+    try:
+        proc = subprocess.run(cmd, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise SweepFailed(f"{prefix[0]}: command not found", 127) from None
+    except subprocess.TimeoutExpired:
+        raise SweepFailed(f"no result after {timeout:.0f} s", 124) from None
+    if proc.returncode != 0:
+        raise SweepFailed(f"the sweep failed (exit code {proc.returncode})", proc.returncode)
 
 
 if __name__ == "__main__":

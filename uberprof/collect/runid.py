@@ -56,11 +56,17 @@ def torchrun_rdzv_id(command: Sequence[str]) -> str | None:
     """`--rdzv-id X`, `--rdzv_id=X` (torchrun's two spellings), when the command is torchrun."""
     if not is_torchrun(command):
         return None
+    return option_value(command, "--rdzv-id", "--rdzv_id")
+
+
+def option_value(command: Sequence[str], *names: str) -> str | None:
+    """The value of the first of `names` in a command line (`--name value` or `--name=value`),
+    None when it has none."""
     for i, arg in enumerate(command):
-        for flag in ("--rdzv-id", "--rdzv_id"):
-            if arg == flag and i + 1 < len(command):
+        for name in names:
+            if arg == name and i + 1 < len(command):
                 return command[i + 1]
-            if arg.startswith(flag + "="):
+            if arg.startswith(name + "="):
                 return arg.split("=", 1)[1]
     return None
 

@@ -88,21 +88,11 @@ def classify(cat: str, name: str, on_device: bool) -> str:
     if cat == "gpu_user_annotation" or (cat in _DEVICE_ANNOTATION_CATS and on_device):
         return DEVICE_ANNOTATION
     if cat in _ANNOTATION_CATS:
-        return _annotation_kind(name)
+        return _named_kind(name, ANNOTATION)
     if cat in _OPERATOR_CATS:
-        if name.startswith("ProfilerStep#"):
-            return STEP
-        if name.startswith("enumerate(DataLoader)"):  # 2021 traces file these as operators
-            return DATALOADER
-        if name.startswith("Optimizer.step#"):
-            return OPTIMIZER
-        if name.startswith("gloo:"):
-            return HOST_COMM
-        if name.startswith(_COMM_OP_PREFIXES):
-            return COMM_OP
-        if name.startswith("module::"):  # --modules' spans (a C++ record function: cpu_op)
-            return MODULE
-        return OPERATOR
+        # 2021 traces file enumerate(DataLoader) as operators; --modules' spans are C++
+        # record functions (cpu_op)
+        return _named_kind(name, OPERATOR)
     if cat in _RUNTIME_CATS:
         return SYNC if _SYNC_NAMES.search(name) else RUNTIME
     if cat in _PYTHON_CATS:
@@ -113,20 +103,18 @@ def classify(cat: str, name: str, on_device: bool) -> str:
     return DEVICE_OTHER
 
 
-def _annotation_kind(name: str) -> str:
-    if name.startswith("ProfilerStep#"):
-        return STEP
-    if name.startswith("gloo:"):
-        return HOST_COMM
-    if name.startswith(_COMM_OP_PREFIXES):
-        return COMM_OP
-    if name.startswith("enumerate(DataLoader)"):
-        return DATALOADER
-    if name.startswith("Optimizer.step#"):
-        return OPTIMIZER
-    if name.startswith("module::"):
-        return MODULE
-    return ANNOTATION
+# Host spans whose name says what they are, as operators or annotations (prefixes disjoint)
+_NAMED_KINDS = (("ProfilerStep#", STEP), ("enumerate(DataLoader)", DATALOADER),
+                ("Optimizer.step#", OPTIMIZER), ("gloo:", HOST_COMM),
+                *((p, COMM_OP) for p in _COMM_OP_PREFIXES), ("module::", MODULE))
+
+
+def _named_kind(name: str, default: str) -> str:
+    """The kind `_NAMED_KINDS` gives `name`, else `default`."""
+    for prefix, kind in _NAMED_KINDS:
+        if name.startswith(prefix):
+            return kind
+    return default
 
 
 _COLL_SUFFIX = re.compile(r"(base|intotensor|coalesced|tensor)$")

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from uberprof.analysis.diagnosis.lateness import lateness
+from uberprof.analysis.diagnosis.lateness import ARRIVAL_FIELDS, lateness
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.steptime import own_cost_steps, step_walls
 from uberprof.ingest.classify import canonical_collective
@@ -44,11 +44,7 @@ __all__ = ["ARRIVAL_INSTANCE_SCHEMA", "FlightBasis", "arrival_instances", "fligh
            "step_of"]
 
 ARRIVAL_INSTANCE_SCHEMA = pa.schema([
-    ("instance", pa.int64()),
-    ("rank", pa.int64()),
-    ("step", pa.int64()),
-    ("name", pa.string()),
-    ("participants", pa.int64()),
+    *ARRIVAL_FIELDS,
     ("start_ns", pa.int64()),  # the arrival, on the reference clock
     ("end_ns", pa.int64()),  # null: the Flight Recorder has no end under Gloo
 ])

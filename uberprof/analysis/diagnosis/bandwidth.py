@@ -124,16 +124,7 @@ def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple
     rank's span; `error_bounds` per rank its clock offset's error bound (align.py)."""
     if instances.num_rows == 0:
         return BANDWIDTH_SCHEMA.empty_table()
-    con = duckdb.connect()
-    con.register("i", instances)
-    rows = con.sql("""
-        SELECT instance, any_value(grp) AS grp, any_value(name) AS name, min(step) AS step,
-               any_value(group_size) AS n, max(in_bytes) AS in_bytes, max(out_bytes) AS out_bytes,
-               min(end_ns - start_ns) AS t_short, arg_min(rank, end_ns - start_ns) AS fastest,
-               list(DISTINCT rank) AS ranks, min(end_ns) - max(start_ns) AS t_after
-        FROM i GROUP BY instance ORDER BY instance
-    """).fetchall()
-    con.close()
+    rows = _per_instance(instances)
     # Gloo moves even device tensors over the hosts' sockets (staged through host memory):
     # only other backends' collectives between GPUs of one host cross NVLink or PCIe.
     gpu_link = {r: info.mode == "device" and (info.backend or "").lower() != "gloo"
@@ -178,6 +169,25 @@ def instance_bandwidth(ctx: RunContext, instances: pa.Table, exposed: dict[tuple
         x = exposed.get((iid, fastest))
         out["exposed_ns"].append(min(x, t) if x is not None else None)
     return pa.table(out, schema=BANDWIDTH_SCHEMA)
+
+
+def _per_instance(instances: pa.Table) -> list[tuple[Any, ...]]:
+    """Per matched instance: (instance, group, name, first step, size of the group, largest
+    input and output bytes, shortest duration, the rank that had it, the ranks, first exit
+    less last arrival), by instance."""
+    con = duckdb.connect()
+    try:
+        con.register("i", instances)
+        return con.sql("""
+            SELECT instance, any_value(grp) AS grp, any_value(name) AS name, min(step) AS step,
+                   any_value(group_size) AS n, max(in_bytes) AS in_bytes,
+                   max(out_bytes) AS out_bytes, min(end_ns - start_ns) AS t_short,
+                   arg_min(rank, end_ns - start_ns) AS fastest, list(DISTINCT rank) AS ranks,
+                   min(end_ns) - max(start_ns) AS t_after
+            FROM i GROUP BY instance ORDER BY instance
+        """).fetchall()
+    finally:
+        con.close()
 
 
 def _t_bound(ranks: list[int], bounds: dict[int, int | None], ctx: RunContext) -> int | None:

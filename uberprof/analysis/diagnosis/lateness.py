@@ -17,6 +17,7 @@ import pyarrow as pa
 from uberprof.analysis.diagnosis.evidence import poisson_binomial_sf
 
 __all__ = [
+    "ARRIVAL_FIELDS",
     "LATENESS_SCHEMA",
     "Series",
     "lateness",
@@ -33,12 +34,12 @@ __all__ = [
 
 Series = tuple[int, np.ndarray, np.ndarray]  # (rank, steps, values in ns): one rank's series
 
+# a rank in one matched instance of a collective: the keys of every per-arrival table
+ARRIVAL_FIELDS = [("instance", pa.int64()), ("rank", pa.int64()), ("step", pa.int64()),
+                  ("name", pa.string()), ("participants", pa.int64())]
+
 LATENESS_SCHEMA = pa.schema([
-    ("instance", pa.int64()),
-    ("rank", pa.int64()),
-    ("step", pa.int64()),
-    ("name", pa.string()),
-    ("participants", pa.int64()),
+    *ARRIVAL_FIELDS,
     ("lateness_ns", pa.int64()),  # start - earliest start of the instance (aligned clocks)
     ("last", pa.bool_()),  # the latest to arrive (ties: all of them)
     ("sole_last", pa.bool_()),  # the only latest to arrive: a tie for last is nobody's fault

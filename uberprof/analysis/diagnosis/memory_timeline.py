@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.context import RunContext, rows_or_none
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["memory_timeline_doc", "run_memory_timeline"]
@@ -34,11 +34,8 @@ _COLS = ["rank", "ts", "device", "bytes", "total_allocated", "total_reserved", "
 
 def run_memory_timeline(ctx: RunContext, traced: pa.Table) -> dict[str, Any] | None:
     """`run.memory_timeline` of a diagnosed run; None without memory events."""
-    try:
-        mem = ctx.memory_timeline()
-    except (OSError, pa.ArrowException):
-        return None
-    return memory_timeline_doc(mem, traced) if mem.num_rows else None
+    mem = rows_or_none(ctx.memory_timeline)
+    return memory_timeline_doc(mem, traced) if mem is not None else None
 
 
 def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | None:

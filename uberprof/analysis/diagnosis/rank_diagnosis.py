@@ -59,11 +59,8 @@ def rank_pass(derived: str, keys: list[str], rank: int, steps: pa.Table, instanc
     """One rank: its event table (the inputs `keys` under `derived`) is read, used, dropped.
     `steps`: its analysed steps (RUN_STEP_SCHEMA); `instances`: its matched collectives
     (`instance`, `start_ns`, `end_ns`)."""
-    if not keys:
-        return RankResult.empty(rank)
-    try:
-        events = D.read_input_events(Path(derived), keys)
-    except OSError:
+    events = D.read_events_if_any(Path(derived), keys)
+    if events is None:
         return RankResult.empty(rank)
     act = M.device_activity(events)
     rg = idle_gaps(rank, events, steps, threshold_ns, act)

@@ -6,8 +6,7 @@
   rank rows, the dashboard's ranking and the trace export all read these numbers.
 - `idle_by_cause`: per rank and gap cause, the idle time in gaps over the threshold and their
   count.
-- `time_shares`: per rank, the parts that tile its traced window (metrics.window_shares) and
-  the HTA overlap ratio (metrics.percentages), from the whole-trace breakdown.
+(Each rank's time shares are the analysis's, saved by the reduce: `tables/shares.py`.)
 
 Kept as small Arrow tables so that the saved diagnosis stores them as they are.
 """
@@ -22,7 +21,6 @@ import duckdb
 import pyarrow as pa
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES
-from uberprof.analysis.tables import metrics as M
 
 __all__ = [
     "IDLE_SCHEMA",
@@ -33,7 +31,6 @@ __all__ = [
     "sql_rows",
     "sql_table",
     "summarise",
-    "time_shares",
 ]
 
 RANK_LATENESS_SCHEMA = pa.schema([
@@ -93,31 +90,6 @@ def idle_by_cause(gaps: pa.Table) -> pa.Table:
     t = sql_table("SELECT rank, cause, sum(dur_ns) AS idle_ns, count(*) AS gaps FROM g "
              "GROUP BY rank, cause ORDER BY rank, cause", g=gaps)
     return t.cast(IDLE_SCHEMA)
-
-
-def time_shares(ranks: pa.Table) -> pa.Table:
-    """Per rank of `ranks` (RANK_SCHEMA, whole-trace breakdown): the ns of each
-    metrics.WINDOW_PARTS part (`<part>_ns`), its share of the window (`<part>_pct`), and
-    `overlap_pct`, |compute ∩ comm| / |comm| (HTA's ratio), by rank."""
-    cols = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
-    rows = []
-    for r in ranks.to_pylist():
-        v = {c: int(r.get(f"{c}_ns") or 0) for c in cols}
-        part_ns = dict(zip(M.WINDOW_PARTS, (v["compute"] - v["overlap"], v["overlap"],
-                                            v["exposed_comm"], v["memory"], v["idle"])))
-        rows.append({
-            "rank": r["rank"], "window_ns": v["window"],
-            **{f"{k}_ns": x for k, x in part_ns.items()},
-            **M.window_shares(v["window"], v["compute"], v["overlap"], v["exposed_comm"],
-                              v["memory"], v["idle"]),
-            "overlap_pct": M.percentages(**v)["overlap_pct"],
-        })
-    rows.sort(key=lambda x: x["rank"])
-    schema = pa.schema([("rank", pa.int64()), ("window_ns", pa.int64()),
-                        *((f"{k}_ns", pa.int64()) for k in M.WINDOW_PARTS),
-                        *((f"{k}_pct", pa.float64()) for k in M.WINDOW_PARTS),
-                        ("overlap_pct", pa.float64())])
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 @dataclass

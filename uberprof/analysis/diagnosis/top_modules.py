@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.context import RunContext, rows_or_none
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["TOP", "modules_doc", "run_modules"]
@@ -29,11 +29,8 @@ BASIS = ("sums over every rank's analysed steps (a module call in the step it st
 
 def run_modules(ctx: RunContext, traced: pa.Table) -> dict[str, Any] | None:
     """`run.modules` of a diagnosed run; None without module spans or a readable table."""
-    try:
-        mods = ctx.modules()
-    except (OSError, pa.ArrowException):
-        return None
-    return modules_doc(mods, traced) if mods.num_rows else None
+    mods = rows_or_none(ctx.modules)
+    return modules_doc(mods, traced) if mods is not None else None
 
 
 def modules_doc(mods: pa.Table, traced: pa.Table, top: int = TOP) -> dict[str, Any] | None:

@@ -214,28 +214,37 @@ def _refine(clocks: dict[str, HostClock], ref: str, inst: pa.Table, ctx: RunCont
         lo_b = int((sa_max - ed_min).max())  # correction >= this: its ranks leave after all enter
         hi_b = int((ea_min - sd_max).min())  # correction <= this: the others leave after it enters
         w = 1.0 / np.maximum(tmin[dsel][order].astype(np.float64), 1_000.0)
-        corr = -weighted_median(skew, w)
-        c.estimator = "exits"
-        if lo_b <= hi_b:
-            spread = float(np.median(np.abs(skew + corr)))
-            if (hi_b - lo_b) / 2 < spread:
-                # the bounds pin the offset down more tightly than the exits agree: take
-                # their middle (symmetric entry-to-exit latency, as in two-way time transfer)
-                corr, c.estimator = (lo_b + hi_b) / 2, "bounds"
-            corr = min(max(corr, lo_b), hi_b)
-            c.bounds_ns = (base + lo_b, base + hi_b)
-            c.error_bound_ns = round(max(corr - lo_b, hi_b - corr))
-            c.error_bound_basis = ("half-width of the causality bounds" if c.estimator == "bounds"
-                                   else "distance to the farther causality bound")
-        else:
-            c.note = ("exits and entries of the shared collectives disagree by "
-                      f"{(lo_b - hi_b) / 1e3:.0f} µs (a clock that drifts during the window?)")
-        c.offset_ns = round(base + corr)
-        c.correction_ns = round(corr)
-        c.residual_ns = round(float(np.median(np.abs(skew + corr))))
-        c.instances = int(best_ids.size)
-        c.method = "collectives"
+        _set_offset(c, base, skew, w, lo_b, hi_b, int(best_ids.size))
         aligned.add(best)
+
+
+def _set_offset(c: HostClock, base: int, skew: np.ndarray, w: np.ndarray, lo_b: int, hi_b: int,
+                instances: int) -> None:
+    """Host `c`'s offset from its exits' skew against the aligned hosts (`skew`, weighted by
+    `w`), its online offset `base`, and the causality bounds [lo_b, hi_b] on its correction:
+    the weighted median, kept inside the bounds (or their middle when they are tighter than the
+    exits agree), with its error bound; a note when the bounds cross."""
+    corr = -weighted_median(skew, w)
+    c.estimator = "exits"
+    if lo_b <= hi_b:
+        spread = float(np.median(np.abs(skew + corr)))
+        if (hi_b - lo_b) / 2 < spread:
+            # the bounds pin the offset down more tightly than the exits agree: take
+            # their middle (symmetric entry-to-exit latency, as in two-way time transfer)
+            corr, c.estimator = (lo_b + hi_b) / 2, "bounds"
+        corr = min(max(corr, lo_b), hi_b)
+        c.bounds_ns = (base + lo_b, base + hi_b)
+        c.error_bound_ns = round(max(corr - lo_b, hi_b - corr))
+        c.error_bound_basis = ("half-width of the causality bounds" if c.estimator == "bounds"
+                               else "distance to the farther causality bound")
+    else:
+        c.note = ("exits and entries of the shared collectives disagree by "
+                  f"{(lo_b - hi_b) / 1e3:.0f} µs (a clock that drifts during the window?)")
+    c.offset_ns = round(base + corr)
+    c.correction_ns = round(corr)
+    c.residual_ns = round(float(np.median(np.abs(skew + corr))))
+    c.instances = instances
+    c.method = "collectives"
 
 
 def _per_domain_exits(inst: pa.Table, ctx: RunContext) -> tuple[np.ndarray, ...] | None:

@@ -9,7 +9,7 @@ that changed.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +23,17 @@ from uberprof.analysis.tables.pipeline import Analysis, analyze
 from uberprof.rundir import RankMeta, RunDir, ranks_by_id
 from uberprof.rundir.flight_log import FlightLog, read_flight_log
 
-__all__ = ["RankInfo", "RunContext", "load_context"]
+__all__ = ["RankInfo", "RunContext", "load_context", "rows_or_none"]
+
+
+def rows_or_none(read: Callable[[], pa.Table]) -> pa.Table | None:
+    """`read()`'s table (an optional derived table: `RunContext.modules`, `memory_timeline`)
+    when it can be read and has rows, else None."""
+    try:
+        t = read()
+    except (OSError, pa.ArrowException):
+        return None
+    return t if t.num_rows else None
 
 
 @dataclass(frozen=True)

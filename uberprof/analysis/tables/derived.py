@@ -18,6 +18,9 @@ reading. Whoever needs a derived path or table asks this module.
     <derived>/memory.parquet        one row per rank and [memory] event: the memory timeline
                                     (tables/memory_timeline.py; empty without profile_memory)
     <derived>/summary.json          the `uberprof analyze --json` document
+    <derived>/shares.json           the traced ranks' time shares and the run's breakdown
+    <derived>/collective_kinds.parquet  per collective name and size: calls, total and median
+                                    time (both tables/shares.py)
 
 Paths stored here are relative to the source's root (the run directory, the trace folder, or
 the folder of a single trace), so the folder reads the same from any working directory. Every
@@ -62,6 +65,8 @@ from uberprof.rundir import DERIVED_DIR, write_json_atomic
 
 __all__ = [
     "COLLECTIVES_FILE",
+    "COLLECTIVE_KINDS_FILE",
+    "DIAGNOSIS_FILE",
     "EVENTS_FILE",
     "FORMAT_VERSION",
     "INPUTS_DIR",
@@ -71,10 +76,12 @@ __all__ = [
     "MANIFEST_FILE",
     "MEMORY_FILE",
     "MODULES_FILE",
+    "OLD_INPUT_FILES",
     "OPERATORS_FILE",
     "OVERVIEW_FILE",
     "OVERVIEW_HEATMAP_FILE",
     "RANKS_FILE",
+    "SHARES_FILE",
     "STEPS_FILE",
     "SUMMARY_FILE",
     "TIMELINES_DIR",
@@ -86,8 +93,11 @@ __all__ = [
     "input_dir",
     "input_entry",
     "is_fresh",
+    "old_timeline_file",
     "rank_input_keys",
+    "read_collective_kinds",
     "read_collectives",
+    "read_events_if_any",
     "read_input_events",
     "read_input_summary",
     "read_input_table",
@@ -98,16 +108,20 @@ __all__ = [
     "read_rank_events",
     "read_rank_names",
     "read_ranks",
-    "read_whole",
     "read_run_steps",
+    "read_saved_report",
+    "read_shares",
     "read_small",
     "read_summary",
     "read_timeline",
+    "read_whole",
     "replacing",
     "timeline_file",
+    "write_collective_kinds",
+    "write_events",
     "write_manifest",
     "write_parquet",
-    "write_events",
+    "write_shares",
     "write_small",
 ]
 
@@ -129,6 +143,8 @@ MODULES_FILE = "modules.parquet"  # an input's, then the run's (with rank): modu
 MEMORY_FILE = "memory.parquet"  # an input's, then the run's (with rank): memory_timeline.py
 SUMMARY_FILE = "summary.json"
 RANKS_FILE = "ranks.parquet"
+SHARES_FILE = "shares.json"  # the traced ranks' time shares, the run's breakdown (shares.py)
+COLLECTIVE_KINDS_FILE = "collective_kinds.parquet"  # per collective name and size (shares.py)
 OVERVIEW_FILE = "overview.json"  # the step table's summary the overview draws (overview.py)
 OVERVIEW_HEATMAP_FILE = "overview_heatmap.parquet"  # its binned rank x step heat map
 REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each input's rank
@@ -237,6 +253,18 @@ def input_dir(derived: Path, key: str) -> Path:
 def diagnosis_table_file(derived: Path, name: str) -> Path:
     """Where the saved diagnosis keeps its table `name` (diagnosis/saved.py)."""
     return derived / DIAGNOSIS_DIR / f"{name}.parquet"
+
+
+# What earlier derived formats wrote that is not read now: removed when an input is analysed again.
+OLD_INPUT_FILES = frozenset({"steps.parquet", "collectives.parquet", "operators.parquet",
+                             "activity.parquet",  # format 10's
+                             "events.parquet"})  # format 11's
+
+
+def old_timeline_file(timeline: Path) -> Path:
+    """Where format 10 kept the step timeline table now at `timeline` (removed when it is
+    written again)."""
+    return timeline.with_suffix(".parquet")
 
 
 def timeline_file(derived: Path, key: str) -> Path:
@@ -396,6 +424,41 @@ def read_summary(derived: Path) -> dict[str, Any]:
     return orjson.loads((derived / SUMMARY_FILE).read_bytes())
 
 
+def read_shares(derived: Path) -> dict[str, Any] | None:
+    """shares.json (`tables/shares.py`), None when it is missing or unreadable."""
+    try:
+        doc = orjson.loads((derived / SHARES_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def write_shares(derived: Path, doc: dict[str, Any]) -> None:
+    write_json_atomic(derived / SHARES_FILE, doc)
+
+
+def read_collective_kinds(derived: Path) -> pa.Table | None:
+    """collective_kinds.parquet (`tables/shares.py`), None when it is missing."""
+    try:
+        return read_whole(derived / COLLECTIVE_KINDS_FILE)
+    except (OSError, pa.ArrowException):
+        return None
+
+
+def write_collective_kinds(derived: Path, table: pa.Table) -> None:
+    write_parquet(table, derived / COLLECTIVE_KINDS_FILE)
+
+
+def read_saved_report(derived: Path) -> dict[str, Any] | None:
+    """The saved diagnosis's report document (diagnosis.json, written by diagnosis/saved.py),
+    as it is, whether fresh or not; None when it is missing or unreadable."""
+    try:
+        doc = orjson.loads((derived / DIAGNOSIS_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def read_whole(path: Path, columns: Sequence[str] | None = None,
                read_dictionary: Sequence[str] | None = None) -> pa.Table:
     """One derived table file, read as a file rather than a dataset: `pq.read_table` goes
@@ -527,6 +590,17 @@ def rank_input_keys(inputs: Mapping[str, Mapping[str, Any]]) -> dict[int, list[s
         if isinstance(e.get("rank"), int) and e.get("key"):
             keys.setdefault(e["rank"], []).append(e["key"])
     return keys
+
+
+def read_events_if_any(derived: Path, keys: list[str]) -> pa.Table | None:
+    """`read_input_events`, None when the rank has no input or its events cannot be read (a
+    map's unit of work then gives the rank's empty result)."""
+    if not keys:
+        return None
+    try:
+        return read_input_events(derived, keys)
+    except OSError:
+        return None
 
 
 def read_input_events(derived: Path, keys: list[str]) -> pa.Table:

@@ -301,13 +301,8 @@ def _add_ops(lane: RankLane, events: pa.Table, act: M.Activity) -> None:
 
 def lane_pass(derived: str, keys: list[str], rank: int, steps: pa.Table) -> RankLane:
     """One rank's lane from its event tables (read, used, dropped: the map's unit of work)."""
-    if not keys:
-        return RankLane.empty(rank)
-    try:
-        events = D.read_input_events(Path(derived), keys)
-    except OSError:
-        return RankLane.empty(rank)
-    return rank_lane(rank, events, steps)
+    events = D.read_events_if_any(Path(derived), keys)
+    return rank_lane(rank, events, steps) if events is not None else RankLane.empty(rank)
 
 
 def lane_passes(ctx: RunContext, traced: pa.Table) -> dict[int, RankLane]:

@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from uberprof.analysis.tables import derived as D
 from uberprof.rundir import RunDir
 
@@ -318,11 +316,8 @@ def recorded_parallelism(root: Path, traces: Mapping[int, Path]) -> dict[str, An
 
 
 def _saved_reading(root: Path) -> dict[str, Any] | None:
-    try:
-        doc = orjson.loads((RunDir(root).derived_dir / D.DIAGNOSIS_FILE).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    p = (doc.get("run") or {}).get("parallelism") if isinstance(doc, dict) else None
+    doc = D.read_saved_report(RunDir(root).derived_dir) or {}
+    p = (doc.get("run") or {}).get("parallelism")
     return p if isinstance(p, dict) and p.get("summary") else None
 
 

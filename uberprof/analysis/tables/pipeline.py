@@ -80,6 +80,27 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
     manifest = read_manifest(derived)
     entries: dict[str, dict[str, Any]] = manifest.setdefault("inputs", {})
 
+    todo = _trace_jobs(source, derived, entries, force)
+    total = len(todo)
+    if force:  # the tables are made again under the same manifest: no saved diagnosis holds
+        (derived / DIAGNOSIS_DIR / DIAGNOSIS_STATE_FILE).unlink(missing_ok=True)
+    todo += _timeline_jobs(source, derived, manifest.setdefault("timelines", {}), force)
+    _run_jobs(todo, total, derived, manifest, workers, executor, progress)
+
+    # Read back when no input changed and the last reduce read the same (not after --force).
+    result = reduce_run(source, derived, entries, manifest["timelines"],
+                        reuse=not force and not todo, workers=workers, executor=executor,
+                        progress=progress)
+    result.analysed = total
+    if notice:
+        result.notices.append(notice)
+    return result
+
+
+def _trace_jobs(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
+                force: bool) -> list[Job]:
+    """The map's traces to read: each input not analysed with its size and mtime (every one
+    with `force`); one that cannot be read is entered in `entries` as an error instead."""
     todo: list[Job] = []
     for inp in source.inputs:
         if not is_utf8(inp.rel):  # cannot be stored: the reduce names it
@@ -100,11 +121,14 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
         # Absolute paths: a worker elsewhere (Dask) has another working directory.
         todo.append(Job(inp.rel, entries, entry, str(inp.path), os.path.abspath(inp.path),
                         os.path.abspath(input_dir(derived, entry["key"])), trace=True))
-    total = len(todo)
-    if force:  # the tables are made again under the same manifest: no saved diagnosis holds
-        (derived / DIAGNOSIS_DIR / DIAGNOSIS_STATE_FILE).unlink(missing_ok=True)
-    todo += _timeline_jobs(source, derived, manifest.setdefault("timelines", {}), force)
+    return todo
 
+
+def _run_jobs(todo: list[Job], total: int, derived: Path, manifest: dict[str, Any],
+              workers: int | None, executor: Executor | None, progress: Progress | None
+              ) -> None:
+    """The map: run `todo` (its first `total` jobs traces, then step timelines), each result
+    entered in the manifest, saved every SAVE_EVERY_S and at the end; told to `progress`."""
     timelines = len(todo) - total
     if progress:
         progress(0, total, "")
@@ -129,15 +153,6 @@ def analyze(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = N
             write_manifest(derived, manifest)
             saved = time.monotonic()
     write_manifest(derived, manifest)
-
-    # Read back when no input changed and the last reduce read the same (not after --force).
-    result = reduce_run(source, derived, entries, manifest["timelines"],
-                        reuse=not force and not todo, workers=workers, executor=executor,
-                        progress=progress)
-    result.analysed = total
-    if notice:
-        result.notices.append(notice)
-    return result
 
 
 def _timeline_jobs(source: Source, derived: Path, table: dict[str, dict[str, Any]],

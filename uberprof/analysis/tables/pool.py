@@ -332,17 +332,23 @@ def _forked(calls: list[Call], workers: int, warm_up: bool = False
                     idle.append((proc, conn))
                 yield i, ok, res
     finally:
-        for proc, conn in idle:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-            conn.close()
-        for proc, _ in busy.values():
-            proc.terminate()
-        for proc in [p for p, _ in idle] + [p for p, _ in busy.values()]:
-            proc.join(timeout=10)
+        _stop_workers(idle, busy)
         gc.unfreeze()
+
+
+def _stop_workers(idle: list[tuple[Any, Any]], busy: dict[Any, tuple[Any, int]]) -> None:
+    """`_forked`'s end: idle workers are told to stop (a None call), busy ones terminated (the
+    caller stopped early), and all of them joined."""
+    for _, conn in idle:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+        conn.close()
+    for proc, _ in busy.values():
+        proc.terminate()
+    for proc in [p for p, _ in idle] + [p for p, _ in busy.values()]:
+        proc.join(timeout=10)
 
 
 class _NoPandas:

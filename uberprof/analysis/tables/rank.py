@@ -31,7 +31,9 @@ from uberprof.analysis.tables.derived import (
     INPUT_STEPS_FILE,
     MEMORY_FILE,
     MODULES_FILE,
+    OLD_INPUT_FILES,
     SUMMARY_FILE,
+    old_timeline_file,
     replacing,
     write_events,
     write_parquet,
@@ -90,7 +92,6 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
     t = ingest_trace(path)
     ev = t.events
     ts = ev.column("ts").to_numpy()
-    dur = ev.column("dur").to_numpy()
     act = M.device_activity(ev)
 
     step_no, host_lo, host_hi = _profiler_steps(ev)
@@ -122,11 +123,29 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
         "device_incomplete": pa.array(_incomplete(ev, act, host_lo, host_hi), pa.bool_()),
     }, schema=STEP_SCHEMA)
 
+    summary = _trace_summary(t, ev, act, host_lo, step_no)
+    problems = list(t.problems)
+    if not act.rows.size:
+        problems.append(f"{t.path}: no device activity and no operators on a training thread: "
+                        "nothing to break down")
+    return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
+                       summary=summary, activity=activity_table(act),
+                       operators=operator_table(events), modules=module_table(events),
+                       memory=_memory(t.memory, ev, host_lo, host_hi, step_no),
+                       problems=problems)
+
+
+def _trace_summary(t: Any, ev: pa.Table, act: Any, host_lo: np.ndarray, step_no: np.ndarray
+                   ) -> dict[str, Any]:
+    """The trace's summary: what it says of itself (rank, host, groups, clock), its extent, its
+    steps and its whole-trace breakdown (the trace window's totals)."""
+    ts = ev.column("ts").to_numpy()
+    dur = ev.column("dur").to_numpy()
     whole = M.trace_activity(act, host_lo, t.sub_us)
     lo, hi = M.trace_window(whole)
     wb = M.breakdown(whole, np.array([lo]), np.array([hi]))
     totals = {k: int(v[0]) for k, v in wb.as_dict().items()}
-    summary: dict[str, Any] = {
+    return {
         "path": t.path,
         "trace_rank": t.rank,
         "world_size": t.world_size,
@@ -146,15 +165,6 @@ def analyze_trace(path: str | os.PathLike[str]) -> TraceTables:
         **totals,
         "has_comm": whole.has_comm,
     }
-    problems = list(t.problems)
-    if not act.rows.size:
-        problems.append(f"{t.path}: no device activity and no operators on a training thread: "
-                        "nothing to break down")
-    return TraceTables(path=t.path, events=events, steps=steps, collectives=colls,
-                       summary=summary, activity=activity_table(act),
-                       operators=operator_table(events), modules=module_table(events),
-                       memory=_memory(t.memory, ev, host_lo, host_hi, step_no),
-                       problems=problems)
 
 
 def _memory(memory: pa.Table | None, ev: pa.Table, host_lo: np.ndarray, host_hi: np.ndarray,
@@ -177,12 +187,6 @@ def activity_table(act: M.Activity) -> pa.Table:
         "start_ns": pa.array(np.concatenate([s.starts for _, s in parts]), pa.int64()),
         "end_ns": pa.array(np.concatenate([s.ends for _, s in parts]), pa.int64()),
     }, schema=ACTIVITY_SCHEMA)
-
-
-# What earlier derived formats wrote that is not read now: removed when an input is analysed again.
-_OLD_FILES = frozenset({"steps.parquet", "collectives.parquet", "operators.parquet",
-                        "activity.parquet",  # format 10's
-                        "events.parquet"})  # format 11's
 
 
 def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
@@ -209,7 +213,7 @@ def analyze_input(path: str, out_dir: str) -> dict[str, Any]:
                 write_parquet(table, out / name, compression=codec)
             elif name in before:  # not one an earlier analysis of this input left
                 (out / name).unlink(missing_ok=True)
-        for name in _OLD_FILES & before:
+        for name in OLD_INPUT_FILES & before:
             (out / name).unlink(missing_ok=True)
         doc = {"summary": tables.summary, "problems": tables.problems}
         with replacing(out / SUMMARY_FILE) as tmp:  # last: its presence marks a finished input
@@ -240,7 +244,7 @@ def timeline_table(rank_dir: str, out_file: str) -> dict[str, Any]:
     try:
         timeline = read_step_table(Path(rank_dir), TIMELINE_SCHEMA.names)
         write_small(timeline.table.cast(TIMELINE_SCHEMA), Path(out_file))
-        Path(out_file).with_suffix(".parquet").unlink(missing_ok=True)  # format 10's
+        old_timeline_file(Path(out_file)).unlink(missing_ok=True)
         rows, last_step, last_end_ns = timeline.tail()
         return {"status": "ok", "message": None, "rows": rows, "truncated": timeline.truncated,
                 "skipped": timeline.problem(Path(rank_dir) / STEPS_JSONL),

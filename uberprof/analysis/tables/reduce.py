@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from uberprof._version import __version__
 from uberprof.analysis.progress import COMBINING_RANKS, Progress
 from uberprof.analysis.tables.derived import (
+    COLLECTIVE_KINDS_FILE,
     COLLECTIVES_FILE,
     FORMAT_VERSION,
     MEMORY_FILE,
@@ -41,6 +42,7 @@ from uberprof.analysis.tables.derived import (
     OVERVIEW_FILE,
     RANKS_FILE,
     REDUCE_FILE,
+    SHARES_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
     Analysis,
@@ -63,6 +65,7 @@ from uberprof.analysis.tables.schemas import (
     RANK_SCHEMA,
     RUN_STEP_SCHEMA,
 )
+from uberprof.analysis.tables.shares import write_collective_kinds, write_shares
 from uberprof.ingest.discover import Source, TraceInput
 from uberprof.rundir import (
     RANK_FILE,
@@ -81,7 +84,7 @@ from uberprof.rundir.damage import damage_problems
 __all__ = ["reduce_run"]
 
 _WRITES = (STEPS_FILE, COLLECTIVES_FILE, OPERATORS_FILE, MODULES_FILE, MEMORY_FILE, RANKS_FILE,
-           SUMMARY_FILE, OVERVIEW_FILE)
+           SUMMARY_FILE, OVERVIEW_FILE, SHARES_FILE, COLLECTIVE_KINDS_FILE)
 
 
 def reduce_run(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
@@ -265,17 +268,7 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
     as they pass: reading them back from the table just written took 0.7 s of the reduce's
     serial time at 512 ranks x 10,000 steps, for the same memory); cut-off timelines and ranks
     without a trace go to `problems`."""
-    ranks_info: dict[int, list[Item]] = {}
-    for rank, inp, e, s in kept:
-        ranks_info.setdefault(rank, []).append((inp, e, s))
-    dirs: dict[int, list[tuple[Path, dict[str, Any] | None]]] = {}
-    for rank, rd in source.rank_dirs:
-        if rank is not None and rd not in left_out:
-            dirs.setdefault(rank, []).append(
-                (rd, timelines.get(rd.relative_to(source.root).as_posix())))
-    calls: list[tuple[Any, ...]] = [("damage", source.root)] if source.kind == "run" else []
-    calls += [("rank", derived, rank, ranks_info.get(rank, []), dirs.get(rank, []))
-              for rank in sorted(set(ranks_info) | set(dirs))]
+    calls = _rank_calls(source, derived, timelines, kept, left_out)
     damage: list[str] = []
     cut: dict[Path, str] = {}  # step timelines cut off or unreadable
     rank_rows: list[dict[str, Any]] = []
@@ -315,16 +308,41 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
             if not part.traced:
                 untraced.append(part.rank)
     problems.extend(cut[rd] for _, rd in source.rank_dirs if rd in cut)
-    if untraced and not source.inputs:
-        why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
-        problems.append(f"{source.root}: no trace window in this run: {why}; "
-                        "step times only, no breakdown")
-    elif untraced:
-        problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
-                        "step times only")
+    problems.extend(_untraced_problems(source, metas, rank_rows, untraced, last_step))
     rows = pa.concat_tables(overview) if overview else \
         RUN_STEP_SCHEMA.empty_table().select(OVERVIEW_COLUMNS)
     return rank_rows, damage, rows
+
+
+def _rank_calls(source: Source, derived: Path, timelines: dict[str, dict[str, Any]],
+                kept: list[Ranked], left_out: set[Path]) -> list[tuple[Any, ...]]:
+    """Stage 3's plan: the damage check of a run directory, then one `rank_part` call per rank
+    (its kept inputs and its rank folders' timelines), in rank order."""
+    ranks_info: dict[int, list[Item]] = {}
+    for rank, inp, e, s in kept:
+        ranks_info.setdefault(rank, []).append((inp, e, s))
+    dirs: dict[int, list[tuple[Path, dict[str, Any] | None]]] = {}
+    for rank, rd in source.rank_dirs:
+        if rank is not None and rd not in left_out:
+            dirs.setdefault(rank, []).append(
+                (rd, timelines.get(rd.relative_to(source.root).as_posix())))
+    calls: list[tuple[Any, ...]] = [("damage", source.root)] if source.kind == "run" else []
+    calls += [("rank", derived, rank, ranks_info.get(rank, []), dirs.get(rank, []))
+              for rank in sorted(set(ranks_info) | set(dirs))]
+    return calls
+
+
+def _untraced_problems(source: Source, metas: list[RankMeta], rank_rows: list[dict[str, Any]],
+                       untraced: list[int], last_step: int | None) -> list[str]:
+    """The line saying which ranks had no usable trace window (and why, when none had)."""
+    if untraced and not source.inputs:
+        why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
+        return [(f"{source.root}: no trace window in this run: {why}; "
+                 "step times only, no breakdown")]
+    if untraced:
+        return [(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
+                 "step times only")]
+    return []
 
 
 # From this many ranks the ranks' parts are made on the analysis workers: at ~11 ms a rank
@@ -395,9 +413,12 @@ def _spilled_call(folder: str, what: str, *args: Any) -> RankPart | list[str]:
 
 
 def _write_ranks(derived: Path, rank_rows: list[dict[str, Any]]) -> None:
-    """Stage 4: the rank table (RANK_SCHEMA), one row per rank, HTA's whole-trace breakdown."""
+    """Stage 4: the rank table (RANK_SCHEMA), one row per rank, HTA's whole-trace breakdown;
+    the shares views draw from it and from the collectives (`tables/shares.py`)."""
     with ParquetOut(derived / RANKS_FILE, RANK_SCHEMA) as out:
         out.write(pa.Table.from_pylist(rank_rows, schema=RANK_SCHEMA))
+    write_shares(derived, rank_rows)
+    write_collective_kinds(derived)
 
 
 def _write_summary(derived: Path, rank_rows: list[dict[str, Any]],

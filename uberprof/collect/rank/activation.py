@@ -19,6 +19,7 @@ import importlib.util
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -254,38 +255,48 @@ def _finish_trace_export() -> None:
 # ---- hooks -----------------------------------------------------------------------------------
 
 
-@swallowing(log, "optimizer step hook")
-def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _tell_agent(event: str, *args: Any) -> None:
+    """Call the agent's method `event` with `args`, in this process's own rank (`_mine`) and
+    once it has an agent (started on first use)."""
     if not _mine():
         return
     agent = current_agent()
     if agent is not None:
-        agent.optimizer_stepped(optimizer)
+        getattr(agent, event)(*args)
+
+
+@swallowing(log, "optimizer step hook")
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _tell_agent("optimizer_stepped", optimizer)
 
 
 @swallowing(log, "uberprof.step()")
 def explicit_step() -> None:
-    if not _mine():
-        return
-    agent = current_agent()
-    if agent is not None:
-        agent.explicit_step()
+    _tell_agent("explicit_step")
+
+
+def _wrap_c10d(dist: Any, name: str, after: Callable[[tuple[Any, ...], dict[str, Any]], None]
+               ) -> None:
+    """Replace torch.distributed's `name` (in distributed_c10d, where it is defined, and in
+    `dist`) by a function that calls it, then `after(args, kwargs)`."""
+    import torch.distributed.distributed_c10d as c10d
+
+    original = getattr(c10d, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        after(args, kwargs)
+        return result
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__doc__ = original.__doc__
+    setattr(c10d, name, wrapper)
+    setattr(dist, name, wrapper)
 
 
 def _wrap_init_process_group(dist: Any) -> None:
-    import torch.distributed.distributed_c10d as c10d
-
-    original = c10d.init_process_group
-
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        _process_group_ready()
-        return result
-
-    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-    init_process_group.__doc__ = original.__doc__
-    c10d.init_process_group = init_process_group
-    dist.init_process_group = init_process_group
+    _wrap_c10d(dist, "init_process_group", lambda args, kwargs: _process_group_ready())
 
 
 @swallowing(log, "process group start-up")
@@ -299,19 +310,8 @@ def _process_group_ready() -> None:
 
 
 def _wrap_new_group(dist: Any) -> None:
-    import torch.distributed.distributed_c10d as c10d
-
-    original = c10d.new_group
-
-    def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
-        group = original(ranks, *args, **kwargs)
-        _record_group(ranks, kwargs.get("backend"))
-        return group
-
-    new_group.__wrapped__ = original  # type: ignore[attr-defined]
-    new_group.__doc__ = original.__doc__
-    c10d.new_group = new_group
-    dist.new_group = new_group
+    _wrap_c10d(dist, "new_group", lambda args, kwargs: _record_group(
+        kwargs.get("ranks", args[0] if args else None), kwargs.get("backend")))
 
 
 @swallowing(log, "new_group hook")
@@ -351,18 +351,12 @@ def _wrap_profiler(torch: Any) -> None:
 
 @swallowing(log, "profiler start hook")
 def _user_profiler_started() -> None:
-    if _mine():
-        agent = current_agent()
-        if agent is not None:
-            agent.user_profiler_started()
+    _tell_agent("user_profiler_started")
 
 
 @swallowing(log, "profiler step hook")
 def _user_profiler_stepped() -> None:
-    if _mine():
-        agent = current_agent()
-        if agent is not None:
-            agent.profiler_stepped()
+    _tell_agent("profiler_stepped")
 
 
 def _wrap_dataloader(iter_cls: Any) -> None:

@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from uberprof.analysis.read import ranks_table_file
 from uberprof.units import fmt_num
 
 __all__ = ["MAX_ROWS", "render_analysis"]
@@ -40,7 +41,7 @@ def render_analysis(ranks: list[dict[str, Any]], problems: list[str], derived: P
         console.print(table)
     if len(ranks) > MAX_ROWS:
         console.print(f"[dim]... {len(ranks) - MAX_ROWS} more ranks: see --json or "
-                      f"{derived / 'ranks.parquet'}[/dim]")
+                      f"{ranks_table_file(derived)}[/dim]")
     reused = inputs - analysed
     console.print(f"[dim]{inputs} trace(s), {analysed} read now"
                   + (f", {reused} unchanged since the last analysis" if reused else "")
