@@ -18,22 +18,14 @@ from uberprof.analysis.diagnosis.evidence import (
     chance_words,
     trace_more_hint,
 )
-from uberprof.analysis.diagnosis.stragglers.rules import (
-    BASIS_ARRIVALS,
-    BASIS_FLIGHT_RECORDER,
-    BASIS_STEP_TIMELINE,
-    BASIS_TRACES,
-    DECIDED_BY_BUSY,
-    DISPUTED_SHARE,
-    MATERIAL_SHARE,
-)
+from uberprof.analysis.diagnosis.stragglers import rules
 
 __all__ = ["TestWording", "basis_words", "traced_view_words", "unexplained_lead_words"]
 
-_BASIS_WORDS = {BASIS_TRACES: "traced window",
-                BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)",
-                BASIS_ARRIVALS: "traced window and Flight Recorder (untraced steps) together",
-                BASIS_STEP_TIMELINE: "step timelines of the last steps every rank finished"}
+_BASIS_WORDS = {rules.BASIS_TRACES: "traced window",
+                rules.BASIS_FLIGHT_RECORDER: "Flight Recorder (untraced steps)",
+                rules.BASIS_ARRIVALS: "traced window and Flight Recorder (untraced steps) together",
+                rules.BASIS_STEP_TIMELINE: "step timelines of the last steps every rank finished"}
 _RATE = f"{100 * FALSE_ALARM_RATE:.0f}%"
 
 
@@ -90,7 +82,7 @@ class TestWording:
                                f"{SUSPECT_RATE:g} suspected (corrected); last in >= "
                                f"{100 * self.need_fraction:.1f}%, lead >= "
                                f"{self.need_lead_ns / 1e6:.3g} ms and delay >= "
-                               f"{100 * MATERIAL_SHARE:.0f}% of the analysed time"),
+                               f"{100 * rules.MATERIAL_SHARE:.0f}% of the analysed time"),
                     sentence=sentence, p_value=self.p_value, p_uncorrected=self.p_uncorrected,
                     decided_by=self.decided_by)
 
@@ -98,7 +90,7 @@ class TestWording:
         """The frequency criterion: how often it was alone last and the chance of that, the
         second look, and its work where that decided its persistence (`by_work`)."""
         alone = (f"was alone the slowest at {self.last} of {self.instances} steps"
-                 if self.basis == BASIS_STEP_TIMELINE else
+                 if self.basis == rules.BASIS_STEP_TIMELINE else
                  f"alone arrived last at {self.last} of {self.instances} collectives over "
                  f"{self.steps} step(s)")
         freq = (f"rank {self.rank} {alone}, {basis_words(self.basis)}; "
@@ -133,13 +125,13 @@ class TestWording:
                    if self.lead_by_work and self.busy is not None else "") + ")")
         if self.share is not None:
             lead += f", adds {100 * self.share:.1f}% of the analysed time (needs >= " \
-                    f"{100 * MATERIAL_SHARE:.0f}%)"
+                    f"{100 * rules.MATERIAL_SHARE:.0f}%)"
         return lead
 
     def _verdict_words(self, freq: str, lead: str, work: str) -> str:
         """The verdict, in the order the rules apply: cleared by its busy time, confirmed,
         held at suspected (and why), suspected on its frequency, or none."""
-        if self.decided_by == DECIDED_BY_BUSY:
+        if self.decided_by == rules.DECIDED_BY_BUSY:
             return (f"no straggler: {freq}, but {self.busy.words() if self.busy else ''}: "
                     "the OS delayed it, not its work (nor its data loading)"
                     + ("" if self.busy is None or self.busy.preempted is not None else
@@ -190,8 +182,8 @@ class TestWording:
                     "only (a warm-up, a passing slowdown), not persistently — to confirm, run "
                     "more steps")
         if self.disputed:
-            small = (f"the delay it adds is under {100 * DISPUTED_SHARE:.0f}% of the analysed "
-                     "time" if self.share is None or self.share < DISPUTED_SHARE else
+            small = (f"the delay it adds is under {100 * rules.DISPUTED_SHARE:.0f}% of the analysed "
+                     "time" if self.share is None or self.share < rules.DISPUTED_SHARE else
                      "the delay it adds is large, but it is late off the CPU by elimination "
                      "alone (no extra work, no extra wait for a core)")
             return ("its bases disagree (below), its lead is within twice the spread above, "
@@ -215,9 +207,9 @@ class TestWording:
         return " (each basis alone: " + "; ".join(said) + "; " + how + ")"
 
     def _confirm_hint(self) -> str:
-        if self.basis in (BASIS_FLIGHT_RECORDER, BASIS_ARRIVALS):
+        if self.basis in (rules.BASIS_FLIGHT_RECORDER, rules.BASIS_ARRIVALS):
             return "run more steps (the Flight Recorder covers every untraced step)"
-        if self.basis == BASIS_STEP_TIMELINE:
+        if self.basis == rules.BASIS_STEP_TIMELINE:
             return "wait for more steps"
         return trace_more_hint([self.first_step] if self.first_step is not None else [])
 
