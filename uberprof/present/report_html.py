@@ -214,6 +214,13 @@ def _go() -> Any:
     return go
 
 
+def _laid_out(fig: Any, title: str, x: str, y: str, height: int = 360, **layout: Any) -> Any:
+    """`fig` with the report's common layout: its title, axis titles, height and margins."""
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=height,
+                      margin={"t": 40, "b": 40}, **layout)
+    return fig
+
+
 def _step_time_fig(d: Diagnosis) -> Any:
     t = d.steps
     if t.num_rows == 0:
@@ -226,9 +233,7 @@ def _step_time_fig(d: Diagnosis) -> Any:
     for r in sorted(set(ranks.tolist())):
         fig.add_trace(go.Box(y=st[ranks == r], name=str(r), boxpoints="all", jitter=0.3,
                              showlegend=False))
-    fig.update_layout(title="Step time per rank (analysed steps)", xaxis_title="rank",
-                      yaxis_title="ms", height=360, margin={"t": 40, "b": 40})
-    return fig
+    return _laid_out(fig, "Step time per rank (analysed steps)", "rank", "ms")
 
 
 def _breakdown_fig(d: Diagnosis) -> Any:
@@ -242,9 +247,8 @@ def _breakdown_fig(d: Diagnosis) -> Any:
     for label, key, color in parts:
         fig.add_trace(go.Bar(x=ranks, y=[x["analysed"][key] or 0 for x in d.ranks], name=label,
                              marker_color=color))
-    fig.update_layout(barmode="stack", title="Where the analysed steps' time goes, per rank",
-                      xaxis_title="rank", yaxis_title="ms", height=360, margin={"t": 40, "b": 40})
-    return fig
+    return _laid_out(fig, "Where the analysed steps' time goes, per rank", "rank", "ms",
+                     barmode="stack")
 
 
 def _lateness_fig(d: Diagnosis) -> Any:
@@ -267,10 +271,8 @@ def _lateness_fig(d: Diagnosis) -> Any:
             z[rpos[r], pos[i]] = v
     fig = go.Figure(go.Heatmap(z=z, x=insts, y=[str(r) for r in ranks], colorscale="Reds",
                                colorbar={"title": "ms late"}))
-    fig.update_layout(title="Lateness at each collective (aligned clocks)",
-                      xaxis_title="collective instance", yaxis_title="rank",
-                      height=max(260, 24 * len(ranks) + 120), margin={"t": 40, "b": 40})
-    return fig
+    return _laid_out(fig, "Lateness at each collective (aligned clocks)",
+                     "collective instance", "rank", height=max(260, 24 * len(ranks) + 120))
 
 
 def _gaps_fig(d: Diagnosis) -> Any:
@@ -286,9 +288,7 @@ def _gaps_fig(d: Diagnosis) -> Any:
     if not fig.data:
         return None
     thr = d.run["gap_threshold_us"]
-    fig.update_layout(barmode="stack", title=f"Idle gaps over {thr} µs by cause",
-                      xaxis_title="rank", yaxis_title="ms", height=360, margin={"t": 40, "b": 40})
-    return fig
+    return _laid_out(fig, f"Idle gaps over {thr} µs by cause", "rank", "ms", barmode="stack")
 
 
 def _bandwidth_fig(d: Diagnosis) -> Any:
@@ -312,7 +312,5 @@ def _bandwidth_fig(d: Diagnosis) -> Any:
             peaks[lk] = p * 8 / 1e9
     for lk, p in peaks.items():
         fig.add_hline(y=p, line_dash="dash", annotation_text=f"{lk} peak {p:.2f} Gbit/s")
-    fig.update_layout(title="Bus bandwidth of each collective", xaxis_type="log",
-                      xaxis_title="bytes", yaxis_title="busbw (Gbit/s)", height=380,
-                      margin={"t": 40, "b": 40})
-    return fig
+    return _laid_out(fig, "Bus bandwidth of each collective", "bytes", "busbw (Gbit/s)",
+                     height=380, xaxis_type="log")

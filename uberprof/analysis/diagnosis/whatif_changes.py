@@ -20,20 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from uberprof.analysis.tables import lanes
 from uberprof.analysis.tables.graph import StepGraph
-from uberprof.analysis.tables.lanes import (
-    ARRIVE,
-    BETWEEN,
-    COMM,
-    COMPLETE,
-    COMPUTE,
-    DATA,
-    HOST,
-    LAUNCH,
-    NEED,
-    REACH,
-    WAIT,
-)
 from uberprof.analysis.tables.replay import NODE_CACHE
 
 __all__ = ["REMOVABLE", "Change", "Edit", "apply_changes", "parse_changes"]
@@ -142,7 +130,7 @@ def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
              g.src.copy(), [])
     for c in sorted(changes, key=lambda c: _ORDER.index(c.kind)):
         if c.kind == "data":
-            m = g.kind == DATA
+            m = g.kind == lanes.DATA
             e.own[m] = 0.0
             e.notes.append(_note(c, removed_ms=_ms(g.dur[m].sum()),
                                  none="no data-loader wait in the traced steps"))
@@ -155,7 +143,7 @@ def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
         elif c.kind == "gbps":
             e.notes.append(_link_gbps(g, e, c))
         elif c.kind == "link":
-            m = (g.kind == COMM) & (np.isin(g.nbytes, c.sizes) if c.sizes else True)
+            m = (g.kind == lanes.COMM) & (np.isin(g.nbytes, c.sizes) if c.sizes else True)
             e.tail[m] /= c.factor
             e.notes.append({"change": c.describe(), "transfer_ms": _ms(g.tail[m].sum())})
         elif c.kind == "exposed-comm":
@@ -219,12 +207,12 @@ def _remove_launch(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     device lane that a `reach` edge from the host ends) takes no time and no longer waits for
     the launch; the host's own work loses its time inside kernel-launch calls."""
     dev = _lane_mask(g, device=True)
-    reach = (g.etype == REACH) & dev[g.dst] & ~dev[g.src]
+    reach = (g.etype == lanes.REACH) & dev[g.dst] & ~dev[g.src]
     waits = np.unique(g.dst[reach])
     idle_ns = int(g.dur[waits].sum())
     e.drop |= reach
     e.own[waits] = 0.0
-    host = (g.kind == HOST) & (g.launch_ns > 0)
+    host = (g.kind == lanes.HOST) & (g.launch_ns > 0)
     dur = g.dur[host].astype(np.float64)
     e.own[host] *= np.clip((dur - g.launch_ns[host]) / np.where(dur > 0, dur, 1), 0, 1)
     return _note(c, device_idle_ms=_ms(idle_ns), launch_calls_ms=_ms(g.launch_ns[host].sum()),
@@ -237,7 +225,7 @@ def _remove_sync(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     of a device rank's host lane) take no time and wait for nothing."""
     m = _sync_waits(g)
     e.own[m] = 0.0
-    e.drop |= m[g.dst] & ((g.etype == REACH) | (g.etype == COMPLETE))
+    e.drop |= m[g.dst] & ((g.etype == lanes.REACH) | (g.etype == lanes.COMPLETE))
     return _note(c, removed_ms=_ms(g.dur[m].sum()),
                  none="no host synchronisation wait: no device rank's host waited for its "
                       "device (CPU ranks have none)")
@@ -246,13 +234,13 @@ def _remove_sync(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
 def _sync_waits(g: StepGraph) -> np.ndarray:
     """The host's waits for its own device: waiting segments of device ranks' host lanes that
     are not waits for a collective (a host running Gloo on device tensors waits for those)."""
-    return _lane_mask(g, device=False) & (g.kind == WAIT) & g.sync
+    return _lane_mask(g, device=False) & (g.kind == lanes.WAIT) & g.sync
 
 
 def _barrier_of(g: StepGraph) -> np.ndarray:
     """Each comm node's barrier (-1 elsewhere)."""
     out = np.full(g.n, -1, np.int64)
-    a = g.etype == ARRIVE
+    a = g.etype == lanes.ARRIVE
     out[g.src[a]] = g.dst[a]
     return out
 
@@ -269,7 +257,7 @@ def _link_gbps(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     """Each transfer whose bytes are known takes latency + S * bus / bandwidth after its last
     participant arrived (each participant keeps its own wake-up after the first exit);
     transfers without a byte count keep their time, and the note says how many."""
-    comm = np.flatnonzero((g.kind == COMM) & (_barrier_of(g) >= 0))
+    comm = np.flatnonzero((g.kind == lanes.COMM) & (_barrier_of(g) >= 0))
     if comm.size == 0:
         return _note(c, transfers=0, none="no collective or send/recv in the graph")
     bars, inv = _instances(g, comm)
@@ -324,7 +312,7 @@ def _hide_comm(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     issued in (a `need` edge to that step's last segment of its lane). Send/recv are kept:
     the work after a receive uses what it received."""
     bar = _barrier_of(g)
-    coll = (g.kind == COMM) & ~g.p2p & (bar >= 0)
+    coll = (g.kind == lanes.COMM) & ~g.p2p & (bar >= 0)
     if c.groups and coll.any():
         ids = np.flatnonzero(coll)
         bars, inv = np.unique(bar[ids], return_inverse=True)
@@ -334,7 +322,7 @@ def _hide_comm(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
         groups = [set(x) for x in c.groups]
         inside = {b for b, rs in members.items() if any(rs <= x for x in groups)}
         coll[ids[~np.isin(bar[ids], list(inside))]] = False
-    moved = (g.etype == COMPLETE) & coll[g.src] & (g.kind[g.dst] == WAIT)
+    moved = (g.etype == lanes.COMPLETE) & coll[g.src] & (g.kind[g.dst] == lanes.WAIT)
     e.src[moved] = bar[g.src[moved]]
     hidden = np.unique(g.src[moved])
     first: dict[int, int] = {}  # per hidden instance, its transfer (the first exit's)
@@ -342,13 +330,13 @@ def _hide_comm(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
         first[b] = min(first.get(b, t), t)
     # the step's last segment of the lane each collective was issued from
     seg_of = np.full(g.n, -1, np.int64)
-    la = g.etype == LAUNCH
+    la = g.etype == lanes.LAUNCH
     seg_of[g.dst[la]] = g.src[la]
     last = _last_of_step(g)
     v = np.flatnonzero(coll & (seg_of >= 0))
-    v = v[g.step[seg_of[v]] != BETWEEN]
+    v = v[g.step[seg_of[v]] != lanes.BETWEEN]
     if v.size:
-        e.extra.append((v, last[seg_of[v]], NEED))
+        e.extra.append((v, last[seg_of[v]], lanes.NEED))
     return _note(c, collectives=int(coll.sum()), unblocked_waits=int(moved.sum()),
                  transfer_ms=_ms(sum(first.values())),
                  none="no collective ends a waiting segment: nothing to hide")
@@ -374,7 +362,7 @@ def _balance(g: StepGraph, e: Edit, c: Change, stages: dict[int, int]) -> dict[s
                 "note": "no pipeline stages measured: no send/recv was paired between stages "
                         "(the report's problems say why) or there is one stage only"}
     work = g.dur * e.own
-    comp = g.kind == COMPUTE
+    comp = g.kind == lanes.COMPUTE
     steps, ranks, per = _work_by_step_rank(g, work, comp)
     kinds = sorted(set(stage_of.values()))
     who = np.array(sorted(stage_of), np.int64)
@@ -385,7 +373,7 @@ def _balance(g: StepGraph, e: Edit, c: Change, stages: dict[int, int]) -> dict[s
     target = mean_of.mean(axis=1) if steps.size else np.zeros(0)
     fac = np.where(mean_of > 0, target[:, None] / np.where(mean_of > 0, mean_of, 1.0), 1.0)
     # each staged rank's compute nodes in the steps, times its stage's factor in that step
-    nodes = np.flatnonzero(comp & (g.step != BETWEEN) & np.isin(g.rank, who))
+    nodes = np.flatnonzero(comp & (g.step != lanes.BETWEEN) & np.isin(g.rank, who))
     si = np.searchsorted(steps, g.step[nodes])
     ri = of[np.searchsorted(who, g.rank[nodes])]
     e.own[nodes] *= fac[si, ri]
@@ -411,8 +399,8 @@ def _scale_straggler(g: StepGraph, e: Edit, rank: int | None, c: Change) -> dict
     removed = 0.0
     work = g.dur * e.own
     sync = _sync_waits(g)
-    for kind, mask in ((COMPUTE, g.kind == COMPUTE), (HOST, g.kind == HOST),
-                       (DATA, g.kind == DATA), (WAIT, sync)):
+    for kind, mask in ((lanes.COMPUTE, g.kind == lanes.COMPUTE), (lanes.HOST, g.kind == lanes.HOST),
+                       (lanes.DATA, g.kind == lanes.DATA), (lanes.WAIT, sync)):
         steps, ranks, per = _work_by_step_rank(g, work, mask, rank)
         if steps.size == 0:
             continue
@@ -426,10 +414,10 @@ def _scale_straggler(g: StepGraph, e: Edit, rank: int | None, c: Change) -> dict
         ok = (at < steps.size) & (steps[np.clip(at, 0, steps.size - 1)] == g.step[nodes])
         nodes, f = nodes[ok], fac[at[ok]]
         e.own[nodes] *= f
-        if kind == WAIT:  # its own time now: not ended by the device work it waited for
+        if kind == lanes.WAIT:  # its own time now: not ended by the device work it waited for
             scaled = np.zeros(g.n, bool)
             scaled[nodes[f < 1.0]] = True
-            e.drop |= scaled[g.dst] & ((g.etype == REACH) | (g.etype == COMPLETE))
+            e.drop |= scaled[g.dst] & ((g.etype == lanes.REACH) | (g.etype == lanes.COMPLETE))
         removed += float((mine - target)[cut].sum())
     return {"change": c.describe(), "rank": rank, "removed_ms": _ms(removed)}
 
@@ -440,7 +428,7 @@ def _work_by_step_rank(g: StepGraph, work: np.ndarray, nodes: np.ndarray,
     lanes, and each step's and rank's `work` summed over `nodes` (steps x ranks; 0 where a
     rank has none): one pass over the nodes, not one per step and rank."""
     ranks = np.array(sorted(g.lanes), np.int64)
-    m = nodes & (g.step != BETWEEN)
+    m = nodes & (g.step != lanes.BETWEEN)
     steps = np.unique(g.step[m & (g.rank == rank) if rank is not None else m])
     ri = np.searchsorted(ranks, g.rank)
     m &= (ri < ranks.size) & (ranks[np.clip(ri, 0, ranks.size - 1)] == g.rank)

@@ -43,12 +43,10 @@ def _change(f: Finding) -> tuple[Change | None, str]:
     return Change("link", max(float(peak) / float(bus), 1.0), sizes=(int(size),)), ""
 
 
-BANDWIDTH = FindingKind(
-    "bandwidth", VERDICT, evidence_sentence, _change, page="/communication",
-    remedy_from="link_remedy",
-    summary="a collective class bandwidth- or latency-bound on its link",
-    whatif="its class's transfers at the link's peak (--link-scale)")
-KINDS = (BANDWIDTH,)
+KINDS = (FindingKind("bandwidth", VERDICT, evidence_sentence, _change, page="/communication",
+                     summary="a collective class bandwidth- or latency-bound on its link",
+                     whatif="its class's transfers at the link's peak (--link-scale)",
+                     remedy_from="link_remedy"),)
 
 
 def bandwidth_findings(facts: Facts) -> list[Finding]:

@@ -33,7 +33,7 @@ from uberprof.analysis.diagnosis.failure_evidence import (
     main_of,
     where,
 )
-from uberprof.analysis.diagnosis.findings.kind import FAILURE, FindingKind, no_change
+from uberprof.analysis.diagnosis.findings.kind import failure_kind
 from uberprof.analysis.diagnosis.host_memory import host_memory_at
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.rundir.ranks import read_step_timeline
@@ -66,11 +66,8 @@ def details(f: Finding) -> list[str]:
     return out
 
 
-CRASH = FindingKind(
-    "crash", FAILURE, evidence_sentence,
-    no_change("a job that stops: there is no step to replay without it"),
-    remedy_from="CRASH_REMEDY", details=details,
-    summary="a rank died: the first failure and its cause, the others as its victims")
+CRASH = failure_kind("crash", evidence_sentence, details, "CRASH_REMEDY",
+                     "a rank died: the first failure and its cause, the others as its victims")
 
 VICTIM_PATTERNS = re.compile(
     r"connection reset by peer|connection closed by peer|broken pipe|connection refused|"

@@ -16,7 +16,7 @@ from uberprof.analysis.diagnosis.bandwidth import BandwidthClass
 from uberprof.analysis.diagnosis.causes import exposed_comm_remedy
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
-from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, always
 from uberprof.analysis.diagnosis.gaps import around_evidence, around_words
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
@@ -36,12 +36,11 @@ def evidence_sentence(f: Finding) -> str:
             + around_words(e))
 
 
-EXPOSED_COMM = FindingKind(
-    "exposed_comm", VERDICT, evidence_sentence, lambda f: (Change("exposed-comm"), ""),
-    page="/communication", remedy_from="exposed_comm_remedy",
+KINDS = (FindingKind(
+    "exposed_comm", VERDICT, evidence_sentence, always(Change("exposed-comm")),
     summary="communication not hidden under compute that every rank pays",
-    whatif="communication hidden where the graph allows (--remove exposed-comm)")
-KINDS = (EXPOSED_COMM,)
+    whatif="communication hidden where the graph allows (--remove exposed-comm)",
+    page="/communication", remedy_from="exposed_comm_remedy"),)
 
 
 def exposed_comm_findings(facts: Facts) -> list[Finding]:

@@ -32,7 +32,7 @@ from uberprof.analysis.diagnosis.failure_evidence import (
     in_distributed,
     where,
 )
-from uberprof.analysis.diagnosis.findings.kind import FAILURE, FindingKind, no_change
+from uberprof.analysis.diagnosis.findings.kind import failure_kind
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.rundir.flight_log import read_flight_log
 
@@ -68,11 +68,9 @@ def details(f: Finding) -> list[str]:
     return out
 
 
-HANG = FindingKind(
-    "hang", FAILURE, evidence_sentence,
-    no_change("a job that stops: there is no step to replay without it"),
-    remedy_from="HANG_REMEDY", details=details,
-    summary="no step finished for longer than the hang timeout: the stuck rank, where, why")
+HANG = failure_kind("hang", evidence_sentence, details, "HANG_REMEDY",
+                    "no step finished for longer than the hang timeout: the stuck rank, where, "
+                    "why")
 
 def hang_finding(ranks: dict[int, RankEvidence], hangs: list[dict[str, Any]]
                   ) -> Finding | None:

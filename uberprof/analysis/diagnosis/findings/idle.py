@@ -16,7 +16,7 @@ import pyarrow as pa
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, remedy_for
 from uberprof.analysis.diagnosis.evidence import count_test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
-from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, always
 from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence, around_words
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
@@ -50,11 +50,11 @@ def _idle_change(f: Finding) -> tuple[Change | None, str]:
 
 _GAPS, _REMEDY = "/gaps", "GAP_CAUSES"
 DATA_STALL = FindingKind(
-    "data_stall", VERDICT, evidence_sentence, lambda f: (Change("data"), ""), page=_GAPS,
+    "data_stall", VERDICT, evidence_sentence, always(Change("data")), page=_GAPS,
     remedy_from=_REMEDY, summary="the device waits for the data loader",
     whatif="the data-loader waits removed (--remove data)")
 LAUNCH_BOUND = FindingKind(
-    "launch_bound", VERDICT, evidence_sentence, lambda f: (Change("launch"), ""), page=_GAPS,
+    "launch_bound", VERDICT, evidence_sentence, always(Change("launch")), page=_GAPS,
     remedy_from=_REMEDY, summary="the device waits for the host to launch work",
     whatif="launch overhead removed (--remove launch)")
 IDLE = FindingKind(

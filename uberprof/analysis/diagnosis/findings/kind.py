@@ -32,8 +32,8 @@ from typing import Literal
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.analysis.diagnosis.whatif_changes import Change
 
-__all__ = ["CONTEXT", "FAILURE", "VERDICT", "ChangeOf", "FindingKind", "Role", "no_change",
-           "no_details"]
+__all__ = ["CONTEXT", "FAILURE", "VERDICT", "ChangeOf", "FindingKind", "Role", "always",
+           "failure_kind", "no_change", "no_details"]
 
 Role = Literal["failure", "context", "verdict"]
 FAILURE: Role = "failure"
@@ -47,6 +47,11 @@ ChangeOf = Callable[[Finding], tuple[Change | None, str]]
 def no_change(why: str) -> ChangeOf:
     """A kind that no what-if change models, with the reason every such finding states."""
     return lambda f: (None, why)
+
+
+def always(change: Change) -> ChangeOf:
+    """A kind whose every finding is fixed by the same change."""
+    return lambda f: (change, "")
 
 
 def no_details(f: Finding) -> list[str]:
@@ -81,3 +86,13 @@ class FindingKind:
         f.role, f.page = self.role, self.page
         f.evidence_sentence, f.details = self.evidence(f), self.details(f)
         return f
+
+
+def failure_kind(name: str, evidence: Callable[[Finding], str],
+                 details: Callable[[Finding], list[str]], remedy_from: str,
+                 summary: str) -> FindingKind:
+    """A kind of job that stopped (hang, crash): ranked first, shown on the overview, and no
+    step to replay without it."""
+    return FindingKind(name, FAILURE, evidence,
+                       no_change("a job that stops: there is no step to replay without it"),
+                       remedy_from=remedy_from, details=details, summary=summary)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from uberprof.analysis.diagnosis.causes import PIPELINE_IMBALANCE_REMEDY
 from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
-from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
+from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, always
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages
 from uberprof.analysis.diagnosis.whatif_changes import Change
@@ -38,12 +38,10 @@ def evidence_sentence(f: Finding) -> str:
             f"(+{e.get('excess_pct')}%)" + (f"; {waits}" if waits else ""))
 
 
-PIPELINE_IMBALANCE = FindingKind(
-    "pipeline_imbalance", VERDICT, evidence_sentence, lambda f: (Change("balance"), ""),
-    page="/parallelism", remedy_from="PIPELINE_IMBALANCE",
-    summary="one pipeline stage computes more than the others",
-    whatif="the stages' compute at their mean (--balance-stages)")
-KINDS = (PIPELINE_IMBALANCE,)
+KINDS = (FindingKind("pipeline_imbalance", VERDICT, evidence_sentence, always(Change("balance")),
+                     page="/parallelism", remedy_from="PIPELINE_IMBALANCE",
+                     whatif="the stages' compute at their mean (--balance-stages)",
+                     summary="one pipeline stage computes more than the others"),)
 MIN_EXCESS = 0.15  # the slowest stage's compute over the stages' mean
 
 

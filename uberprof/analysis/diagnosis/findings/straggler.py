@@ -62,12 +62,10 @@ def _change(f: Finding) -> tuple[Change | None, str]:
     return Change("straggler", rank=int(f.ranks[0])), ""
 
 
-STRAGGLER = FindingKind(
-    "straggler", VERDICT, evidence_sentence, _change, page="/stragglers",
-    remedy_from="STRAGGLER_CAUSES",
-    summary="the rank that arrives last at the collectives, and why",
-    whatif="its extra work at the others' median (--remove straggler)")
-KINDS = (STRAGGLER,)
+KINDS = (FindingKind("straggler", VERDICT, evidence_sentence, _change, page="/stragglers",
+                     remedy_from="STRAGGLER_CAUSES", summary="the rank that arrives last at "
+                     "the collectives, and why", whatif="its extra work at the others' median "
+                     "(--remove straggler)"),)
 # causes whose finding names the operators behind the excess: more work, or the same work
 # slowed by other load on the host (then with as many calls as the others')
 _WORK_CAUSES = ("compute", "host_launch", "preempted")

@@ -63,12 +63,10 @@ def _change(f: Finding) -> tuple[Change | None, str]:
     return Change("exposed-comm", groups=groups), ""
 
 
-TP_EXPOSED = FindingKind(
-    "tp_exposed_comm", VERDICT, evidence_sentence, _change, page="/parallelism",
-    remedy_from="TP_EXPOSED_COMM",
-    summary="the tensor-parallel groups' exposed communication",
-    whatif="their collectives hidden (--remove exposed-comm within those groups)")
-KINDS = (TP_EXPOSED,)
+KINDS = (FindingKind("tp_exposed_comm", VERDICT, evidence_sentence, _change,
+                     summary="the tensor-parallel groups' exposed communication",
+                     whatif="their collectives hidden (--remove exposed-comm within those "
+                            "groups)", page="/parallelism", remedy_from="TP_EXPOSED_COMM"),)
 
 Make = Callable[[Facts], list[Finding]]
 

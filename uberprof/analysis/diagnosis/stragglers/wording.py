@@ -182,8 +182,8 @@ class TestWording:
                     "only (a warm-up, a passing slowdown), not persistently — to confirm, run "
                     "more steps")
         if self.disputed:
-            small = (f"the delay it adds is under {100 * rules.DISPUTED_SHARE:.0f}% of the analysed "
-                     "time" if self.share is None or self.share < rules.DISPUTED_SHARE else
+            small = (f"the delay it adds is under {100 * rules.DISPUTED_SHARE:.0f}% of the "
+                     "analysed time" if self.share is None or self.share < rules.DISPUTED_SHARE else
                      "the delay it adds is large, but it is late off the CPU by elimination "
                      "alone (no extra work, no extra wait for a core)")
             return ("its bases disagree (below), its lead is within twice the spread above, "
