@@ -319,7 +319,7 @@ def _write_rank_steps(source: Source, derived: Path, timelines: dict[str, dict[s
         why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
         problems.append(f"{source.root}: no trace window in this run: {why}; "
                         "step times only, no breakdown")
-    elif untraced:
+    elif untraced := [r for r in untraced if r not in _left_out_by_choice(metas)]:
         problems.append(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
                         "step times only")
     rows = pa.concat_tables(overview) if overview else \
@@ -429,6 +429,12 @@ def _still_running(root: Path) -> bool:
     """Whether a node of the run has not written its end: the job runs (or its launcher was
     killed), so a rank without an end has not necessarily crashed (the dashboard's rule)."""
     return any(n.end_ns is None for n in list_nodes(RunDir(root)) if n.readable)
+
+
+def _left_out_by_choice(metas: list[RankMeta]) -> set[int]:
+    """Ranks `uberprof run --trace-ranks` left out of the schedule's windows (rank.json's
+    `trace.selected` false): a step timeline without a trace is what they were asked for."""
+    return {m.rank for m in metas if m.rank is not None and m.trace.get("selected") is False}
 
 
 def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]],
