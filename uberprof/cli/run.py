@@ -63,6 +63,10 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.option("--trace-ranks", type=RANK_LIST, metavar="LIST",
               help="Record trace windows on these ranks only, e.g. 0,7,12-15 (every rank keeps "
               "its step timeline and Flight Recorder) [default: every rank].")
+@click.option("--trace-on-slowdown", is_flag=True,
+              help="Also record a window on every rank when the job's step time rises beyond "
+              "its recent level (20-step median vs the 200 before, 4 MADs and 20%; at most 3 "
+              "a run, 1 an hour). Off by default for now: see docs/run.md.")
 @click.option("--no-trace", is_flag=True, help="No traces: the step timeline only (cheapest).")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
 @click.option("--modules", is_flag=True, help="Time each nn.Module (module::<path> spans in "
@@ -97,7 +101,8 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               help="The --dashboard's port (0: any free port).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
-        trace_active: int, trace_ranks: set[int] | None, no_trace: bool, with_stack: bool,
+        trace_active: int, trace_ranks: set[int] | None, trace_on_slowdown: bool,
+        no_trace: bool, with_stack: bool,
         modules: bool,
         profile_memory: bool, record_shapes: str, window_memory_mb: int | None,
         counters_mode: str, sample_hz: float, hang_timeout: float | None, on_hang: str,
@@ -126,7 +131,8 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
                "modules": modules, "profile_memory": profile_memory,
                "window_memory_mb": window_memory_mb,
                "counters": counters_mode, "sample_hz": sample_hz,
-               "hang_timeout": hang_timeout, "on_hang": on_hang}
+               "hang_timeout": hang_timeout, "on_hang": on_hang,
+               "trace_on_slowdown": trace_on_slowdown}
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)
     try:
         agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options, counters)
@@ -146,7 +152,8 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
 
     def started(pid: int) -> None:
         if agent is not None:
-            agent.start_watchdog(pid, hang_timeout, on_hang, lambda rec: _hang_line(run_dir, rec))
+            agent.start_watchdog(pid, hang_timeout, on_hang, lambda rec: _hang_line(run_dir, rec),
+                                 slowdown=trace_on_slowdown)
 
     try:
         code = run_wrapped(command, env, started)

@@ -108,22 +108,49 @@ def request_trace(root: Path, steps: int, ranks: set[int] | None = None,
                           "again once it runs steps")
     durations = [d for t in tails.values() for _, d in t[-RECENT_STEPS:]]
     step_s = max(1e-4, statistics.median(durations) / 1e9) if durations else 1.0
-    margin = 2 + math.ceil((POLL_S + LEAD_S) / step_s)
-    first = last_step + margin
+    first = last_step + margin_steps(step_s)
     wait = wait_s if wait_s is not None else ANSWER_WAIT_S + 3 * step_s
-    now = time.time_ns()
-    request_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now / 1e9))}-{os.urandom(3).hex()}"
     asked = [r for r in chosen if r in live]
-    write_json_atomic(run.root / REQUESTS_DIR / f"trace-{request_id}.json", {
-        "kind": "trace", "id": request_id, "trigger": "on demand", "first": first,
-        "steps": steps, "ranks": None if ranks is None else chosen, "created_ns": now,
-        "expires_ns": now + int(wait * 1e9), "last_step_seen": last_step,
-        "step_ms": round(step_s * 1e3, 3)})
+    request_id = write_request(run.root, first=first, steps=steps,
+                               ranks=None if ranks is None else chosen, trigger="on demand",
+                               expires_s=wait, detail={"last_step_seen": last_step,
+                                                       "step_ms": round(step_s * 1e3, 3)})
+    assert request_id is not None  # a name of its own: never taken
     outcome = TraceOutcome(request_id, first, first + steps - 1, chosen, round(wait, 1), step_s,
                            last_step)
     outcome.refused.update({r: {"reason": "the rank ended already"} for r in ended})
     _await_answers(outcome, {r: live[r].folder for r in asked}, wait)
     return outcome
+
+
+def margin_steps(step_s: float) -> int:
+    """How far ahead of the last finished step a request's window starts: a rank's poll
+    interval, one step (it looks only at step boundaries) and `LEAD_S`, at `step_s` a step,
+    plus the step under way and one more."""
+    return 2 + math.ceil((POLL_S + LEAD_S) / max(1e-4, step_s))
+
+
+def write_request(root: Path, *, first: int, steps: int, ranks: list[int] | None, trigger: str,
+                  expires_s: float, name: str | None = None,
+                  detail: dict[str, Any] | None = None) -> str | None:
+    """Write a trace request into the run directory `root`; its id, or None when `name` (a
+    slot such as `slowdown-1`) was taken already (another node asked first). Written whole
+    under a temporary name, then linked to its own (exclusive: a link never replaces)."""
+    now = time.time_ns()
+    request_id = name or \
+        f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now / 1e9))}-{os.urandom(3).hex()}"
+    folder = root / REQUESTS_DIR
+    tmp = folder / f".{request_id}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+    write_json_atomic(tmp, {"kind": "trace", "id": request_id, "trigger": trigger,
+                            "first": first, "steps": steps, "ranks": ranks, "created_ns": now,
+                            "expires_ns": now + int(expires_s * 1e9), **(detail or {})})
+    try:
+        os.link(tmp, folder / f"trace-{request_id}.json")
+    except FileExistsError:
+        return None
+    finally:
+        os.unlink(tmp)
+    return request_id
 
 
 def _await_answers(outcome: TraceOutcome, folders: dict[int, Path], wait_s: float) -> None:
