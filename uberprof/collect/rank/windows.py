@@ -117,7 +117,10 @@ class TraceWindows:
         pending = self._pending
         if pending is not None and step >= pending["first"]:
             self._pending = None
-            if not diskfull.run_is_full():
+            if step > pending["last"]:  # never reached its first step's boundary: too late
+                self._log.write(f"trace request {pending['request']}: window "
+                                f"{pending['first']}-{pending['last']} missed")
+            elif not diskfull.run_is_full():
                 self._start((step, pending["last"]), step, pending)
             return
         if not self._schedule.enabled or not self.selected:
