@@ -213,3 +213,16 @@ def test_info_reads_untraced_ranks_as_chosen_and_each_window_with_its_trigger(
     assert [(w["steps"], w["trigger"]) for w in by[0]["trace_windows"]] == \
         [([10, 12], "schedule"), ([30, 31], "on demand")]
     assert [r["trace_selected"] for r in inv["ranks"]] == [True, False, True]
+
+
+def test_the_analysis_counts_ranks_without_a_window_of_their_own_as_chosen() -> None:
+    from uberprof.analysis.tables.reduce import _left_out_by_choice
+    from uberprof.rundir.ranks import RankMeta
+
+    metas = [RankMeta(rank=0, folder=Path("0"), trace={"schedule": "steps 10-19",
+                                                       "selected": True}),
+             RankMeta(rank=1, folder=Path("1"), trace={"schedule": "steps 10-19",
+                                                       "selected": False}),
+             RankMeta(rank=2, folder=Path("2"), trace={"schedule": "off"}),  # --no-trace
+             RankMeta(rank=3, folder=Path("3"), trace={"schedule": "steps 10-19"})]
+    assert _left_out_by_choice(metas) == {1, 2}

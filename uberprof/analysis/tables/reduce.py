@@ -432,9 +432,12 @@ def _still_running(root: Path) -> bool:
 
 
 def _left_out_by_choice(metas: list[RankMeta]) -> set[int]:
-    """Ranks `uberprof run --trace-ranks` left out of the schedule's windows (rank.json's
-    `trace.selected` false): a step timeline without a trace is what they were asked for."""
-    return {m.rank for m in metas if m.rank is not None and m.trace.get("selected") is False}
+    """Ranks that were to record no window of their own: left out by `uberprof run
+    --trace-ranks` (rank.json's `trace.selected` false), or in a run without a schedule
+    (`--no-trace`) whose windows came on demand for other ranks (`uberprof trace --ranks`).
+    A step timeline without a trace is what they were asked for."""
+    return {m.rank for m in metas if m.rank is not None
+            and (m.trace.get("selected") is False or m.trace.get("schedule") == "off")}
 
 
 def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]],
