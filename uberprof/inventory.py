@@ -114,6 +114,7 @@ def inventory(paths: Sequence[Path], check_traces: bool = True) -> dict[str, Any
         "ranks": ranks,
         "counters": counters,
         "parallelism": run_parallelism(runs, ranks),
+        "traced_ranks": traced_ranks(ranks),
         "problems": problems,
     }
 
@@ -203,7 +204,11 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
                         f"{cut['budget_mb']} MB (the profiler holds recorded tensors until a "
                         "window ends: trace fewer steps, --record-shapes off, or "
                         "--window-memory-mb)")
+    triggers = _triggers(meta.trace.get("triggers"))
     for w in windows:
+        # what opened it: "schedule" (also for runs from before triggers were recorded),
+        # "on demand" (uberprof trace); a window cut short keeps its planned last step there
+        w["trigger"] = triggers.get(w["steps"][0], "schedule")
         p = Path(w["path"])
         if check_traces and p.suffix == ".gz" and not gzip_is_complete(p):
             problems.append(f"rank {rank}: trace {p} is truncated")
@@ -234,8 +239,34 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         "trace_not_reached": _step_ranges(meta.trace.get("not_reached")),
         "trace_exporting": next(iter(_step_ranges([meta.trace.get("exporting")])), None),
         "trace_cut_short": _cuts(meta.trace.get("cut_short")),
+        # --trace-ranks: False for a rank it left out (step timeline and Flight Recorder only)
+        "trace_selected": meta.trace.get("selected") is not False,
+        "trace_ranks": meta.trace.get("ranks") if isinstance(meta.trace.get("ranks"), str)
+        else None,
         "clock": meta.clock or None,
     }
+
+
+def _triggers(value: Any) -> dict[int, str]:
+    """rank.json's `trace.triggers` as {first step: trigger}; anything malformed is left out."""
+    if not isinstance(value, list):
+        return {}
+    return {t["first"]: t["trigger"] for t in value
+            if isinstance(t, dict) and isinstance(t.get("first"), int)
+            and isinstance(t.get("trigger"), str)}
+
+
+def traced_ranks(ranks: list[dict[str, Any]]) -> str | None:
+    """Which ranks record the schedule's windows, in words, when `--trace-ranks` chose some
+    ("0, 2 of 4 (--trace-ranks 0,2)"); None when every rank does."""
+    chosen = next((r["trace_ranks"] for r in ranks if r.get("trace_ranks")), None)
+    if chosen is None:
+        return None
+    selected = [r["rank"] for r in ranks if r["trace_selected"] and isinstance(r["rank"], int)]
+    world = max((r["world_size"] for r in ranks if isinstance(r.get("world_size"), int)),
+                default=len(ranks))
+    shown = rank_ranges(sorted(selected)) if selected else "none"
+    return f"{shown} of {world} (--trace-ranks {chosen.replace(' ', '')})"
 
 
 def _cuts(value: Any) -> list[dict[str, Any]]:
@@ -301,12 +332,16 @@ def _step_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
 
 
 def _window_problems(ranks: list[dict[str, Any]], problems: list[str]) -> None:
-    window_sets = {tuple(tuple(w["steps"]) for w in r["trace_windows"]) for r in ranks}
+    """Scheduled windows that differ between the ranks that record them (`--trace-ranks`
+    leaves the others out; windows on demand may name some ranks only, or start a step late
+    on a rank that read the request late)."""
+    traced = [r for r in ranks if r["trace_selected"]]
+    scheduled = {r["rank"]: [w["steps"] for w in r["trace_windows"]
+                             if w.get("trigger") == "schedule"] for r in traced}
+    window_sets = {tuple(tuple(w) for w in ws) for ws in scheduled.values()}
     if len(window_sets) > 1:
         problems.append("ranks have different trace windows: "
-                        + "; ".join(f"rank {r['rank']}: "
-                                    + (", ".join(f"{a}-{b}" for a, b in
-                                                 (w["steps"] for w in r["trace_windows"]))
-                                       or "none")
-                                    for r in ranks))
+                        + "; ".join(f"rank {rank}: "
+                                    + (", ".join(f"{a}-{b}" for a, b in ws) or "none")
+                                    for rank, ws in scheduled.items()))
 

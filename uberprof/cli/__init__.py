@@ -15,12 +15,14 @@ from uberprof.cli.info import info
 from uberprof.cli.report import report
 from uberprof.cli.run import run
 from uberprof.cli.scaling import scaling
+from uberprof.cli.trace import trace
 from uberprof.cli.watch import watch
 from uberprof.cli.whatif import whatif
 
 HELP = """\
 Profile and troubleshoot distributed PyTorch training: where every rank's
-time goes, and why. `run` collects; `info` and `watch` show what was collected;
+time goes, and why. `run` collects; `info` and `watch` show what was collected
+(`trace` records a window on a running job, now);
 `analyze`, `report` and `diff` diagnose it; `whatif` projects what fixing it
 would gain; `scaling` compares runs of one job at several sizes; `dashboard`
 and `export` let you look around; `doctor` and `calibrate` check the machine
@@ -59,5 +61,6 @@ main.add_command(report)
 main.add_command(export)
 main.add_command(diff)
 main.add_command(watch)
+main.add_command(trace)
 main.add_command(whatif)
 main.add_command(scaling)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from uberprof.cli.params import FiniteRange
-from uberprof.collect.config import CollectConfig, TraceSchedule
+from uberprof.cli.params import RANK_LIST, FiniteRange
+from uberprof.collect.config import CollectConfig, TraceSchedule, describe_ranks
 from uberprof.collect.counters.sampler import DEFAULT_HZ, MODES, CounterSettings
 from uberprof.collect.launcher import CommandNotFound, run_wrapped
 from uberprof.collect.node_agent import NodeAgent
@@ -24,6 +24,9 @@ Examples:
   uberprof run --trace-steps 100-102 -- python train.py --epochs 1
   uberprof run --trace-every 500 --trace-active 2 -- torchrun ... train.py
   uberprof run --no-trace -- srun python train.py        (step timeline only)
+  uberprof run --trace-ranks 0,7,12-15 -- torchrun ... train.py   (traces from 6 ranks)
+\b
+While it runs, `uberprof trace RUN` records a window on the job's next steps (docs/trace.md).
 \b
 Multi-node: run the same `uberprof run -- torchrun --nnodes=N ...` on every node. Nodes land in
 one run directory when --out is shared and the job has an id: torchrun's --rdzv-id, or the
@@ -57,6 +60,13 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               help="Record a trace window every N steps.")
 @click.option("--trace-active", type=click.IntRange(min=1), default=3, show_default=True,
               metavar="K", help="Steps per window with --trace-every.")
+@click.option("--trace-ranks", type=RANK_LIST, metavar="LIST",
+              help="Record trace windows on these ranks only, e.g. 0,7,12-15 (every rank keeps "
+              "its step timeline and Flight Recorder) [default: every rank].")
+@click.option("--trace-on-slowdown", is_flag=True,
+              help="Also record a window on every rank when the job's step time rises beyond "
+              "its recent level (20-step median vs the 200 before, 4 MADs and 20%; at most 3 "
+              "a run, 1 an hour). Off by default for now: see docs/run.md.")
 @click.option("--no-trace", is_flag=True, help="No traces: the step timeline only (cheapest).")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
 @click.option("--modules", is_flag=True, help="Time each nn.Module (module::<path> spans in "
@@ -91,7 +101,9 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               help="The --dashboard's port (0: any free port).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
-        trace_active: int, no_trace: bool, with_stack: bool, modules: bool,
+        trace_active: int, trace_ranks: set[int] | None, trace_on_slowdown: bool,
+        no_trace: bool, with_stack: bool,
+        modules: bool,
         profile_memory: bool, record_shapes: str, window_memory_mb: int | None,
         counters_mode: str, sample_hz: float, hang_timeout: float | None, on_hang: str,
         dashboard: bool, port: int,
@@ -105,18 +117,22 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     config = CollectConfig(trace=schedule, with_stack=with_stack, modules=modules,
                            profile_memory=profile_memory,
                            record_shapes={"on": True, "off": False}.get(record_shapes),
-                           window_memory_mb=window_memory_mb)
+                           window_memory_mb=window_memory_mb,
+                           trace_ranks=None if trace_ranks is None else tuple(sorted(trace_ranks)))
     try:
         rid = resolve_run_id(run_id, command, os.environ)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--run-id") from None
     run_dir = RunDir((out / rid).absolute())
     options = {"out": str(out), "run_id": run_id, "trace": schedule.describe(),
+               "trace_ranks": None if config.trace_ranks is None
+               else describe_ranks(config.trace_ranks),
                "with_stack": with_stack, "record_shapes": record_shapes,
                "modules": modules, "profile_memory": profile_memory,
                "window_memory_mb": window_memory_mb,
                "counters": counters_mode, "sample_hz": sample_hz,
-               "hang_timeout": hang_timeout, "on_hang": on_hang}
+               "hang_timeout": hang_timeout, "on_hang": on_hang,
+               "trace_on_slowdown": trace_on_slowdown}
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)
     try:
         agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options, counters)
@@ -125,7 +141,9 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
              "running the command without profiling")
         agent = None
     if agent is not None:
-        _say(f"run directory {run_dir.root} (traces: {schedule.describe()})")
+        on = "" if config.trace_ranks is None or not schedule.enabled else \
+            f" on ranks {describe_ranks(config.trace_ranks)}"
+        _say(f"run directory {run_dir.root} (traces: {schedule.describe()}{on})")
     if agent is not None and dashboard:
         from uberprof.dashboards.live_server import start_dashboard
 
@@ -134,7 +152,8 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
 
     def started(pid: int) -> None:
         if agent is not None:
-            agent.start_watchdog(pid, hang_timeout, on_hang, lambda rec: _hang_line(run_dir, rec))
+            agent.start_watchdog(pid, hang_timeout, on_hang, lambda rec: _hang_line(run_dir, rec),
+                                 slowdown=trace_on_slowdown)
 
     try:
         code = run_wrapped(command, env, started)

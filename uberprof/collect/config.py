@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from uberprof.rundir.ranks import MAX_STEP
+from uberprof.rundir.ranks import MAX_STEP, rank_ranges
 
 ENV_CONFIG = "UBERPROF_CONFIG"
 ENV_RUN_DIR = "UBERPROF_RUN_DIR"
@@ -73,6 +73,17 @@ class TraceSchedule:
             return (step, step + self.active - 1)
         return None
 
+    def overlapping(self, first: int, last: int) -> tuple[int, int] | None:
+        """A scheduled window that shares a step with `first`-`last`, if one does."""
+        for a, b in self.windows:
+            if a <= last and b >= first:
+                return (a, b)
+        if self.every:
+            for start in range(max(self.every, first - self.active + 1), last + 1):
+                if start % self.every == 0:
+                    return (start, start + self.active - 1)
+        return None
+
     def describe(self) -> str:
         if not self.enabled:
             return "off"
@@ -89,6 +100,13 @@ class CollectConfig:
     modules: bool = False  # module::<path> spans in trace windows (collect/rank/modules.py)
     profile_memory: bool = False  # torch.profiler's [memory] events in trace windows
     window_memory_mb: int | None = None  # None: from the host's memory; 0: none (window_memory)
+    # --trace-ranks: the ranks that record trace windows (None: every rank); the others keep
+    # their step timeline and Flight Recorder only
+    trace_ranks: tuple[int, ...] | None = None
+
+    def traces_rank(self, rank: int) -> bool:
+        """Whether `rank` records trace windows (`--trace-ranks`)."""
+        return self.trace_ranks is None or rank in self.trace_ranks
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -112,6 +130,7 @@ class CollectConfig:
             modules=bool(data.get("modules", False)),
             profile_memory=bool(data.get("profile_memory", False)),
             window_memory_mb=_optional_int(data.get("window_memory_mb")),
+            trace_ranks=_optional_ranks(data.get("trace_ranks")),
         )
 
 
@@ -121,3 +140,19 @@ def _optional_bool(value: object) -> bool | None:
 
 def _optional_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _optional_ranks(value: object) -> tuple[int, ...] | None:
+    if not isinstance(value, list):
+        return None
+    return tuple(sorted({v for v in value if isinstance(v, int) and not isinstance(v, bool)
+                         and v >= 0}))
+
+
+def describe_ranks(ranks: tuple[int, ...] | None) -> str:
+    """`(0, 1, 2, 7)` as "0-2, 7"; None (every rank) as "all"."""
+    if ranks is None:
+        return "all"
+    if not ranks:
+        return "none"
+    return rank_ranges(list(ranks))

@@ -25,6 +25,7 @@ from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR,
 from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
 from uberprof.collect.rank.flight_log import FR_ENV
 from uberprof.collect.safety import AgentLog
+from uberprof.collect.slowdown import SlowdownTrigger
 from uberprof.collect.watchdog import HangWatchdog
 from uberprof.rundir import LOG_FILE, NODE_FILE, RunDir, write_json_atomic
 
@@ -58,6 +59,7 @@ class NodeAgent:
         write_json_atomic(self.dir / NODE_FILE, self.meta)
         self.sampler: NodeSampler | None = None
         self.watchdog: HangWatchdog | None = None
+        self.slowdown: SlowdownTrigger | None = None
         self._start_counters(counters or CounterSettings())
 
     def _start_counters(self, settings: CounterSettings) -> None:
@@ -89,10 +91,16 @@ class NodeAgent:
         return env
 
     def start_watchdog(self, job_pid: int, timeout_s: float | None, action: str,
-                       on_hang: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """Watch the local ranks for a hang (collect/watchdog.py); a failure costs the watchdog."""
+                       on_hang: Callable[[dict[str, Any]], None] | None = None,
+                       slowdown: bool = False) -> None:
+        """Watch the local ranks for a hang (collect/watchdog.py), and with `slowdown` their
+        step times for a rise (collect/slowdown.py); a failure costs the watchdog."""
         try:
-            self.watchdog = HangWatchdog(self.run, self.dir, self.log, timeout_s, action, on_hang)
+            if slowdown:
+                self.slowdown = SlowdownTrigger(self.run.root, self.log)
+            on_step = self.slowdown.step_read if self.slowdown is not None else None
+            self.watchdog = HangWatchdog(self.run, self.dir, self.log, timeout_s, action, on_hang,
+                                         on_step=on_step)
             self.watchdog.start(job_pid)
         except Exception as exc:  # noqa: BLE001 - never harm the job
             self.watchdog = None
@@ -103,6 +111,9 @@ class NodeAgent:
             self.watchdog.stop()
             self.meta["hangs"] = self.watchdog.hangs
             self.meta["stopped_after_hang"] = self.watchdog.stopped_job
+        if self.slowdown is not None:
+            self.meta["slowdowns"] = {"detected": self.slowdown.detections,
+                                      "suppressed": self.slowdown.detector.suppressed}
         self.meta["end_ns"] = time.time_ns()
         self.meta["exit_code"] = exit_code
         if self.sampler is not None:

@@ -22,6 +22,7 @@ from uberprof.present.terminal.modules import render_memory_timeline, render_mod
 from uberprof.present.terminal.operators import render_operators
 from uberprof.present.terminal.parallel import render_parallel
 from uberprof.present.terminal.whatif import render_critical_path
+from uberprof.rundir import rank_ranges
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
 __all__ = ["MAX_RANK_ROWS", "parallelism_line", "render_report"]
@@ -94,6 +95,10 @@ def _header(d: Diagnosis, console: Console) -> None:
         f"{r['backend'] or '?'} / {r['device_type']}; analysed {span} "
         f"({_ms(r['analysed_wall_ms'])} ms wall), median step {_ms(r['step_time_ms'])} ms",
         highlight=False)
+    if r["traced_ranks"] is not None:
+        console.print(f"traced ranks {rank_ranges(r['traced_ranks']) or 'none'} of "
+                      f"{r['world_size']} (--trace-ranks); the others: step times and "
+                      "Flight Recorder arrivals only", highlight=False)
     par = parallelism_line(r)
     if par:
         console.print(par, highlight=False)

@@ -51,6 +51,13 @@ hosts can share a run directory on a shared file system without ever writing the
                                     reason, step, cost_ns, lost (entries the ring dropped before
                                     this dump), entries [[pg, seq, op, time_created_ns]]
       ranks/<rank>/.hang-request    written by the node agent's watchdog, read by the rank's helper
+      requests/trace-<id>.json      `uberprof trace`'s request for a window on demand: id, kind, trigger,
+                                    first (the step every rank starts at), steps, ranks (null: all),
+                                    created_ns, expires_ns (collect/trace_request.py)
+      ranks/<rank>/trace-requests.jsonl  the rank's answer to each request it read, one per line: id,
+                                    time_ns, step (its step then), status (accepted|refused), window
+                                    [first, last], late (it was past `first`: it starts at its next
+                                    step), reason (why refused)
       derived/                      analysis tables; can be rebuilt from the rest at any time
       calibration.json              `uberprof calibrate`: the all-reduce sweep's busbw per link,
                                     written by rank 0 of the sweep (one writer)
@@ -95,6 +102,8 @@ RANK_HANG_FILE = "hang.json"
 FLIGHT_RECORDER_FILE = "flight-recorder-{reason}.json"  # reason: exception | hang
 FLIGHT_LOG_FILE = "flight-recorder.jsonl"  # the always-on arrivals (collect/rank/flight_log.py)
 HANG_REQUEST_FILE = ".hang-request"
+REQUESTS_DIR = "requests"  # <run>/requests/trace-<id>.json: `uberprof trace`'s requests
+TRACE_ANSWERS_FILE = "trace-requests.jsonl"  # ranks/<rank>/: each rank's answers to them
 NODE_HANG_FILE = "hang.json"
 EXITS_PREFIX = "exits-"  # nodes/<node>/exits-<pid>.jsonl
 

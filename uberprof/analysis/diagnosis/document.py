@@ -25,7 +25,7 @@ from uberprof.analysis.tables.collectives import INSTANCE_SCHEMA, Matched
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.parallelism import Parallelism
 from uberprof.analysis.tables.schemas import RUN_STEP_SCHEMA
-from uberprof.rundir import RunDir, ranks_by_id
+from uberprof.rundir import RunDir, list_ranks, ranks_by_id
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["empty_diagnosis", "failures_only_diagnosis", "ranks_doc", "run_doc", "run_doc_of"]
@@ -88,7 +88,17 @@ def run_doc_of(ctx: RunContext, traced: pa.Table, wall_ns: int, median_step: flo
         wall_ns=wall_ns, median_step_ns=median_step, threshold_ns=threshold_ns,
         alignment=alignment, matched=matched, classes=classes, problems=problems)
     doc.parallelism = parallelism.as_dict() if parallelism is not None else None
+    doc.traced_ranks = traced_ranks(ctx.root) if ctx.is_run_dir else None
     return doc
+
+
+def traced_ranks(root: Path) -> list[int] | None:
+    """The ranks `--trace-ranks` chose (rank.json's `trace.selected`), None when every rank
+    records trace windows (no rank says it was left out)."""
+    metas = ranks_by_id(list_ranks(root))
+    if not any(m.trace.get("selected") is False for m in metas.values()):
+        return None
+    return sorted(r for r, m in metas.items() if m.trace.get("selected") is not False)
 
 
 def empty_diagnosis(root: Path, problems: list[str], findings: list[Finding] | None = None

@@ -48,6 +48,10 @@ class RunDoc:
         "`nccl`, `gloo`, ... as the ranks recorded it; null when unknown"))
     device_type: str = field(default="cpu", metadata=_m(
         'the accelerator (`cuda`, ...), `"cpu"` when no rank has one'))
+    traced_ranks: list[int] | None = field(default=None, metadata=_m(
+        "the ranks `uberprof run --trace-ranks` chose to record trace windows; the others "
+        "have their step timeline and Flight Recorder only (their step times and arrivals "
+        "count, and a missing trace of theirs is no problem); null when every rank records"))
     analysed_steps: list[int] = field(default_factory=list, metadata=_m(
         "the traced steps the diagnosis covers (`-1`: a rank whose trace has no step "
         "annotations, analysed as one pseudo-step spanning its trace); `[]` where nothing was "

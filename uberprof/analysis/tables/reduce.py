@@ -339,7 +339,7 @@ def _untraced_problems(source: Source, metas: list[RankMeta], rank_rows: list[di
         why = _why_untraced(metas, rank_rows, _still_running(source.root), last_step)
         return [(f"{source.root}: no trace window in this run: {why}; "
                  "step times only, no breakdown")]
-    if untraced:
+    if untraced := [r for r in untraced if r not in _left_out_by_choice(metas)]:
         return [(f"rank(s) {', '.join(map(str, untraced))}: no usable trace window, "
                  "step times only")]
     return []
@@ -450,6 +450,15 @@ def _still_running(root: Path) -> bool:
     """Whether a node of the run has not written its end: the job runs (or its launcher was
     killed), so a rank without an end has not necessarily crashed (the dashboard's rule)."""
     return any(n.end_ns is None for n in list_nodes(RunDir(root)) if n.readable)
+
+
+def _left_out_by_choice(metas: list[RankMeta]) -> set[int]:
+    """Ranks that were to record no window of their own: left out by `uberprof run
+    --trace-ranks` (rank.json's `trace.selected` false), or in a run without a schedule
+    (`--no-trace`) whose windows came on demand for other ranks (`uberprof trace --ranks`).
+    A step timeline without a trace is what they were asked for."""
+    return {m.rank for m in metas if m.rank is not None
+            and (m.trace.get("selected") is False or m.trace.get("schedule") == "off")}
 
 
 def _why_untraced(metas: list[RankMeta], rank_rows: list[dict[str, Any]],

@@ -17,18 +17,19 @@ from typing import Any
 
 from uberprof._version import __version__
 from uberprof.collect import diskfull
-from uberprof.collect.config import CollectConfig
+from uberprof.collect.config import CollectConfig, describe_ranks
 from uberprof.collect.rank import clock
 from uberprof.collect.rank.backend import default_backend
 from uberprof.collect.rank.capture import Capture
 from uberprof.collect.rank.flight_log import FlightLog, ring_size
 from uberprof.collect.rank.layout import LayoutKey, layout_key, parallel_layout, process_groups
+from uberprof.collect.rank.requests import RequestInbox
 from uberprof.collect.rank.steps import StepDetector, StepSource
 from uberprof.collect.rank.timeline import StepTimeline
 from uberprof.collect.rank.windows import TraceWindows
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import LOG_FILE, RANK_FILE, STEPS_FILE, TRACES_DIR, RunDir
-from uberprof.rundir.layout import FLIGHT_LOG_FILE
+from uberprof.rundir.layout import FLIGHT_LOG_FILE, REQUESTS_DIR, TRACE_ANSWERS_FILE
 
 
 class RankAgent:
@@ -70,14 +71,22 @@ class RankAgent:
             "end_ns": None,
             "exit": None,
             "clock": clock.clock_reference(),
-            "trace": {"schedule": config.trace.describe(), "disabled_reason": None},
+            # ranks: --trace-ranks (None: all); selected: whether this rank records the
+            # schedule's windows (the others keep the step timeline and Flight Recorder only)
+            "trace": {"schedule": config.trace.describe(), "disabled_reason": None,
+                      "ranks": None if config.trace_ranks is None
+                      else describe_ranks(config.trace_ranks),
+                      "selected": config.traces_rank(self.rank)},
         }
         self._write_meta()
         self.timeline = StepTimeline(self.dir / STEPS_FILE, start_ns=first_activity_ns,
                                      on_error=lambda e: log.error("writing the step timeline", e))
         self.flight_log = FlightLog(lambda: self.dir / FLIGHT_LOG_FILE, log, ring_size())
+        self._config = config
+        inbox = RequestInbox(run.root / REQUESTS_DIR, lambda: self.dir / TRACE_ANSWERS_FILE, log)
         self.windows = TraceWindows(config, self.dir / TRACES_DIR, log, self.rank,
-                                    on_stop=self._window_stopped, on_export=self._trace_export)
+                                    on_stop=self._window_stopped, on_export=self._trace_export,
+                                    inbox=inbox)
         self.detector = StepDetector(self._boundary)
         self.closed = False
         self.windows.step_started(0)
@@ -157,6 +166,7 @@ class RankAgent:
             self.meta["trace"]["exporting"] = list(exporting) if exporting else None
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
             self.meta["trace"]["cut_short"] = list(self.windows.cut_short)
+            self.meta["trace"]["triggers"] = list(self.windows.triggers)
         # bounded: an exit that waits for this thread may come from a signal handler on the
         # training thread while it writes rank.json itself
         self._write_meta(lock_wait_s=5.0)
@@ -223,8 +233,10 @@ class RankAgent:
                 pass
             return
         self.log.set_path(target / LOG_FILE)
-        self.windows.moved_to(target / TRACES_DIR)
+        self.windows.moved_to(target / TRACES_DIR, rank)
         self.dir, self.rank = target, rank
+        with self._meta_lock:
+            self.meta["trace"]["selected"] = self._config.traces_rank(rank)
 
     def _clock_result(self, result: dict[str, Any]) -> None:
         with self._meta_lock:
@@ -269,6 +281,7 @@ class RankAgent:
             self.meta["flight_log"] = self.flight_log.status()
             self.meta["trace"]["windows"] = [list(w) for w in self.windows.windows_written]
             self.meta["trace"]["cut_short"] = list(self.windows.cut_short)
+            self.meta["trace"]["triggers"] = list(self.windows.triggers)
             self.meta["trace"]["not_reached"] = [list(w)
                                                  for w in self.windows.not_reached(last_step)]
         self._write_meta(final=True)

@@ -18,6 +18,14 @@ collectives' waits) or on another core. Exits wait for the trace in flight: atex
 `os._exit` (activation.py); a SIGKILL cannot, and rank.json's `trace.exporting`, written before
 the job goes on, then names the window lost.
 
+Windows open for two reasons, each recorded with the window (`triggers`, rank.json's
+`trace.triggers`, and the trace's `uberprof_trigger` metadata): the schedule (`--trace-steps`,
+`--trace-every`), on the ranks `--trace-ranks` selects, and a request on demand (`uberprof
+trace`, read through `requests.py` at each step's start), on the ranks it names. A request is
+refused, with its reason in the rank's answer, when it would share a step with a window
+recording, requested or scheduled, or when tracing is off for the run (the script's own
+profiler, a full disk).
+
 A window whose rank's memory grows past its budget stops at that step's end
 (`window_memory.py`: with shapes the profiler holds each operator's tensors until the window
 stops); `cut_short` records it, and rank.json's `trace.cut_short`.
@@ -41,6 +49,7 @@ from typing import Any
 from uberprof.collect import diskfull
 from uberprof.collect.config import CollectConfig
 from uberprof.collect.rank.modules import ModuleMarks
+from uberprof.collect.rank.requests import RequestInbox
 from uberprof.collect.rank.window_memory import MB, WindowMemory
 from uberprof.collect.safety import AgentLog
 from uberprof.rundir import trace_file_name
@@ -53,7 +62,8 @@ EXIT_WAIT_S = 300.0  # the most an exit waits for the trace in flight (a big win
 class TraceWindows:
     def __init__(self, config: CollectConfig, traces_dir: Path, log: AgentLog, rank: int,
                  on_stop: Callable[[], None] | None = None,
-                 on_export: Callable[[], None] | None = None) -> None:
+                 on_export: Callable[[], None] | None = None,
+                 inbox: RequestInbox | None = None) -> None:
         self._schedule = config.trace
         # called once a window's profiler stopped, before its trace is written and compressed
         # (the compressing thread, at the lowest priority, can hold the GIL for a long time on
@@ -82,24 +92,89 @@ class TraceWindows:
         self._memory = WindowMemory(config.window_memory_mb, _local_ranks())
         # windows stopped early for memory: {"window", "last", "grown_mb", "budget_mb"}
         self.cut_short: list[dict[str, Any]] = []
+        self._inbox = inbox  # requests on demand (uberprof trace)
+        self._pending: dict[str, Any] | None = None  # an accepted request's window, to come
+        # what opened each window: {"first", "last", "trigger": "schedule"|"on demand", "request"}
+        self.triggers: list[dict[str, Any]] = []
 
     @property
     def active(self) -> bool:
         return self._prof is not None
 
+    @property
+    def selected(self) -> bool:
+        """Whether the schedule's windows are this rank's (`--trace-ranks`)."""
+        return self._config.traces_rank(self._rank)
+
     def step_started(self, step: int) -> None:
+        if self._inbox is not None:
+            self._read_requests(step)
         if self._prof is not None:
             self._annotate(step)
             return
-        if self.disabled_reason is not None or not self._schedule.enabled:
+        if self.disabled_reason is not None:
+            return
+        pending = self._pending
+        if pending is not None and step >= pending["first"]:
+            self._pending = None
+            if step > pending["last"]:  # never reached its first step's boundary: too late
+                self._log.write(f"trace request {pending['request']}: window "
+                                f"{pending['first']}-{pending['last']} missed")
+            elif not diskfull.run_is_full():
+                self._start((step, pending["last"]), step, pending)
+            return
+        if not self._schedule.enabled or not self.selected:
             return
         window = self._schedule.window_at(step)
         if window is not None and not diskfull.run_is_full():
-            self._start(window, step)
+            self._start(window, step, {"trigger": "schedule", "request": None})
 
-    def moved_to(self, traces_dir: Path) -> None:
+    def _read_requests(self, step: int) -> None:
+        """New requests on demand, each answered once (`requests.py`); never raises."""
+        try:
+            for req in self._inbox.poll():  # type: ignore[union-attr]
+                ranks = req.get("ranks")
+                if ranks is not None and self._rank not in ranks:
+                    continue
+                self._inbox.answer(self._consider(req, step))  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - the job goes on without the window
+            self._log.error("reading trace requests", exc)
+
+    def _consider(self, req: dict[str, Any], step: int) -> dict[str, Any]:
+        """Accept a request (its window becomes the pending one) or say why not. A rank already
+        past the request's first step starts at this step, `step`, and says so (`late`)."""
+        late = step > req["first"]
+        first = step if late else req["first"]
+        last = first + req["steps"] - 1
+        answer: dict[str, Any] = {"id": req["id"], "time_ns": time.time_ns(), "step": step,
+                                  "window": [first, last], "late": late}
+        reason = None
+        if self.disabled_reason is not None:
+            reason = f"tracing is off on this rank: {self.disabled_reason}"
+        elif diskfull.run_is_full():
+            reason = "the disk holding the run directory is full"
+        elif self._window is not None and self._window[1] >= first:
+            reason = (f"a trace window is already recording (steps {self._window[0]}-"
+                      f"{self._window[1]})")
+        elif self._pending is not None:
+            reason = (f"a trace window is already requested (steps {self._pending['first']}-"
+                      f"{self._pending['last']})")
+        elif self.selected and (clash := self._schedule.overlapping(first, last)) is not None:
+            reason = f"it would overlap the scheduled trace window at steps {clash[0]}-{clash[1]}"
+        if reason is not None:
+            self._log.write(f"trace request {req['id']} refused: {reason}")
+            return {**answer, "status": "refused", "reason": reason}
+        self._pending = {"first": first, "last": last,
+                         "trigger": str(req.get("trigger") or "on demand"), "request": req["id"]}
+        self._log.write(f"trace request {req['id']} accepted: steps {first}-{last}"
+                        + (f" (past step {req['first']} when read)" if late else ""))
+        return {**answer, "status": "accepted"}
+
+    def moved_to(self, traces_dir: Path, rank: int | None = None) -> None:
         """The rank's folder was renamed (its real rank became known)."""
         self._dir = traces_dir
+        if rank is not None:
+            self._rank = rank
 
     def step_ended(self, step: int) -> None:
         if self._window is None:
@@ -148,7 +223,7 @@ class TraceWindows:
     def not_reached(self, last_step: int) -> list[tuple[int, int]]:
         """The scheduled windows the job ended before (`last_step` was its last step), so that
         `run` and `info` can say why there is no trace instead of failing silently."""
-        if self.disabled_reason is not None or not self._schedule.enabled:
+        if self.disabled_reason is not None or not self._schedule.enabled or not self.selected:
             return []
         missed = [w for w in self._schedule.windows if w[0] > last_step]
         every, active = self._schedule.every, self._schedule.active
@@ -156,7 +231,7 @@ class TraceWindows:
             missed.append((every, every + active - 1))
         return missed
 
-    def _start(self, window: tuple[int, int], step: int) -> None:
+    def _start(self, window: tuple[int, int], step: int, why: dict[str, Any]) -> None:
         import torch
         from torch.autograd import profiler as autograd_profiler
         from torch.profiler import ProfilerActivity
@@ -184,6 +259,9 @@ class TraceWindows:
         if self._modules is not None:
             self._modules.start()
         prof.add_metadata("uberprof_window", f"{window[0]}-{window[1]}")
+        prof.add_metadata("uberprof_trigger", why["trigger"])
+        self.triggers.append({"first": window[0], "last": window[1], "trigger": why["trigger"],
+                              "request": why.get("request")})
         self._prof = prof
         self._window = window
         self._annotate(step)

@@ -32,14 +32,19 @@ def render_info(inv: dict[str, Any], console: Console) -> None:
     for col in ("rank", "host", "device", "steps", "trace windows", "clock offset"):
         table.add_column(col, justify="right" if col in ("rank", "steps") else "left")
     for r in inv["ranks"]:
-        windows = ", ".join(f"{a}-{b}" for a, b in (w["steps"] for w in r["trace_windows"]))
+        windows = ", ".join(_window(w) for w in r["trace_windows"])
         if not windows:
-            windows = f"[dim]{r['trace_disabled_reason'] or 'none'}[/dim]"
+            why = r["trace_disabled_reason"] or (
+                "not traced (--trace-ranks)" if not r.get("trace_selected", True) else "none")
+            windows = f"[dim]{why}[/dim]"
         steps = "?" if r["steps"] is None else str(r["steps"]) if r["finished"] \
             else f"[yellow]{r['steps']}*[/yellow]"
         table.add_row(str(r["rank"]), r["host"] or "?", _device(r.get("device")), steps, windows,
                       _offset(r.get("clock") or {}))
     console.print(table)
+    if inv.get("traced_ranks"):
+        console.print(f"[bold]traced ranks[/bold] {inv['traced_ranks']}; the others keep "
+                      "their step timeline and Flight Recorder", highlight=False)
     _counters(inv, console)
     if inv["problems"]:
         console.print("[bold red]problems[/bold red]")
@@ -47,6 +52,13 @@ def render_info(inv: dict[str, Any], console: Console) -> None:
             console.print(f"  - {p}", markup=False, highlight=False)
     else:
         console.print("[green]no problems found[/green]")
+
+
+def _window(w: dict[str, Any]) -> str:
+    """A trace window's steps, and what opened it unless it was the schedule."""
+    a, b = w["steps"]
+    trigger = w.get("trigger") or "schedule"
+    return f"{a}-{b}" if trigger == "schedule" else f"{a}-{b} ({trigger})"
 
 
 def _counters(inv: dict[str, Any], console: Console) -> None:
