@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 READERS = ["uberprof/analysis", "uberprof/present", "uberprof/ingest", "dashboards",
-           "uberprof/inventory.py", "uberprof/rundir"]
+           "uberprof/inventory.py", "uberprof/loader.py", "uberprof/units.py", "uberprof/rundir"]
 FORBIDDEN = "uberprof.collect"
 
 
