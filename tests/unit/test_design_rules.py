@@ -9,6 +9,7 @@ way and is held to the same check.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from pathlib import Path
@@ -39,7 +40,8 @@ def cited_tests(text: str) -> set[str]:
     return out
 
 
-def defined_tests() -> set[str]:
+@functools.cache
+def defined_tests() -> frozenset[str]:
     """Every test function and test module name under tests/."""
     names = set()
     for f in (ROOT / "tests").rglob("*.py"):
@@ -48,7 +50,7 @@ def defined_tests() -> set[str]:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                     n.name.startswith("test_"):
                 names.add(n.name)
-    return names
+    return frozenset(names)
 
 
 def test_the_citation_reader_sees_names_not_files() -> None:
