@@ -289,13 +289,16 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def derived_names(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
     """(line, literal) of each string in code (not a docstring, not a sentence) that spells a
-    derived file name: a `.parquet` file or diagnosis.json, alone or at the end of a path (an
-    f-string's literal parts included)."""
+    derived file name: a `.parquet` or `.arrow` file, one of derived/'s JSON files or the
+    reduce's `.parts-` folder, alone or at the end of a path (an f-string's literal parts
+    included)."""
     import re
 
     tree = ast.parse(source, filename)
     docs = _docstrings(tree)
-    name = re.compile(r"[\w./-]*(\.parquet|diagnosis\.json)")
+    name = re.compile(r"[\w./{}-]*(\.parquet|\.arrow|"
+                      r"(diagnosis|manifest|reduce|shares|overview|summary|state)\.json)"
+                      r"|\.parts-[\w-]*")
     return [(n.lineno, n.value) for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
             and name.fullmatch(n.value)]
@@ -304,6 +307,8 @@ def derived_names(source: str, filename: str = "<source>") -> list[tuple[int, st
 def test_the_derived_name_check_sees_a_path() -> None:
     assert derived_names('p = derived / "ranks.parquet"\n') == [(1, "ranks.parquet")]
     assert derived_names('p = f"{d}/diagnosis.json"\n') == [(1, "/diagnosis.json")]
+    assert derived_names('p = d / f"rank-{r}.arrow"\n') == [(1, ".arrow")]
+    assert derived_names('p = d / ".parts-"\n') == [(1, ".parts-")]
     assert derived_names('"""Reads derived/ranks.parquet."""\nx = "a sentence: x.parquet"\n') \
         == []
 
