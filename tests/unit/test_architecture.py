@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 READERS = ["uberprof/analysis", "uberprof/present", "uberprof/ingest", "dashboards",
-           "uberprof/inventory.py", "uberprof/rundir"]
+           "uberprof/inventory.py", "uberprof/loader.py", "uberprof/units.py", "uberprof/rundir"]
 FORBIDDEN = "uberprof.collect"
 
 
@@ -289,13 +289,16 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def derived_names(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
     """(line, literal) of each string in code (not a docstring, not a sentence) that spells a
-    derived file name: a `.parquet` file or diagnosis.json, alone or at the end of a path (an
-    f-string's literal parts included)."""
+    derived file name: a `.parquet` or `.arrow` file, one of derived/'s JSON files or the
+    reduce's `.parts-` folder, alone or at the end of a path (an f-string's literal parts
+    included)."""
     import re
 
     tree = ast.parse(source, filename)
     docs = _docstrings(tree)
-    name = re.compile(r"[\w./-]*(\.parquet|diagnosis\.json)")
+    name = re.compile(r"[\w./{}-]*(\.parquet|\.arrow|"
+                      r"(diagnosis|manifest|reduce|shares|overview|summary|state)\.json)"
+                      r"|\.parts-[\w-]*")
     return [(n.lineno, n.value) for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
             and name.fullmatch(n.value)]
@@ -304,6 +307,8 @@ def derived_names(source: str, filename: str = "<source>") -> list[tuple[int, st
 def test_the_derived_name_check_sees_a_path() -> None:
     assert derived_names('p = derived / "ranks.parquet"\n') == [(1, "ranks.parquet")]
     assert derived_names('p = f"{d}/diagnosis.json"\n') == [(1, "/diagnosis.json")]
+    assert derived_names('p = d / f"rank-{r}.arrow"\n') == [(1, ".arrow")]
+    assert derived_names('p = d / ".parts-"\n') == [(1, ".parts-")]
     assert derived_names('"""Reads derived/ranks.parquet."""\nx = "a sentence: x.parquet"\n') \
         == []
 
@@ -350,3 +355,35 @@ def test_no_long_function_without_a_reason() -> None:
     assert not bad, "split these (or say why in LONG_FUNCTIONS_ALLOWED):\n" + "\n".join(bad)
     stale = sorted(set(LONG_FUNCTIONS_ALLOWED) - set(long))
     assert not stale, f"no longer long (drop from LONG_FUNCTIONS_ALLOWED): {stale}"
+
+
+# --- run directory file names: rundir's alone ------------------------------------------------------
+
+def run_file_names(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, literal) of each string in code (not a docstring) that is a run directory's file
+    name from `rundir/layout.py` (rank.json, steps.jsonl, ...), alone or ending a path."""
+    from uberprof.rundir import layout as L
+
+    names = {L.RUN_FILE, L.NODE_FILE, L.RANK_FILE, L.STEPS_FILE, L.LOG_FILE, L.COUNTERS_INDEX,
+             L.COUNTERS_META, L.CALIBRATION_FILE, L.EXCEPTIONS_FILE, L.FATAL_FILE, L.STACKS_FILE,
+             L.RANK_HANG_FILE, L.FLIGHT_LOG_FILE}
+    tree = ast.parse(source, filename)
+    docs = _docstrings(tree)
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and n.value.rsplit("/", 1)[-1] in names]
+
+
+def test_the_run_file_name_check_sees_a_path() -> None:
+    assert run_file_names('p = folder / "rank.json"\n') == [(1, "rank.json")]
+    assert run_file_names('"""Reads rank.json."""\nx = "a sentence about rank.json"\n') == []
+
+
+def test_only_rundir_spells_a_run_directory_file_name() -> None:
+    """Readers name a run's files through `uberprof.rundir`'s layout (DESIGN §1: everyone reads
+    a run through uberprof.rundir), so the format can change in one place."""
+    files = [f for f in reader_files() if "rundir" not in f.relative_to(ROOT).parts]
+    assert ROOT / "uberprof/analysis/diagnosis/findings/crash.py" in files
+    bad = [f"{f.relative_to(ROOT)}:{line}: {text!r}" for f in files
+           for line, text in run_file_names(f.read_text(), str(f))]
+    assert not bad, "run directory file names belong to rundir/layout.py:\n" + "\n".join(bad)

@@ -80,6 +80,8 @@ __all__ = [
     "OPERATORS_FILE",
     "OVERVIEW_FILE",
     "OVERVIEW_HEATMAP_FILE",
+    "PARTS_PREFIX",
+    "PART_STEPS_FILE",
     "RANKS_FILE",
     "SHARES_FILE",
     "STEPS_FILE",
@@ -151,6 +153,8 @@ REDUCE_FILE = "reduce.json"  # the key of what the last reduce read, and each in
 DIAGNOSIS_FILE = "diagnosis.json"  # the saved `uberprof report --json` document
 DIAGNOSIS_DIR = "diagnosis"  # the tables behind it, and its state (diagnosis/saved.py)
 DIAGNOSIS_STATE_FILE = "state.json"  # in DIAGNOSIS_DIR, written last
+PARTS_PREFIX = ".parts-"  # + a reducing process's id and a token: handed-over rows (reduce.py)
+PART_STEPS_FILE = "rank-{rank}.arrow"  # in a PARTS_PREFIX folder: a rank's rows (reduce_rank)
 
 
 @dataclass

@@ -40,6 +40,7 @@ from uberprof.analysis.tables.derived import (
     MODULES_FILE,
     OPERATORS_FILE,
     OVERVIEW_FILE,
+    PARTS_PREFIX,
     RANKS_FILE,
     REDUCE_FILE,
     SHARES_FILE,
@@ -384,9 +385,6 @@ def _in_order(calls: list[tuple[Any, ...]], workers: int | None, executor: Execu
                 upto += 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-PARTS_PREFIX = ".parts-"  # + the reducing process's id: the folder of handed-over rows
 
 
 def clear_stale_parts(derived: Path) -> None:

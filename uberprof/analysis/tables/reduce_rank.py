@@ -27,6 +27,7 @@ from uberprof.analysis.tables.derived import (
     MEMORY_FILE,
     MODULES_FILE,
     OPERATORS_FILE,
+    PART_STEPS_FILE,
     read_input_table,
     read_timeline,
 )
@@ -77,7 +78,7 @@ def spill(part: RankPart, folder: Path) -> RankPart:
     ranks, a third of it the reduce's own serial time); written here and mapped there, well
     under a millisecond."""
     if part.steps is not None:
-        path = folder / f"rank-{part.rank}.arrow"
+        path = folder / PART_STEPS_FILE.format(rank=part.rank)
         with pa.OSFile(str(path), "wb") as sink, \
                 pa.ipc.new_file(sink, part.steps.schema) as writer:
             writer.write_table(part.steps)

@@ -36,6 +36,7 @@ from uberprof.analysis.diagnosis.failure_evidence import (
 from uberprof.analysis.diagnosis.findings.kind import failure_kind
 from uberprof.analysis.diagnosis.host_memory import host_memory_at
 from uberprof.analysis.diagnosis.model import Finding
+from uberprof.rundir import RANK_FILE, STEPS_FILE
 from uberprof.rundir.ranks import read_step_timeline
 
 __all__ = ["CRASH", "FATAL_SIGNALS", "VICTIM_PATTERNS", "crash_finding"]
@@ -136,7 +137,7 @@ def _failure_of(ev: RankEvidence, stopped_at: int | None, running: bool
 
 def _last_sign_of_life(ev: RankEvidence) -> int | None:
     times = [ev.last_step_end_ns]
-    for p in (ev.meta.folder / "steps.jsonl", ev.meta.folder / "rank.json"):
+    for p in (ev.meta.folder / STEPS_FILE, ev.meta.folder / RANK_FILE):
         try:
             times.append(p.stat().st_mtime_ns)
         except OSError:
