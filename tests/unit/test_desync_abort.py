@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from uberprof.analysis.diagnosis.findings.failures import failure_findings
 from uberprof.collect.rank import exits
 from uberprof.rundir import RunDir, write_json_atomic
@@ -130,7 +132,7 @@ def test_a_gloo_abort_without_the_skippers_sequence_does_not_blame_the_aborted_r
 
 
 def test_the_launcher_asks_its_live_ranks_for_a_dump_and_waits_for_them(
-        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`exits.ask_peers`: a request beside every live rank of this node but the failed one;
     it returns once each answered (a dump newer than the request), or after its wait."""
     run = RunDir(tmp_path / "run")
