@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from uberprof.cli.params import INPUT_PATH
 from uberprof.dashboards.server import (
     AUTH_ENV,
     ServeError,
@@ -25,7 +26,7 @@ from uberprof.dashboards.server import (
 
 
 @click.command(short_help="Serve the interactive dashboard of a run (Plotly Dash).")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=INPUT_PATH)
 @click.option("--port", type=click.IntRange(0, 65535), default=8050, show_default=True,
               help="Port to listen on (0: any free port).")
 @click.option("--host", default="127.0.0.1", show_default=True,

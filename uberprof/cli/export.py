@@ -10,7 +10,7 @@ from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
 from uberprof.cli.output import cannot_write, unwritable
-from uberprof.cli.params import RANK_LIST, STEP_RANGE, FiniteRange
+from uberprof.cli.params import INPUT_PATH, RANK_LIST, STEP_RANGE, FiniteRange
 
 EPILOG = """\
 \b
@@ -26,7 +26,7 @@ chrome://tracing ("Load"); see docs/export.md for offline viewing.
 
 @click.command(epilog=EPILOG,
                short_help="Merge all ranks into one clock-aligned trace for Perfetto.")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=INPUT_PATH)
 @click.option("-o", "--output", "output", required=True,
               type=click.Path(dir_okay=False, path_type=Path),
               help="The trace file to write (.gz is added when compressing).")
