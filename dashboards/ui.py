@@ -40,18 +40,8 @@ SEVERITY_COLORS = {"high": "#D62728", "medium": "#F58518", "low": "#4C78A8"}
 GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False,
                                 "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
-PAGES = (
-    ("/", "Overview"),
-    ("/steps", "Steps"),
-    ("/stragglers", "Stragglers"),
-    ("/gaps", "Gaps"),
-    ("/communication", "Communication"),
-    ("/parallelism", "Parallelism"),
-    ("/operators", "Operators"),
-    ("/memory", "Memory"),
-    ("/counters", "Counters"),
-)
-COMPARE_PAGE = ("/compare", "Compare")  # in the bar when a baseline run was given
+# the pages, in the bar's order (nav.py: `uberprof dashboard --help` lists them without Dash)
+from uberprof.dashboards.nav import COMPARE_PAGE, PAGES  # noqa: E402
 
 
 @dataclass(frozen=True)

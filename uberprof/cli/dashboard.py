@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from uberprof.cli.params import INPUT_PATH
+from uberprof.dashboards.nav import pages_text
 from uberprof.dashboards.server import (
     AUTH_ENV,
     ServeError,
@@ -50,9 +51,10 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
               out: Path | None, workers: int | None, baselines: tuple[Path, ...]) -> None:
     """Serve the dashboard of PATH (a uberprof run directory or a folder of Kineto traces).
 
+    Pages: {pages}.
+
     \b
-    Pages: /  overview · /steps · /stragglers · /gaps · /communication · /counters, and
-    /compare with --compare A. Runs `uberprof analyze` first when the tables are missing or
+    Runs `uberprof analyze` first when the tables are missing or
     stale, and reads the diagnosis `uberprof report` saved when it is fresh (else diagnoses
     while the pages are served: the overview's findings fill in when done); the URL answers at
     once, with a page that says how far that got until the run is ready. Listens on
@@ -123,6 +125,10 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
     if not serve(server, prepare):
         sys.exit(1)
     _leave_while_working(before)  # stopped (Ctrl-C) while it may still be preparing the run
+
+
+# the pages as the navigation bar has them (dashboards/nav.py), never a list kept by hand
+dashboard.help = (dashboard.help or "").replace("{pages}", pages_text())
 
 
 def _leave_while_working(before: set[Any]) -> None:

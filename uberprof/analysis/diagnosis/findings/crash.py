@@ -38,6 +38,7 @@ from uberprof.analysis.diagnosis.findings.kind import FAILURE, FindingKind, no_c
 from uberprof.analysis.diagnosis.host_memory import host_memory_at
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.rundir.ranks import read_step_timeline
+from uberprof.units import fmt_bytes
 
 __all__ = ["CRASH", "FATAL_SIGNALS", "VICTIM_PATTERNS", "crash_finding"]
 
@@ -394,7 +395,7 @@ def _killed_near_full(first: dict[str, Any], ev: RankEvidence) -> dict[str, Any]
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
+    return fmt_bytes(n, spec=".2f")
 
 
 def _call_sites(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
