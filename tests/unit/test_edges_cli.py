@@ -69,6 +69,17 @@ def test_diff_against_a_folder_of_which_nothing_could_be_read_fails_naming_the_f
     assert "no rank could be analysed" in res.stderr
 
 
+def test_whatif_on_a_folder_of_which_nothing_could_be_read_names_the_file(
+        tmp_path: Path) -> None:
+    """It said "no data-loader wait ... no rank has a step with a host window"."""
+    src = next(GLOO2.glob("ranks/0/traces/*.json.gz"))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "rank0.pt.trace.json.gz").write_bytes(src.read_bytes()[:20000])
+    res = CliRunner().invoke(main, ["whatif", str(tmp_path / "t"), "--remove", "data"])
+    assert res.exit_code == 1 and res.stdout == ""
+    assert "rank0.pt.trace.json.gz: truncated gzip" in res.stderr
+
+
 def test_analyze_prints_its_problems_on_stderr_not_stdout(tmp_path: Path) -> None:
     src = next(GLOO2.glob("ranks/0/traces/*.json.gz"))
     (tmp_path / "t").mkdir()

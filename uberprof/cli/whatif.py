@@ -99,6 +99,10 @@ def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None,
         err.print(f"uberprof whatif: {opened.no_traces or 'nothing to replay'}", markup=False,
                   highlight=False, soft_wrap=True)
         sys.exit(1)
+    if not opened.diagnosis.ranks:  # every trace unreadable: name them, not a projection
+        for p in opened.problems or ["no rank could be analysed"]:
+            err.print(f"uberprof whatif: {p}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
     doc = project_run(opened.ctx, opened.diagnosis, changes, only)
     if not changes:  # the baseline: the run replayed as recorded, and what sets its steps
         run = opened.diagnosis.run
