@@ -38,7 +38,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("name", ["corrupt.pt.trace.json.gz", "fake.pt.trace.json.gz",
                                   "notes.txt"])
 @pytest.mark.parametrize("command", ["analyze", "report", "whatif", "export", "dashboard",
-                                     "diff-b", "diff-a"])
+                                     "diff-b", "diff-a", "scaling"])
 def test_an_unreadable_input_is_named_refused_and_nothing_is_written_beside_it(
         tmp_path: Path, name: str, command: str) -> None:
     bad = _bad_inputs(tmp_path)[name]
@@ -47,7 +47,8 @@ def test_an_unreadable_input_is_named_refused_and_nothing_is_written_beside_it(
             "export": ["export", str(bad), "-o", str(tmp_path / "o.json.gz")],
             "dashboard": ["dashboard", str(bad)],
             "diff-b": ["diff", str(GLOO2), str(bad)],
-            "diff-a": ["diff", str(bad), str(GLOO2)]}[command]
+            "diff-a": ["diff", str(bad), str(GLOO2)],
+            "scaling": ["scaling", str(GLOO2), str(bad)]}[command]
     res = CliRunner().invoke(main, args)
     assert res.exit_code != 0
     assert str(bad) in res.stderr and res.stdout == ""
