@@ -6,8 +6,11 @@ a parent learns a child's exit status: the signal of a SIGKILL leaves nothing in
   the parent's `ProcessContext.join` records the exit codes of the ranks that failed.
 - torchrun: its agent builds a `ProcessFailure` per failed worker (pid, local rank, exit code).
 
-Both append to `nodes/<node>/exits-<pid>.jsonl` (one file per launcher process). Patched at
-`import torch` in every process; inert where nothing fails.
+Both append to `nodes/<node>/exits-<pid>.jsonl` (one file per launcher process). At the first
+failure torchrun's agent sees, before it ends the other ranks, `ask_peers` asks those of its node
+for a Flight Recorder dump (their helper threads answer within `capture.POLL_S`; it waits at most
+`PEER_WAIT_S`): every rank's collective sequence at the failure, for the desync's culprit.
+Patched at `import torch` in every process; inert where nothing fails.
 """
 
 from __future__ import annotations
