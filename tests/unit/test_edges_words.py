@@ -40,11 +40,20 @@ def test_the_scope_line_says_only_what_the_document_holds() -> None:
     assert "backend unknown / cuda" in scope_text(_run(backend=None))
 
 
-def test_the_html_report_says_of_the_world_as_the_terminal_does() -> None:
-    from uberprof.present import report_html
+def test_the_html_report_says_of_the_world_as_the_terminal_does(tmp_path: Path) -> None:
+    """One rank of the 2-rank sample run: both reports say "1 of 2 rank(s)" (the HTML said the
+    world size alone)."""
+    import shutil
 
-    src = Path(report_html.__file__).read_text()
-    assert "scope_text(r)" in src and "rank(s) on {len(" not in src
+    run = tmp_path / "gloo2"
+    shutil.copytree(ROOT / "samples" / "gpu" / "gloo2", run)
+    shutil.rmtree(run / "ranks" / "1")
+    html = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", str(run), "--html", str(html)],
+                             terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "1 of 2 rank(s) on 1 host(s), gloo / cuda" in res.stdout
+    assert "1 of 2 rank(s) on 1 host(s), gloo / cuda" in html.read_text()
 
 
 def test_the_export_track_names_in_the_docs_are_the_outputs(tmp_path: Path) -> None:
