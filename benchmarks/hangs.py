@@ -17,6 +17,10 @@ Cases (R: the rank that misbehaves; S: the step, 3 of 8 unless "last" (step 7)):
                    aborts in a peer                                         crash desync
   skip-one-last    ... at the last step                                     crash desync
   mismatch-size    rank N/2 skips a 1-element all-reduce (Gloo aborts)      crash desync
+  skip-logged      DDP; rank N/2 skips the loss's all-reduce after its
+                   optimizer step; its next (the bucket, in backward) meets
+                   the others' loss: Gloo aborts a peer while rank N/2 is in
+                   backward (its launcher asks it for its collectives)      crash desync
   sleep            rank N/2 sleeps forever in Python (a lock, stuck)        hang  stuck_rank
   spin             rank N/2 spins forever in a Python loop                  hang  stuck_rank
   stop             rank N/2 sends itself SIGSTOP (frozen)                   hang  frozen_rank
@@ -88,6 +92,7 @@ CASES = {c.name: c for c in (
     Case("skip-one", "skip-one", "crash", "desync", ranks=DESYNC_RANKS),
     Case("skip-one-last", "skip-one", "crash", "desync", at_step=LAST, ranks=DESYNC_RANKS),
     Case("mismatch-size", "mismatch", "crash", "desync"),
+    Case("skip-logged", "skip-logged", "crash", "desync"),
     Case("sleep", "sleep", "hang", "stuck_rank"),
     Case("spin", "spin", "hang", "stuck_rank"),
     Case("stop", "stop", "hang", "frozen_rank"),

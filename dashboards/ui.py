@@ -15,6 +15,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from dash import Input, Output, State, dcc, html, no_update
 
+# the pages, in the bar's order (nav.py: `uberprof dashboard --help` lists them without Dash)
+from uberprof.dashboards.nav import COMPARE_PAGE, PAGES
 from uberprof.units import fmt_bytes, fmt_ms, fmt_pct  # noqa: F401 - pages use ui.fmt_*
 
 PART_COLORS = {
@@ -40,18 +42,6 @@ SEVERITY_COLORS = {"high": "#D62728", "medium": "#F58518", "low": "#4C78A8"}
 GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False,
                                 "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
-PAGES = (
-    ("/", "Overview"),
-    ("/steps", "Steps"),
-    ("/stragglers", "Stragglers"),
-    ("/gaps", "Gaps"),
-    ("/communication", "Communication"),
-    ("/parallelism", "Parallelism"),
-    ("/operators", "Operators"),
-    ("/memory", "Memory"),
-    ("/counters", "Counters"),
-)
-COMPARE_PAGE = ("/compare", "Compare")  # in the bar when a baseline run was given
 
 
 @dataclass(frozen=True)

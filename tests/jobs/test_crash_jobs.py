@@ -104,6 +104,30 @@ def test_a_skipped_collective_names_the_rank_that_skipped_not_the_one_that_abort
     assert _roles(f).get(rank) in ("first", "departed")
 
 
+def test_a_skipped_logging_all_reduce_under_ddp_names_the_rank_that_skipped_not_the_aborted(
+        tmp_path: Path) -> None:
+    """Four ranks of DDP; rank 2 skips the loss's all-reduce at step 3: its next collective
+    (the gradients' bucket, issued in backward) meets the others' loss and Gloo aborts a peer
+    (SIGABRT) while rank 2 is in backward, in no collective call of its own and with no
+    exception. torchrun's agent asks the surviving ranks for their Flight Recorder dumps
+    before it ends them: rank 2's sequence departs from every earlier step, and it is named;
+    the aborted rank is a victim that says it aborted on the mismatch it detected."""
+    proc, _ = faulty_run(tmp_path, "skiplog", "skip-logged", "--rank", "2")
+    assert proc.returncode != 0
+    f = first_finding(tmp_path / "skiplog", "crash")
+    assert f["cause"] == "desync" and f["ranks"] == [2], f["title"]
+    assert f["title"].startswith("Crash after a collective desync: rank 2 departed first")
+    m = f["evidence"]["desync"]["mismatch"]
+    assert m["decided_by"] == "history" and m["ranks"] == [2]
+    assert m["departures"]["2"]["expected"]["sizes"] == [[1]]  # the loss was due there
+    assert (tmp_path / "skiplog" / "ranks" / "2" / "flight-recorder-peer_failed.json").exists()
+    first = f["evidence"]["first"]
+    if first["rank"] != 2 and first.get("signal") == "SIGABRT":
+        assert _roles(f)[first["rank"]] == "aborted_on_mismatch"
+        assert "a victim that aborted on the mismatch it detected" in f["title"]
+    assert _roles(f)[2] in ("first", "departed")
+
+
 def test_a_sigterm_during_the_exception_hook_waits_for_the_record(tmp_path: Path) -> None:
     """torchrun ends the survivors ~0.1 s after a rank dies, often while they are still
     recording the exception Gloo raised in them: the record is written whole, and the script's

@@ -12,6 +12,11 @@ crash tests. Under torchrun, or with --spawn N (torch.multiprocessing.spawn, no 
     --fault skip-one  every step all-reduces the gradients, then 10,000 statistics; rank R
                       skips the gradients' at step S (its statistics meet the others'
                       gradients: Gloo aborts on the size mismatch)
+    --fault skip-logged  the model is wrapped in DDP (its gradients all-reduced by the reducer
+                      in backward) and every step all-reduces the loss for logging after the
+                      optimizer step; rank R skips that at step S: its next collective (the
+                      bucket, in step S+1's backward) meets the others' loss and Gloo aborts
+                      in a peer, while rank R is in backward, in no collective of its own
     --fault stop      rank R sends itself SIGSTOP at step S (frozen: alive, never answering)
     --fault raise     rank R raises RuntimeError at step S
     --fault kill      rank R kills itself with SIGKILL at step S
@@ -50,6 +55,8 @@ def train(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     pair = dist.new_group(sorted({0, args.rank}))  # every rank creates it, in the same order
     model = torch.nn.Linear(8, 8)
+    if args.fault == "skip-logged":
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     prof = None
     if args.own_profiler:
@@ -98,6 +105,8 @@ def train(args: argparse.Namespace) -> None:
             dist.all_reduce(stats)
         opt.step()
         opt.zero_grad()
+        if args.fault == "skip-logged" and not (bad and step == args.at_step):
+            dist.all_reduce(loss.detach().reshape(1))  # the loss, for logging
         if prof is not None:
             prof.step()
         time.sleep(args.step_s)
@@ -115,7 +124,7 @@ def spawned(i: int, world: int, port: int, args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     faults = ("none", "sleep", "pause", "skip", "mismatch", "mismatch-op", "barrier",
-              "skip-one", "stop", "raise", "kill", "spin", "segv", "exit")
+              "skip-one", "skip-logged", "stop", "raise", "kill", "spin", "segv", "exit")
     ap.add_argument("--fault", choices=faults, default="none")
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--at-step", type=int, default=3)

@@ -38,12 +38,14 @@ def test_analysis_rows_are_cut_with_a_pointer() -> None:
            "step_time_median_ms": 1.0, "step_time_p90_ms": 2.0, "idle_pct": 3.0,
            "compute_pct": 90.0, "non_compute_pct": 7.0, "overlap_pct": None,
            "exposed_comm_pct": 1.0}
-    c = _console()
-    render_analysis([dict(row, rank=r) for r in range(MAX_ROWS + 2)], ["p1"], Path("/d"),
-                    1, 2, c)
+    c, err = _console(), _console()
+    render_analysis([dict(row, rank=r) for r in range(MAX_ROWS + 2)], ["/t/a.json: bad"],
+                    Path("/d"), 1, 2, c, err)
     out = c.export_text()
     assert "2 more ranks" in out and "1 unchanged since the last analysis" in out
-    assert "p1" in out
+    # the problems go to stderr, one line each naming the file
+    assert "/t/a.json" not in out
+    assert err.export_text().strip() == "uberprof analyze: /t/a.json: bad"
 
 
 def test_progress_on_a_terminal_names_each_stage_and_counts_it_again() -> None:

@@ -15,12 +15,13 @@ from uberprof.cli.options import (
     derived_option,
     workers_option,
 )
+from uberprof.cli.params import INPUT_PATH
 from uberprof.present.terminal.analyze import render_analysis
 from uberprof.present.terminal.progress import ReadProgress
 
 
 @click.command(short_help="Break each rank's time down into compute, communication and idle.")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=INPUT_PATH)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as JSON (docs/analyze.md).")
 @workers_option()
@@ -59,10 +60,13 @@ def analyze(path: Path, as_json: bool, workers: int | None, out: Path | None,
     for n in result.notices:
         err.print(f"uberprof analyze: {n}", markup=False, highlight=False)
     if as_json:
+        from uberprof.present.terminal.analyze import render_problems
+
         sys.stdout.buffer.write(orjson.dumps(result.summary, option=orjson.OPT_INDENT_2) + b"\n")
+        render_problems(result.summary["problems"], not result.ranks, err)
     else:
         render_analysis(result.ranks, result.summary["problems"], result.derived,
-                        result.analysed, len(result.inputs), Console())
+                        result.analysed, len(result.inputs), Console(), err)
     if not result.ok:
         sys.exit(1)
 

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import click
 
+from uberprof.cli.params import INPUT_PATH
+from uberprof.dashboards.nav import pages_text
 from uberprof.dashboards.server import AUTH_ENV
 
 
 @click.command(short_help="Serve the interactive dashboard of a run (Plotly Dash).")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=INPUT_PATH)
 @click.option("--port", type=click.IntRange(0, 65535), default=8050, show_default=True,
               help="Port to listen on (0: any free port).")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -36,15 +38,16 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
               out: Path | None, workers: int | None, baselines: tuple[Path, ...]) -> None:
     """Serve the dashboard of PATH (a uberprof run directory or a folder of Kineto traces).
 
+    Pages: {pages}.
+
     \b
-    Pages: /  overview · /steps · /stragglers · /gaps · /communication · /counters, and
-    /compare with --compare A. Runs `uberprof analyze` first when the tables are missing or
-    stale, and reads the diagnosis `uberprof report` saved when it is fresh (else diagnoses
-    while the pages are served: the overview's findings fill in when done); the URL answers at
-    once, with a page that says how far that got until the run is ready. Listens on
-    127.0.0.1 unless --host says otherwise; any other address requires credentials:
-    --auth-file FILE or UBERPROF_DASHBOARD_AUTH=user:password (--auth user:password works
-    too, but shows in `ps`). Serves nothing but this run's views.
+    Runs `uberprof analyze` first when the tables are missing or stale, and reads the
+    diagnosis `uberprof report` saved when it is fresh (else diagnoses while the pages are
+    served: the overview's findings fill in when done); the URL answers at once, with a page
+    that says how far that got until the run is ready. Listens on 127.0.0.1 unless --host
+    says otherwise; any other address requires credentials: --auth-file FILE or
+    UBERPROF_DASHBOARD_AUTH=user:password (--auth user:password works too, but shows in
+    `ps`). Serves nothing but this run's views.
     """
     from uberprof.dashboards.startup import Options, start
     from uberprof.present.terminal.dashboard import DashboardTerminal
@@ -53,3 +56,7 @@ def dashboard(path: Path, port: int, host: str, auth_text: str | None, auth_file
                          out=out, workers=workers, baselines=baselines), DashboardTerminal())
     if code:
         sys.exit(code)
+
+
+# the pages as the navigation bar has them (dashboards/nav.py), never a list kept by hand
+dashboard.help = (dashboard.help or "").replace("{pages}", pages_text())

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from uberprof.cli.params import RANK_LIST, STEP_RANGE, FiniteRange
+from uberprof.cli.params import INPUT_PATH, RANK_LIST, STEP_RANGE, FiniteRange
 
 EPILOG = """\
 \b
@@ -21,8 +21,8 @@ Examples:
 
 
 @click.command(epilog=EPILOG, short_help="Compare two runs: what changed, and is it real.")
-@click.argument("a", type=click.Path(exists=True, path_type=Path))
-@click.argument("b", type=click.Path(exists=True, path_type=Path))
+@click.argument("a", type=INPUT_PATH)
+@click.argument("b", type=INPUT_PATH)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the comparison as JSON (stable; docs/diff.md).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -49,6 +49,7 @@ def diff(a: Path, b: Path, as_json: bool, html_file: Path | None,
     import orjson
 
     from uberprof.analysis.diff import compare, profile_run
+    from uberprof.analysis.diff.profile import NothingToCompare
     from uberprof.analysis.tables.pool import keep_pandas_out
     from uberprof.ingest.discover import NoTraces
     from uberprof.present.terminal.progress import ReadProgress
@@ -63,7 +64,7 @@ def diff(a: Path, b: Path, as_json: bool, html_file: Path | None,
                 profiles.append(profile_run(path, ranks=ranks, steps=steps, workers=workers,
                                             progress=update,
                                             threshold_ns=int(gap_threshold_us * 1000)))
-        except NoTraces as exc:
+        except (NoTraces, NothingToCompare) as exc:
             err.print(f"uberprof diff: {exc}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(1)
     c = compare(profiles[0], profiles[1], min_change_pct=min_change_pct)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
 from uberprof.cli.output import cannot_write, unwritable
-from uberprof.cli.params import RANK_LIST, STEP_RANGE, FiniteRange
+from uberprof.cli.params import INPUT_PATH, RANK_LIST, STEP_RANGE, FiniteRange
 
 EPILOG = """\
 \b
@@ -19,17 +19,18 @@ Examples:
   uberprof export uberprof-runs/RUN -o steps.json.gz --steps 20-21 --ranks 0-7
   uberprof export uberprof-runs/RUN -o run.pftrace --format perfetto
 \b
-Open the file in https://ui.perfetto.dev ("Open trace file"; it stays in your browser) or in
-chrome://tracing ("Load"); see docs/export.md for offline viewing.
+Open the file in https://ui.perfetto.dev ("Open trace file"; it stays in your browser);
+docs/export.md says how to view it offline.
 """
 
 
 @click.command(epilog=EPILOG,
                short_help="Merge all ranks into one clock-aligned trace for Perfetto.")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=INPUT_PATH)
 @click.option("-o", "--output", "output", required=True,
               type=click.Path(dir_okay=False, path_type=Path),
-              help="The trace file to write (.gz is added when compressing).")
+              help="The trace file to write (compressed unless --no-gzip: .gz is added to a "
+                   "name without it, and the output says so).")
 @click.option("--steps", type=STEP_RANGE, metavar="A-B", help="Only these steps (inclusive).")
 @click.option("--ranks", type=RANK_LIST, metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
 @click.option("--no-counters", is_flag=True, help="Leave out GPU, NIC and CPU counter tracks.")
@@ -101,4 +102,7 @@ def export(path: Path, output: Path, steps: tuple[int, int] | None, ranks: set[i
     say(f"wrote {res.path}: {len(res.ranks)} rank(s), {res.events:,} events, "
         f"{res.bytes_uncompressed / 1e6:.1f} MB ({res.bytes_file / 1e6:.1f} MB on disk) "
         f"in {res.seconds:.1f} s")
-    say("open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)")
+    if Path(res.path) != output:
+        say(f"the file is {res.path}, not {output}: gzip-compressed, so .gz was added to the name "
+            f"given (--no-gzip writes {output} uncompressed)")
+    say("open it in https://ui.perfetto.dev (Open trace file); offline viewing: docs/export.md")

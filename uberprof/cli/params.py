@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
-__all__ = ["RANK_LIST", "STEP_RANGE", "FiniteRange", "RankList", "StepRange", "parse_ranks",
+__all__ = ["INPUT_PATH", "RANK_LIST", "STEP_RANGE", "FiniteRange", "InputPath", "RankList", "StepRange", "parse_ranks",
            "parse_steps"]
 
 
@@ -98,3 +99,26 @@ class FiniteRange(click.FloatRange):
         if out != out or out in (float("inf"), float("-inf")):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return out
+
+
+class InputPath(click.Path):
+    """A run directory, a folder of traces or one trace file: a file that cannot be a trace
+    (a corrupt gzip, a text file) is refused with its name and why, before anything is read or
+    written beside it."""
+
+    def __init__(self) -> None:
+        super().__init__(exists=True, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        path = super().convert(value, param, ctx)
+        if Path(path).is_file():
+            from uberprof.ingest.gz import not_a_trace
+
+            why = not_a_trace(path)
+            if why is not None:
+                self.fail(f"{path}: {why}", param, ctx)
+        return path
+
+
+INPUT_PATH = InputPath()

@@ -18,6 +18,7 @@ from uberprof.cli.options import (
     workers_option,
 )
 from uberprof.cli.output import cannot_write, unwritable
+from uberprof.cli.params import INPUT_PATH
 
 if TYPE_CHECKING:
     from uberprof.analysis.diagnosis.model import Diagnosis
@@ -33,7 +34,7 @@ Examples:
 
 @click.command(epilog=EPILOG,
                short_help="Diagnose what holds a run back, with evidence and remedies.")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=INPUT_PATH)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the diagnosis as JSON (stable; docs/json.md).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -100,12 +101,22 @@ def report(path: Path, as_json: bool, html_file: Path | None, gap_threshold_us: 
         from uberprof.present.report_terminal import render_report
 
         render_report(d, Console())
+    from uberprof.analysis.diagnosis.findings.kind import FAILURE
+
+    failure = next((f for f in d.findings if f.role == FAILURE), None)
+    if failure is not None and not failed:  # the verdict: the job hung or crashed, whatever was analysed
+        err.print(f"uberprof report: the job failed ({failure.kind}; the first finding); "
+                  f"exit code {FAILED_JOB}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(FAILED_JOB)
     if not analysed(d):
         err.print("uberprof report: nothing could be analysed: no rank has a usable trace "
                   "window (see the problems); exit code 1", markup=False, highlight=False,
                   soft_wrap=True)
     if failed or not analysed(d):
         sys.exit(1)
+
+
+FAILED_JOB = 3  # the exit code of a report that found a hang or a crash (docs/report.md)
 
 
 def analysed(d: Diagnosis) -> bool:

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from uberprof.cli.options import gap_threshold_option, workers_option
 from uberprof.cli.output import cannot_write, unwritable
+from uberprof.cli.params import INPUT_PATH
 
 EPILOG = """\
 \b
@@ -25,8 +26,7 @@ Examples:
 
 @click.command(epilog=EPILOG,
                short_help="Scaling efficiency across runs of one job, and where it is lost.")
-@click.argument("runs", nargs=-1, required=True, metavar="RUN RUN...",
-                type=click.Path(exists=True, path_type=Path))
+@click.argument("runs", nargs=-1, required=True, metavar="RUN RUN...", type=INPUT_PATH)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the table as JSON (stable; docs/scaling.md).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),

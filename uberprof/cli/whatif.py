@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from uberprof.cli.options import derived_option, gap_threshold_option, workers_option
-from uberprof.cli.params import STEP_RANGE, FiniteRange
+from uberprof.cli.params import INPUT_PATH, STEP_RANGE, FiniteRange
 
 EPILOG = """\
 \b
@@ -35,7 +35,7 @@ or removes, caches, a schedule the framework would pick instead.
 
 
 @click.command(epilog=EPILOG, short_help="Project the step time if a problem were fixed.")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=INPUT_PATH)
 @click.option("--remove", "remove", multiple=True,
               type=click.Choice(["straggler", "data", "launch", "sync", "exposed-comm"]),
               help="'straggler': the straggler's extra work (its compute, host, data-loader "
@@ -76,8 +76,9 @@ def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None,
            workers: int | None, out: Path | None) -> None:
     """Project PATH's step time (a run directory, a folder of Kineto traces, or one trace) if
     the given problems were fixed: the traced steps replayed on the run's dependency graph
-    with the changes, against the measured steps. Several changes compose. The run is
-    analysed and diagnosed first where needed (as `uberprof report`)."""
+    with the changes, against the measured steps. Several changes compose. With no change:
+    the baseline (each step measured and replayed, the replay error and the critical path).
+    The run is analysed and diagnosed first where needed (as `uberprof report`)."""
     import orjson
 
     from uberprof.analysis.diagnosis.whatif import parse_changes, project_run
@@ -91,10 +92,6 @@ def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None,
         changes = parse_changes(list(remove), link_scale, list(ops), link_gbps, balance_stages)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if not changes:
-        raise click.UsageError("say what to change: --remove straggler|data|launch|sync|"
-                               "exposed-comm, --link-scale F, --link-gbps X, --balance-stages "
-                               "or --op NAME=F (see --help)")
     with ReadProgress(err) as update:
         opened = open_run(path, out=out, threshold_ns=int(gap_threshold_us * 1000),
                           workers=workers, progress=update)
@@ -102,7 +99,14 @@ def whatif(path: Path, remove: tuple[str, ...], link_scale: float | None,
         err.print(f"uberprof whatif: {opened.no_traces or 'nothing to replay'}", markup=False,
                   highlight=False, soft_wrap=True)
         sys.exit(1)
+    if not opened.diagnosis.ranks:  # every trace unreadable: name them, not a projection
+        for p in opened.problems or ["no rank could be analysed"]:
+            err.print(f"uberprof whatif: {p}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
     doc = project_run(opened.ctx, opened.diagnosis, changes, only)
+    if not changes:  # the baseline: the run replayed as recorded, and what sets its steps
+        run = opened.diagnosis.run
+        doc.update(baseline=True, critical_path=run["critical_path"], replay=run["replay"])
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
     _inflate = zlib.decompress
     _INFLATE_ERRORS = (zlib.error,)
 
-__all__ = ["gunzip", "json_size"]
+__all__ = ["gunzip", "json_size", "not_a_trace"]
 
 
 def json_size(path: str | Path) -> int:
@@ -55,3 +55,28 @@ def gunzip(data: bytes) -> bytes:
         except _INFLATE_ERRORS:
             pass  # truncated or corrupt: gzip.decompress says which, below
     return gzip.decompress(data)
+
+
+def not_a_trace(path: str | Path) -> str | None:
+    """Why a file given as a trace cannot be one, from its first bytes (inflated where it is
+    gzip): unreadable, a corrupt or truncated gzip stream, or text that does not open a JSON
+    object; None where it may be a trace (the reader says more)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if head[:2] == b"\x1f\x8b":
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 4096)
+        except zlib.error as exc:
+            return f"corrupt gzip ({exc})"
+    elif str(path).endswith(".gz"):
+        return "not gzip, though its name ends in .gz"
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text:
+        return "empty" if not head else "empty after decompression"
+    if text[:1] != b"{":
+        sample = text[:24].decode("utf-8", "replace").split("\n")[0]
+        return f"not a Kineto trace (a JSON object): it begins {sample!r}"
+    return None

@@ -17,7 +17,7 @@ from uberprof.present.html_memory import memory_html
 from uberprof.present.html_modules import memory_timeline_html, modules_html
 from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
-from uberprof.present.report_terminal import parallelism_line
+from uberprof.present.report_terminal import parallelism_line, scope_text
 from uberprof.units import fmt_num
 
 __all__ = ["render_html", "write_html"]
@@ -70,8 +70,7 @@ def _summary_line(d: Diagnosis) -> str:
     steps = r["analysed_steps"]
     span = f"steps {steps[0]}-{steps[-1]}" if steps and steps != [-1] else "whole trace"
     c = r["collectives"]
-    return (f"{r['world_size']} rank(s) on {len(r['hosts'])} host(s), "
-            f"{r['backend'] or '?'} / {r['device_type']}; analysed {span} "
+    return (f"{scope_text(r)}; analysed {span} "
             f"({r['analysed_wall_ms']} ms wall); median step {r['step_time_ms']} ms "
             f"(traced steps; {_inflation(r)}); "
             f"{c.get('matched_instances', 0)} matched collectives, "

@@ -25,7 +25,7 @@ from uberprof.present.terminal.whatif import render_critical_path
 from uberprof.rundir import rank_ranges
 from uberprof.units import fmt_bytes, fmt_num, shorten
 
-__all__ = ["MAX_RANK_ROWS", "parallelism_line", "render_report"]
+__all__ = ["MAX_RANK_ROWS", "parallelism_line", "render_report", "scope_text"]
 
 MAX_RANK_ROWS = 32
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -82,17 +82,31 @@ def _of_world(r: dict[str, Any]) -> str:
     return f"{n} of {r['world_size']}" if n < r["world_size"] else str(r["world_size"])
 
 
+def scope_text(r: dict[str, Any]) -> str:
+    """The run's ranks, hosts, backend and device, saying only what the document holds: "2 of
+    128 rank(s)" where ranks are missing, "hosts unknown" where no rank's host is known, and
+    "backend and device unknown" where no rank was read (the terminal's and the HTML's header)."""
+    hosts = r["hosts"] or {}
+    known = [h for h in hosts if h != "unknown"]
+    if not r["ranks"]:
+        return (f"no rank read (world size {r['world_size']})" if r["world_size"] else
+                "no rank read") + "; hosts, backend and device unknown"
+    where = (f"on {len(known)} host(s)" if known and len(known) == len(hosts) else
+             f"on {len(known)} host(s) and hosts unknown for the rest" if known else
+             "hosts unknown")
+    return f"{_of_world(r)} rank(s) {where}, {r['backend'] or 'backend unknown'} / " \
+           f"{r['device_type']}"
+
+
 def _header(d: Diagnosis, console: Console) -> None:
     r = d.run
-    hosts = r["hosts"]
     steps = r["analysed_steps"]
     span = ("whole trace (no step annotations)" if steps == [-1] else
             f"steps {steps[0]}-{steps[-1]}" if steps else "no steps")
     title = Text(f"uberprof report  {r['run_id'] or r['path']}", style="bold")
     console.print(title)
     console.print(
-        f"{_of_world(r)} rank(s) on {len(hosts)} host(s), "
-        f"{r['backend'] or '?'} / {r['device_type']}; analysed {span} "
+        f"{scope_text(r)}; analysed {span} "
         f"({_ms(r['analysed_wall_ms'])} ms wall), median step {_ms(r['step_time_ms'])} ms",
         highlight=False)
     if r["traced_ranks"] is not None:
@@ -114,7 +128,7 @@ def _header(d: Diagnosis, console: Console) -> None:
             f"{c.get('unmatched_calls', 0)} unmatched call(s)")
     console.print(line, highlight=False)
     for h in r["clock_alignment"]["hosts"]:
-        if h["method"] == "reference" and len(hosts) <= 1:
+        if h["method"] == "reference" and len(r["hosts"]) <= 1:
             continue
         desc = f"clock {h['host']}: "
         if h["method"] == "reference":

@@ -99,11 +99,12 @@ EXCEPTIONS_FILE = "exceptions.jsonl"
 FATAL_FILE = "fatal.txt"
 STACKS_FILE = "stacks.txt"
 RANK_HANG_FILE = "hang.json"
-FLIGHT_RECORDER_FILE = "flight-recorder-{reason}.json"  # reason: exception | hang
+FLIGHT_RECORDER_FILE = "flight-recorder-{reason}.json"  # reason: exception | hang | peer_failed
 FLIGHT_LOG_FILE = "flight-recorder.jsonl"  # the always-on arrivals (collect/rank/flight_log.py)
 HANG_REQUEST_FILE = ".hang-request"
 REQUESTS_DIR = "requests"  # <run>/requests/trace-<id>.json: `uberprof trace`'s requests
 TRACE_ANSWERS_FILE = "trace-requests.jsonl"  # ranks/<rank>/: each rank's answers to them
+PEER_FAILED_REQUEST_FILE = ".peer-failed-request"  # the launcher saw a local rank fail
 NODE_HANG_FILE = "hang.json"
 EXITS_PREFIX = "exits-"  # nodes/<node>/exits-<pid>.jsonl
 

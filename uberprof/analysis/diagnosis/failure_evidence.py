@@ -29,11 +29,14 @@ from uberprof.rundir.failures import (
 from uberprof.rundir.ranks import read_step_timeline
 from uberprof.rundir.step_table import StepTail, read_step_table
 
-__all__ = ["FR_REASONS", "LIBRARY_PARTS", "RankEvidence", "in_distributed", "load_evidence",
+__all__ = ["AT_FAILURE", "FR_REASONS", "LIBRARY_PARTS", "RankEvidence", "in_distributed", "load_evidence",
            "main_of", "user_frame", "where"]
 
 LIBRARY_PARTS = ("site-packages", "dist-packages", "/lib/python3", "<frozen ", "/uberprof/")
-FR_REASONS = ("exception", "hang")  # the Flight Recorder dumps a rank may have written
+FR_REASONS = ("exception", "hang", "peer_failed")  # the Flight Recorder dumps a rank may write
+# A rank's collectives when the job failed: its own exception's dump, else the one its
+# launcher asked for when a peer failed (`collect/rank/exits.ask_peers`)
+AT_FAILURE = "at_failure"
 
 
 @dataclass
@@ -113,6 +116,10 @@ def load_evidence(roots: Iterable[Path], tails: Callable[[Path], StepTail | None
                 fr = read_flight_recorder(meta.folder, reason)
                 if fr is not None:
                     ev.flight[reason] = fr[1]
+            for reason in ("exception", "peer_failed"):
+                if reason in ev.flight:
+                    ev.flight[AT_FAILURE] = ev.flight[reason]
+                    break
             ranks[rank] = ev
     for e in exits:  # an exit belongs to the rank whose pid it names, on that node
         for ev in ranks.values():

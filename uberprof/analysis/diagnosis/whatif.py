@@ -363,7 +363,9 @@ def straggler_of(d: Diagnosis) -> tuple[int | None, str]:
         return d.straggler.rank, f"the diagnosis's straggler ({d.straggler.confidence})"
     test = d.run.get("straggler_test")
     if isinstance(test, dict) and isinstance(test.get("rank"), int):
-        return test["rank"], (f"the straggler test's candidate, most often last (decision: "
+        named = test.get("decision") not in (None, "none")
+        return test["rank"], (("" if named else "no straggler was named; acting on ") +
+                              f"the straggler test's candidate, most often last (decision: "
                               f"{test.get('decision')})")
     cp = d.run.get("critical_path")
     if isinstance(cp, dict) and isinstance(cp.get("rank"), int):

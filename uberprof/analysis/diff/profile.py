@@ -28,7 +28,11 @@ from uberprof.analysis.tables.context import RunContext, load_context
 from uberprof.analysis.tables.operators import OpStat, rank_ops
 from uberprof.rundir.damage import damage_problems
 
-__all__ = ["BREAKDOWN_PARTS", "RunProfile", "profile_run"]
+__all__ = ["BREAKDOWN_PARTS", "NothingToCompare", "RunProfile", "profile_run"]
+
+
+class NothingToCompare(ValueError):
+    """A run of which no rank could be analysed: comparing it would say everything is gone."""
 
 # Per-step breakdown parts: (key, label, device). The device parts tile the step's device
 # window (compute + exposed comm + memory + idle); `comm_overlapped` lies inside compute; the
@@ -87,6 +91,10 @@ def profile_run(path: str | os.PathLike[str], ranks: set[int] | None = None,
     notes: list[str] = damage_problems(ctx.root) if ctx.is_run_dir else []
     traced = _select(d, ranks, steps, notes)
     rank_ids = sorted(set(traced.column("rank").to_pylist()))
+    if not rank_ids and ranks is None and steps is None:
+        problems = list(d.run.get("problems") or []) + notes
+        raise NothingToCompare(f"{path}: no rank could be analysed"
+                               + (f": {problems[0]}" if problems else ""))
     step_ids = sorted(set(traced.column("step").to_pylist()))
     by_step: dict[int, float] = {}
     per_rank: dict[int, list[float]] = {}

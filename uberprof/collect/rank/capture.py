@@ -43,6 +43,7 @@ from uberprof.rundir.layout import (
     FATAL_FILE,
     FLIGHT_RECORDER_FILE,
     HANG_REQUEST_FILE,
+    PEER_FAILED_REQUEST_FILE,
     RANK_HANG_FILE,
     STACKS_FILE,
     read_json,
@@ -51,7 +52,7 @@ from uberprof.rundir.layout import (
 
 SIGNAL: int | None = (signal.SIGRTMIN + 6) if hasattr(signal, "SIGRTMIN") else None
 """The watchdog's request for stacks (Linux: SIGRTMIN+6). Sent only to ranks that registered it."""
-POLL_S = 1.0  # how often the helper thread looks for a request
+POLL_S = 0.25  # how often the helper thread looks for a request (a stat() each time)
 HELPER_NAME = "uberprof-capture"
 MAX_TRACEBACK_CHARS = 20_000
 
@@ -90,6 +91,7 @@ class Capture:
         self._fatal: IO[str] | None = None
         self._holding = False
         self._handled_request: Any = None
+        self._handled_peer_failed: Any = None
         self._stop = threading.Event()
         self.status: dict[str, Any] = {"signal": None, "fatal": False, "helper": False}
 
@@ -235,6 +237,7 @@ class Capture:
         """The helper thread: answer the watchdog's requests (hang.json, Flight Recorder)."""
         while not self._stop.wait(POLL_S):
             try:
+                self._answer_peer_failed()
                 request = self.dir / HANG_REQUEST_FILE
                 if not request.exists():
                     continue
@@ -245,6 +248,19 @@ class Capture:
                 self._answer(req)
             except Exception as exc:  # noqa: BLE001
                 self.log.error("answering the hang watchdog", exc)
+
+    def _answer_peer_failed(self) -> None:
+        """A local rank failed (the launcher asks, `exits.ask_peers`): dump this rank's
+        collectives as they are now, before the launcher ends it, so that every rank's
+        sequence is read, not only the ranks that raised."""
+        request = self.dir / PEER_FAILED_REQUEST_FILE
+        if not request.exists():
+            return
+        req = read_json(request)
+        if req == self._handled_peer_failed:
+            return
+        self._handled_peer_failed = req
+        self.flight_recorder("peer_failed")
 
     def _answer(self, req: Any) -> None:
         names = {t.ident: t for t in threading.enumerate()}

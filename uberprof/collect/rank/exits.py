@@ -6,8 +6,11 @@ a parent learns a child's exit status: the signal of a SIGKILL leaves nothing in
   the parent's `ProcessContext.join` records the exit codes of the ranks that failed.
 - torchrun: its agent builds a `ProcessFailure` per failed worker (pid, local rank, exit code).
 
-Both append to `nodes/<node>/exits-<pid>.jsonl` (one file per launcher process). Patched at
-`import torch` in every process; inert where nothing fails.
+Both append to `nodes/<node>/exits-<pid>.jsonl` (one file per launcher process). At the first
+failure torchrun's agent sees, before it ends the other ranks, `ask_peers` asks those of its node
+for a Flight Recorder dump (their helper threads answer within `capture.POLL_S`; it waits at most
+`PEER_WAIT_S`): every rank's collective sequence at the failure, for the desync's culprit.
+Patched at `import torch` in every process; inert where nothing fails.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from typing import Any
 
 from uberprof.collect.config import ENV_NODE, ENV_RUN_DIR
 from uberprof.collect.safety import AgentLog, swallowing
-from uberprof.rundir.layout import EXITS_PREFIX
+from uberprof.rundir.layout import (
+    EXITS_PREFIX,
+    FLIGHT_RECORDER_FILE,
+    PEER_FAILED_REQUEST_FILE,
+    RANK_FILE,
+)
+
+PEER_WAIT_S = 1.0  # the longest a launcher waits for its ranks' dumps after a failure
 
 _on_exception: Callable[[BaseException], None] | None = None  # set by `install`
 
@@ -52,6 +62,49 @@ def record_exit(pid: int | None, exitcode: int | None, source: str,
     path = Path(run_dir) / "nodes" / node / f"{EXITS_PREFIX}{os.getpid()}.jsonl"
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+_asked = False  # once per launcher process: its first failure
+
+
+def ask_peers(failed_pid: int | None, wait_s: float = PEER_WAIT_S) -> list[int]:
+    """The first failure this launcher saw: ask every other live rank of this node for a
+    Flight Recorder dump (`peer_failed`) and wait for them, at most `wait_s`, before the
+    launcher ends them: each rank's collective sequence at the moment of the failure, which
+    tells a rank that departed from a peer that only met it (docs/hangs.md). Returns the
+    ranks asked."""
+    global _asked
+    run_dir, node = os.environ.get(ENV_RUN_DIR), os.environ.get(ENV_NODE)
+    if _asked or not run_dir or not node:
+        return []
+    _asked = True
+    asked: dict[int, Path] = {}
+    request = {"failed_pid": failed_pid, "time_ns": time.time_ns()}
+    for meta in sorted((Path(run_dir) / "ranks").glob(f"*/{RANK_FILE}")):
+        try:
+            doc = json.loads(meta.read_text())
+            pid = doc.get("pid")
+            if doc.get("node") != node or not isinstance(pid, int) or pid == failed_pid:
+                continue
+            os.kill(pid, 0)  # alive
+            (meta.parent / PEER_FAILED_REQUEST_FILE).write_text(json.dumps(request))
+            asked[int(doc.get("rank", -1))] = meta.parent / FLIGHT_RECORDER_FILE.format(
+                reason="peer_failed")
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    deadline = time.monotonic() + wait_s
+    while asked and time.monotonic() < deadline:
+        if all(_written_since(p, request["time_ns"]) for p in asked.values()):
+            break
+        time.sleep(0.02)
+    return sorted(asked)
+
+
+def _written_since(path: Path, t_ns: int) -> bool:
+    try:
+        return path.stat().st_mtime_ns >= t_ns - 10**9
+    except OSError:
+        return False
 
 
 def _signal_name(exitcode: int) -> str | None:
@@ -124,5 +177,7 @@ def _wrap_torchrun(log: AgentLog) -> None:
     @swallowing(log, "recording torchrun exits")
     def _record_failure(failure: Any) -> None:
         record_exit(failure.pid, failure.exitcode, "torchrun", failure.local_rank)
+        if failure.exitcode not in (None, 0):
+            ask_peers(failure.pid)
 
     ProcessFailure.__post_init__ = __post_init__  # type: ignore[method-assign]

@@ -12,7 +12,7 @@ from rich.table import Table
 from uberprof.analysis.read import ranks_table_file
 from uberprof.units import fmt_num
 
-__all__ = ["MAX_ROWS", "render_analysis"]
+__all__ = ["MAX_ROWS", "render_analysis", "render_problems"]
 
 MAX_ROWS = 64
 
@@ -23,8 +23,9 @@ def _cell(v: float | None) -> str:
 
 
 def render_analysis(ranks: list[dict[str, Any]], problems: list[str], derived: Path,
-                    analysed: int, inputs: int, console: Console) -> None:
-    """Print the per-rank summary rows (at most MAX_ROWS), the trace counts and the problems."""
+                    analysed: int, inputs: int, console: Console, err: Console) -> None:
+    """Print the per-rank summary rows (at most MAX_ROWS) and the trace counts on `console`,
+    and the problems on `err` (stderr)."""
     # Two-line headers and no column rules: fits 80 columns.
     table = Table(show_edge=False, header_style="bold", box=box.SIMPLE_HEAD)
     for col in ("rank", "device", "steps", "step\nms", "p90\nms", "idle\n%", "comp\n%",
@@ -46,9 +47,12 @@ def render_analysis(ranks: list[dict[str, Any]], problems: list[str], derived: P
     console.print(f"[dim]{inputs} trace(s), {analysed} read now"
                   + (f", {reused} unchanged since the last analysis" if reused else "")
                   + f"; tables in {derived}[/dim]", highlight=False)
-    if not ranks:
-        console.print("[bold red]no rank could be analysed[/bold red]")
-    if problems:
-        console.print("[bold red]problems[/bold red]")
-        for p in problems:
-            console.print(f"  - {p}", markup=False, highlight=False)
+    render_problems(problems, not ranks, err)
+
+
+def render_problems(problems: list[str], nothing: bool, err: Console) -> None:
+    """The analysis's problems, one line each naming its file, on stderr."""
+    if nothing:
+        err.print("uberprof analyze: no rank could be analysed", highlight=False)
+    for p in problems:
+        err.print(f"uberprof analyze: {p}", markup=False, highlight=False, soft_wrap=True)

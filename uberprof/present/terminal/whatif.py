@@ -11,7 +11,7 @@ from rich.table import Table
 
 from uberprof.units import fmt_num, shorten
 
-__all__ = ["render_critical_path", "render_whatif"]
+__all__ = ["render_baseline", "render_critical_path", "render_whatif"]
 
 def _ms(v: Any) -> str:
     return fmt_num(v, 1, missing="-")
@@ -46,9 +46,35 @@ def render_critical_path(run: dict[str, Any], console: Console) -> None:
             _say(console, f"  caution: {caveat}")
 
 
+def render_baseline(doc: dict[str, Any], console: Console) -> None:
+    """`uberprof whatif` with no change: each step measured and replayed, the replay error
+    and the critical path, as the document holds them."""
+    _say(console, "no change given: the baseline (the traced steps replayed as recorded; "
+                  "--remove, --link-scale, --link-gbps, --balance-stages or --op project one)")
+    if doc.get("steps"):
+        t = Table(title=None, show_edge=False)
+        for col in ("step", "measured ms", "replayed ms"):
+            t.add_column(col, justify="right")
+        for s in doc["steps"]:
+            t.add_row(str(s["step"]), _ms(s["measured_ms"]), _ms(s["replayed_ms"]))
+        console.print(t)
+        _say(console, f"step time: measured {_ms(doc['baseline_step_ms'])} ms, replayed "
+                      f"{_ms(doc['replayed_step_ms'])} ms; replay error "
+                      f"{_ms(doc['replay_error_pct'])}% (median per step)")
+    elif doc.get("why"):
+        _say(console, f"nothing to replay: {doc.get('why')}")
+    render_critical_path({"critical_path": doc.get("critical_path"),
+                          "replay": doc.get("replay")}, console)
+
+
 def render_whatif(doc: dict[str, Any], console: Console) -> None:
     """`uberprof whatif`: the changes, projected against measured, per step and in all."""
+    if doc.get("baseline"):
+        render_baseline(doc, console)
+        return
     _say(console, "changes: " + "; ".join(c["change"] + _touched(c) for c in doc["changes"]))
+    if any("rank" in c for c in doc["changes"]) and doc.get("straggler_basis"):
+        _say(console, f"the straggler: {doc['straggler_basis']}")
     if doc.get("projected_step_ms") is None:
         _say(console, f"nothing to project: {doc.get('why')}")
         return

@@ -27,6 +27,7 @@ from uberprof.analysis.diagnosis.collective_sequence import (
     sizes_text,
 )
 from uberprof.analysis.diagnosis.failure_evidence import (
+    AT_FAILURE,
     RankEvidence,
     frames_lines,
     in_distributed,
@@ -38,6 +39,7 @@ from uberprof.analysis.diagnosis.host_memory import host_memory_at
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.rundir import RANK_FILE, STEPS_FILE
 from uberprof.rundir.ranks import read_step_timeline
+from uberprof.units import fmt_bytes
 
 __all__ = ["CRASH", "FATAL_SIGNALS", "VICTIM_PATTERNS", "crash_finding"]
 
@@ -130,7 +132,7 @@ def _failure_of(ev: RankEvidence, stopped_at: int | None, running: bool
     if stopped_at is not None and (out["kind"] == "stopped"
                                    or (out.get("time_ns") or stopped_at) >= stopped_at):
         return None  # ended by --on-hang stop, not a crash
-    calls = ev.flight.get("exception", [])
+    calls = ev.flight.get(AT_FAILURE, [])
     out["flight_recorder"] = [c.as_dict() for c in calls[-RECENT:]] or None
     return out
 
@@ -165,7 +167,7 @@ def crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
     if others:
         title += f"; {ranks_word(sorted(o['rank'] for o in others))} also failed"
     sites = _call_sites(failed)
-    frontier = sequence_frontier(ranks, "exception")
+    frontier = sequence_frontier(ranks, AT_FAILURE)
     mismatches = frontier["mismatches"]
     waits = [w for w in frontier["waits"] if first["rank"] not in w["ranks"]]
     others_in = max(waits, key=lambda w: len(w["ranks"])) if waits else None
@@ -175,8 +177,14 @@ def crash_finding(ranks: dict[int, RankEvidence], stopped_at: int | None,
         for f in failed:
             if f["rank"] in desync["ranks"] and f is not first:
                 f["role"] = "departed"
+        if first["rank"] not in desync["ranks"]:  # it met the departed call: a victim
+            first["role"] = "aborted_on_mismatch" if _detected_mismatch(first) else "victim"
     elif mismatches:
         title += "; " + mismatch_text(mismatches[0])
+    elif _detected_mismatch(first):
+        title += (f" (the backend's own check of a collective mismatch: rank {first['rank']} "
+                  "may only have met the rank that departed, which no rank's collectives "
+                  "recorded tell)")
     elif len(sites) > 1:
         title += "; the ranks were in different collective calls (a collective mismatch?): " + \
             "; ".join(f"{ranks_word(c['ranks'])} in {c['collective']} at {c['where']}"
@@ -206,9 +214,12 @@ _DESYNC_TEXT = re.compile(r"mismatch|size doesn.t match", re.IGNORECASE)
 
 def _desync(ranks: dict[int, RankEvidence], first: dict[str, Any], frontier: dict[str, Any],
             sites: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The desync a crash followed, or None: the first failure happened in a collective (an
-    abort in it, a lost peer, a size mismatch), and the ranks had departed from one another.
-    Who departed, from the best evidence there is: a mismatch in the Flight Recorder dumps;
+    """The desync a crash followed, or None. First from the ranks' own collective sequences
+    (the Flight Recorder dumps each rank wrote when it raised or when its launcher saw a peer
+    fail): a mismatch at one sequence number that history or a majority decides names who
+    departed, before any failure is blamed. Otherwise only where the first failure happened in
+    a collective (an abort in it, a lost peer, a size mismatch) and the ranks had departed from
+    one another. Who departed, from the best evidence there is: an undecided mismatch;
     else each dumped rank's last step against what it and the others issued at that point of
     earlier steps (`history`), with the call sites placing the ranks without a dump; else the
     call sites alone, where the ranks at one site outnumber every other (`majority`); else
@@ -216,17 +227,25 @@ def _desync(ranks: dict[int, RankEvidence], first: dict[str, Any], frontier: dic
     exc = first.get("exception") or {}
     frames = exc.get("frames") or first.get("stack") or []
     text = f"{exc.get('type')}: {exc.get('message')}" if exc else ""
+    out: dict[str, Any] = {"call_sites": sites}
+    # the ranks' own sequences first: a mismatch they tell apart names who departed, whatever
+    # failed first (an abort on the mismatch, a lost peer, a rank ended without a record)
+    decided = [m for m in frontier["mismatches"] if m["decided_by"] != "undecided"]
+    if decided:
+        m = decided[0]
+        out.update(ranks=m["ranks"], decided_by=m["decided_by"], mismatch=m,
+                   departures=m["departures"])
+        return out
     if not (frames and in_distributed(frames)) and not VICTIM_PATTERNS.search(text) \
             and not _DESYNC_TEXT.search(text):
         return None
     site_of = {r: i for i, c in enumerate(sites) for r in c["ranks"]}
-    out: dict[str, Any] = {"call_sites": sites}
     if frontier["mismatches"]:
         m = frontier["mismatches"][0]
         out.update(ranks=m["ranks"], decided_by=m["decided_by"], mismatch=m,
                    departures=m["departures"])
         return out
-    departed, consistent = recorded_departures(ranks, "exception")
+    departed, consistent = recorded_departures(ranks, AT_FAILURE)
     good = {site_of[r] for r in consistent if r in site_of}
     bad = {site_of[r] for r in departed if r in site_of}
     # a departed rank at the one site that outnumbers all others: the others may have departed
@@ -249,6 +268,17 @@ def _desync(ranks: dict[int, RankEvidence], first: dict[str, Any], frontier: dic
     else:
         out.update(ranks=sorted(site_of), decided_by="undecided")
     return out
+
+
+def _detected_mismatch(f: dict[str, Any]) -> bool:
+    """Whether a failure is the backend's own check of a collective's sizes or kind (Gloo
+    aborts in C++ with SIGABRT inside the collective: "Received data size doesn't match
+    expected size"; NCCL's and c10d's checks raise "mismatch")."""
+    exc = f.get("exception") or {}
+    if exc:
+        return bool(_DESYNC_TEXT.search(f"{exc.get('type')}: {exc.get('message')}"))
+    frames = f.get("stack") or []
+    return f.get("signal") == "SIGABRT" and bool(frames) and in_distributed(frames)
 
 
 def _desync_title(desync: dict[str, Any], first: dict[str, Any], victims: list[dict[str, Any]],
@@ -282,9 +312,15 @@ def _desync_title(desync: dict[str, Any], first: dict[str, Any], victims: list[d
                  f"{desync['call_sites'][0]['where']})"
     if placed:
         title += ": " + "; ".join(placed)
-    title += f"; then rank {first['rank']} {_failure_text(first)}"
+    if first["rank"] in culprits:
+        title += f"; then rank {first['rank']} {_failure_text(first)}"
+    else:
+        title += f"; then rank {first['rank']}, which met it, {_failure_text(first)}"
     if first.get("step") is not None:
         title += f" (after step {first['step']})"
+    if first["rank"] not in culprits:
+        title += (": a victim that aborted on the mismatch it detected"
+                  if _detected_mismatch(first) else ": a victim")
     lost = sorted(v["rank"] for v in victims if v["rank"] not in culprits)
     if lost:
         title += f"; {ranks_word(lost)} failed after it (victims)"
@@ -357,7 +393,7 @@ def _killed_near_full(first: dict[str, Any], ev: RankEvidence) -> dict[str, Any]
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
+    return fmt_bytes(n, spec=".2f")
 
 
 def _call_sites(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
