@@ -602,3 +602,30 @@ def test_a_delay_of_fifteen_percent_shows_a_straggler_whose_lead_scatters_and_co
     late, busy = _two_ranks(0.35, seed=3)
     t = _test(late, busy)
     assert t is not None and t.share is not None and t.share < 0.15 and t.cpu_alone
+
+
+def test_uberprofs_own_cpu_time_on_the_training_thread_is_written_apart_not_as_the_jobs(
+        tmp_path: Path) -> None:
+    """Issue 54: a rank's busy time must be the job's. 30 ms of CPU in an uberprof hook around
+    a boundary (10 ms before it, 20 ms after) beside 20 ms of the job's own work: `cpu_ns`
+    keeps the job's, `uberprof_cpu_ns` the hook's, each in the step it fell in."""
+    def spin(ms: float) -> None:
+        t0 = time.thread_time_ns()
+        while time.thread_time_ns() - t0 < ms * 1e6:
+            pass
+
+    w = Writer(tmp_path / "steps.jsonl")
+    for _ in range(2):  # steps 0 and 1 have no CPU time
+        w.boundary(time.time_ns(), "explicit", None)
+    spin(20)  # step 2: the job's work, then a hook that ends it
+    c0 = w.own_start()
+    spin(10)
+    w.boundary(time.time_ns(), "explicit", None)
+    spin(20)  # the hook's work after the boundary: step 3's
+    w.own_end(c0)
+    w.boundary(time.time_ns(), "explicit", None)
+    w.close(None)
+    steps = {s["step"]: s for s in read_step_timeline(tmp_path).steps}
+    assert 18e6 <= steps[2]["cpu_ns"] < 28e6 and 9e6 <= steps[2]["uberprof_cpu_ns"] < 14e6
+    assert steps[3]["cpu_ns"] < 5e6 and 19e6 <= steps[3]["uberprof_cpu_ns"] < 26e6
+    assert steps[1].get("uberprof_cpu_ns") is None  # only beside cpu_ns
