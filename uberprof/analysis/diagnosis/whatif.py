@@ -408,9 +408,9 @@ def outnumbered_cores(ranks: Iterable[RankInfo]) -> str | None:
     return (f"ranks outnumber cores ({n} CPU ranks on {cores} core(s) of {host}{more}): they "
             "take turns on the cores, and work removed from one rank also frees cores for the "
             "others by an amount the projection cannot pin down from one recording; it may be "
-            "off either way by a quarter of the step (4 ranks on 2 cores: --remove straggler "
-            "projected +25% over the step measured without the straggler, docs/whatif.md); "
-            "measure the change, or project on a host with a core per rank")
+            "off either way by a quarter of the step (4 ranks on 2 cores, --remove straggler "
+            "against a run without the straggler: +25%, and -16% beside other jobs; "
+            "docs/whatif.md); measure the change, or project on a host with a core per rank")
 
 
 def other_load(sharing: CoreSharing | None) -> str | None:

@@ -191,9 +191,9 @@ class TestWording:
                     f"{self.instances} collectives over {self.steps} step(s){later}, chance "
                     f"for a healthy rank {chance_words(self.p_value)} (corrected for "
                     f"{self.ranks_tested} ranks): not below the {_RATE} false-alarm rate")
-        share = (f", adds {100 * self.share:.1f}% of the analysed time (or >= "
+        share = (f", its delay {100 * self.share:.1f}% of the analysed time (shows it from "
                  f"{100 * DISPUTED_SHARE:.0f}%)" if self.share is not None else "")
-        lead = (f"wall-clock lead: median {self.median_lead_ns / 1e6:.3g} ms (needs >= "
+        lead = (f"wall-clock lead: median {self.median_lead_ns / 1e6:.3g} ms (shows it from "
                 f"{self.clear_lead_ns / 1e6:.3g} ms: its floors and the others' spread, "
                 f"{self.noise_ns / 1e6:.3g} ms){share}: "
                 + ("shows it" if self.lead_shows else "does not show it"))
