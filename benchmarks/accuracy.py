@@ -18,6 +18,9 @@ faulty rank or node is drawn from it):
   compute-2x       ... 2x as long
   off-cpu          one rank sleeps 30 ms per step on its training thread (--sleep-ms 30: off
                    the CPU by its own doing, as blocking I/O or a lock would be); cause off_cpu
+  tiny-healthy     no fault, on a tiny model (--dim 16 --layers 1 --seq 8 --batch 4: steps of a
+                   few ms, where uberprof's own work and a core's noise weigh most)
+  tiny-1.3x        the tiny model, one rank computing 1.3x as long per step
   grad-accum       healthy, with gradient accumulation (--accum 4: four micro-batches per
                    optimizer step, three of them under DDP's no_sync(), so no all-reduce)
   slow-data        one rank's data loader sleeps 5 ms per sample (40 ms per batch)
@@ -86,6 +89,9 @@ CAP = "1gbit"
 SLOW_CAP = "250mbit"
 SLEEP_MS = 30
 ACCUM = 4
+# a tiny MLP-sized model: steps of a few ms on one core (issue 54's "tiny DDP MLP")
+TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--seq", "8", "--batch", "4",
+        "--vocab", "64"]
 STRAGGLER = Claim("straggler")
 DATA_STALL = Claim("data_stall")
 FOREIGN = (STRAGGLER, DATA_STALL)  # no scenario without that fault may name these
@@ -126,6 +132,15 @@ def _off_cpu(n: int, rng: random.Random) -> Plan:
     want = Expect("straggler:off_cpu", (Claim("straggler", "off_cpu", frozenset({r})),))
     return Plan(["--sleep-rank", str(r), "--sleep-ms", str(SLEEP_MS)],
                 Truth((want,), FOREIGN, frozenset({r})), f"rank {r} sleeps {SLEEP_MS} ms/step")
+
+
+def _tiny_model(plan: Callable[[int, random.Random], Plan]) -> Callable[[int, random.Random], Plan]:
+    """`plan` on a tiny model (TINY: steps of a few ms on the CPU), where uberprof's own work
+    per step and a core's noise are a large share of a step (issue 54)."""
+    def tiny(n: int, rng: random.Random) -> Plan:
+        p = plan(n, rng)
+        return dataclasses.replace(p, args=[*TINY, *p.args], fault=f"tiny model, {p.fault}")
+    return tiny
 
 
 def _grad_accum(n: int, rng: random.Random) -> Plan:
@@ -178,14 +193,18 @@ SCENARIOS = {s.name: s for s in (
     Scenario("slow-data", _slow_data),
     Scenario("exposed-comm", _exposed),
     Scenario("tiny-allreduce", _tiny),
+    Scenario("tiny-healthy", _tiny_model(_healthy)),
+    Scenario("tiny-1.3x", _tiny_model(_compute(1.3))),
     Scenario("capped-link", _capped, nodes=2),
     Scenario("net-straggler", _net_straggler, nodes=2),
 )}
 QUICK = ("healthy", "compute-2x", "slow-data")
 TARGET_HEALTHY_RUNS = 20
 TARGET_RECALL = 0.95
-HEALTHY = ("healthy", "grad-accum")  # issue 29: no straggler may be confirmed in these
-INJECTED = {"compute-1.3x": "straggler:compute", "off-cpu": "straggler:off_cpu"}
+# issue 29 (and 54: tiny-healthy): no straggler may be confirmed in these
+HEALTHY = ("healthy", "grad-accum", "tiny-healthy")
+INJECTED = {"compute-1.3x": "straggler:compute", "off-cpu": "straggler:off_cpu",
+            "tiny-1.3x": "straggler:compute"}
 TARGET_FOUND = 19  # of TARGET_HEALTHY_RUNS injected stragglers, named with their cause
 
 

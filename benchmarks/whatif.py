@@ -11,10 +11,12 @@ problem removed by a what-if option) against the median step time measured in th
     python benchmarks/whatif.py --repeats 2 --out /tmp/wi --rescore   # kept runs, this
                                                        # checkout's analysis, nothing recorded
 
-Pairs (2 ranks; samples/train_ddp.py unless said; the first run, the fix, the what-if option):
+Pairs (2 ranks unless said; samples/train_ddp.py unless said; the first run, the fix, the what-if option):
 
   straggler  rank 1 computes 2x as long per step (--slow-factor 2) | no slow rank
              | --remove straggler
+  straggler-4r  4 ranks (on a 2-core machine: ranks outnumber cores), rank 2 computes 2x
+             as long per step | no slow rank | --remove straggler
   data       rank 1's data loader sleeps 5 ms per sample (40 ms a batch) | no delay
              | --remove data
   link       two nodes (network namespaces, one rank each) joined by a veth pair capped by tc
@@ -108,6 +110,7 @@ class Pair:
     max_traced: int | None = None  # at most this many traced steps (None: up to --steps - 2)
     in_job: bool = False  # the sample can switch the problem off mid-job (--fault-steps)
     in_job_steps: int | None = None  # --in-job: half the job's steps, unless --steps says
+    ranks: int = 2  # ranks of the job, all on this machine
 
 
 # a small batch and a large vocabulary: ~5.7 M parameters (23 MB of gradients all-reduced a
@@ -123,6 +126,11 @@ PIPELINE_MODEL = ("--dim", "256", "--batch", "16")
 PAIRS = {p.name: p for p in (
     Pair("straggler", "train_ddp.py", ("--slow-rank", "1", "--slow-factor", "2"), (),
          (("--remove", "straggler"),), what="rank 1 computes 2x", in_job=True),
+    # issue 54: ranks outnumber the cores (4 on the 2-core VM): removing one rank's extra work
+    # also frees the cores it held for the others
+    Pair("straggler-4r", "train_ddp.py", ("--slow-rank", "2", "--slow-factor", "2"), (),
+         (("--remove", "straggler"),), what="4 ranks, rank 2 computes 2x", in_job=True,
+         ranks=4),
     Pair("data", "train_ddp.py", ("--slow-data-rank", "1", "--data-delay-ms", "5"), (),
          (("--remove", "data"),), what="rank 1's loader +40 ms/batch", in_job=True),
     Pair("link", "train_ddp.py", LINK_MODEL, LINK_MODEL,
@@ -378,7 +386,7 @@ def record(pair: Pair, problem: bool, out: Path, run_id: str, steps: int, trace:
 
     args = _sample_args(pair, problem, steps, device)
     if pair.caps is None:
-        cmd = _uberprof_run(out, run_id, trace, torchrun(2, args[0], *args[1:]))
+        cmd = _uberprof_run(out, run_id, trace, torchrun(pair.ranks, args[0], *args[1:]))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=job_env(), check=False)
         if proc.returncode != 0:

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from uberprof.analysis.diagnosis.whatif import (
     core_contention,
     critical_path_doc,
+    outnumbered_cores,
     parse_changes,
     project,
     replay_doc,
@@ -248,3 +249,20 @@ def test_cpu_ranks_that_fill_their_cores_are_cautioned_as_optimistic() -> None:
 def test_gpu_ranks_and_runs_without_core_counts_get_no_contention_caveat() -> None:
     assert core_contention([_rank(0, "a", mode="device"), _rank(1, "a", mode="device")]) is None
     assert core_contention([_rank(0, "a", cores=None), _rank(1, "a", cores=None)]) is None
+
+
+def test_ranks_that_outnumber_their_cores_get_a_caveat_that_the_projection_may_be_off_either_way(
+        ) -> None:
+    """Issue 54 item 3: 4 CPU ranks on 2 cores, --remove straggler projected +25% over the step
+    measured without it. Where ranks outnumber a host's cores the projection says it cannot
+    pin down the cores freed for the others; a core per rank, device ranks or unknown cores:
+    nothing said."""
+    said = outnumbered_cores([_rank(r, "a") for r in range(4)])
+    assert said is not None and said.startswith("ranks outnumber cores (4 CPU ranks on 2 core(s)")
+    assert "either way" in said and "measure the change" in said
+    assert outnumbered_cores([_rank(0, "a"), _rank(1, "a")]) is None  # a core per rank
+    assert outnumbered_cores([_rank(r, "a", mode="device") for r in range(4)]) is None
+    assert outnumbered_cores([_rank(r, "a", cores=None) for r in range(4)]) is None
+    two_hosts = outnumbered_cores([*(_rank(r, "a") for r in range(3)),
+                                   *(_rank(r, "b") for r in range(3, 6))])
+    assert two_hosts is not None and "and 1 other host(s)" in two_hosts

@@ -7,7 +7,9 @@ straggler's training thread spends more CPU time per step, a delayed one the sam
 
 - **Busy time** (`busy_kind`, the one rule of what it is, for rows, tables and followers): the
   training thread's CPU time per step (`cpu_ns` of steps.jsonl, `time.thread_time_ns` at each
-  step boundary).
+  step boundary), the job's own: uberprof's CPU time on that thread (its hooks) is written apart
+  (`uberprof_cpu_ns`) and not in it (runs recorded before issue 54 still count it; 84-114 µs
+  a step on each rank of a tiny job, alike on every rank: benchmarks/README.md).
   Device runs have no busy time here: their `gpu_time_ns` is the device time between two step
   boundaries, which includes the collectives' wait for a late peer (the same on every rank of a
   synchronous job), and a host thread that waits on the device may spin (CPU time that is no

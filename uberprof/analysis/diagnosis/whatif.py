@@ -56,8 +56,8 @@ from uberprof.analysis.tables.steptime import median_interval
 from uberprof.rundir import rank_ranges
 
 __all__ = ["FIT_PCT", "Change", "caveats", "core_contention", "critical_path_doc", "other_load",
-           "parse_changes", "project", "project_run", "replay_doc", "run_graph", "run_graph_docs",
-           "stages_of", "step_ends", "straggler_of", "with_bytes"]
+           "outnumbered_cores", "parse_changes", "project", "project_run", "replay_doc",
+           "run_graph", "run_graph_docs", "stages_of", "step_ends", "straggler_of", "with_bytes"]
 
 FIT_PCT = 5.0  # a replay whose median error per step is above this is unfit for projection
 TOP_OPS = 5
@@ -393,7 +393,32 @@ def caveats(ctx: RunContext, g: StepGraph | None = None) -> list[str]:
     kept busy."""
     sharing = g.sharing if g is not None else None
     return [c for c in (core_contention(ctx.ranks.values(), sharing is not None),
-                        other_load(sharing)) if c]
+                        outnumbered_cores(ctx.ranks.values()), other_load(sharing)) if c]
+
+
+def outnumbered_cores(ranks: Iterable[RankInfo]) -> str | None:
+    """The uncertainty a projection cannot remove where a host's CPU ranks outnumber its cores
+    (rank.json's `cpu`): there the ranks take turns on the cores, and work removed from one
+    rank (a straggler's, a data wait's) also frees cores for the others, by an amount the
+    replay's processor sharing, fitted to one recording, gets only in part, either way (issue
+    54: 4 ranks on 2 cores, `--remove straggler` projected 49.1 ms a step against 39.3 ms
+    measured without the straggler, +25%; `--remove data` within 5%). None where every host has
+    a core per CPU rank or the cores are unknown."""
+    by_host: dict[str, list[int]] = {}
+    for info in ranks:
+        if info.mode == "cpu" and info.cpu_cores:
+            by_host.setdefault(info.host or "?", []).append(int(info.cpu_cores))
+    over = [(h, len(c), max(c)) for h, c in sorted(by_host.items()) if len(c) > max(c)]
+    if not over:
+        return None
+    host, n, cores = max(over, key=lambda o: o[1] / o[2])
+    more = f" and {len(over) - 1} other host(s)" if len(over) > 1 else ""
+    return (f"ranks outnumber cores ({n} CPU ranks on {cores} core(s) of {host}{more}): they "
+            "take turns on the cores, and work removed from one rank also frees cores for the "
+            "others by an amount the projection cannot pin down from one recording; it may be "
+            "off either way by a quarter of the step (4 ranks on 2 cores, --remove straggler "
+            "against a run without the straggler: +25%, and -16% beside other jobs; "
+            "docs/whatif.md); measure the change, or project on a host with a core per rank")
 
 
 def other_load(sharing: CoreSharing | None) -> str | None:

@@ -99,18 +99,21 @@ class RankAgent:
     # ---- called from hooks on the training thread -------------------------------------------
 
     def optimizer_stepped(self, optimizer: Any) -> None:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), self.timeline.own_start()
         self.detector.optimizer_stepped(id(optimizer), time.time_ns())
+        self.timeline.own_end(c0)
         self.timeline.uberprof_ns += time.perf_counter_ns() - t0
 
     def profiler_stepped(self) -> None:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), self.timeline.own_start()
         self.detector.profiler_stepped(time.time_ns())
+        self.timeline.own_end(c0)
         self.timeline.uberprof_ns += time.perf_counter_ns() - t0
 
     def explicit_step(self) -> None:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), self.timeline.own_start()
         self.detector.explicit_step(time.time_ns())
+        self.timeline.own_end(c0)
         self.timeline.uberprof_ns += time.perf_counter_ns() - t0
 
     def data_waited(self, ns: int, end_ns: int, overhead_ns: int) -> None:

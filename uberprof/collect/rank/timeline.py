@@ -6,8 +6,13 @@ read only once the GPU has passed them (`Event.query()`), so the training thread
 land as separate `gpu` rows a step or two later.
 
 `cpu_ns` is the CPU time the thread that ends steps (the training thread) spent since the
-previous boundary (`time.thread_time_ns`, about 1 µs a step): the work it did, whatever the OS
-scheduler did to its wall time. It tells a rank that computes more from one the OS delayed
+previous boundary (`time.thread_time_ns`, about 1 µs a step), less uberprof's own: the job's
+work, whatever the OS scheduler did to its wall time. uberprof's own CPU time on that thread
+(its hooks: the step boundary, trace windows starting, stopping and exporting, the Flight
+Recorder's ring read; `own_start`/`own_end`) is measured the same way and written apart, as
+`uberprof_cpu_ns` (issue 54: a rank's extra CPU time must be the job's to make it a straggler).
+The work uberprof cannot time on the thread (the profiler's callbacks inside a traced
+window's operators, the data-loader wrapper's few µs) stays in `cpu_ns`, alike on every rank. It tells a rank that computes more from one the OS delayed
 (analysis/diagnosis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
 optimizer detector places its boundary an iteration late, when it ends step 1 too: the CPU
 time at that boundary is not known) and where the previous boundary was on another thread.
@@ -65,9 +70,35 @@ class StepTimeline:
         self._early_waits: list[tuple[int, int]] | None = []
         self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
         self._cpu_mark = (0, 0)  # (thread ident, its CPU time) at the previous boundary
+        self._cpu_now = 0  # the thread's CPU time read at the latest boundary
+        self._own_cpu = 0  # uberprof's CPU time in the hooks that ended, in all
+        self._own_hook: tuple[int, int] | None = None  # (thread, CPU time) where a hook began
+        self._own_mark = 0  # uberprof's CPU time in all at the previous boundary
         self._switch_mark: tuple[int, int] | None = None  # (voluntary, involuntary) then
         self._run_wait_mark: int | None = None  # run-queue wait (ns) at the previous boundary
         self._schedstat: int | None = None  # an open /proc/thread-self/schedstat (-1: none)
+
+    def own_start(self) -> int:
+        """An uberprof hook begins on this thread: its CPU time now (for `own_end`)."""
+        c0 = time.thread_time_ns()
+        self._own_hook = (threading.get_ident(), c0)
+        return c0
+
+    def own_end(self, c0: int) -> None:
+        """The hook that began at CPU time `c0` (`own_start`) ends: its CPU time is uberprof's.
+        A boundary inside it counts the part before it (`_own_since_mark`)."""
+        self._own_cpu += time.thread_time_ns() - c0
+        self._own_hook = None
+
+    def _own_since_mark(self) -> int:
+        """uberprof's CPU time on the thread since the previous boundary, up to this one's
+        reading (`_cpu_now`), the hook now running counted so far."""
+        total = self._own_cpu
+        hook = self._own_hook
+        if hook is not None and hook[0] == threading.get_ident():
+            total += max(0, self._cpu_now - hook[1])
+        own, self._own_mark = total - self._own_mark, total
+        return own
 
     def add_data_wait(self, ns: int, end_ns: int) -> None:
         self.data_wait_ns += ns
@@ -82,6 +113,7 @@ class StepTimeline:
         """End the open step at `t_ns` (epoch ns) and open the next; returns the step ended."""
         ended = self.step
         cpu_ns = self._thread_cpu_ns()
+        own_cpu = self._own_since_mark()
         switches = self._thread_switches()
         run_wait = self._thread_run_wait()
         carried = 0
@@ -99,7 +131,9 @@ class StepTimeline:
             "source": source,
         }
         if cpu_ns is not None:
-            row["cpu_ns"] = cpu_ns
+            own_cpu = min(max(own_cpu, 0), cpu_ns)
+            row["cpu_ns"] = cpu_ns - own_cpu
+            row["uberprof_cpu_ns"] = own_cpu
             if switches is not None:
                 row["ctx_vol"], row["ctx_invol"] = switches
             if run_wait is not None:
@@ -148,6 +182,7 @@ class StepTimeline:
         """The calling thread's CPU time since the previous boundary, or None: the first two
         steps (module docstring), a previous boundary on another thread (one at exit)."""
         tid, now = threading.get_ident(), time.thread_time_ns()
+        self._cpu_now = now
         prev_tid, prev = self._cpu_mark
         self._cpu_mark = (tid if self.steps_written else 0, now)  # 0: no thread's
         return now - prev if tid == prev_tid else None

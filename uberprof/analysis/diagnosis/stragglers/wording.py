@@ -67,6 +67,9 @@ class TestWording:
     slight: bool
     transient: tuple[tuple[int, int], int] | None
     same_work: bool
+    clear_lead_ns: int
+    cpu_alone: bool
+    lead_shows: bool
 
     def as_test(self) -> Test:
         """The test as `evidence.Test`: its numbers, thresholds and sentence."""
@@ -131,6 +134,8 @@ class TestWording:
     def _verdict_words(self, freq: str, lead: str, work: str) -> str:
         """The verdict, in the order the rules apply: cleared by its busy time, confirmed,
         held at suspected (and why), suspected on its frequency, or none."""
+        if self.by_work and self.busy is not None and self.decision != "none":
+            return self._by_basis_words()
         if self.decided_by == rules.DECIDED_BY_BUSY:
             return (f"no straggler: {freq}, but {self.busy.words() if self.busy else ''}: "
                     "the OS delayed it, not its work (nor its data loading)"
@@ -155,6 +160,40 @@ class TestWording:
                              "chance: " + self._confirm_hint())
             return sentence
         return f"no straggler: {freq}, but it is not material: {lead}{work}"
+
+    def _by_basis_words(self) -> str:
+        """A verdict its CPU time took part in (`by_work`: its arrivals alone were not
+        frequent enough): the verdict, then one clause per basis, each with its own verdict
+        (the arrivals, the wall-clock lead, the CPU time), so that no clause says "confirmed"
+        of a basis another clause calls chance (issue 54)."""
+        b = self.busy
+        if self.decision == "confirmed":
+            verdict = (f"rank {self.rank}: confirmed by its wall-clock lead and its CPU time "
+                       "(its arrivals alone are not significant)")
+        else:
+            held = ("only its CPU time shows it, not its arrivals or its wall-clock lead — to "
+                    "confirm, " + self._confirm_hint()
+                    if self.cpu_alone else self._held_words() or "")
+            verdict = f"rank {self.rank}: suspected, not confirmed: {held}"
+        later = ""
+        if self.later_than_most is not None:
+            k, p = self.later_than_most
+            later = f", after most of the others at {k} (chance {chance_words(p)})"
+        arrivals = (f"arrivals ({basis_words(self.basis)}): alone last at {self.last} of "
+                    f"{self.instances} collectives over {self.steps} step(s){later}, chance "
+                    f"for a healthy rank {chance_words(self.p_value)} (corrected for "
+                    f"{self.ranks_tested} ranks): not below the {_RATE} false-alarm rate")
+        share = (f", its delay {100 * self.share:.1f}% of the analysed time (shows it from "
+                 f"{100 * rules.DISPUTED_SHARE:.0f}%)" if self.share is not None else "")
+        lead = (f"wall-clock lead: median {self.median_lead_ns / 1e6:.3g} ms (shows it from "
+                f"{self.clear_lead_ns / 1e6:.3g} ms: its floors and the others' spread, "
+                f"{self.noise_ns / 1e6:.3g} ms){share}: "
+                + ("shows it" if self.lead_shows else "does not show it"))
+        wall = (f" ({b.work_wall_ns / 1e6:.3g} ms of wall time where each ms of CPU also waits "
+                f"{b.wait_per_cpu:.2g} ms for a core)" if b.wait_per_cpu > 0 else "")
+        cpu = (f"CPU time: {b.words()}{wall}: more than its median lead, in "
+               f"{b.most} of {b.steps} steps")
+        return f"{verdict}; {arrivals}; {lead}; {cpu}"
 
     def _held_words(self) -> str | None:
         """Why a verdict its arrivals confirm is held at suspected, by the first hold that
@@ -230,7 +269,7 @@ class TestWording:
         if self.transient is not None:
             (a, b), half = self.transient
             doc["transient"] = {"steps": [a, b], "median_lead_ms": round(half / 1e6, 3)}
-        for flag in ("slight", "same_work"):
+        for flag in ("slight", "same_work", "cpu_alone"):
             if getattr(self, flag):
                 doc[flag] = True
         if self.alone:
