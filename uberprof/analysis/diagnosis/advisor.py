@@ -63,6 +63,7 @@ from uberprof.analysis.diagnosis.top_ops import run_operators
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
+from uberprof.analysis.tables.metrics import analysed_ns
 from uberprof.analysis.tables.p2p import NO_PEER, P2P, match_p2p, p2p_doc
 from uberprof.analysis.tables.parallelism import Parallelism, read_parallelism
 from uberprof.analysis.tables.steptime import step_time_doc
@@ -240,13 +241,13 @@ def analysed_steps(ctx: RunContext) -> pa.Table:
 # --- cross-rank facts ---------------------------------------------------------------------------
 
 def _analysed_wall_ns(traced: pa.Table) -> int:
-    """Wall time of the analysed steps: per step the longest rank's, summed over steps."""
+    """Wall time of the analysed steps: per step the longest rank's analysed time (the longer
+    of its host and device windows, `metrics.analysed_ns`), summed over steps."""
     if traced.num_rows == 0:
         return 0
     per: dict[int, int] = {}
-    for s, t in zip(traced.column("step").to_pylist(), traced.column("step_time_ns").to_pylist()):
-        if t is not None:
-            per[s] = max(per.get(s, 0), t)
+    for s, t in zip(traced.column("step").to_pylist(), analysed_ns(traced).tolist()):
+        per[s] = max(per.get(s, 0), int(t))
     return sum(per.values())
 
 

@@ -21,6 +21,7 @@ from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence, around_wor
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
 from uberprof.analysis.diagnosis.whatif_changes import Change
+from uberprof.analysis.tables.metrics import analysed_ns
 from uberprof.units import ns_to_ms as _ms
 from uberprof.units import shorten
 
@@ -90,10 +91,11 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
 
 
 def _rank_time(traced: pa.Table) -> dict[int, int]:
-    """Per rank, its analysed wall time: the share is of each rank's own analysed time."""
+    """Per rank, its analysed wall time (its steps' host or device windows, whichever is longer:
+    `metrics.analysed_ns`): the share is of each rank's own analysed time."""
     rank_time: dict[int, int] = {}
-    for r, t in zip(traced.column("rank").to_pylist(), traced.column("step_time_ns").to_pylist()):
-        rank_time[r] = rank_time.get(r, 0) + (t or 0)
+    for r, t in zip(traced.column("rank").to_pylist(), analysed_ns(traced).tolist()):
+        rank_time[r] = rank_time.get(r, 0) + int(t)
     return rank_time
 
 
