@@ -98,20 +98,20 @@ __all__ = [
     "read_rank_events",
     "read_rank_names",
     "read_ranks",
-    "read_whole",
     "read_run_steps",
     "read_small",
     "read_summary",
     "read_timeline",
+    "read_whole",
     "replacing",
     "timeline_file",
+    "write_events",
     "write_manifest",
     "write_parquet",
-    "write_events",
     "write_small",
 ]
 
-FORMAT_VERSION = 12  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 13  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"
