@@ -2,8 +2,9 @@
 
 Each sample is a block between `<!-- sample: NAME -->` and `<!-- /sample -->` holding a fenced
 block of `uberprof report`'s terminal output on a real trace (`SAMPLES`), 110 columns wide and
-trimmed the same way every time (`trim`): everything up to the findings' header, then per
-finding its heading, its title and what fixing it projects (or why nothing), then "...".
+trimmed the same way every time (`trim`): everything up to the findings' header (less the
+command line, the clock offsets and the rank table's legend), then per finding its heading,
+its title and what fixing it projects (or why nothing), then "...".
 `python -m uberprof.present.doc_samples --write README.md docs/report.md` rewrites them;
 `--check` exits 1 when one is stale (tests/unit/test_doc_samples.py runs it).
 """
@@ -40,10 +41,25 @@ def _logical(lines: list[str]) -> list[list[str]]:
     return out
 
 
+_DROPPED = ("clock ", "step ms: median")  # clock offsets and the rank table's legend
+
+
+def _drop(lines: list[str]) -> list[str]:
+    """`lines` without those from one that starts with `_DROPPED` to the end of its paragraph
+    (the header's lines are not indented: a wrapped one cannot be told from the next)."""
+    out, dropping = [], False
+    for ln in lines:
+        dropping = (dropping or ln.startswith(_DROPPED)) and bool(ln.strip())
+        if not dropping:
+            out.append(ln)
+    return out
+
+
 def trim(text: str) -> str:
     """The report up to its findings' header, then each finding's heading, title and
     projection lines, then "..." (the sections after the findings are left out)."""
     lines = [ln.rstrip() for ln in text.splitlines()]
+    lines = _drop(lines[1:] if lines and lines[0].startswith("uberprof report") else lines)
     try:
         head = next(i for i, ln in enumerate(lines) if ln.startswith("Findings ("))
     except StopIteration:
