@@ -182,10 +182,22 @@ def test_memory_sizes_are_never_negative_and_an_unknown_peak_is_null(
 
 
 def test_the_terminal_report_says_why_a_finding_gains_nothing(tmp_path: Path) -> None:
-    """AlexNet on one A100 without step markers: launch-bound over most of the trace, and the
-    replay's step (the host's window) is no shorter without launches; the report says why."""
-    res = CliRunner().invoke(main, ["report", str(SAMPLES / "public" / "hta" / "alexnet"),
+    """An A100 NCCL job (HTA's trace_diff control): its exposed communication (19%) gains
+    nothing in the replay, and the report says why under the finding."""
+    res = CliRunner().invoke(main, ["report", str(SAMPLES / "public" / "hta" /
+                                                  "trace_diff_control"),
                                     "--out", str(tmp_path / "d")], terminal_width=200)
     assert res.exit_code == 0, res.output
     assert "ranked by severity" in res.output
     assert "no gain projected: the replay projects no shorter step" in res.output
+
+
+def test_warm_up_is_named_and_makes_no_finding_on_a_trace_without_step_markers(
+        docs: dict[str, dict[str, Any]]) -> None:
+    """AlexNet on one A100, no step markers: 30 s of CUDA initialisation before the first
+    kernel and a 10 s first cuDNN convolution had read "launch-bound 92.5%"."""
+    d = docs["public/hta/alexnet"]
+    [r] = d["ranks"]
+    assert r["idle_gaps"]["ms_by_cause"]["warmup"] > 0.9 * d["run"]["analysed_wall_ms"]
+    assert [f["kind"] for f in d["findings"] if f["kind"] in ("launch_bound", "idle")
+            and f["time_at_stake_ms"] > 0.1 * d["run"]["analysed_wall_ms"]] == []

@@ -49,7 +49,8 @@ def test_json_document_is_stable(tmp_path: Path) -> None:
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     for r in doc["ranks"]:
         assert RANK_KEYS <= set(r)
-        assert set(r["idle_gaps"]["ms_by_cause"]) == {"data", "sync", "launch", "host", "other"}
+        assert set(r["idle_gaps"]["ms_by_cause"]) == {"data", "sync", "launch", "host", "other",
+                                                      "warmup"}
     assert doc["run"]["collectives"]["matched_instances"] == 2
     for f in doc["findings"]:
         assert set(f) == FINDING_KEYS

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis.diagnosis.causes import GAP_CAUSES, remedy_for
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES, WARMUP, remedy_for
 from uberprof.analysis.diagnosis.evidence import count_test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
@@ -84,6 +84,8 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
     totals = _gap_totals(gaps)
     out = []
     for cause in CAUSES:
+        if cause == WARMUP:  # named in each rank's idle gaps, never a steady-state verdict
+            continue
         f = _cause_finding(cause, totals, rank_time, wall_ns, s_finding, device_type)
         if f is not None:
             out.append(f)
