@@ -34,6 +34,7 @@ CAUSE_COLORS = {
     "launch": "#EECA3B",
     "host": "#FF9DA6",
     "other": "#8C8C8C",
+    "warmup": "#D4D4D4",
 }
 STRAGGLER = "#D62728"
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B",

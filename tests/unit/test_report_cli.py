@@ -49,17 +49,19 @@ def test_json_document_is_stable(tmp_path: Path) -> None:
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     for r in doc["ranks"]:
         assert RANK_KEYS <= set(r)
-        assert set(r["idle_gaps"]["ms_by_cause"]) == {"data", "sync", "launch", "host", "other"}
+        assert set(r["idle_gaps"]["ms_by_cause"]) == {"data", "sync", "launch", "host", "other",
+                                                      "warmup"}
     assert doc["run"]["collectives"]["matched_instances"] == 2
     for f in doc["findings"]:
         assert set(f) == FINDING_KEYS
         assert f["severity"] in ("high", "medium", "low")
-    # ranked by projected gain where the replay gives one, then the rest by time at stake
-    gains = [(f["projected_gain"] or {}).get("gain_ms") or 0 for f in doc["findings"]]
-    first = [g for g in gains if g > 0]
-    assert gains[:len(first)] == sorted(first, reverse=True)
-    stakes = [f["time_at_stake_ms"] for f, g in zip(doc["findings"], gains) if g <= 0]
-    assert stakes == sorted(stakes, reverse=True)
+    # one ranking: by severity, then the projected gain (or the time at stake where no change
+    # models the finding) on one scale
+    sev = {"high": 0, "medium": 1, "low": 2}
+    keys = [(sev[f["severity"]], -((f["projected_gain"] or {}).get("gain_ms") or 0.0)
+             if f["projected_gain"] is not None else -f["time_at_stake_ms"])
+            for f in doc["findings"]]
+    assert keys == sorted(keys)
     # saved beside the derived tables for the dashboard
     saved = json.loads((tmp_path / "d" / "diagnosis.json").read_text())
     assert saved["findings"] == doc["findings"]

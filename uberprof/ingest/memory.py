@@ -25,8 +25,9 @@ MEMORY_SCHEMA = pa.schema([  # one row per [memory] event of a trace, in time or
     ("tid", pa.int64()),  # the thread that allocated or freed (as the event table's tid)
     ("device", pa.dictionary(pa.int8(), pa.string())),  # cpu, cuda:0, ...
     ("bytes", pa.int64()),  # the change: > 0 allocated, < 0 freed
-    ("total_allocated", pa.int64()),  # the device's allocated bytes after it
-    ("total_reserved", pa.int64()),  # the caching allocator's reserved bytes (0 on the CPU)
+    ("total_allocated", pa.int64()),  # the device's allocated bytes after it; null: unknown
+    ("total_reserved", pa.int64()),  # the caching allocator's reserved bytes (0 on the CPU);
+    # null where the event does not say (2021-era traces carry only `Bytes`: unknown, never 0)
 ])
 
 _DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep",
@@ -42,9 +43,10 @@ def device_name(device_type: Any, device_id: Any) -> str:
     return f"{kind}:{device_id}" if isinstance(device_id, int) and device_id >= 0 else kind
 
 
-def _int(v: Any) -> int:
+def _int(v: Any) -> int | None:
+    """The integer an arg holds, or None where it holds none (absent, not a number)."""
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
-        and np.isfinite(v) else 0
+        and np.isfinite(v) else None
 
 
 class MemoryRows:
@@ -55,8 +57,8 @@ class MemoryRows:
         self.tid: list[Any] = []
         self.device: list[str] = []
         self.bytes: list[int] = []
-        self.total: list[int] = []
-        self.reserved: list[int] = []
+        self.total: list[int | None] = []
+        self.reserved: list[int | None] = []
 
     def add(self, events: list[Any]) -> None:
         """Keep the [memory] events among `events` (decoded IngestEvents)."""
@@ -67,7 +69,7 @@ class MemoryRows:
             self.ts.append(float(e.ts))
             self.tid.append(e.tid)
             self.device.append(device_name(a.device_type, a.device_id))
-            self.bytes.append(_int(a.mem_bytes))
+            self.bytes.append(_int(a.mem_bytes) or 0)
             self.total.append(_int(a.total_allocated))
             self.reserved.append(_int(a.total_reserved))
 
@@ -87,6 +89,6 @@ class MemoryRows:
             pa.DictionaryArray.from_arrays(pa.array(idx[order], pa.int8()),
                                            pa.array(devices, pa.string())),
             pa.array(np.asarray(self.bytes, np.int64)[order], pa.int64()),
-            pa.array(np.asarray(self.total, np.int64)[order], pa.int64()),
-            pa.array(np.asarray(self.reserved, np.int64)[order], pa.int64()),
+            pa.array(self.total, pa.int64()).take(pa.array(order)),
+            pa.array(self.reserved, pa.int64()).take(pa.array(order)),
         ], schema=MEMORY_SCHEMA)

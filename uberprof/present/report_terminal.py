@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from uberprof.analysis.diagnosis.causes import GAP_CAUSES, gap_cause
-from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.analysis.diagnosis.model import RANKING_RULE, Diagnosis, Finding
 from uberprof.analysis.read import MIN_INSTANCES
 from uberprof.present.terminal.memory import render_memory
 from uberprof.present.terminal.modules import render_memory_timeline, render_modules
@@ -248,9 +248,8 @@ def _findings(d: Diagnosis, console: Console) -> None:
                       "the thresholds (no straggler, idle, exposed communication or link limit).")
         console.print()
         return
-    console.print(f"[bold]Findings[/bold] ({len(d.findings)}, ranked by the step time fixing "
-                  "each gains in the replay, then by their own time at stake over the analysed "
-                  "steps; each millisecond is counted once)")
+    console.print(f"[bold]Findings[/bold] ({len(d.findings)}, {RANKING_RULE}; each "
+                  "millisecond is counted once)")
     for i, f in enumerate(d.findings, 1):
         _finding(i, f, console)
     both = d.run.get("fix_top_two")
@@ -293,6 +292,11 @@ def _finding(i: int, f: Finding, console: Console) -> None:
         line.append(f" (projected {fmt_num(lo, 1, missing='?')}-{fmt_num(hi, 1, missing='?')}"
                     " ms; uberprof whatif)")
         console.print(line, highlight=False)
+        if g.get("note"):
+            console.print(f"    [dim]projection:[/dim] {g['note']}", highlight=False)
+    if f.projected_gain_why:  # no projection, or one that gains nothing: why (gains.py)
+        console.print(f"    [dim]no gain projected:[/dim] {f.projected_gain_why}",
+                      highlight=False)
     console.print(f"    [green]→[/green] {f.remedy}", highlight=False)
 
 

@@ -63,6 +63,7 @@ from uberprof.analysis.diagnosis.top_ops import run_operators
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
+from uberprof.analysis.tables.metrics import analysed_ns
 from uberprof.analysis.tables.p2p import NO_PEER, P2P, match_p2p, p2p_doc
 from uberprof.analysis.tables.parallelism import Parallelism, read_parallelism
 from uberprof.analysis.tables.steptime import step_time_doc
@@ -240,13 +241,13 @@ def analysed_steps(ctx: RunContext) -> pa.Table:
 # --- cross-rank facts ---------------------------------------------------------------------------
 
 def _analysed_wall_ns(traced: pa.Table) -> int:
-    """Wall time of the analysed steps: per step the longest rank's, summed over steps."""
+    """Wall time of the analysed steps: per step the longest rank's analysed time (the longer
+    of its host and device windows, `metrics.analysed_ns`), summed over steps."""
     if traced.num_rows == 0:
         return 0
     per: dict[int, int] = {}
-    for s, t in zip(traced.column("step").to_pylist(), traced.column("step_time_ns").to_pylist()):
-        if t is not None:
-            per[s] = max(per.get(s, 0), t)
+    for s, t in zip(traced.column("step").to_pylist(), analysed_ns(traced).tolist()):
+        per[s] = max(per.get(s, 0), int(t))
     return sum(per.values())
 
 
@@ -271,15 +272,15 @@ _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
 
 def finding_order(f: Finding) -> tuple[Any, ...]:
-    """The report's order (docs/findings.md): a hang or crash first (a job that stops costs
-    most); then the findings whose fix the replay projects to shorten the step, by that gain
-    (`projected_gain.gain_ms`, largest first; severity breaks a tie); then the rest (no
-    projection, or none that gains) by own time at stake, as before projections (severity
-    breaks a tie)."""
-    gain = (f.projected_gain or {}).get("gain_ms")
-    gains = isinstance(gain, (int, float)) and gain > 0
-    return (f.role != "failure", not gains,
-            -gain if gains else -f.time_at_stake_ms, _SEVERITY_RANK.get(f.severity, 3),
+    """The report's one ranking (docs/findings.md, `RANKING_RULE`): a hang or crash first (a job
+    that stops costs most); then by severity, so that severity and order always agree; within
+    a severity by one scale, milliseconds of step time: the projected gain where a what-if
+    change models the finding (`projected_gain.gain_ms`, 0 where the replay finds none), its
+    own time at stake where none does (the kind declares no change, or the replay is unfit).
+    A 2% finding with a model never leads a 28% one without."""
+    g = f.projected_gain
+    scale = float((g or {}).get("gain_ms") or 0.0) if g is not None else f.time_at_stake_ms
+    return (f.role != "failure", _SEVERITY_RANK.get(f.severity, 3), -scale,
             -f.time_at_stake_ms, f.kind)
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "STRAGGLER_CAUSES",
     "THROTTLE_REMEDY",
     "TP_EXPOSED_COMM",
+    "WARMUP",
     "Cause",
     "exposed_comm_remedy",
     "gap_cause",
@@ -91,7 +92,16 @@ GAP_CAUSES: dict[str, Cause] = {c.key: c for c in (
           "The device idles although its next work was already queued: it waits on "
           "another stream or device. Inspect these gaps in the trace.",
           kind="idle", letter="O"),
+    # tested first (gaps.py), listed last: it is not a steady-state cause and makes no finding
+    Cause("warmup", "warm-up", "warm-up (one-time initialisation)",
+          "the host was in one-time initialisation: runtime calls of 50 ms or more (CUDA "
+          "context and streams, lazy kernel loading, memory pool growth, cuDNN autotuning)",
+          "Warm-up, not a steady-state cost: trace steps after the first iterations "
+          "(torch.profiler's schedule with wait and warmup steps, `uberprof run "
+          "--trace-steps`).",
+          kind="", letter="W"),
 )}
+WARMUP = "warmup"  # the gap cause that is warm-up: named, and left out of the verdicts
 
 # Why the straggler arrives last (analysis/diagnosis/stragglers/cause.py).
 STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (

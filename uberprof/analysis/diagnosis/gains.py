@@ -46,6 +46,7 @@ class Projector:
     traced: pa.Table
     fit: dict[str, Any]
     stages: dict[int, int] = field(default_factory=dict)
+    path: dict[str, Any] | None = None  # run.critical_path of the base replay
     cache: dict[tuple[Change, ...], dict[str, Any]] = field(default_factory=dict)
 
     def project(self, changes: list[Change]) -> dict[str, Any]:
@@ -62,12 +63,51 @@ def gain_sentence(doc: dict[str, Any], who: str = "fixing this") -> str:
             f"{-(doc['gain_pct'] or 0.0):+.1f}%")
 
 
-def _gain_of(doc: dict[str, Any], change: Change) -> dict[str, Any]:
+def _gain_of(doc: dict[str, Any], change: Change, stake_ms: float) -> dict[str, Any]:
+    """The finding's projection, bounded by its own time at stake (docs/whatif.md, "What fixing
+    each finding gains"): a fix cannot give back more of the step than the finding accounts
+    for. Where the replay removes more (the change also removes time another finding counts,
+    or that no finding counts), the projection is the bound and `replay_gain_ms` the replay's
+    own figure, with a note that says so."""
     notes = [c["note"] for c in doc.get("changes") or [] if c.get("note")]
-    return {"change": change.describe(), "baseline_step_ms": doc["baseline_step_ms"],
-            "projected_step_ms": doc["projected_step_ms"], "gain_ms": doc["gain_ms"],
-            "gain_pct": doc["gain_pct"], "interval_ms": doc["interval_ms"],
-            "sentence": gain_sentence(doc), "note": "; ".join(notes) or None}
+    out = {"change": change.describe(), "baseline_step_ms": doc["baseline_step_ms"],
+           "projected_step_ms": doc["projected_step_ms"], "gain_ms": doc["gain_ms"],
+           "gain_pct": doc["gain_pct"], "interval_ms": doc["interval_ms"],
+           "replay_gain_ms": None}
+    base, gain = doc["baseline_step_ms"], doc["gain_ms"] or 0.0
+    if gain > stake_ms + 1e-3:
+        step = round(base - stake_ms, 3)
+        lo, hi = doc["interval_ms"] or (step, step)
+        out.update(projected_step_ms=step, gain_ms=round(stake_ms, 3),
+                   gain_pct=round(100 * stake_ms / base, 1) if base else None,
+                   interval_ms=[max(lo, step), max(hi, step)], replay_gain_ms=gain)
+        notes.append(f"the replay removes {gain:.1f} ms, more than this finding's own "
+                     f"{stake_ms:.1f} ms at stake (the change also removes time that other "
+                     "findings or none count): shown bounded by its time at stake")
+    out["sentence"] = gain_sentence(out)
+    out["note"] = "; ".join(notes) or None
+    return out
+
+
+def _no_gain_why(doc: dict[str, Any], path: dict[str, Any] | None, device: bool) -> str:
+    """Why the replay of a finding's change gives the step nothing back: what the change found
+    to remove (its entry in `changes`), and what holds the steps instead."""
+    parts = []
+    for c in doc.get("changes") or []:
+        if c.get("note"):
+            parts.append(c["note"])
+            continue
+        found = [f"{k.removesuffix('_ms').replace('_', ' ')} {v:g} ms" for k, v in c.items()
+                 if k.endswith("_ms") and isinstance(v, (int, float))]
+        parts.append("it removes " + (", ".join(found) or "what the change names") +
+                     " from the step graph, none of it on a step's critical path")
+    why = "the replay projects no shorter step: " + "; ".join(parts)
+    if path and path.get("kind"):
+        why += f" ({path['summary']})"
+    if device:
+        why += ("; a replayed step ends where its host window ends, and device streams are "
+                "not modelled yet, so device time the host does not wait for shortens no step")
+    return why
 
 
 def attach_gains(findings: list[Finding], proj: Projector | None, unfit_why: str) -> None:
@@ -85,7 +125,10 @@ def attach_gains(findings: list[Finding], proj: Projector | None, unfit_why: str
         if doc.get("projected_step_ms") is None:
             f.projected_gain, f.projected_gain_why = None, "no traced step could be projected"
             continue
-        f.projected_gain, f.projected_gain_why = _gain_of(doc, change), None
+        f.projected_gain = _gain_of(doc, change, f.time_at_stake_ms)
+        f.projected_gain_why = None
+        if (f.projected_gain["gain_ms"] or 0.0) <= 0.0:
+            f.projected_gain_why = _no_gain_why(doc, proj.path, bool(proj.graph.device_lanes))
 
 
 def top_two(findings: list[Finding], proj: Projector | None) -> dict[str, Any] | None:
@@ -123,7 +166,7 @@ def run_projector(ctx: RunContext, traced: pa.Table, instances: pa.Table,
     g, r, cp, rp = run_graph_docs(ctx, traced, instances, offsets, pairs, busy)
     if g is None or r is None or rp is None:
         return None, cp, rp
-    return Projector(g, r, traced, rp, dict(stages)), cp, rp
+    return Projector(g, r, traced, rp, dict(stages), cp), cp, rp
 
 
 def unfit_why(rp: dict[str, Any] | None) -> str:

@@ -11,6 +11,14 @@ Per docs/DESIGN.md the cause is the first that applies:
 - `other`:  the work was already queued (a dependency on another stream or device), or the
             trace does not link launches.
 
+Tested before all of these: `warmup`, the host spent at least half the gap inside runtime
+calls of `INIT_CALL_NS` (50 ms) or more that are not synchronisations: one-time
+initialisation (CUDA context and streams, lazy kernel loading, memory pool growth, a first
+convolution's cuDNN autotuning). Steady-state runtime calls take microseconds; on the public
+traces such calls fill 96-100% of the warm-up gaps and appear in no steady-state trace. It is
+named (`ms_by_cause.warmup`) and left out of the verdicts (findings/idle.py), also in traces
+without step markers.
+
 On CPU-only ranks (Gloo) the training threads' operators play the device: a gap is time with
 neither an operator nor a Gloo collective running, so its cause is `data` or `host`.
 """
@@ -24,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from uberprof.analysis.diagnosis.causes import GAP_CAUSES
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES, WARMUP
 from uberprof.analysis.tables import intervals as iv
 from uberprof.analysis.tables import metrics as M
 from uberprof.ingest import classify as K
@@ -36,6 +44,7 @@ __all__ = [
     "CAUSES",
     "DEFAULT_THRESHOLD_NS",
     "GAP_SCHEMA",
+    "INIT_CALL_NS",
     "RankGaps",
     "around_evidence",
     "exposed_around",
@@ -45,6 +54,7 @@ __all__ = [
 ]
 
 DEFAULT_THRESHOLD_NS = 50_000
+INIT_CALL_NS = 50_000_000  # a runtime call this long is one-time initialisation (docstring)
 CAUSES = tuple(GAP_CAUSES)  # the order causes are tested in (module docstring)
 
 GAP_SCHEMA = pa.schema([
@@ -190,6 +200,10 @@ def classify_gaps(events: pa.Table, mode: str, g0: np.ndarray, g1: np.ndarray,
     cause[launch_bound] = "launch"
     cause[sync & (mode != "cpu")] = "sync"
     cause[data] = "data"
+    if mode != "cpu":
+        m = M.kind_mask(events, (K.RUNTIME,)) & ((end - ts) >= INIT_CALL_NS)
+        init = iv.covered_in(iv.union(ts[m], end[m]), g0, g1) >= 0.5 * gap
+        cause[init] = WARMUP
     return cause
 
 

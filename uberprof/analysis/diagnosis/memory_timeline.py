@@ -55,8 +55,14 @@ def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | Non
     cols = {c: mem.column(c).to_pylist() for c in ("device", "operator", "trace")}
     rank = mem.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     ts = mem.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
-    total = mem.column("total_allocated").to_numpy(zero_copy_only=False).astype(np.int64)
-    reserved = mem.column("total_reserved").to_numpy(zero_copy_only=False).astype(np.int64)
+    # totals are null where the trace does not give them (old traces: only each change's
+    # bytes): then the peak, the first and last totals and the reserved bytes are unknown
+    known = mem.column("total_allocated").is_valid().to_numpy(zero_copy_only=False)
+    total = mem.column("total_allocated").fill_null(0).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    res_col = mem.column("total_reserved")
+    res_known = res_col.is_valid().to_numpy(zero_copy_only=False)
+    reserved = res_col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     delta = mem.column("bytes").to_numpy(zero_copy_only=False).astype(np.int64)
     step = mem.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
     groups: dict[tuple[int, str], list[int]] = {}
@@ -67,23 +73,30 @@ def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | Non
                                                                kv[0][1])):
         idx = np.asarray(rows)
         idx = idx[np.argsort(ts[idx], kind="stable")]
+        all_idx = idx
+        if known[idx].any():
+            idx = idx[known[idx]]
         p = int(idx[int(np.argmax(total[idx]))])
+        has = bool(known[p])
         first, last = int(idx[0]), int(idx[-1])
         start = starts.get((r, int(step[p])))
-        first_start = starts.get((r, int(step[idx].min())))
+        first_start = starts.get((r, int(step[all_idx].min())))
+        res = all_idx[res_known[all_idx]]
         entries.append({
-            "rank": r, "device": d, "trace": cols["trace"][p], "events": int(idx.size),
-            "steps": [int(step[idx].min()), int(step[idx].max())],
-            "peak_allocated_bytes": int(total[p]),
-            "peak_step": int(step[p]) if step[p] >= 0 else None,
-            "peak_in_step_ms": _ms(int(ts[p]) - int(start)) if start is not None else None,
-            "peak_operator": cols["operator"][p],
+            "rank": r, "device": d, "trace": cols["trace"][p], "events": int(all_idx.size),
+            "steps": [int(step[all_idx].min()), int(step[all_idx].max())],
+            "peak_allocated_bytes": int(total[p]) if has else None,
+            "peak_step": int(step[p]) if has and step[p] >= 0 else None,
+            "peak_in_step_ms": _ms(int(ts[p]) - int(start))
+            if has and start is not None else None,
+            "peak_operator": cols["operator"][p] if has else None,
             # the rank's own clock (ns), for views that draw the window's timeline
-            "peak_ns": int(ts[p]),
-            "start_ns": int(first_start) if first_start is not None else int(ts[first]),
-            "first_allocated_bytes": int(total[first] - delta[first]),
-            "last_allocated_bytes": int(total[last]),
-            "max_reserved_bytes": int(reserved[idx].max()) if d != "cpu" else None,
+            "peak_ns": int(ts[p]) if has else None,
+            "start_ns": int(first_start) if first_start is not None else int(ts[all_idx[0]]),
+            "first_allocated_bytes": int(total[first] - delta[first]) if has else None,
+            "last_allocated_bytes": int(total[last]) if has else None,
+            "max_reserved_bytes": int(reserved[res].max())
+            if d != "cpu" and res.size else None,
             "categories": None,
         })
     return {"basis": BASIS, "categories": None, "categories_note": NO_CATEGORIES,

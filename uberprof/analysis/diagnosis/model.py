@@ -28,11 +28,16 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.align import Alignment
     from uberprof.analysis.tables.collectives import Matched
 
-__all__ = ["MIN_SHARE", "READING_TRACES", "SCHEMA_VERSION",
+__all__ = ["MIN_SHARE", "RANKING_RULE", "READING_TRACES", "SCHEMA_VERSION",
            "WRITING_RANKS", "Diagnosis", "Finding", "Progress", "ranks_text", "severity_of"]
 
 SCHEMA_VERSION = 1
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
+
+
+# The report's one ranking in one line (advisor.finding_order; the terminal's header says it).
+RANKING_RULE = ("ranked by severity (own share of the analysed time), then by the step time a "
+                "fix is projected to save, or the time at stake where no change models it")
 
 
 def severity_of(share: float) -> str:
@@ -93,13 +98,16 @@ class Finding:
         "as a what-if change, in words), `baseline_step_ms`, `projected_step_ms`, "
         "`gain_ms`, `gain_pct`, `interval_ms` (95% interval of the projected median, or"
         " the range), `sentence` (\"fixing this: step 48.0 -> 41.2 ms, -14.2%\"), `note` "
-        "(what the change could not touch, or null); null when it cannot be projected. "
-        "`gain_ms` is the measured median step less the projected median, so it can be "
-        "slightly negative where the change gains nothing (the report then orders the "
-        "finding by time at stake)"))
+        "(what the change could not touch, or where the projection was bounded; or null), "
+        "`replay_gain_ms` (the replay's own gain where it exceeded the finding's time at "
+        "stake, which then bounds `gain_ms`; null otherwise); null when it cannot be "
+        "projected. `gain_ms` is at most `time_at_stake_ms`; it is the measured median step "
+        "less the projected median, so it can be slightly negative where the change gains "
+        "nothing (then `projected_gain_why` says why)"))
     projected_gain_why: str | None = field(default=None, metadata=_m(
         "why `projected_gain` is null (no change models the kind, or the replay is "
-        "unfit for projection); null otherwise"))
+        "unfit for projection), or why it gains nothing (what the change removed and what "
+        "holds the steps instead); null otherwise"))
     # what its kind declares (findings/kind.py), stamped when it is made and saved with it, so
     # that every view prints the same words and no view names a kind
     role: str = field(default="verdict", metadata=_m(

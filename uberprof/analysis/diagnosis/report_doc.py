@@ -174,8 +174,9 @@ class RankDoc:
         "`{compute_ms, exposed_comm_ms, idle_ms, data_wait_ms, window_ms}` summed over the "
         "analysed steps"))
     idle_gaps: dict[str, Any] = field(metadata=_m(
-        "`{count, ms_by_cause: {data, sync, launch, host, other}}`: idle gaps over the "
-        "threshold in the analysed steps"))
+        "`{count, ms_by_cause: {data, sync, launch, host, other, warmup}}`: idle gaps over "
+        "the threshold in the analysed steps (`warmup`: one-time initialisation, named and "
+        "left out of the verdicts)"))
     lateness_ms: dict[str, Any] = field(metadata=_m(
         "`{median, p90, last_in, instances}`: its lateness at matched collectives of the traced "
         "window, how often it alone arrived last, and out of how many"))

@@ -127,7 +127,7 @@ __all__ = [
     "write_small",
 ]
 
-FORMAT_VERSION = 12  # bump when derived tables change: inputs are analysed again
+FORMAT_VERSION = 13  # bump when derived tables change: inputs are analysed again
 MANIFEST_FILE = "manifest.json"
 INPUTS_DIR = "inputs"
 TIMELINES_DIR = "timelines"

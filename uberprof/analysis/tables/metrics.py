@@ -7,6 +7,7 @@
 - `trace_window`: the whole-trace window that Holistic Trace Analysis (HTA) uses.
 - `percentages`: the summary percentages (HTA's temporal breakdown and comm/comp overlap).
 - `window_shares`: the parts that tile a window, each as a share of it (for stacked bars).
+- `analysed_ns`: a step's analysed time on a rank, the longer of its host and device windows.
 - `host_time_in`: host-side time (data-loader wait, optimizer) inside host windows.
 - `optimizer_spans`, `optimizer_time_in`: time in the optimizer proper. Lightning (and any
   `optimizer.step(closure)`) runs forward and backward inside `Optimizer.step#…`; that is not
@@ -31,6 +32,7 @@ __all__ = [
     "WINDOW_PARTS",
     "Activity",
     "Breakdown",
+    "analysed_ns",
     "breakdown",
     "device_activity",
     "host_time_in",
@@ -357,6 +359,21 @@ def window_shares(window: int, compute: int, overlap: int, exposed_comm: int, me
     parts = (compute - overlap, overlap, exposed_comm, memory, idle)
     return {f"{k}_pct": (100.0 * v / window if window > 0 else None)
             for k, v in zip(WINDOW_PARTS, parts)}
+
+
+def analysed_ns(steps: pa.Table) -> np.ndarray:
+    """Per row of `steps` (RUN_STEP_SCHEMA), the step's analysed time on that rank: the longer
+    of its host window (`step_time_ns`) and its device window (`device_end_ns` -
+    `device_start_ns`). Host windows tile the host's timeline and device windows the device's,
+    so summed over steps neither is counted twice; where the GPU runs behind its host, the
+    device's steps are longer than the CPU's and what is measured on them (idle gaps, exposed
+    communication) is a share of them, never more than 100% (docs/DESIGN.md §4)."""
+    host = steps.column("step_time_ns").to_numpy(zero_copy_only=False)
+    host = np.nan_to_num(host.astype(np.float64), nan=0.0)
+    lo = steps.column("device_start_ns").to_numpy(zero_copy_only=False).astype(np.float64)
+    hi = steps.column("device_end_ns").to_numpy(zero_copy_only=False).astype(np.float64)
+    dev = np.nan_to_num(np.clip(hi - lo, 0, None), nan=0.0)
+    return np.maximum(host, dev).astype(np.int64)
 
 
 def host_time_in(events: pa.Table, kinds: tuple[str, ...], lo: np.ndarray, hi: np.ndarray,

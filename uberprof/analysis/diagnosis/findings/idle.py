@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis.diagnosis.causes import GAP_CAUSES, remedy_for
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES, WARMUP, remedy_for
 from uberprof.analysis.diagnosis.evidence import count_test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, always
@@ -21,6 +21,7 @@ from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence, around_wor
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
 from uberprof.analysis.diagnosis.summaries import sql_rows
 from uberprof.analysis.diagnosis.whatif_changes import Change
+from uberprof.analysis.tables.metrics import analysed_ns
 from uberprof.units import ns_to_ms as _ms
 from uberprof.units import shorten
 
@@ -83,6 +84,8 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
     totals = _gap_totals(gaps)
     out = []
     for cause in CAUSES:
+        if cause == WARMUP:  # named in each rank's idle gaps, never a steady-state verdict
+            continue
         f = _cause_finding(cause, totals, rank_time, wall_ns, s_finding, device_type)
         if f is not None:
             out.append(f)
@@ -90,10 +93,11 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
 
 
 def _rank_time(traced: pa.Table) -> dict[int, int]:
-    """Per rank, its analysed wall time: the share is of each rank's own analysed time."""
+    """Per rank, its analysed wall time (its steps' host or device windows, whichever is longer:
+    `metrics.analysed_ns`): the share is of each rank's own analysed time."""
     rank_time: dict[int, int] = {}
-    for r, t in zip(traced.column("rank").to_pylist(), traced.column("step_time_ns").to_pylist()):
-        rank_time[r] = rank_time.get(r, 0) + (t or 0)
+    for r, t in zip(traced.column("rank").to_pylist(), analysed_ns(traced).tolist()):
+        rank_time[r] = rank_time.get(r, 0) + int(t)
     return rank_time
 
 
