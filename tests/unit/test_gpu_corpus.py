@@ -49,7 +49,8 @@ def docs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     for name, path in CORPUS.items():
         res = CliRunner().invoke(main, ["report", str(path), "--json", "--workers", "1",
                                         "--out", str(out / name.replace("/", "_"))])
-        assert res.exit_code == 0, f"{name}: {res.output[-2000:]}"
+        # 3: the report found a hang or crash (samples/gpu/oom), its verdict
+        assert res.exit_code in (0, 3), f"{name}: {res.output[-2000:]}"
         got[name] = json.loads(res.stdout)
     return got
 

@@ -38,9 +38,10 @@ def run_memory_timeline(ctx: RunContext, traced: pa.Table) -> dict[str, Any] | N
     return memory_timeline_doc(mem, traced) if mem is not None else None
 
 
-def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | None:
-    """One entry per rank and device (accelerators first), from RUN_MEMORY_TIMELINE_SCHEMA
-    rows and the analysed steps (RUN_STEP_SCHEMA)."""
+def _in_analysed_steps(mem: pa.Table, traced: pa.Table
+                       ) -> tuple[pa.Table, dict[tuple[int, int], int]]:
+    """The memory rows of the analysed steps (all of them for traces without steps), and each
+    analysed (rank, step)'s host start."""
     rank = mem.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     step = mem.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
     t_rank = traced.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -49,9 +50,15 @@ def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | Non
     keep = np.isin(rank * big + step, t_rank * big + t_step)
     if not keep.any():  # traces without steps: the whole window
         keep = np.ones(mem.num_rows, dtype=bool)
-    mem = mem.select(_COLS).filter(pa.array(keep))
     starts = {(r, s): h for r, s, h in zip(t_rank.tolist(), t_step.tolist(),
                                            traced.column("host_start_ns").to_pylist())}
+    return mem.select(_COLS).filter(pa.array(keep)), starts
+
+
+def memory_timeline_doc(mem: pa.Table, traced: pa.Table) -> dict[str, Any] | None:
+    """One entry per rank and device (accelerators first), from RUN_MEMORY_TIMELINE_SCHEMA
+    rows and the analysed steps (RUN_STEP_SCHEMA)."""
+    mem, starts = _in_analysed_steps(mem, traced)
     cols = {c: mem.column(c).to_pylist() for c in ("device", "operator", "trace")}
     rank = mem.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     ts = mem.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
