@@ -6,6 +6,7 @@ implementation and the all-to-alls' sizes and splits, as saved in `run.job_trait
 from __future__ import annotations
 
 from tests._parallel_runs import Report
+from uberprof.analysis.diagnosis.causes import REMEDIES, chosen_remedy
 
 
 def _a2a(report: dict) -> dict:
@@ -46,3 +47,14 @@ def test_expert_parallel_remedies_fit_it_and_quote_its_all_to_all(moe_run: Repor
     remedy = comm[0]["remedy"]
     assert remedy.startswith("Expert parallel") and "unequal splits" in remedy
     assert f"{_a2a(report)['mb_max']} MB" in remedy
+
+
+def test_optimizer_preconditions_hold_on_the_fused_job_and_the_plain_one(
+        moe_run: Report, moe_plain_run: Report) -> None:
+    fused, plain = (r[1]["run"]["job_traits"] for r in (moe_run, moe_plain_run))
+    assert chosen_remedy("idle (host)", fused).key == "host_fused_already"
+    assert chosen_remedy("idle (host)", plain).key == "host_plain_optimizer"
+    [quantised] = [r for r in REMEDIES if r.key == "all_to_all_quantised_already"]
+    assert not quantised.holds(fused)  # no FP8 kernel on a CPU job
+    assert chosen_remedy(
+        "exposed_comm (embedding sharding, expert parallel)", fused).key == "all_to_all_quantise"

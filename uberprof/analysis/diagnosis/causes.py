@@ -37,6 +37,7 @@ __all__ = [
     "gap_cause",
     "gap_remedy",
     "link_remedy",
+    "remedies_table",
     "remedy_for",
     "straggler_cause_text",
 ]
@@ -577,3 +578,73 @@ def gap_remedy(c: Cause, device_type: str | None, traits: dict[str, Any] | None)
     if serves is None or traits is None:
         return remedy_for(c, device_type)
     return chosen_remedy(serves, traits).say(traits)
+
+
+# An example run's traits, for the table of remedies in docs/findings.md (its numbers are an
+# example's; a finding's remedy quotes its own run's).
+EXAMPLE_TRAITS: dict[str, Any] = {
+    "optimizer": {"classes": ["AdamW"], "implementation": "foreach", "device": "cuda",
+                  "region": "Optimizer.step", "host_ms_per_step": 12.5,
+                  "top_op": {"name": "aten::_foreach_mul_", "ms_per_call": 1.2}},
+    "cuda_graphs": {"present": False, "launches": 40},
+    "compiled": {"present": False, "triton_kernels": 120, "examples": []},
+    "collectives": [
+        {"group": "default", "name": "alltoall", "calls_per_step": 2.0, "mb_median": 160.0,
+         "mb_min": 0.1, "mb_max": 400.0, "largest_mb_across_ranks": [324.0, 400.0],
+         "ms": 400.0, "share_pct": 55.0},
+        {"group": "default", "name": "allreduce", "calls_per_step": 4.0, "mb_median": 25.0,
+         "mb_min": 8.0, "mb_max": 30.0, "largest_mb_across_ranks": [30.0, 30.0],
+         "ms": 300.0, "share_pct": 45.0}],
+    "embeddings": {"present": True}, "precision": ["bf16"],
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def remedies_table() -> str:
+    """Every remedy and its precondition, one markdown row each: first the remedies chosen by
+    what the job already does (`REMEDIES`, in the order they are tried; the sentence with an
+    example run's numbers, `EXAMPLE_TRAITS`), then those that depend only on the run's device
+    or parallelism (docs/findings.md's table, compared with this by
+    tests/unit/test_remedy_preconditions.py)."""
+    rows = ["| remedy of | key | precondition (tried in this order) | what it says |",
+            "|---|---|---|---|"]
+    for r in REMEDIES:
+        rows.append(f"| {r.serves} | `{r.key}` | {_cell(r.precondition)} | "
+                    f"{_cell(r.say(EXAMPLE_TRAITS))} |")
+    for c in GAP_CAUSES.values():
+        if c.key in ("host", "launch"):
+            rows.append(f"| {c.kind} ({c.key}) | `GAP_CAUSES[{c.key!r}]` | a run without an "
+                        f"accelerator (before the rows above) | {_cell(c.cpu_remedy)} |")
+            continue
+        rows.append(f"| {c.kind} ({c.key}) | `GAP_CAUSES[{c.key!r}]` | a run with an "
+                    f"accelerator{'' if c.cpu_remedy else ' or without'} | {_cell(c.remedy)} |")
+        if c.cpu_remedy:
+            rows.append(f"| {c.kind} ({c.key}) | `GAP_CAUSES[{c.key!r}]` | a run without an "
+                        f"accelerator | {_cell(c.cpu_remedy)} |")
+    for k in ("pp", "tp", "fsdp2", "fsdp1"):
+        rows.append(f"| exposed_comm | `COMM_REMEDIES[{k!r}]` | parallelism read as `{k}` | "
+                    f"{_cell(COMM_REMEDIES[k])} |")
+    rows.append(f"| exposed_comm | `COMM_REMEDY_UNKNOWN` | no parallelism read | "
+                f"{_cell(COMM_REMEDY_UNKNOWN)} |")
+    for c in STRAGGLER_CAUSES.values():
+        rows.append(f"| straggler ({c.key}) | `STRAGGLER_CAUSES[{c.key!r}]` | its cause is "
+                    f"{c.key}{' (a run with an accelerator)' if c.cpu_remedy else ''} | "
+                    f"{_cell(c.remedy)} |")
+        if c.cpu_remedy:
+            rows.append(f"| straggler ({c.key}) | `STRAGGLER_CAUSES[{c.key!r}]` | its cause is "
+                        f"{c.key}, a run without an accelerator | {_cell(c.cpu_remedy)} |")
+    for v in ("bandwidth-bound", "latency-bound"):
+        rows.append(f"| bandwidth ({v}) | `link_remedy` | the class is {v}; no parallelism "
+                    f"read (else in each kind's words) | {_cell(LINK_VERDICTS[v].remedy)} |")
+    for name, text in (("TP_EXPOSED_COMM", TP_EXPOSED_COMM.remedy),
+                       ("PIPELINE_IMBALANCE", PIPELINE_IMBALANCE.remedy),
+                       ("HOST_CPU", HOST_CPU.remedy), ("THROTTLE_REMEDY", THROTTLE_REMEDY),
+                       ("HANG_REMEDY", HANG_REMEDY), ("MISMATCH_REMEDY", MISMATCH_REMEDY),
+                       ("FROZEN_REMEDY", FROZEN_REMEDY), ("CRASH_REMEDY", CRASH_REMEDY),
+                       ("OUT_OF_MEMORY", OUT_OF_MEMORY.remedy)):
+        rows.append(f"| {name.lower().removesuffix('_remedy')} | `{name}` | always | "
+                    f"{_cell(text)} |")
+    return "\n".join(rows)

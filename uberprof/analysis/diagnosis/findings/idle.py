@@ -48,7 +48,7 @@ def _idle_change(f: Finding) -> tuple[Change | None, str]:
                   "whatif --op projects a faster operator)")
 
 
-_GAPS, _REMEDY = "/gaps", "GAP_CAUSES"
+_GAPS, _REMEDY = "/gaps", "gap_remedy"
 DATA_STALL = FindingKind(
     "data_stall", VERDICT, evidence_sentence, lambda f: (Change("data"), ""), page=_GAPS,
     remedy_from=_REMEDY, summary="the device waits for the data loader",
