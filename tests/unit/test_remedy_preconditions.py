@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests._gpu_samples import copy_samples
 from uberprof.analysis.diagnosis.advisor import analysed_steps
 from uberprof.analysis.diagnosis.causes import (
     EXAMPLE_TRAITS,
@@ -28,6 +29,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 # data-loader workers; critical_path_simple_add: no optimizer at all
 FOLDERS = ("hta/trace_filter", "hta/nccl_parser_config", "tb_plugin/resnet50_num_workers_4",
            "hta/critical_path_simple_add")
+# samples/gpu/whatif/data-problem: an H100 DDP run whose data loader has no worker (num_workers=0)
+DATA_PROBLEM = "whatif/data-problem"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +41,11 @@ def traits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     for f in FOLDERS:
         ctx = load_context(TRACES / f, out=tmp_path_factory.mktemp("t") / "derived", workers=1)
         out[f] = job_traits(ctx, analysed_steps(ctx), "cuda")
+    root = tmp_path_factory.mktemp("gpu")
+    (root / "whatif").mkdir()
+    run = copy_samples(root, (DATA_PROBLEM,))[DATA_PROBLEM]
+    ctx = load_context(run, workers=1)
+    out[DATA_PROBLEM] = job_traits(ctx, analysed_steps(ctx), "cuda")
     return out
 
 
@@ -63,6 +71,10 @@ def test_every_finding_has_a_last_remedy_that_always_holds() -> None:
     ("host_plain_optimizer", "tb_plugin/resnet50_num_workers_4", "hta/trace_filter"),
     ("ddp_buckets", "hta/nccl_parser_config", "hta/trace_filter"),
     ("all_to_all_quantised_already", "hta/trace_filter", "hta/nccl_parser_config"),
+    ("data_in_process", DATA_PROBLEM, "tb_plugin/resnet50_num_workers_4"),
+    ("data_workers_already", "tb_plugin/resnet50_num_workers_4", DATA_PROBLEM),
+    ("straggler_data_in_process", DATA_PROBLEM, "tb_plugin/resnet50_num_workers_4"),
+    ("straggler_data_workers_already", "tb_plugin/resnet50_num_workers_4", DATA_PROBLEM),
 ])
 def test_precondition_holds_on_one_real_trace_and_fails_on_another(
         traits: dict[str, dict[str, Any]], key: str, holds_on: str, fails_on: str) -> None:
@@ -76,11 +88,13 @@ def test_remedy_chosen_per_trace_is_the_first_that_holds(
     assert host == {"hta/trace_filter": "host_foreach_already",
                     "hta/nccl_parser_config": "host_foreach_already",
                     "tb_plugin/resnet50_num_workers_4": "host_plain_optimizer",
-                    "hta/critical_path_simple_add": "host_generic"}
+                    "hta/critical_path_simple_add": "host_generic",
+                    DATA_PROBLEM: "host_foreach_already"}
     ddp = {f: chosen_remedy("exposed_comm (DDP)", t).key for f, t in traits.items()}
     assert ddp["hta/trace_filter"] == "ddp_not_the_traffic"
     assert ddp["hta/nccl_parser_config"] == "ddp_buckets"
     assert traits["tb_plugin/resnet50_num_workers_4"]["data_loader_workers"] == "several"
+    assert chosen_remedy("data_stall", traits["hta/trace_filter"]).key == "data_generic"
 
 
 def test_fused_cuda_graph_and_compiled_preconditions_fail_on_every_shared_trace(

@@ -40,6 +40,7 @@ __all__ = [
     "remedies_table",
     "remedy_for",
     "straggler_cause_text",
+    "straggler_remedy",
 ]
 
 
@@ -541,6 +542,43 @@ REMEDIES: tuple[Remedy, ...] = (
            lambda t: True,
            lambda t: ("No cudaGraphLaunch nor compiled (Triton) kernel in the traces: the step "
                       "runs eagerly. " + _LAUNCH)),
+    Remedy("data_in_process", "data_stall",
+           "the trace shows the single-process data-loader iterator (num_workers=0)",
+           lambda t: t.get("data_loader_workers") == "none",
+           lambda t: ("The data loader runs in the training process (the trace shows "
+                      "_SingleProcessDataLoaderIter: num_workers=0), so each batch is made "
+                      "while the device waits. Give it worker processes (DataLoader "
+                      "num_workers=4 or more, persistent_workers=True, pin_memory=True, "
+                      "prefetch_factor), or move decoding and augmentation off the training "
+                      "process.")),
+    Remedy("data_workers_already", "data_stall",
+           "the trace shows the multi-process data-loader iterator (num_workers > 0)",
+           lambda t: t.get("data_loader_workers") == "several",
+           lambda t: ("The data loader already has worker processes (the trace shows "
+                      "_MultiProcessingDataLoaderIter) and the device still waits: they do not "
+                      "keep up. Raise num_workers and prefetch_factor within the host's free "
+                      "cores, use pin_memory=True and persistent_workers=True, move decoding and "
+                      "augmentation out of the workers' per-step path (pre-processed data, "
+                      "decoding on the device), and check the storage or network read path.")),
+    Remedy("data_generic", "data_stall", "always (the data-loader fetch not seen)",
+           lambda t: True, lambda t: GAP_CAUSES["data"].remedy),
+    Remedy("straggler_data_in_process", "straggler (data)",
+           "the trace shows the single-process data-loader iterator (num_workers=0)",
+           lambda t: t.get("data_loader_workers") == "none",
+           lambda t: ("Rank {r} waits for its data loader, which runs in the training process "
+                      "(the trace shows _SingleProcessDataLoaderIter: num_workers=0). Give it "
+                      "worker processes (num_workers, persistent_workers=True, pin_memory=True, "
+                      "prefetch_factor); check what makes its batches slower (its inputs, the "
+                      "storage or network read path of its node).")),
+    Remedy("straggler_data_workers_already", "straggler (data)",
+           "the trace shows the multi-process data-loader iterator (num_workers > 0)",
+           lambda t: t.get("data_loader_workers") == "several",
+           lambda t: ("Rank {r} waits for its data loader although it has worker processes "
+                      "(_MultiProcessingDataLoaderIter): they do not keep up on it. Check the "
+                      "storage or network read path of its node and the cores its workers get; "
+                      "raise num_workers and prefetch_factor.")),
+    Remedy("straggler_data_generic", "straggler (data)", "always (the data-loader fetch not "
+           "seen)", lambda t: True, lambda t: STRAGGLER_CAUSES["data"].remedy),
     Remedy("ddp_buckets", "exposed_comm (DDP)",
            f"DDP is read and all-reduces are at least {_DDP_SHARE:.0f}% of the collective time",
            ddp_buckets_matter,
@@ -574,7 +612,7 @@ def gap_remedy(c: Cause, device_type: str | None, traits: dict[str, Any] | None)
     precondition holds on what the job already does (`traits`)."""
     if device_type == "cpu" and c.cpu_remedy:
         return c.cpu_remedy
-    serves = {"host": "idle (host)", "launch": "launch_bound"}.get(c.key)
+    serves = {"host": "idle (host)", "launch": "launch_bound", "data": "data_stall"}.get(c.key)
     if serves is None or traits is None:
         return remedy_for(c, device_type)
     return chosen_remedy(serves, traits).say(traits)
@@ -615,7 +653,7 @@ def remedies_table() -> str:
         rows.append(f"| {r.serves} | `{r.key}` | {_cell(r.precondition)} | "
                     f"{_cell(r.say(EXAMPLE_TRAITS))} |")
     for c in GAP_CAUSES.values():
-        if c.key in ("host", "launch"):
+        if c.key in ("host", "launch", "data"):
             rows.append(f"| {c.kind} ({c.key}) | `GAP_CAUSES[{c.key!r}]` | a run without an "
                         f"accelerator (before the rows above) | {_cell(c.cpu_remedy)} |")
             continue
@@ -630,6 +668,11 @@ def remedies_table() -> str:
     rows.append(f"| exposed_comm | `COMM_REMEDY_UNKNOWN` | no parallelism read | "
                 f"{_cell(COMM_REMEDY_UNKNOWN)} |")
     for c in STRAGGLER_CAUSES.values():
+        if c.key == "data":
+            rows.append(f"| straggler (data) | `STRAGGLER_CAUSES['data']` | its cause is data, "
+                        f"a run without an accelerator (else the rows above) | "
+                        f"{_cell(c.cpu_remedy)} |")
+            continue
         rows.append(f"| straggler ({c.key}) | `STRAGGLER_CAUSES[{c.key!r}]` | its cause is "
                     f"{c.key}{' (a run with an accelerator)' if c.cpu_remedy else ''} | "
                     f"{_cell(c.remedy)} |")
@@ -648,3 +691,14 @@ def remedies_table() -> str:
         rows.append(f"| {name.lower().removesuffix('_remedy')} | `{name}` | always | "
                     f"{_cell(text)} |")
     return "\n".join(rows)
+
+
+def straggler_remedy(cause: str, device_type: str | None, traits: dict[str, Any] | None,
+                     rank: int) -> str:
+    """The remedy of a straggler of `cause` on `rank`: the CPU one on a run without an
+    accelerator; for a data straggler the first `REMEDIES` row whose precondition holds on what
+    the job already does (its data loader's workers)."""
+    c = STRAGGLER_CAUSES[cause]
+    if cause == "data" and traits is not None and not (device_type == "cpu" and c.cpu_remedy):
+        return chosen_remedy("straggler (data)", traits).say(traits).format(r=rank)
+    return remedy_for(c, device_type).format(r=rank)
