@@ -523,8 +523,10 @@ REMEDIES: tuple[Remedy, ...] = (
     Remedy("launch_graphs_already", "launch_bound",
            "the trace shows cudaGraphLaunch calls",
            lambda t: bool((t.get("cuda_graphs") or {}).get("present")),
-           lambda t: (f"The step already replays CUDA graphs "
-                      f"({(t.get('cuda_graphs') or {}).get('launches')} cudaGraphLaunch calls): "
+           lambda t: ("The step already replays CUDA graphs ("
+                      + (f"{n} cudaGraphLaunch calls"
+                         if (n := (t.get("cuda_graphs") or {}).get("launches"))
+                         else "cudaGraphLaunch in the trace") + "): "
                       "the launch-bound gaps are in work outside the captured graphs. Extend "
                       "the captured region (fix the graph breaks and dynamic shapes that leave "
                       "work out: TORCH_LOGS=graph_breaks), fuse the small operators left, or "

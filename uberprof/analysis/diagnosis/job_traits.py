@@ -111,8 +111,9 @@ def traits_of(names: set[str], ops: pa.Table | None, spans: dict[int, pa.Table],
                "none" if any(_ONE_WORKER.search(n) for n in names) else None)
     return {
         "optimizer": _optimizer(names, ops, kernels, spans, device_type),
+        # launches: calls counted where the operator table has them, else None (present only)
         "cuda_graphs": {"present": bool(graph_launches or "cudaGraphLaunch" in names),
-                        "launches": graph_launches},
+                        "launches": graph_launches or None},
         "compiled": {"present": bool(compiled),
                      "triton_kernels": sum(1 for k in kernels if k.startswith("triton_")),
                      "examples": compiled[:3]},
