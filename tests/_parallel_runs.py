@@ -59,3 +59,17 @@ def pp_dp_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
 @pytest.fixture(scope="session")
 def fsdp_tp_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
     return _report(tmp_path_factory, "fsdptp", 4, "train_2d.py", "--layout", "fsdp_tp")
+
+
+@pytest.fixture(scope="session")
+def moe_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    """Expert parallel over 2 ranks, fused AdamW on the CPU, half the tokens routed to rank 0's
+    experts (unequal all-to-all splits)."""
+    return _report(tmp_path_factory, "moe", 2, "train_moe.py", "--optimizer", "fused",
+                   "--skew", "0.5")
+
+
+@pytest.fixture(scope="session")
+def moe_plain_run(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    """The same expert-parallel job with AdamW's per-parameter loop and even routing."""
+    return _report(tmp_path_factory, "moe-plain", 2, "train_moe.py", "--optimizer", "plain")

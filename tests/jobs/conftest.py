@@ -24,13 +24,21 @@ from tests._diag_runs import (
     slow_data_run,
 )
 from tests._export_traces import counters_run
-from tests._parallel_runs import fsdp2_run, fsdp_tp_run, pipeline_run, pp_dp_run, tp_run
+from tests._parallel_runs import (
+    fsdp2_run,
+    fsdp_tp_run,
+    moe_plain_run,
+    moe_run,
+    pipeline_run,
+    pp_dp_run,
+    tp_run,
+)
 from tests._runs import ddp_runs, modules_memory_run, short_ddp_run
 
 SHARED = {f.__name__: f for f in (healthy_run, logging_run, sleeping_rank_run, slow_compute_run,
                                   slow_data_run, counters_run, tp_run, fsdp2_run, pipeline_run,
                                   pp_dp_run, fsdp_tp_run, ddp_runs, short_ddp_run,
-                                  modules_memory_run)}
+                                  modules_memory_run, moe_run, moe_plain_run)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

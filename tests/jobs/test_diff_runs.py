@@ -106,7 +106,8 @@ def test_json_schema(diff_runs: dict[str, Path]) -> None:
     doc = diff_json(diff_runs["base"], diff_runs["mm"])
     assert set(doc) == {"schema_version", "a", "b", "notes", "step_time_ms",
                         "mean_step_delta_ms", "breakdown", "ops", "collectives", "counters",
-                        "metadata_changes", "findings"}
+                        "metadata_changes", "findings", "job_changes"}
+    assert doc["job_changes"] == []  # the same machine and job under both
     assert set(doc["a"]) == {"path", "kind", "run_id", "world_size", "ranks", "steps", "notes"}
     st = doc["step_time_ms"]
     assert {"a", "b", "delta", "ratio", "significant", "test"} <= set(st)

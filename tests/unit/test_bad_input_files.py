@@ -242,7 +242,7 @@ def _facts(traced: pa.Table, found: list[Finding]) -> SimpleNamespace:
     return SimpleNamespace(
         traced=traced, lateness=pa.table({"rank": pa.array([], pa.int64())}),
         wall_ns=1_000_000_000, classes=[], p2p=None, found=found, exposed_around=None,
-        parallelism=SimpleNamespace(kinds=()),
+        parallelism=SimpleNamespace(kinds=()), traits={},
         first=lambda kind: next((f for f in found if f.kind == kind), None),
         of_kind=lambda kind: [f for f in found if f.kind == kind])
 

@@ -62,3 +62,21 @@ def test_runs_that_do_not_line_up_compare_per_step(tmp_path: Path) -> None:
     assert doc["a"]["ranks"] == [0, 1] and doc["b"]["ranks"] == [0]
     assert any("ranks differ" in n for n in doc["notes"])
     assert any(r["key"] == "world_size" for r in doc["metadata_changes"])
+
+
+def test_diff_of_traces_from_different_gpus_names_the_gpu_change_first(tmp_path: Path) -> None:
+    a100 = SHARED / "hta" / "nccl_parser_config"  # rank 0 of 2 on an A100
+    doc = diff_json(tmp_path, a100, NS_TRACE)  # one V100 rank
+    changes = {c["key"]: (c["a"], c["b"]) for c in doc["job_changes"]}
+    assert changes["gpu_model"] == ("NVIDIA A100-PG509-200", "Tesla V100-SXM2-32GB")
+    assert changes["world_size"] == ("2", "1") and changes["compute_capability"] == ("8.0", "7.0")
+    assert "nccl_version" not in changes  # both 2.17.1
+    first = doc["notes"][0]
+    assert first.startswith("under the job: GPU model NVIDIA A100-PG509-200 -> "
+                            "Tesla V100-SXM2-32GB; world size 2 -> 1")
+    assert "GPU memory 39.4 GiB -> 31.7 GiB" in first
+
+
+def test_diff_of_traces_from_the_same_gpu_names_no_change_under_the_job(tmp_path: Path) -> None:
+    doc = diff_json(tmp_path, NS_TRACE, NS_TRACE)
+    assert doc["job_changes"] == [] and not any(n.startswith("under the job") for n in doc["notes"])

@@ -138,7 +138,8 @@ NO_MARKER = "no DDP, FSDP, pipeline or tensor-parallel marker in the traces"
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
 @pytest.mark.parametrize(("folder", "summary"), [
-    ("hta/trace_filter", "DDP (128)"),  # 2 of a 128-rank DDP job's traces
+    # 2 of a 128-rank recommendation job: fbgemm embeddings sharded (all-to-all), DDP dense
+    ("hta/trace_filter", "embedding sharding (128) x DDP (128)"),
     ("hta/nccl_parser_config", "DDP (2)"),
     ("hta/cpu_only", f"not known (300 ranks; {NO_MARKER})"),
     ("tb_plugin/test_distributed_nccl", f"not known (2 ranks; {NO_MARKER})"),

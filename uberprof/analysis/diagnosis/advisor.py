@@ -49,6 +49,7 @@ from uberprof.analysis.diagnosis.gains import attach_gains, run_projector, top_t
 from uberprof.analysis.diagnosis.gaps import AROUND_SCHEMA, DEFAULT_THRESHOLD_NS, GAP_SCHEMA
 from uberprof.analysis.diagnosis.gpu_clocks import gpu_clocks
 from uberprof.analysis.diagnosis.group_comm import GroupComm, group_comm
+from uberprof.analysis.diagnosis.job_traits import job_traits
 from uberprof.analysis.diagnosis.lateness import lateness
 from uberprof.analysis.diagnosis.memory import run_memory
 from uberprof.analysis.diagnosis.memory_timeline import run_memory_timeline
@@ -119,11 +120,13 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     device_type = _device_type(ctx)
     parallelism, p2p, pipeline, groups = _parallel_facts(ctx, alignment, traced, matched,
                                                          exposed, wall_ns)
+    traits = job_traits(ctx, traced, device_type)
     facts = Facts(ctx=ctx, traced=traced, wall_ns=wall_ns, lateness=lat, gaps=gaps,
                   classes=classes, clocks=clocks, straggler=tests.straggler,
                   summaries=summaries, device_type=device_type, window=window, p2p=p2p,
                   parallelism=parallelism, pipeline=pipeline,
-                  groups=groups, exposed_around=_exposed_around(per_rank.values()))
+                  groups=groups, exposed_around=_exposed_around(per_rank.values()),
+                  traits=traits)
     proj, cp_doc, rp_doc = run_projector(ctx, traced, matched.instances, alignment.offsets(),
                                          p2p.pairs, parallelism.stage_of or {}, busy)
     produced = produce(facts)
@@ -146,6 +149,7 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run.p2p = p2p_doc(p2p)  # RunDoc: fields declared in report_doc.py, none added here
     run.pipeline = pipeline.as_dict() if pipeline is not None else None
     run.comm_by_group = [g.as_dict() for g in groups]
+    run.job_traits = traits
     run.operators = run_operators(ctx, traced)
     run.memory = run_memory(ctx)
     run.modules = run_modules(ctx, traced)

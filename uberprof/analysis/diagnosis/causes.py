@@ -11,7 +11,9 @@ optimizer on the device; communication remedies fit its parallelism (`exposed_co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "COMM_REMEDIES",
@@ -25,16 +27,21 @@ __all__ = [
     "MISMATCH_REMEDY",
     "PIPELINE_IMBALANCE",
     "PIPELINE_IMBALANCE_REMEDY",
+    "REMEDIES",
     "STRAGGLER_CAUSES",
     "THROTTLE_REMEDY",
     "TP_EXPOSED_COMM",
     "WARMUP",
     "Cause",
+    "Remedy",
     "exposed_comm_remedy",
     "gap_cause",
+    "gap_remedy",
     "link_remedy",
+    "remedies_table",
     "remedy_for",
     "straggler_cause_text",
+    "straggler_remedy",
 ]
 
 
@@ -193,6 +200,19 @@ COMM_REMEDIES: dict[str, str] = {
           "group: torch.distributed._symmetric_memory.enable_symm_mem_for_group), and keep the "
           "TP group within a node's fast links (NVLink): a smaller TP degree, with data "
           "parallelism or FSDP across nodes.",
+    "ep": "Expert parallel: the all-to-alls that dispatch tokens to their experts and combine "
+          "them back wait for the slowest rank of the group, so unequal splits cost everyone. "
+          "Balance the router's load (an auxiliary load-balancing loss, a capacity factor, "
+          "token dropping), overlap the dispatch and combine with compute that does not need "
+          "them (a shared expert, the next micro-batch), and keep the expert-parallel group "
+          "within a node's fast links.",
+    "embedding": "Embedding sharding (model-parallel embeddings): the all-to-alls that send "
+                 "lookups to the ranks holding each table and pooled embeddings back are not "
+                 "hidden by any gradient bucketing. Pipeline them with the dense part (TorchRec's "
+                 "TrainPipelineSparseDist starts the next batch's input all-to-all during this "
+                 "one's compute), rebalance the sharding plan so that no rank's tables receive "
+                 "more lookups (EmbeddingShardingPlanner: table-wise, row-wise, column-wise), and "
+                 "keep the large all-to-alls within a node where the plan allows.",
     "fsdp2": "FSDP2 (fully_shard): prefetch the next all-gathers explicitly "
              "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch on the "
              "FSDPModule), keep reshard_after_forward=True only where memory needs it (False, "
@@ -231,19 +251,27 @@ TP_EXPOSED_COMM = Cause(
     COMM_REMEDIES["tp"], kind="tp_exposed_comm")
 
 
-def exposed_comm_remedy(parallelism_kinds: tuple[str, ...] | list[str]) -> str:
+def exposed_comm_remedy(parallelism_kinds: tuple[str, ...] | list[str],
+                        traits: dict[str, Any] | None = None) -> str:
     """The remedy for exposed communication that fits the run's parallelism: each kind's own
-    (in `tables/parallelism.KIND_ORDER`), then fewer bytes in the words of the data-parallel
-    API, never another API's option names."""
+    (in `tables/parallelism.KIND_ORDER`) whose precondition holds on what the run shows
+    (`traits`: `run.job_traits`; DDP's only where its all-reduces carry the communication),
+    then fewer bytes in the words of the data-parallel API, never another API's option
+    names."""
+    t = traits or {}
     kinds = [k for k in parallelism_kinds if k in COMM_REMEDIES]
+    said = [chosen_remedy(_SERVES[k], t).say(t) if k in _SERVES else COMM_REMEDIES[k]
+            for k in kinds]
     if not kinds:
         return (COMM_REMEDY_UNKNOWN + " If the collectives are bandwidth-bound (see the "
                 "bandwidth findings), send fewer bytes (bf16 gradients) or use a faster "
                 "interconnect.")
-    text = " ".join(COMM_REMEDIES[k] for k in kinds)
-    fewer = [_FEWER_BYTES[k] for k in kinds if k in _FEWER_BYTES]
-    return (text + " If the collectives are bandwidth-bound (see the bandwidth findings), "
-            + (f"send fewer bytes ({'; '.join(fewer)}) or " if fewer else "")
+    fewer = [_FEWER_BYTES[k] for k in kinds if k in _FEWER_BYTES
+             and (k != "ddp" or ddp_buckets_matter(t))]
+    if {"embedding", "ep"} & set(kinds):
+        fewer.append(chosen_remedy(_A2A_BYTES, t).say(t))
+    return (" ".join(said) + " If the collectives are bandwidth-bound (see the bandwidth "
+            "findings), " + (f"send fewer bytes ({'; '.join(fewer)}) or " if fewer else "")
             + "use a faster interconnect.")
 
 
@@ -252,6 +280,9 @@ _HIDE: dict[str, str] = {
     "pp": "more micro-batches or an interleaved schedule, so stages compute while "
           "activations move",
     "tp": "async TP (torch._inductor.config._micro_pipeline_tp with torch.compile)",
+    "ep": "the expert all-to-alls overlapped with a shared expert or the next micro-batch",
+    "embedding": "TorchRec's TrainPipelineSparseDist (the next batch's input all-to-all under "
+                 "this one's compute)",
     "fsdp2": "FSDP2 prefetch (set_modules_to_forward_prefetch / "
              "set_modules_to_backward_prefetch)",
     "fsdp1": "FSDP backward_prefetch=BACKWARD_PRE, forward_prefetch=True",
@@ -260,6 +291,9 @@ _HIDE: dict[str, str] = {
 _COALESCE: dict[str, str] = {
     "pp": "fewer, larger micro-batches (each send/recv carries one micro-batch's activations)",
     "tp": "fewer, larger collectives (sequence parallelism, a smaller TP degree)",
+    "ep": "fewer, larger dispatches (more tokens per all-to-all)",
+    "embedding": "fewer, larger all-to-alls (group the tables' lookups: fused "
+                 "EmbeddingBagCollection sharding)",
     "fsdp2": "larger fully_shard units (fewer, larger all-gathers and reduce-scatters)",
     "fsdp1": "a coarser auto_wrap_policy (fewer, larger FSDP units)",
     "ddp": "raise DDP bucket_cap_mb",
@@ -364,3 +398,319 @@ OUT_OF_MEMORY = Cause(
     "expandable_segments:True helps when the memory is free but fragmented.",
     kind="crash")
 
+
+
+# --- Remedies whose precondition is read from the run (issue 50) ------------------------------
+#
+# `run.job_traits` (analysis/diagnosis/job_traits.py) says what the job already does; a remedy
+# is given only where its precondition holds on it, else the next one in its list that holds
+# (the last of each list always holds), and it says what it saw. docs/findings.md's remedy
+# table is made from `REMEDIES` (`python -m uberprof.analysis.diagnosis.findings --write`).
+
+_DDP_SHARE = 50.0
+_SERVES = {"ddp": "exposed_comm (DDP)", "embedding": "exposed_comm (embedding sharding)",
+           "ep": "exposed_comm (expert parallel)"}
+_A2A_BYTES = "exposed_comm (embedding sharding, expert parallel)"  # DDP's bucket advice only where its all-reduces are this share of the time
+
+
+def _coll(t: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [c for c in t.get("collectives") or [] if c.get("name") == name]
+
+
+def _share(t: dict[str, Any], name: str) -> float:
+    return sum(c.get("share_pct") or 0.0 for c in _coll(t, name))
+
+
+def ddp_buckets_matter(t: dict[str, Any]) -> bool:
+    """DDP's bucket remedy holds: the run's all-reduces carry at least half of its collective
+    time, or the traces do not say (no collective table)."""
+    return not (t.get("collectives")) or _share(t, "allreduce") >= _DDP_SHARE
+
+
+def _mix(t: dict[str, Any]) -> str:
+    by: dict[str, float] = {}
+    for c in t.get("collectives") or []:
+        by[c["name"]] = by.get(c["name"], 0.0) + (c.get("share_pct") or 0.0)
+    return ", ".join(f"{n} {v:.0f}%" for n, v in sorted(by.items(), key=lambda kv: -kv[1]))
+
+
+def _ddp_not_the_traffic(t: dict[str, Any]) -> str:
+    return ("DDP wraps part of the model, but its gradient all-reduces are only "
+            f"{_share(t, 'allreduce'):.0f}% of the communication time (by collective: "
+            f"{_mix(t)}): tuning its buckets would not touch the rest.")
+
+
+def _bucket_numbers(t: dict[str, Any]) -> str:
+    ar = _coll(t, "allreduce")
+    sizes = [c for c in ar if c.get("mb_median") is not None]
+    if not sizes:
+        return ""
+    c = max(sizes, key=lambda c: c.get("ms") or 0)
+    suggest = max(1, round((c["mb_median"] or 0) / 2))
+    return (f" Seen: {c['calls_per_step']} all-reduces a step of {c['mb_min']}-{c['mb_max']} MB "
+            f"(median {c['mb_median']} MB; DDP's default bucket_cap_mb is 25): try "
+            f"bucket_cap_mb={suggest} and compare the exposed time.")
+
+
+def _all_to_all_numbers(t: dict[str, Any]) -> str:
+    a2a = _coll(t, "alltoall")
+    if not a2a:
+        return ""
+    c = max(a2a, key=lambda c: c.get("ms") or 0)
+    lo, hi = c.get("largest_mb_across_ranks") or (None, None)
+    spread = (f"; the largest a step is {lo} MB on one rank and {hi} MB on another: unequal "
+              "splits, the ranks that send more are waited for" if lo is not None and hi
+              and lo < 0.9 * hi else "")
+    return (f" Seen: {c['calls_per_step']} all-to-alls a step, up to {c['mb_max']} MB each, "
+            f"{_share(t, 'alltoall'):.0f}% of the communication time{spread}.")
+
+
+def _all_to_all_fewer_bytes(t: dict[str, Any]) -> str:
+    if "fp8" in (t.get("precision") or []):
+        return ("a smaller embedding dimension or fewer features: the all-to-all already "
+                "runs quantised, FP8 kernels seen")
+    if (t.get("embeddings") or {}).get("present"):
+        return ("quantise the all-to-all: TorchRec's qcomm codecs, fp16/bf16 or FP8 forward and "
+                "backward")
+    return "dispatch and combine the tokens in bf16, or FP8 with a scale per token"
+
+
+def _opt_words(t: dict[str, Any]) -> str:
+    o = t.get("optimizer") or {}
+    cls = "/".join(o.get("classes") or []) or "optimizer"
+    bits = []
+    if o.get("host_ms_per_step") is not None:
+        bits.append(f"{o['host_ms_per_step']} ms of host time a step in {o.get('region')}")
+    if o.get("top_op"):
+        bits.append(f"{o['top_op']['name']} {o['top_op']['ms_per_call']} ms a call")
+    return f"{cls}" + (f" ({'; '.join(bits)})" if bits else "")
+
+
+def _impl(t: dict[str, Any]) -> str | None:
+    return (t.get("optimizer") or {}).get("implementation")
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One remedy of a finding (a gap cause or a finding kind), given where `holds` is true of
+    the run's job traits; `say` writes it with the run's numbers."""
+
+    key: str
+    serves: str  # the gap cause or finding kind it is a remedy of
+    precondition: str  # in words, for docs/findings.md
+    holds: Callable[[dict[str, Any]], bool]
+    say: Callable[[dict[str, Any]], str]
+
+
+_HOST = GAP_CAUSES["host"].remedy
+_LAUNCH = GAP_CAUSES["launch"].remedy
+
+REMEDIES: tuple[Remedy, ...] = (
+    Remedy("host_fused_already", "idle (host)",
+           "the optimizer already runs fused kernels (aten::_fused_*)",
+           lambda t: _impl(t) == "fused",
+           lambda t: (f"The optimizer is already fused: {_opt_words(t)}. The host time is "
+                      "elsewhere (Python between operators, logging, metrics): move it off the "
+                      "step or overlap it; torch.compile of the step cuts Python overhead.")),
+    Remedy("host_foreach_already", "idle (host)",
+           "the optimizer already runs foreach operators (aten::_foreach_*), none fused",
+           lambda t: _impl(t) == "foreach",
+           lambda t: (f"Already uses a foreach optimizer: {_opt_words(t)}. Where the idle time "
+                      "lies in that region, a fused optimizer on the device "
+                      "(fused=True for Adam, AdamW, SGD, Adagrad; torch.compile of the optimizer "
+                      "step for those without one) launches one kernel per group instead of "
+                      "several per parameter list, or overlap the step with backward (an "
+                      "optimizer in backward through register_post_accumulate_grad_hook). Move "
+                      "other host work off the step.")),
+    Remedy("host_plain_optimizer", "idle (host)",
+           "an optimizer step is seen, neither foreach nor fused (a per-parameter loop)",
+           lambda t: _impl(t) == "plain",
+           lambda t: (f"The optimizer loops over its parameters one by one: {_opt_words(t)}. "
+                      + _HOST)),
+    Remedy("host_generic", "idle (host)", "always (no optimizer step seen in the traces)",
+           lambda t: True,
+           lambda t: "No optimizer step is seen in the traces. " + _HOST),
+    Remedy("launch_graphs_already", "launch_bound",
+           "the trace shows cudaGraphLaunch calls",
+           lambda t: bool((t.get("cuda_graphs") or {}).get("present")),
+           lambda t: ("The step already replays CUDA graphs ("
+                      + (f"{n} cudaGraphLaunch calls"
+                         if (n := (t.get("cuda_graphs") or {}).get("launches"))
+                         else "cudaGraphLaunch in the trace") + "): "
+                      "the launch-bound gaps are in work outside the captured graphs. Extend "
+                      "the captured region (fix the graph breaks and dynamic shapes that leave "
+                      "work out: TORCH_LOGS=graph_breaks), fuse the small operators left, or "
+                      "give each kernel more work (larger batch per rank).")),
+    Remedy("launch_compiled_no_graphs", "launch_bound",
+           "compiled (Triton) kernels are present, no cudaGraphLaunch",
+           lambda t: bool((t.get("compiled") or {}).get("present")),
+           lambda t: ("The job is already compiled ("
+                      f"{(t.get('compiled') or {}).get('triton_kernels')} Triton kernels seen) "
+                      "but replays no CUDA graph: torch.compile(mode='reduce-overhead') captures "
+                      "the compiled step in CUDA graphs; fix graph breaks so that more of the "
+                      "step is compiled (TORCH_LOGS=graph_breaks), or give each kernel more "
+                      "work (larger batch per rank).")),
+    Remedy("launch_eager", "launch_bound", "always (eager mode: neither seen)",
+           lambda t: True,
+           lambda t: ("No cudaGraphLaunch nor compiled (Triton) kernel in the traces: the step "
+                      "runs eagerly. " + _LAUNCH)),
+    Remedy("data_in_process", "data_stall",
+           "the trace shows the single-process data-loader iterator (num_workers=0)",
+           lambda t: t.get("data_loader_workers") == "none",
+           lambda t: ("The data loader runs in the training process (the trace shows "
+                      "_SingleProcessDataLoaderIter: num_workers=0), so each batch is made "
+                      "while the device waits. Give it worker processes (DataLoader "
+                      "num_workers=4 or more, persistent_workers=True, pin_memory=True, "
+                      "prefetch_factor), or move decoding and augmentation off the training "
+                      "process.")),
+    Remedy("data_workers_already", "data_stall",
+           "the trace shows the multi-process data-loader iterator (num_workers > 0)",
+           lambda t: t.get("data_loader_workers") == "several",
+           lambda t: ("The data loader already has worker processes (the trace shows "
+                      "_MultiProcessingDataLoaderIter) and the device still waits: they do not "
+                      "keep up. Raise num_workers and prefetch_factor within the host's free "
+                      "cores, use pin_memory=True and persistent_workers=True, move decoding and "
+                      "augmentation out of the workers' per-step path (pre-processed data, "
+                      "decoding on the device), and check the storage or network read path.")),
+    Remedy("data_generic", "data_stall", "always (the data-loader fetch not seen)",
+           lambda t: True, lambda t: GAP_CAUSES["data"].remedy),
+    Remedy("straggler_data_in_process", "straggler (data)",
+           "the trace shows the single-process data-loader iterator (num_workers=0)",
+           lambda t: t.get("data_loader_workers") == "none",
+           lambda t: ("Rank {r} waits for its data loader, which runs in the training process "
+                      "(the trace shows _SingleProcessDataLoaderIter: num_workers=0). Give it "
+                      "worker processes (num_workers, persistent_workers=True, pin_memory=True, "
+                      "prefetch_factor); check what makes its batches slower (its inputs, the "
+                      "storage or network read path of its node).")),
+    Remedy("straggler_data_workers_already", "straggler (data)",
+           "the trace shows the multi-process data-loader iterator (num_workers > 0)",
+           lambda t: t.get("data_loader_workers") == "several",
+           lambda t: ("Rank {r} waits for its data loader although it has worker processes "
+                      "(_MultiProcessingDataLoaderIter): they do not keep up on it. Check the "
+                      "storage or network read path of its node and the cores its workers get; "
+                      "raise num_workers and prefetch_factor.")),
+    Remedy("straggler_data_generic", "straggler (data)", "always (the data-loader fetch not "
+           "seen)", lambda t: True, lambda t: STRAGGLER_CAUSES["data"].remedy),
+    Remedy("ddp_buckets", "exposed_comm (DDP)",
+           f"DDP is read and all-reduces are at least {_DDP_SHARE:.0f}% of the collective time",
+           ddp_buckets_matter,
+           lambda t: COMM_REMEDIES["ddp"] + _bucket_numbers(t)),
+    Remedy("ddp_not_the_traffic", "exposed_comm (DDP)",
+           f"DDP is read but all-reduces are under {_DDP_SHARE:.0f}% of the collective time",
+           lambda t: True, _ddp_not_the_traffic),
+    Remedy("embedding_all_to_all", "exposed_comm (embedding sharding)",
+           "all-to-alls and embedding kernels (fbgemm, TorchRec, EmbeddingBag)",
+           lambda t: True, lambda t: COMM_REMEDIES["embedding"] + _all_to_all_numbers(t)),
+    Remedy("all_to_all_quantised_already", "exposed_comm (embedding sharding, expert parallel)",
+           "FP8 kernels are seen (the all-to-all is already quantised)",
+           lambda t: "fp8" in (t.get("precision") or []), _all_to_all_fewer_bytes),
+    Remedy("all_to_all_quantise", "exposed_comm (embedding sharding, expert parallel)",
+           "always (no FP8 kernels seen)", lambda t: True, _all_to_all_fewer_bytes),
+    Remedy("expert_all_to_all", "exposed_comm (expert parallel)",
+           "all-to-alls without embedding kernels, or a mesh dimension 'ep'",
+           lambda t: True, lambda t: COMM_REMEDIES["ep"] + _all_to_all_numbers(t)),
+)
+
+
+def chosen_remedy(serves: str, traits: dict[str, Any] | None) -> Remedy:
+    """The first remedy of `serves` whose precondition holds on `traits`."""
+    t = traits or {}
+    return next(r for r in REMEDIES if r.serves == serves and r.holds(t))
+
+
+def gap_remedy(c: Cause, device_type: str | None, traits: dict[str, Any] | None) -> str:
+    """The remedy of idle cause `c` that fits the run: the CPU one on a run without an
+    accelerator, else, for host work and launch-bound gaps, the first of `REMEDIES` whose
+    precondition holds on what the job already does (`traits`)."""
+    if device_type == "cpu" and c.cpu_remedy:
+        return c.cpu_remedy
+    serves = {"host": "idle (host)", "launch": "launch_bound", "data": "data_stall"}.get(c.key)
+    if serves is None or traits is None:
+        return remedy_for(c, device_type)
+    return chosen_remedy(serves, traits).say(traits)
+
+
+# An example run's traits, for the table of remedies in docs/findings.md (its numbers are an
+# example's; a finding's remedy quotes its own run's).
+EXAMPLE_TRAITS: dict[str, Any] = {
+    "optimizer": {"classes": ["AdamW"], "implementation": "foreach", "device": "cuda",
+                  "region": "Optimizer.step", "host_ms_per_step": 12.5,
+                  "top_op": {"name": "aten::_foreach_mul_", "ms_per_call": 1.2}},
+    "cuda_graphs": {"present": False, "launches": 40},
+    "compiled": {"present": False, "triton_kernels": 120, "examples": []},
+    "collectives": [
+        {"group": "default", "name": "alltoall", "calls_per_step": 2.0, "mb_median": 160.0,
+         "mb_min": 0.1, "mb_max": 400.0, "largest_mb_across_ranks": [324.0, 400.0],
+         "ms": 400.0, "share_pct": 55.0},
+        {"group": "default", "name": "allreduce", "calls_per_step": 4.0, "mb_median": 25.0,
+         "mb_min": 8.0, "mb_max": 30.0, "largest_mb_across_ranks": [30.0, 30.0],
+         "ms": 300.0, "share_pct": 45.0}],
+    "embeddings": {"present": True}, "precision": ["bf16"],
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def remedies_table() -> str:
+    """Every remedy and its precondition, one markdown row each: first the remedies chosen by
+    what the job already does (`REMEDIES`, in the order they are tried; the sentence with an
+    example run's numbers, `EXAMPLE_TRAITS`), then those that depend only on the run's device
+    or parallelism (docs/findings.md's table, compared with this by
+    tests/unit/test_remedy_preconditions.py)."""
+    rows = ["| remedy of | key | precondition (tried in this order) | what it says |",
+            "|---|---|---|---|"]
+    for r in REMEDIES:
+        rows.append(f"| {r.serves} | `{r.key}` | {_cell(r.precondition)} | "
+                    f"{_cell(r.say(EXAMPLE_TRAITS))} |")
+    for c in GAP_CAUSES.values():
+        if c.key in ("host", "launch", "data"):
+            rows.append(f"| {c.kind} ({c.key}) | `GAP_CAUSES[{c.key!r}]` | a run without an "
+                        f"accelerator (before the rows above) | {_cell(c.cpu_remedy)} |")
+            continue
+        rows.append(f"| {c.kind} ({c.key}) | `GAP_CAUSES[{c.key!r}]` | a run with an "
+                    f"accelerator{'' if c.cpu_remedy else ' or without'} | {_cell(c.remedy)} |")
+        if c.cpu_remedy:
+            rows.append(f"| {c.kind} ({c.key}) | `GAP_CAUSES[{c.key!r}]` | a run without an "
+                        f"accelerator | {_cell(c.cpu_remedy)} |")
+    for k in ("pp", "tp", "fsdp2", "fsdp1"):
+        rows.append(f"| exposed_comm | `COMM_REMEDIES[{k!r}]` | parallelism read as `{k}` | "
+                    f"{_cell(COMM_REMEDIES[k])} |")
+    rows.append(f"| exposed_comm | `COMM_REMEDY_UNKNOWN` | no parallelism read | "
+                f"{_cell(COMM_REMEDY_UNKNOWN)} |")
+    for c in STRAGGLER_CAUSES.values():
+        if c.key == "data":
+            rows.append(f"| straggler (data) | `STRAGGLER_CAUSES['data']` | its cause is data, "
+                        f"a run without an accelerator (else the rows above) | "
+                        f"{_cell(c.cpu_remedy)} |")
+            continue
+        rows.append(f"| straggler ({c.key}) | `STRAGGLER_CAUSES[{c.key!r}]` | its cause is "
+                    f"{c.key}{' (a run with an accelerator)' if c.cpu_remedy else ''} | "
+                    f"{_cell(c.remedy)} |")
+        if c.cpu_remedy:
+            rows.append(f"| straggler ({c.key}) | `STRAGGLER_CAUSES[{c.key!r}]` | its cause is "
+                        f"{c.key}, a run without an accelerator | {_cell(c.cpu_remedy)} |")
+    for v in ("bandwidth-bound", "latency-bound"):
+        rows.append(f"| bandwidth ({v}) | `link_remedy` | the class is {v}; no parallelism "
+                    f"read (else in each kind's words) | {_cell(LINK_VERDICTS[v].remedy)} |")
+    for name, text in (("TP_EXPOSED_COMM", TP_EXPOSED_COMM.remedy),
+                       ("PIPELINE_IMBALANCE", PIPELINE_IMBALANCE.remedy),
+                       ("HOST_CPU", HOST_CPU.remedy), ("THROTTLE_REMEDY", THROTTLE_REMEDY),
+                       ("HANG_REMEDY", HANG_REMEDY), ("MISMATCH_REMEDY", MISMATCH_REMEDY),
+                       ("FROZEN_REMEDY", FROZEN_REMEDY), ("CRASH_REMEDY", CRASH_REMEDY),
+                       ("OUT_OF_MEMORY", OUT_OF_MEMORY.remedy)):
+        rows.append(f"| {name.lower().removesuffix('_remedy')} | `{name}` | always | "
+                    f"{_cell(text)} |")
+    return "\n".join(rows)
+
+
+def straggler_remedy(cause: str, device_type: str | None, traits: dict[str, Any] | None,
+                     rank: int) -> str:
+    """The remedy of a straggler of `cause` on `rank`: the CPU one on a run without an
+    accelerator; for a data straggler the first `REMEDIES` row whose precondition holds on what
+    the job already does (its data loader's workers)."""
+    c = STRAGGLER_CAUSES[cause]
+    if cause == "data" and traits is not None and not (device_type == "cpu" and c.cpu_remedy):
+        return chosen_remedy("straggler (data)", traits).say(traits).format(r=rank)
+    return remedy_for(c, device_type).format(r=rank)

@@ -9,7 +9,7 @@ producer can link the part of its time another finding already counts (`caused_b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -49,6 +49,7 @@ class Facts:
     pipeline: PipelineStages | None = None  # the pipeline's stages, when there is one
     groups: list[GroupComm] = field(default_factory=list)  # exposed communication per group
     parallelism: Parallelism = field(default_factory=Parallelism)  # read once, used by all
+    traits: dict[str, Any] = field(default_factory=dict)  # run.job_traits: what the job does
     exposed_around: pa.Table | None = None  # gaps.AROUND_SCHEMA: exposed comm by its neighbours
     found: list[Finding] = field(default_factory=list)
 

@@ -149,6 +149,14 @@ class RunDoc:
         "per rank and device, the peak allocated bytes in the trace windows and its moment, "
         "from torch.profiler's `[memory]` events (`uberprof run --profile-memory`; below); null "
         "where the traces have none"))
+    job_traits: dict[str, Any] = field(default_factory=dict, metadata=_m(
+        "what the job already does, read before any remedy is chosen (each remedy's "
+        "precondition, [findings.md](findings.md#remedies-and-their-preconditions)): "
+        "`optimizer` (`classes`, `implementation` foreach/fused/plain, `device`, `region`, "
+        "`host_ms_per_step`, `top_op`), `cuda_graphs`, `compiled`, `collectives` (per group and "
+        "collective: `calls_per_step`, `mb_median`/`mb_min`/`mb_max`, `ms`, `share_pct`), "
+        "`embeddings`, `precision`, `activation_checkpointing`, `data_loader_workers`, "
+        "`ranks_read`; `{}` where nothing was analysed"))
 
 
 @dataclass(slots=True, kw_only=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from uberprof.analysis.diff.metadata import JOB_KEYS
 from uberprof.analysis.diff.profile import BREAKDOWN_PARTS, RunProfile
 from uberprof.analysis.diff.stats import (
     DEFAULT_MIN_CHANGE_PCT,
@@ -56,6 +57,7 @@ class Comparison:
     metadata_changes: list[dict[str, Any]]
     findings: dict[str, list[dict[str, Any]]]
     notes: list[str] = field(default_factory=list)
+    job_changes: list[dict[str, Any]] = field(default_factory=list)  # under the job (JOB_KEYS)
 
     def step_time(self) -> dict[str, Any]:
         a, b = self.a, self.b
@@ -76,7 +78,8 @@ class Comparison:
                 "b": self.b.describe(), "notes": self.notes, "step_time_ms": self.step_time(),
                 "mean_step_delta_ms": _ms(self.step_delta_ns), "breakdown": self.breakdown,
                 "ops": self.ops, "collectives": self.collectives, "counters": self.counters,
-                "metadata_changes": self.metadata_changes, "findings": self.findings}
+                "metadata_changes": self.metadata_changes, "findings": self.findings,
+                "job_changes": self.job_changes}
 
 
 def compare(a: RunProfile, b: RunProfile, min_change_pct: float = DEFAULT_MIN_CHANGE_PCT,
@@ -91,7 +94,40 @@ def compare(a: RunProfile, b: RunProfile, min_change_pct: float = DEFAULT_MIN_CH
                       breakdown=_breakdown(a, b, delta), ops=_ops(a, b, delta),
                       collectives=_collectives(a, b), counters=_counters(a, b),
                       metadata_changes=_metadata(a, b), findings=_findings(a, b),
-                      notes=_line_up(a, b))
+                      notes=_under_the_job(a, b) + _line_up(a, b), job_changes=job_changes(a, b))
+
+
+def job_changes(a: RunProfile, b: RunProfile) -> list[dict[str, Any]]:
+    """What changed under the job from A to B, in `JOB_KEYS`' order: the GPU model and count,
+    world size, hosts, parallelism, PyTorch/CUDA/NCCL versions. A key one side does not say
+    (a trace without a host name, a header without versions) is not a change."""
+    out = []
+    for k, words in JOB_KEYS.items():
+        va, vb = a.metadata.get(k), b.metadata.get(k)
+        if va is None or vb is None or va == vb or (k == "host_count" and "0" in (va, vb)):
+            continue
+        out.append({"key": k, "what": words, "a": va, "b": vb})
+    return out
+
+
+def _under_the_job(a: RunProfile, b: RunProfile) -> list[str]:
+    """The first note: what changed under the job, before any time is attributed to an
+    operator (the time below moved with it)."""
+    changes = job_changes(a, b)
+    if not changes:
+        return []
+    return ["under the job: " + "; ".join(f"{c['what']} {_value(c['key'], c['a'])} -> "
+                                          f"{_value(c['key'], c['b'])}" for c in changes)
+            + " (the time below moved with these as well as with the code)"]
+
+
+def _value(key: str, v: str) -> str:
+    if key.endswith("_bytes"):
+        try:
+            return ", ".join(f"{int(x) / 2**30:.1f} GiB" for x in v.split(", "))
+        except ValueError:
+            return v
+    return v
 
 
 def _line_up(a: RunProfile, b: RunProfile) -> list[str]:

@@ -41,17 +41,19 @@ if TYPE_CHECKING:
 __all__ = ["KIND_ORDER", "Parallelism", "is_pipeline_group", "mesh_dim", "parallelism_of",
            "read_parallelism", "recorded_parallelism"]
 
-KIND_ORDER = ("pp", "tp", "fsdp2", "fsdp1", "ddp")  # the order `kinds` and the summary use
+KIND_ORDER = ("pp", "tp", "ep", "embedding", "fsdp2", "fsdp1", "ddp")  # the order `kinds` and the summary use
 
 # Mesh dimension names that say what a dimension is for (torchtitan's and the tutorials'
 # spellings); any other name is reported as a dimension, not as a kind.
 _PP_DIMS = {"pp", "pipe", "pipeline"}
 _TP_DIMS = {"tp", "tensor", "mp", "model"}
+_EP_DIMS = {"ep", "expert", "experts", "moe"}
 _OTHER_DIMS = {"cp": "context parallel", "ep": "expert parallel"}
 # A process group named for a pipeline: a mesh dimension, or a hand-made group's description.
 _PIPELINE_GROUP = re.compile(r"(^|[^a-z])(pp|pipe|pipeline|stage)s?([^a-z]|$)", re.IGNORECASE)
 
-_KIND_WORDS = {"pp": "pipeline", "tp": "tensor parallel", "fsdp2": "FSDP2", "fsdp1": "FSDP1",
+_KIND_WORDS = {"pp": "pipeline", "tp": "tensor parallel", "ep": "expert parallel",
+               "embedding": "embedding sharding", "fsdp2": "FSDP2", "fsdp1": "FSDP1",
                "ddp": "DDP"}
 
 
@@ -127,6 +129,7 @@ def parallelism_of(groups_of: Mapping[int, list[dict[str, Any]]],
         evidence[d] = f"mesh dimension '{d}' of size {size}"
     _read_pipeline(dims, markers, n, kinds, evidence)
     _read_tensor_parallel(dims, markers, n, kinds, evidence)
+    _read_all_to_all(dims, markers, n, kinds, evidence)
     for kind in ("fsdp2", "fsdp1", "ddp"):
         if markers.get(kind):
             kinds.append(kind)
@@ -189,7 +192,9 @@ def _dims_of(kind: str, dims: Mapping[str, int]) -> list[str]:
         return [d for d in dims if d in _PP_DIMS]
     if kind == "tp":
         return [d for d in dims if d in _TP_DIMS]
-    dp = [d for d in dims if d not in _PP_DIMS | _TP_DIMS | set(_OTHER_DIMS)]
+    if kind in ("ep", "embedding"):
+        return [d for d in dims if d in _EP_DIMS]
+    dp = [d for d in dims if d not in _PP_DIMS | _TP_DIMS | _EP_DIMS | set(_OTHER_DIMS)]
     prefer = "replicate" if kind == "ddp" else "shard"
     return [d for d in dp if prefer in d][:1] or dp[:1]
 
@@ -203,6 +208,10 @@ _MARKERS: dict[str, re.Pattern[str]] = {
     "tp": re.compile(r"^_c10d_functional::"),
     "pp_annotation": re.compile(r"^(Forward|Backward) \d+$|^PP:"),
     "p2p": re.compile(r"^(c10d::(send|recv_|recv_any_source_)|(nccl|gloo):(send|recv))$"),
+    "all_to_all": re.compile(r"^(c10d::alltoall(_base)?_|(nccl|gloo):all_to_all|"
+                             r"_c10d_functional::all_to_all_single)$"),
+    # sparse-feature embeddings, not a language model's token embedding (aten::embedding)
+    "embedding": re.compile(r"split_embedding|^fbgemm::|torchrec|embedding_bag|EmbeddingBag"),
 }
 
 _MARKER_WORDS = {
@@ -212,6 +221,9 @@ _MARKER_WORDS = {
     "tp": "functional collectives (_c10d_functional::, DTensor)",
     "pp_annotation": "pipeline schedule annotations (Forward i / Backward i / PP:)",
     "p2p": "point-to-point send/recv",
+    "all_to_all": "all-to-all collectives",
+    "embedding": "embedding operators or kernels (fbgemm split embeddings, TorchRec, "
+                 "EmbeddingBag)",
 }
 
 
@@ -255,6 +267,26 @@ def _read_tensor_parallel(dims: dict[str, int], markers: dict[str, list[int]], n
     if said:
         kinds.append("tp")
         evidence["tp"] = "; ".join(said)
+
+
+def _read_all_to_all(dims: dict[str, int], markers: dict[str, list[int]], n: int,
+                     kinds: list[str], evidence: dict[str, str]) -> None:
+    """All-to-alls say the ranks exchange parts of the model's work, not copies of gradients:
+    with embedding operators or kernels, embedding sharding (model-parallel embeddings:
+    TorchRec, fbgemm); without them, or with an expert mesh dimension, expert parallelism.
+    DDP or FSDP wrapping the dense part is read besides, from its own markers."""
+    a2a = markers.get("all_to_all") or []
+    ep_dims = [f"mesh dimension '{d}'" for d in dims if d in _EP_DIMS]
+    if not a2a and not ep_dims:
+        return
+    said = ep_dims + ([_marker_words("all_to_all", a2a, n)] if a2a else [])
+    if a2a and markers.get("embedding") and not ep_dims:
+        kinds.append("embedding")
+        evidence["embedding"] = "; ".join(
+            [*said, _marker_words("embedding", markers["embedding"], n)])
+    else:
+        kinds.append("ep")
+        evidence["ep"] = "; ".join(said)
 
 
 # --- groups and stages ------------------------------------------------------------------------

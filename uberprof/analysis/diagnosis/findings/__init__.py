@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from uberprof.analysis.diagnosis.causes import remedies_table
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings import (
     bandwidth,
@@ -111,10 +112,21 @@ def kinds_table() -> str:
     return "\n".join(rows)
 
 
-def with_kinds_table(text: str) -> str:
-    """`text` (docs/findings.md) with the generated table between its markers replaced."""
-    head, sep, rest = text.partition(KINDS_TABLE_BEGIN)
-    _, sep2, tail = rest.partition(KINDS_TABLE_END)
+REMEDIES_TABLE_BEGIN = "<!-- generated from causes.py's remedies: python -m " \
+    "uberprof.analysis.diagnosis.findings docs/findings.md -->"
+REMEDIES_TABLE_END = "<!-- end of the generated remedies table -->"
+
+
+def _between(text: str, begin: str, end: str, table: str) -> str:
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise ValueError("the kinds table's markers are missing")
-    return f"{head}{KINDS_TABLE_BEGIN}\n{kinds_table()}\n{KINDS_TABLE_END}{tail}"
+        raise ValueError(f"the markers {begin!r} and {end!r} are missing")
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def with_kinds_table(text: str) -> str:
+    """`text` (docs/findings.md) with the generated tables between their markers replaced: the
+    kinds (`kinds_table`) and every remedy with its precondition (`causes.remedies_table`)."""
+    text = _between(text, KINDS_TABLE_BEGIN, KINDS_TABLE_END, kinds_table())
+    return _between(text, REMEDIES_TABLE_BEGIN, REMEDIES_TABLE_END, remedies_table())

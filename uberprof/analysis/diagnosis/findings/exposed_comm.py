@@ -49,7 +49,7 @@ def exposed_comm_findings(facts: Facts) -> list[Finding]:
     traced, left_out = complete_steps(facts.traced, failed_in(facts.found))
     return _exposed_comm_findings(traced, facts.lateness, facts.wall_ns, facts.classes,
                                   facts.first("straggler"), facts.of_kind("bandwidth"),
-                                  exposed_comm_remedy(facts.parallelism.kinds),
+                                  exposed_comm_remedy(facts.parallelism.kinds, facts.traits),
                                   facts.p2p.per_rank_step() if facts.p2p else None,
                                   facts.first("pipeline_imbalance"), left_out,
                                   facts.exposed_around)

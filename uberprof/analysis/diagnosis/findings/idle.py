@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from uberprof.analysis.diagnosis.causes import GAP_CAUSES, WARMUP, remedy_for
+from uberprof.analysis.diagnosis.causes import GAP_CAUSES, WARMUP, gap_remedy
 from uberprof.analysis.diagnosis.evidence import count_test, trace_more_hint
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, always
@@ -49,7 +49,7 @@ def _idle_change(f: Finding) -> tuple[Change | None, str]:
                   "whatif --op projects a faster operator)")
 
 
-_GAPS, _REMEDY = "/gaps", "GAP_CAUSES"
+_GAPS, _REMEDY = "/gaps", "gap_remedy"
 DATA_STALL = FindingKind(
     "data_stall", VERDICT, evidence_sentence, always(Change("data")), page=_GAPS,
     remedy_from=_REMEDY, summary="the device waits for the data loader",
@@ -69,11 +69,12 @@ KINDS = (DATA_STALL, LAUNCH_BOUND, IDLE)
 def idle_findings(facts: Facts) -> list[Finding]:
     """One finding per idle cause that costs some rank at least MIN_SHARE of its time."""
     return _gap_findings(facts.gaps, facts.traced, facts.wall_ns, facts.first("straggler"),
-                         facts.device_type)
+                         facts.device_type, facts.traits)
 
 
 def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
-                  s_finding: Finding | None, device_type: str) -> list[Finding]:
+                  s_finding: Finding | None, device_type: str,
+                  traits: dict[str, Any] | None = None) -> list[Finding]:
     """Idle gaps by cause: the worst rank's time (ranks run in parallel). Idle on the
     straggler is inside the delay its finding counts: only the worst other rank's is this
     finding's own, the rest links to the straggler. In stages: each rank's analysed time, the
@@ -86,7 +87,7 @@ def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,
     for cause in CAUSES:
         if cause == WARMUP:  # named in each rank's idle gaps, never a steady-state verdict
             continue
-        f = _cause_finding(cause, totals, rank_time, wall_ns, s_finding, device_type)
+        f = _cause_finding(cause, totals, rank_time, wall_ns, s_finding, device_type, traits)
         if f is not None:
             out.append(f)
     return out
@@ -147,9 +148,12 @@ def _around(t: _GapTotals, cause: str, ranks: list[int]) -> dict[str, Any] | Non
 
 
 def _cause_finding(cause: str, t: _GapTotals, rank_time: dict[int, int], wall_ns: int,
-                   s_finding: Finding | None, device_type: str) -> Finding | None:
+                   s_finding: Finding | None, device_type: str,
+                   traits: dict[str, Any] | None = None) -> Finding | None:
     """The finding of one idle cause, or None where no rank loses MIN_SHARE of its analysed
-    time to it (data wait on the straggler is the straggler finding's, not this one's)."""
+    time to it (data wait on the straggler is the straggler finding's, not this one's). Its
+    remedy is the first whose precondition holds on what the job already does (`traits`:
+    `run.job_traits`, `causes.gap_remedy`)."""
     by = t.by[cause]
     s_rank = s_finding.ranks[0] if s_finding is not None else None
     ranks = sorted(r for r, v in by.items()
@@ -191,5 +195,5 @@ def _cause_finding(cause: str, t: _GapTotals, rank_time: dict[int, int], wall_ns
         test.sentence += "; to confirm, " + trace_more_hint(steps)
     ev["test"] = test.as_dict()
     return Finding(c.kind, severity_of(share), title, ranks, steps, cause, own / 1e6,
-                   ev, remedy_for(c, device_type), confidence=confidence,
+                   ev, gap_remedy(c, device_type, traits), confidence=confidence,
                    observed_ms=stake / 1e6, caused_by=caused)

@@ -10,7 +10,9 @@ the operators and kernels behind its excess (`op_excess.py`).
 
 from __future__ import annotations
 
-from uberprof.analysis.diagnosis.causes import STRAGGLER_CAUSES, remedy_for
+from typing import Any
+
+from uberprof.analysis.diagnosis.causes import straggler_remedy
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
 from uberprof.analysis.diagnosis.model import Finding, severity_of
@@ -63,7 +65,7 @@ def _change(f: Finding) -> tuple[Change | None, str]:
 
 
 KINDS = (FindingKind("straggler", VERDICT, evidence_sentence, _change, page="/stragglers",
-                     remedy_from="STRAGGLER_CAUSES", summary="the rank that arrives last at "
+                     remedy_from="straggler_remedy", summary="the rank that arrives last at "
                      "the collectives, and why", whatif="its extra work at the others' median "
                      "(--remove straggler)"),)
 # causes whose finding names the operators behind the excess: more work, or the same work
@@ -76,7 +78,7 @@ def straggler_findings(facts: Facts) -> list[Finding]:
     if facts.straggler is None:
         return []
     f = _straggler_finding(facts.straggler, facts.wall_ns, facts.ctx, facts.summaries,
-                           facts.device_type)
+                           facts.device_type, facts.traits)
     if f.cause in _WORK_CAUSES and facts.straggler.basis != BASIS_FLIGHT_RECORDER:
         more = operator_excess(facts.ctx, facts.straggler.rank, facts.traced)
         if more:
@@ -86,7 +88,8 @@ def straggler_findings(facts: Facts) -> list[Finding]:
 
 
 def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
-                       summaries: RankSummaries, device_type: str) -> Finding:
+                       summaries: RankSummaries, device_type: str,
+                       traits: dict[str, Any] | None = None) -> Finding:
     share = s.share_of(wall_ns)
     late = summaries.lateness_of(s.rank)  # the rank row's (traced window); `basis`: the test's
     ev = {
@@ -112,6 +115,6 @@ def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
     where = "" if s.basis == BASIS_TRACES else f" ({basis_words(s.basis)})"
     title = (f"Rank {s.rank} {verb} ({cause}): last at {s.last}/{s.instances} "
              f"collectives{where}, {ev['median_lead_ms']} ms behind the others' median")
-    remedy = remedy_for(STRAGGLER_CAUSES[cause], device_type).format(r=s.rank)
+    remedy = straggler_remedy(cause, device_type, traits, s.rank)
     return Finding("straggler", severity_of(share), title, [s.rank], s.steps, cause,
                    share * wall_ns / 1e6, ev, remedy, confidence=s.confidence)
