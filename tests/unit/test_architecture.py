@@ -328,10 +328,7 @@ def test_only_derived_py_spells_a_derived_file_name() -> None:
 # --- small functions: no function over 60 lines without a stated reason ---------------------------
 
 MAX_FUNCTION_LINES = 60
-SPLITTING = "being split (issue 49)"
 LONG_FUNCTIONS_ALLOWED = {  # "path::name": why it is longer
-    "uberprof/analysis/diagnosis/findings/exposed_comm.py::_exposed_comm_findings": SPLITTING,
-    "uberprof/analysis/diagnosis/advisor.py::_diagnose_context": SPLITTING,
 }
 
 

@@ -103,10 +103,7 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     exposed = {k: v for p in per_rank.values() for k, v in p.exposed.items()}
 
     lat = lateness(aligned)
-    step_ns = traced.column("step_time_ns").to_numpy(zero_copy_only=False)
-    step_ns = step_ns[~np.isnan(step_ns.astype(np.float64))] if step_ns.size else step_ns
-    median_step = float(np.median(step_ns)) if step_ns.size else None
-    wall_ns = _analysed_wall_ns(traced)
+    median_step, wall_ns = _median_step(traced), _analysed_wall_ns(traced)
 
     window = _window(traced, alignment)
     clocks = gpu_clocks(ctx, window)
@@ -133,27 +130,11 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     attach_gains(produced, proj, unfit_why(rp_doc))  # before the order, which uses them
     findings = account(produced, wall_ns)
 
-    if matched.unmatched.num_rows:
-        problems.append(f"{matched.unmatched.num_rows} collective call(s) could not be matched "
-                        "across ranks (not on every rank of the group, or never overlapping in "
-                        "time); left out of lateness and bandwidth")
+    problems += _unmatched_problems(matched, p2p)
     top = sorted((g for p in per_rank.values() for g in p.top_gaps), key=lambda g: -g["dur_ns"])
-    if p2p.unmatched.num_rows:
-        reasons = set(p2p.unmatched.column("reason").to_pylist())
-        why = (f": {NO_PEER}, so pipeline stages' waits and transfers are not measured"
-               if reasons == {NO_PEER} else " (see run.p2p.unmatched_examples)")
-        problems.append(f"{p2p.unmatched.num_rows} send/recv call(s) could not be paired with "
-                        f"the peer's receive/send{why}")
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type, parallelism)
-    run.p2p = p2p_doc(p2p)  # RunDoc: fields declared in report_doc.py, none added here
-    run.pipeline = pipeline.as_dict() if pipeline is not None else None
-    run.comm_by_group = [g.as_dict() for g in groups]
-    run.job_traits = traits
-    run.operators = run_operators(ctx, traced)
-    run.memory = run_memory(ctx)
-    run.modules = run_modules(ctx, traced)
-    run.memory_timeline = run_memory_timeline(ctx, traced)
+    _add_tables(run, ctx, traced, p2p, pipeline, groups, traits)
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.fix_top_two = top_two(findings, proj)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
@@ -162,6 +143,43 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                      classes=classes, straggler=tests.straggler, steps=traced,
                      summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+
+
+def _median_step(traced: pa.Table) -> float | None:
+    """The median step time of the analysed steps (ns), None without any."""
+    step_ns = traced.column("step_time_ns").to_numpy(zero_copy_only=False)
+    step_ns = step_ns[~np.isnan(step_ns.astype(np.float64))] if step_ns.size else step_ns
+    return float(np.median(step_ns)) if step_ns.size else None
+
+
+def _unmatched_problems(matched: Matched, p2p: P2P) -> list[str]:
+    """The problems of collectives and send/recv calls that could not be matched."""
+    out = []
+    if matched.unmatched.num_rows:
+        out.append(f"{matched.unmatched.num_rows} collective call(s) could not be matched "
+                   "across ranks (not on every rank of the group, or never overlapping in "
+                   "time); left out of lateness and bandwidth")
+    if p2p.unmatched.num_rows:
+        reasons = set(p2p.unmatched.column("reason").to_pylist())
+        why = (f": {NO_PEER}, so pipeline stages' waits and transfers are not measured"
+               if reasons == {NO_PEER} else " (see run.p2p.unmatched_examples)")
+        out.append(f"{p2p.unmatched.num_rows} send/recv call(s) could not be paired with "
+                   f"the peer's receive/send{why}")
+    return out
+
+
+def _add_tables(run: RunDoc, ctx: RunContext, traced: pa.Table, p2p: P2P,
+                pipeline: PipelineStages | None, groups: list[GroupComm],
+                traits: dict[str, Any] | None) -> None:
+    """The report document's tables that are no verdict (RunDoc's fields: none added here)."""
+    run.p2p = p2p_doc(p2p)
+    run.pipeline = pipeline.as_dict() if pipeline is not None else None
+    run.comm_by_group = [g.as_dict() for g in groups]
+    run.job_traits = traits
+    run.operators = run_operators(ctx, traced)
+    run.memory = run_memory(ctx)
+    run.modules = run_modules(ctx, traced)
+    run.memory_timeline = run_memory_timeline(ctx, traced)
 
 
 def _exposed_around(results: Iterable[RankResult]) -> pa.Table:

@@ -8,6 +8,7 @@ straggler and bandwidth producers, whose findings it links to.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -101,6 +102,80 @@ def _around(around: pa.Table | None, counted: set[tuple[int, int]]) -> dict[str,
                            [x[5] for x in rows])
 
 
+def _wait_transfer(lat: pa.Table, p2p_split: dict[tuple[int, int], tuple[int, int]] | None
+                   ) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per (rank, step), its collective time before and after the last arrival (and its
+    send/recv time before and after both sides posted)."""
+    split: dict[tuple[int, int], tuple[float, float]] = {}
+    if lat.num_rows:
+        for r, st, w, t in sql_rows("SELECT rank, step, sum(wait_ns), sum(transfer_ns) FROM l "
+                                    "GROUP BY rank, step", l=lat):
+            split[(r, st)] = (float(w or 0), float(t or 0))
+    for key, (w, t) in (p2p_split or {}).items():
+        a = split.get(key, (0.0, 0.0))
+        split[key] = (a[0] + w, a[1] + t)
+    return split
+
+
+@dataclass
+class _Paid:
+    """What every rank pays: per step the least exposed rank's exposed time, summed, its
+    waiting part, the least communication time, the steps with any, and the rank-steps
+    counted."""
+
+    stake: float = 0.0
+    wait: float = 0.0
+    comm: int = 0
+    steps: list[int] = field(default_factory=list)
+    counted: set[tuple[int, int]] = field(default_factory=set)
+    ranks: list[int] = field(default_factory=list)
+    n_steps: int = 0
+
+
+def _everyone_pays(traced: pa.Table, split: dict[tuple[int, int], tuple[float, float]]
+                   ) -> _Paid:
+    """Per step, the least exposed rank's exposed communication (what every rank pays), its
+    waiting part in the proportion of that rank's wait and transfer (`split`)."""
+    per_step: dict[int, list[tuple[int, int, int]]] = {}
+    for r, s, x, c in zip(*(traced.column(k).to_pylist()
+                            for k in ("rank", "step", "exposed_comm_ns", "comm_ns"))):
+        per_step.setdefault(s, []).append((r, x or 0, c or 0))
+    out = _Paid(ranks=sorted({r for rows in per_step.values() for r, _, _ in rows}),
+                n_steps=len(per_step))
+    for s, rows in per_step.items():
+        r_least, least, _ = min(rows, key=lambda x: x[1])
+        out.counted.add((r_least, s))
+        out.stake += least
+        w, t = split.get((r_least, s), (0.0, 0.0))
+        out.wait += least * w / (w + t) if w + t > 0 else 0.0
+        out.comm += min(c for _, _, c in rows)
+        if least > 0:
+            out.steps.append(s)
+    return out
+
+
+def _links(wait: float, transfer: float, straggler_finding: Finding | None,
+           pipeline_finding: Finding | None, bandwidth: list[Finding]) -> list[dict[str, Any]]:
+    """The parts another finding already counts (`caused_by`): the wait the straggler's (or
+    the slowest pipeline stage's), the transfer the bandwidth classes'."""
+    caused: list[dict[str, Any]] = []
+    if straggler_finding is not None and wait > 0:
+        caused.append({"_ref": straggler_finding, "kind": "straggler", "ms": _ms(wait),
+                       "part": "waiting for the straggler"})
+    elif pipeline_finding is not None and wait > 0:
+        caused.append({"_ref": pipeline_finding, "kind": pipeline_finding.kind,
+                       "ms": _ms(min(wait, pipeline_finding.time_at_stake_ms * 1e6)),
+                       "part": "stages waiting for the slowest stage"})
+    left = transfer
+    for b in bandwidth:
+        take = min(left, b.time_at_stake_ms * 1e6)
+        if take > 0:
+            caused.append({"_ref": b, "kind": b.kind, "ms": _ms(take),
+                           "part": f"transfer of a {b.cause} class"})
+            left -= take
+    return caused
+
+
 def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
                            classes: list[BandwidthClass], straggler_finding: Finding | None,
                            bandwidth: list[Finding], remedy: str | None = None,
@@ -120,54 +195,17 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
     evidence names those of the rank-steps counted."""
     if traced.num_rows == 0 or not wall_ns:
         return []
-    per_step: dict[int, list[tuple[int, int, int]]] = {}
-    for r, s, x, c in zip(*(traced.column(k).to_pylist()
-                            for k in ("rank", "step", "exposed_comm_ns", "comm_ns"))):
-        per_step.setdefault(s, []).append((r, x or 0, c or 0))
-    split: dict[tuple[int, int], tuple[float, float]] = {}
-    if lat.num_rows:
-        for r, st, w, t in sql_rows("SELECT rank, step, sum(wait_ns), sum(transfer_ns) FROM l "
-                                "GROUP BY rank, step", l=lat):
-            split[(r, st)] = (float(w or 0), float(t or 0))
-    for key, (w, t) in (p2p_split or {}).items():
-        a = split.get(key, (0.0, 0.0))
-        split[key] = (a[0] + w, a[1] + t)
-    stake = wait = 0.0
-    comm_total = 0
-    steps = []
-    counted: set[tuple[int, int]] = set()
-    for s, rows in per_step.items():
-        r_least, least, _ = min(rows, key=lambda x: x[1])
-        counted.add((r_least, s))
-        stake += least
-        w, t = split.get((r_least, s), (0.0, 0.0))
-        wait += least * w / (w + t) if w + t > 0 else 0.0
-        comm_total += min(c for _, _, c in rows)
-        if least > 0:
-            steps.append(s)
+    t = _everyone_pays(traced, _wait_transfer(lat, p2p_split))
+    stake, wait, comm_total, steps, counted = t.stake, t.wait, t.comm, t.steps, t.counted
     share = stake / wall_ns
     if share < MIN_SHARE * 2:
         return []
     transfer = stake - wait
-    ranks = sorted({r for rows in per_step.values() for r, _, _ in rows})
+    ranks = t.ranks
     bound = [c.as_dict() for c in classes if c.verdict in ("bandwidth-bound", "latency-bound")]
-    caused: list[dict[str, Any]] = []
-    if straggler_finding is not None and wait > 0:
-        caused.append({"_ref": straggler_finding, "kind": "straggler", "ms": _ms(wait),
-                       "part": "waiting for the straggler"})
-    elif pipeline_finding is not None and wait > 0:
-        caused.append({"_ref": pipeline_finding, "kind": pipeline_finding.kind,
-                       "ms": _ms(min(wait, pipeline_finding.time_at_stake_ms * 1e6)),
-                       "part": "stages waiting for the slowest stage"})
-    left = transfer
-    for b in bandwidth:
-        take = min(left, b.time_at_stake_ms * 1e6)
-        if take > 0:
-            caused.append({"_ref": b, "kind": b.kind, "ms": _ms(take),
-                           "part": f"transfer of a {b.cause} class"})
-            left -= take
+    caused = _links(wait, transfer, straggler_finding, pipeline_finding, bandwidth)
     own = stake - sum(c["ms"] * 1e6 for c in caused)
-    n_steps = len(per_step)
+    n_steps = t.n_steps
     ev = {"exposed_ms_all_ranks_pay": _ms(stake),
           "wait_ms": _ms(wait), "transfer_ms": _ms(transfer),
           "comm_ms_least_rank": _ms(comm_total),
