@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -143,11 +144,37 @@ def measure(cmd: list[str], side: Side, until: str | None = None,
     t0 = time.perf_counter()
     out_f = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (closed below)
     proc = subprocess.Popen(cmd, cwd=side.cwd, env=side.env, stdout=out_f,
-                            stderr=subprocess.STDOUT if until else subprocess.PIPE, text=True)
+                            stderr=subprocess.STDOUT, text=True)  # a file: never a full pipe
     ps = psutil.Process(proc.pid)
+    try:
+        status, ru, url_s, wall, stopped, peak_rss, peak_pss = _watch(
+            proc, ps, t0, until, out_f, timeout)
+    except BaseException:  # the benchmark stopped (SIGTERM, Ctrl-C): so is what it measures
+        proc.kill()
+        proc.wait()
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out_f.seek(0)
+    out = out_f.read()
+    out_f.close()
+    if not stopped and (proc.returncode != 0 or until):
+        raise RuntimeError(f"{side.label}: {' '.join(cmd[2:])} exited {proc.returncode}:\n"
+                           f"{out[-2000:]}")
+    res = {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
+           "rss_mib": peak_rss / 2**20, "pss_mib": peak_pss / 2**20,
+           "maxrss_mib": ru.ru_maxrss / 1024}
+    if until:
+        res["url_s"] = url_s
+    return res
+
+
+def _watch(proc: subprocess.Popen[str], ps: Any, t0: float, until: str | None, out_f: Any,
+           timeout: float) -> tuple[int, Any, float | None, float, bool, int, int]:
+    """Sample the process's memory until it exits (wait4: its rusage and its waited-for
+    children's); with `until`, SIGTERM it once its output has that line."""
     peak_rss = peak_pss = 0
     url_s = None
-    status = ru = None
+    wall = 0.0
     stopped = False
     while True:
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
@@ -168,22 +195,9 @@ def measure(cmd: list[str], side: Side, until: str | None = None,
         if time.perf_counter() - t0 > timeout:
             proc.kill()
         time.sleep(SAMPLE_S)
-    proc.returncode = os.waitstatus_to_exitcode(status)
     if not stopped:
         wall = time.perf_counter() - t0
-    out_f.seek(0)
-    out = out_f.read()
-    out_f.close()
-    err = proc.stderr.read() if proc.stderr else ""
-    if not stopped and (proc.returncode != 0 or until):
-        raise RuntimeError(f"{side.label}: {' '.join(cmd[2:])} exited {proc.returncode}:\n"
-                           f"{(err or out)[-2000:]}")
-    res = {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
-           "rss_mib": peak_rss / 2**20, "pss_mib": peak_pss / 2**20,
-           "maxrss_mib": ru.ru_maxrss / 1024}
-    if until:
-        res["url_s"] = url_s
-    return res
+    return status, ru, url_s, wall, stopped, peak_rss, peak_pss
 
 
 # --- the benchmarks ----------------------------------------------------------------------------
@@ -287,6 +301,9 @@ def main() -> int:
     if base_ref is None:
         raise SystemExit("no tag to compare against: give --base REF")
     only = set(args.only.split(","))
+    # SIGTERM (a background job ignores Ctrl-C) ends it as an exception would: the worktree
+    # and the measured process go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     wk = ["--workers", str(args.workers)] if args.workers else []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="uberprof-compare-") as t:
