@@ -134,26 +134,31 @@ def _structure(g: StepGraph) -> _Structure:
     kept = np.flatnonzero(level[from_ev] < level[to_ev])  # an edge into a released event
     #                                                        from one not yet placed: dropped
     order_e = kept[np.argsort(to_ev[kept], kind="stable")]
-    ptr = np.searchsorted(to_ev[order_e], np.arange(n2 + 1))
-    del kept, to_ev
+    del kept
+    ptr = np.searchsorted(to_ev[order_e], np.arange(n2 + 1)).astype(ix)
+    del to_ev
+    order_e, from_ev = order_e.astype(ix), from_ev.astype(ix)
     ev = np.argsort(level, kind="stable")
     lptr = np.searchsorted(level[ev], np.arange(lv + 1))
-    cnt = ptr[ev + 1] - ptr[ev]  # per event of ev, its kept edges
+    first = ptr[ev]
+    cnt = ptr[ev + 1] - first  # per event of ev, its kept edges
     ecum = np.r_[0, np.cumsum(cnt)]
-    k = order_e[np.repeat(ptr[ev] - ecum[:-1], cnt) + np.arange(int(ecum[-1]))]
+    k = order_e[np.repeat(first - ecum[:-1], cnt) + np.arange(int(ecum[-1]))]
+    del first
     eptr = ecum[lptr]
     has = np.flatnonzero(cnt > 0)
     lev_of = level[ev[has]]
     del level
-    seg = ecum[has] - eptr[lev_of]
+    seg = (ecum[has] - eptr[lev_of]).astype(ix)
+    del ecum
     sptr = np.searchsorted(lev_of, np.arange(lv + 1))
-    seg_ev = has - lptr[lev_of]
-    seg_of = np.repeat(np.arange(has.size) - sptr[lev_of], cnt[has])
+    seg_ev = (has - lptr[lev_of]).astype(ix)
+    seg_of = np.repeat(np.arange(has.size) - sptr[lev_of], cnt[has]).astype(ix)
+    del has, lev_of, cnt
     per_level = np.diff(lptr)
     single = (np.diff(sptr) == per_level) & (np.diff(eptr) == per_level)
-    g.cache["structure"] = _Structure(from_ev.astype(ix), order_e.astype(ix), ptr.astype(ix),
-                                      ev, lptr, k.astype(ix), eptr, seg.astype(ix), sptr,
-                                      seg_ev.astype(ix), seg_of.astype(ix), single, broken)
+    g.cache["structure"] = _Structure(from_ev, order_e, ptr, ev, lptr, k, eptr, seg, sptr,
+                                      seg_ev, seg_of, single, broken)
     return g.cache["structure"]
 
 
