@@ -10,7 +10,7 @@ DEMO_OUT := uberprof-runs
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_PORT ?= 8050
 
-.PHONY: setup demo test test-fast bench lint clean netns-tools browser terminal-tools
+.PHONY: setup demo test test-fast bench bench-compare lint clean netns-tools browser terminal-tools
 
 setup: $(STAMP)
 
@@ -71,6 +71,13 @@ terminal-tools:
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
+
+# This checkout against an older one, interleaved pairs (benchmarks/compare.py): BASE=commit,
+# else the last tag. COMPARE_ARGS passes more options (e.g. --only report --ranks 64).
+BASE ?=
+COMPARE_ARGS ?=
+bench-compare: $(STAMP)
+	$(BIN)/python benchmarks/compare.py $(if $(BASE),--base $(BASE)) $(COMPARE_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check uberprof dashboards tests benchmarks samples

@@ -69,7 +69,8 @@ def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
     """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
     the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock, with the
     cores its CPU ranks share (`shared_cores.core_sharing`, from the run's `busy` times)."""
-    g = build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs)
+    g = build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs,
+                    consume=True)
     g.sharing = core_sharing(ctx, g, busy)
     return g
 

@@ -126,14 +126,16 @@ class StepGraph:
 
 
 def build_graph(lanes: dict[int, RankLane], offsets: dict[int, int], instances: pa.Table,
-                pairs: pa.Table | None = None) -> StepGraph:
+                pairs: pa.Table | None = None, consume: bool = False) -> StepGraph:
     """The graph of `lanes` (own clocks, moved by `offsets` onto the aligned clock) joined by
     the matched collective `instances` (rank, instance, start_ns, end_ns on each rank's own
     clock; optional `bytes` and `bus_factor` columns give each transfer's size) and the
-    send/recv `pairs` (p2p.PAIR_SCHEMA, aligned)."""
+    send/recv `pairs` (p2p.PAIR_SCHEMA, aligned). `consume`: take each lane out of `lanes`
+    as it is added, so that a lane is freed once the graph holds its copy (the diagnosis's
+    lanes are its own: at 512 ranks they and the graph's pieces were held together)."""
     b = _Builder()
     for r in sorted(lanes):
-        b.add_lane(lanes[r], int(offsets.get(r, 0)))
+        b.add_lane(lanes.pop(r) if consume else lanes[r], int(offsets.get(r, 0)))
     b.add_comms(_participations(instances, pairs, offsets))
     b.bind_waits()
     return b.graph()
@@ -305,15 +307,20 @@ class _Builder:
             at += k
 
     def graph(self) -> StepGraph:
-        col = {c: np.concatenate([d[c] for d in self.nodes]) if self.nodes else
+        """The graph, once: each column's pieces are let go as it is joined (at 512 ranks the
+        pieces and the joined columns together were the report's peak), so the builder is
+        spent after this."""
+        col = {c: np.concatenate([d.pop(c) for d in self.nodes]) if self.nodes else
                np.zeros(0, np.int8 if c == "kind" else np.int64)
                for c in ("rank", "kind", "step", "start", "dur", "tail", "lag")}
-        e = self.edges
+        self.nodes = []
+        e, self.edges = self.edges, []
         src = np.concatenate([x[0] for x in e]) if e else np.zeros(0, np.int64)
         dst = np.concatenate([x[1] for x in e]) if e else np.zeros(0, np.int64)
         et = np.concatenate([np.full(x[0].size, x[2], np.int8) for x in e]) if e else \
             np.zeros(0, np.int8)
         off = np.concatenate([x[3] for x in e]) if e else np.zeros(0, np.int64)
+        del e
         names: dict[str, int] = {}
         op_node, op_name, op_ns = [], [], []
         for seg, nm, ns in self.ops:

@@ -38,7 +38,9 @@ pieces that tile the step.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -114,37 +116,57 @@ def _structure(g: StepGraph) -> _Structure:
         return g.cache["structure"]
     n2 = 2 * g.n
     from_ev, to_ev = _event_edges(g)
-    own = np.arange(0, n2, 2, dtype=np.int64)
-    a_from, a_to = np.r_[from_ev, own], np.r_[to_ev, own + 1]  # with each node's own edge
+    ix = _index_type(n2 + from_ev.size)  # indices only (never times): 32 bits where they fit
+    own = np.arange(0, n2, 2, dtype=ix)
+    a_from, a_to = np.r_[from_ev.astype(ix), own], np.r_[to_ev.astype(ix), own + 1]  # with
+    #                                                                     each node's own edge
     out = np.argsort(a_from, kind="stable")
     out_to = a_to[out]
     optr = np.searchsorted(a_from[out], np.arange(n2 + 1))
     indeg = np.bincount(a_to, minlength=n2).astype(np.int64)
+    del out, a_from, a_to, own  # the transients are freed as soon as they are used: at 512
+    #                             ranks each is 14-28 MB, and they made the report's peak
     if len(g.lanes) + len(g.device_lanes) <= MAX_LANES_EVENT_KAHN:
         level, lv, broken = _levels_by_event(g, out_to, optr, indeg)
     else:
         level, lv, broken = _levels_by_frontier(g, out_to, optr, indeg)
+    del out_to, optr, indeg
     kept = np.flatnonzero(level[from_ev] < level[to_ev])  # an edge into a released event
     #                                                        from one not yet placed: dropped
     order_e = kept[np.argsort(to_ev[kept], kind="stable")]
-    ptr = np.searchsorted(to_ev[order_e], np.arange(n2 + 1))
+    del kept
+    ptr = np.searchsorted(to_ev[order_e], np.arange(n2 + 1)).astype(ix)
+    del to_ev
+    order_e, from_ev = order_e.astype(ix), from_ev.astype(ix)
     ev = np.argsort(level, kind="stable")
     lptr = np.searchsorted(level[ev], np.arange(lv + 1))
-    cnt = ptr[ev + 1] - ptr[ev]  # per event of ev, its kept edges
+    first = ptr[ev]
+    cnt = ptr[ev + 1] - first  # per event of ev, its kept edges
     ecum = np.r_[0, np.cumsum(cnt)]
-    k = order_e[np.repeat(ptr[ev] - ecum[:-1], cnt) + np.arange(int(ecum[-1]))]
+    k = order_e[np.repeat(first - ecum[:-1], cnt) + np.arange(int(ecum[-1]))]
+    del first
     eptr = ecum[lptr]
     has = np.flatnonzero(cnt > 0)
     lev_of = level[ev[has]]
-    seg = ecum[has] - eptr[lev_of]
+    del level
+    seg = (ecum[has] - eptr[lev_of]).astype(ix)
+    del ecum
     sptr = np.searchsorted(lev_of, np.arange(lv + 1))
-    seg_ev = has - lptr[lev_of]
-    seg_of = np.repeat(np.arange(has.size) - sptr[lev_of], cnt[has])
+    seg_ev = (has - lptr[lev_of]).astype(ix)
+    seg_of = np.repeat(np.arange(has.size) - sptr[lev_of], cnt[has]).astype(ix)
+    del has, lev_of, cnt
     per_level = np.diff(lptr)
     single = (np.diff(sptr) == per_level) & (np.diff(eptr) == per_level)
     g.cache["structure"] = _Structure(from_ev, order_e, ptr, ev, lptr, k, eptr, seg, sptr,
                                       seg_ev, seg_of, single, broken)
     return g.cache["structure"]
+
+
+def _index_type(most: int) -> type[np.signedinteger[Any]]:
+    """The structure's index arrays (events, edges, offsets: read as indices, never added to
+    times) as int32 where every index fits, which halves the structure the graph keeps (at
+    512 ranks 290 MB of int64, held again for each edited graph a projection replays)."""
+    return np.int32 if most < np.iinfo(np.int32).max else np.int64
 
 
 # A graph of this many lanes or fewer (8 device ranks: 16) is levelled an event at a time in
@@ -321,32 +343,42 @@ def _replay_levels(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarr
     """Each event's time and deciding edge, a level at a time: the events of a level wait only
     for events of earlier levels, so each level is a few numpy steps over its events and their
     edges, with the loop's rules (its own work or recorded start first, then the first edge
-    in its order that is later)."""
-    ev = st.ev
-    v = ev >> 1
-    is_end = (ev & 1).astype(bool)
-    prev = np.where(is_end, ev - 1, ev)  # an end's start (a start: itself, unused)
-    worked = is_end & (g.kind[v] != BARRIER)  # an end after its own work
-    own_e = np.where(is_end, own[v], 0)
-    rec = g.start[v]
-    first = np.where(~is_end & heads[v], rec, _NEG)  # a lane's first start: as recorded
-    first_by = np.where(worked, -1 - v, _NEG)
-    add = np.where(is_end, tail[v], 0)
-    src, w, k = st.from_ev[st.k], weight[st.k], st.k
+    in its order that is later). What a level reads of its events and edges is computed for
+    a run of levels of at least LEVEL_CHUNK events at a time, not for all 2n events at once:
+    at 512 ranks those ten arrays of 2n were 250 MB, the report's peak."""
+    ev, k = st.ev, st.k
     t = np.zeros(ev.size, np.int64)  # by event
     by = np.full(ev.size, _NEG, np.int64)
     lptr, eptr, sptr = st.lptr.tolist(), st.eptr.tolist(), st.sptr.tolist()
+    levels = len(lptr) - 1
     big = np.iinfo(np.int64).max
+    c_hi, c_lo, ce_lo = -1, 0, 0
     for lv, single in enumerate(st.single.tolist()):
         a, b, ea, eb = lptr[lv], lptr[lv + 1], eptr[lv], eptr[lv + 1]
-        after = t[prev[a:b]] + own_e[a:b]  # an end: its start plus its own work
-        best = np.where(worked[a:b], after, first[a:b])
-        arg = first_by[a:b].copy()
+        if b > c_hi:  # the next run of levels: its events' and edges' inputs
+            last = min(max(bisect_left(lptr, a + LEVEL_CHUNK), lv + 1), levels)
+            c_lo, c_hi, ce_lo = a, lptr[last], ea
+            e = ev[c_lo:c_hi]
+            v = e >> 1
+            is_end = (e & 1).astype(bool)
+            prev = np.where(is_end, e - 1, e)  # an end's start (a start: itself, unused)
+            worked = is_end & (g.kind[v] != BARRIER)  # an end after its own work
+            own_e = np.where(is_end, own[v], 0)
+            rec = g.start[v]
+            first = np.where(~is_end & heads[v], rec, _NEG)  # a lane's first start: recorded
+            first_by = np.where(worked, -1 - v, _NEG)
+            add = np.where(is_end, tail[v], 0)
+            kc = k[ce_lo:eptr[last]]
+            src, w = st.from_ev[kc], weight[kc]
+        i, j, ei, ej = a - c_lo, b - c_lo, ea - ce_lo, eb - ce_lo
+        after = t[prev[i:j]] + own_e[i:j]  # an end: its start plus its own work
+        best = np.where(worked[i:j], after, first[i:j])
+        arg = first_by[i:j].copy()
         if eb > ea:
-            x = t[src[ea:eb]] + w[ea:eb]
+            x = t[src[ei:ej]] + w[ei:ej]
             if single:  # one edge each: no reduction
                 later = x > best
-                best[later], arg[later] = x[later], k[ea:eb][later]
+                best[later], arg[later] = x[later], kc[ei:ej][later]
             else:
                 sa, sb = sptr[lv], sptr[lv + 1]
                 at, seg = st.seg_ev[sa:sb], st.seg[sa:sb]
@@ -357,10 +389,16 @@ def _replay_levels(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarr
                 best[at[later]], arg[at[later]] = top[later], hit[later]
         none = best == _NEG  # nothing reaches it (its edges were dropped): as recorded
         if none.any():
-            best[none] = np.where(is_end[a:b], after, rec[a:b])[none]
-        t[ev[a:b]] = best + add[a:b]
+            best[none] = np.where(is_end[i:j], after, rec[i:j])[none]
+        t[ev[a:b]] = best + add[i:j]
         by[ev[a:b]] = arg
     return t, by
+
+
+# Events whose inputs _replay_levels computes at a time (a run of whole levels, at least this
+# many events): small enough that its arrays are a few MB, large enough that a run's numpy
+# steps cost nothing beside the levels'.
+LEVEL_CHUNK = 1 << 16
 
 
 def step_spans(g: StepGraph, r: Replay) -> dict[int, dict[int, tuple[int, int, int, int]]]:
