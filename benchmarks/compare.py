@@ -244,15 +244,22 @@ def ratio(row: dict[str, Any], sides: list[Side], key: str) -> tuple[float, floa
     return statistics.median(rs), min(rs), max(rs)
 
 
+def _figures(row: dict[str, Any], sides: list[Side], key: str) -> tuple[str, str]:
+    """"base -> head" medians of `key` and "ratio (spread)" for one benchmark row."""
+    base, head = (row["runs"][s.label] for s in sides)
+    b = statistics.median(r[key] for r in base)
+    h = statistics.median(r[key] for r in head)
+    m, lo, hi = ratio(row, sides, key)
+    fmt = "{:.2f}" if key.endswith("_s") else "{:.0f}"
+    return f"{fmt.format(b)} -> {fmt.format(h)}", f"{m:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
 def line(row: dict[str, Any], sides: list[Side]) -> str:
     base, head = (row["runs"][s.label] for s in sides)
     parts = [f"{row['case']}:"]
     for key, name in KEYS:
-        b = statistics.median(r[key] for r in base)
-        h = statistics.median(r[key] for r in head)
-        m, lo, hi = ratio(row, sides, key)
-        fmt = "{:.2f}" if key.endswith("_s") else "{:.0f}"
-        parts.append(f"{name} {fmt.format(b)} -> {fmt.format(h)} = {m:.2f}x ({lo:.2f}-{hi:.2f})")
+        medians, r = _figures(row, sides, key)
+        parts.append(f"{name} {medians} = {r}")
     if "url_s" in base[0]:
         b = statistics.median(r["url_s"] or 0 for r in base)
         h = statistics.median(r["url_s"] or 0 for r in head)
@@ -265,15 +272,12 @@ def markdown(rows: list[dict[str, Any]], sides: list[Side]) -> str:
            "(spread) | client peak RSS MiB | ratio | tree peak PSS MiB | ratio |"),
            "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        base, head = (row["runs"][s.label] for s in sides)
+        base = row["runs"][sides[0].label]
         cells = [row["case"], str(len(base))]
         for key, _ in KEYS:
-            b = statistics.median(r[key] for r in base)
-            h = statistics.median(r[key] for r in head)
-            m, lo, hi = ratio(row, sides, key)
-            fmt = "{:.2f}" if key.endswith("_s") else "{:.0f}"
-            cells.append(f"{fmt.format(b)} -> {fmt.format(h)}")
-            cells.append(f"**{m:.2f}x** ({lo:.2f}-{hi:.2f})")
+            medians, r = _figures(row, sides, key)
+            m, spread = r.split(" ", 1)
+            cells += [medians, f"**{m}** {spread}"]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

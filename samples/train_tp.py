@@ -41,15 +41,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parallel_common import (
-    TinyLM,
-    add_pg_init_option,
-    base_parser,
-    exit_after_python,
-    finish,
-    init_mesh,
-    train_lm,
-)
+import parallel_common as pc
 
 # Megatron-style plan for one parallel_common.Block
 BLOCK_PLAN = {
@@ -62,31 +54,31 @@ BLOCK_PLAN = {
 }
 
 
-def tensor_parallel(model: TinyLM, tp_mesh: DeviceMesh) -> TinyLM:
+def tensor_parallel(model: pc.TinyLM, tp_mesh: DeviceMesh) -> pc.TinyLM:
     for block in model.blocks:
         parallelize_module(block, tp_mesh, BLOCK_PLAN)
     return model
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = base_parser(__doc__)
+    p = pc.base_parser(__doc__)
     p.add_argument("--slow-rank", type=int, default=-1, metavar="R")
     p.add_argument("--slow-factor", type=float, default=1.0, metavar="F")
-    add_pg_init_option(p)
+    pc.add_pg_init_option(p)
     args = p.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world < 2 or args.heads % world or (4 * args.dim) % world:
         p.error(f"needs 2 or more ranks under torchrun, dividing --heads {args.heads} "
                 f"and 4 x --dim {args.dim}; got {world}")
-    rank, mesh = init_mesh((world,), ("tp",), args.pg_init)
+    rank, mesh = pc.init_mesh((world,), ("tp",), args.pg_init)
     torch.manual_seed(args.seed)  # the same full weights on every rank before splitting
-    model = tensor_parallel(TinyLM(args.vocab, args.dim, args.layers, args.heads, args.seq),
+    model = tensor_parallel(pc.TinyLM(args.vocab, args.dim, args.layers, args.heads, args.seq),
                             mesh["tp"])
-    loss, timer = train_lm(model, args, rank, 0, shards=world, passes=3)  # fwd + bwd ~ 3x fwd
-    finish(rank, 0, f"trained {args.steps} TP steps on {world} rank(s) in {timer}, "
+    loss, timer = pc.train_lm(model, args, rank, 0, shards=world, passes=3)  # fwd + bwd ~ 3x fwd
+    pc.finish(rank, 0, f"trained {args.steps} TP steps on {world} rank(s) in {timer}, "
                     f"final loss {loss.item():.3f}")
 
 
 if __name__ == "__main__":
     main()
-    exit_after_python()
+    pc.exit_after_python()

@@ -34,6 +34,7 @@ from uberprof.rundir import (
     write_json_atomic,
 )
 from uberprof.rundir.layout import REQUESTS_DIR, STEPS_FILE, TRACE_ANSWERS_FILE
+from uberprof.rundir.ranks import step_record
 
 LEAD_S = 1.0  # beyond a rank's poll interval and one step: the file system, a busy machine
 ANSWER_WAIT_S = 10.0  # the default wait for answers, beyond 3 steps of the job
@@ -200,11 +201,8 @@ def _last_steps(path: Path) -> list[tuple[int, int]]:
         lines = lines[1:]  # the first may be cut
     out = []
     for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(row, dict) or row.get("kind") != "step":
+        row = step_record(line)
+        if row is None:
             continue
         step, a, b = row.get("step"), row.get("host_start_ns"), row.get("host_end_ns")
         if all(isinstance(v, int) for v in (step, a, b)) and b >= a:

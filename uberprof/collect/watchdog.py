@@ -27,7 +27,6 @@ bytes the step files grew by, so its cost does not grow with the run.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
@@ -49,6 +48,7 @@ from uberprof.rundir.layout import (
     STACKS_FILE,
     read_json,
 )
+from uberprof.rundir.ranks import step_record
 
 MIN_TIMEOUT_S = 300.0
 STEP_FACTOR = 20.0
@@ -193,11 +193,8 @@ class HangWatchdog:
         end = data.rfind(b"\n") + 1
         r.offset += end
         for line in data[:end].splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(row, dict) or row.get("kind") != "step":
+            row = step_record(line)
+            if row is None:
                 continue
             a, b = row.get("host_start_ns"), row.get("host_end_ns")
             if isinstance(b, int):

@@ -13,14 +13,13 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HEAD_BYTES", "trace_head"]
+__all__ = ["HEAD_BYTES", "head_text", "trace_head"]
 
 HEAD_BYTES = 1 << 20  # Kineto writes the header keys before the events
 
 
-def trace_head(path: Path) -> dict[str, Any]:
-    """The trace object's keys before `traceEvents` ({} when the head cannot be read or does
-    not hold them)."""
+def head_text(path: Path) -> str | None:
+    """The first HEAD_BYTES of a trace file (gzip or not) as text; None when unreadable."""
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
@@ -29,8 +28,16 @@ def trace_head(path: Path) -> dict[str, Any]:
             with open(path, "rb") as f:
                 head = f.read(HEAD_BYTES)
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+        return None
+    return head.decode("utf-8", errors="replace")
+
+
+def trace_head(path: Path) -> dict[str, Any]:
+    """The trace object's keys before `traceEvents` ({} when the head cannot be read or does
+    not hold them)."""
+    text = head_text(path)
+    if text is None:
         return {}
-    text = head.decode("utf-8", errors="replace")
     at = text.find('"traceEvents"')
     start = text.find("{")
     if at < 0 or start < 0 or start > at:

@@ -21,6 +21,7 @@ the first of them in that order (`0`, the first claimed): two jobs' data are nev
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -364,3 +365,13 @@ def _rank_number(v: Any) -> int | None:
 def _short(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def step_record(line: bytes | str) -> dict[str, Any] | None:
+    """One line of a step timeline (`steps.jsonl`) as its step record, or None for a line
+    that is not JSON or not a step's (the watchdog's and the trace requests' tail readers)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and row.get("kind") == "step" else None

@@ -23,16 +23,15 @@ filled in `pipeline` by the pipeline reading, not here.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uberprof.analysis.tables import derived as D
+from uberprof.ingest.head import head_text
 from uberprof.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -325,7 +324,6 @@ def _dim_words(dim: str, size: int) -> str:
 
 # --- what `uberprof info` says, cheaply -------------------------------------------------------
 
-HEAD_BYTES = 1 << 20  # Kineto writes distributedInfo before the events: the head holds it
 
 
 def recorded_parallelism(root: Path, traces: Mapping[int, Path]) -> dict[str, Any] | None:
@@ -355,17 +353,10 @@ def _saved_reading(root: Path) -> dict[str, Any] | None:
 
 def _header_groups(path: Path) -> list[dict[str, Any]] | None:
     """A trace's `distributedInfo.pg_config` as `RankInfo.process_groups` holds it, read from
-    the first HEAD_BYTES of the file only; None when the head does not hold it."""
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
-        else:
-            with open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
-    except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+    the head of the file only (`ingest.head`); None when the head does not hold it."""
+    text = head_text(path)
+    if text is None:
         return None
-    text = head.decode("utf-8", errors="replace")
     at = text.find('"distributedInfo"')
     start = text.find("{", at) if at >= 0 else -1
     if start < 0:

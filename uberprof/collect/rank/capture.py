@@ -238,26 +238,29 @@ class Capture:
         while not self._stop.wait(POLL_S):
             try:
                 self._answer_peer_failed()
-                request = self.dir / HANG_REQUEST_FILE
-                if not request.exists():
-                    continue
-                req = read_json(request)
-                if req == self._handled_request:
+                req = self._new_request(HANG_REQUEST_FILE, self._handled_request)
+                if req is None:
                     continue
                 self._handled_request = req
                 self._answer(req)
             except Exception as exc:  # noqa: BLE001
                 self.log.error("answering the hang watchdog", exc)
 
+    def _new_request(self, name: str, handled: Any) -> Any:
+        """The request in this rank's file `name`, None when there is none or it is the one
+        already `handled`."""
+        request = self.dir / name
+        if not request.exists():
+            return None
+        req = read_json(request)
+        return None if req is None or req == handled else req
+
     def _answer_peer_failed(self) -> None:
         """A local rank failed (the launcher asks, `exits.ask_peers`): dump this rank's
         collectives as they are now, before the launcher ends it, so that every rank's
         sequence is read, not only the ranks that raised."""
-        request = self.dir / PEER_FAILED_REQUEST_FILE
-        if not request.exists():
-            return
-        req = read_json(request)
-        if req == self._handled_peer_failed:
+        req = self._new_request(PEER_FAILED_REQUEST_FILE, self._handled_peer_failed)
+        if req is None:
             return
         self._handled_peer_failed = req
         self.flight_recorder("peer_failed")

@@ -33,18 +33,8 @@ from uberprof.analysis.diagnosis.lateness import (
     lead_and_noise,
     sole_last_frequency,
 )
+from uberprof.analysis.diagnosis.stragglers import rules
 from uberprof.analysis.diagnosis.stragglers.cost import delay_per_step
-from uberprof.analysis.diagnosis.stragglers.rules import (
-    ABS_MIN_LEAD_NS,
-    BASIS_TRACES,
-    DECIDED_BY_BUSY,
-    DISPUTED_SHARE,
-    MATERIAL_SHARE,
-    MIN_PART_STEPS,
-    PARTS,
-    REL_MIN_LEAD,
-    SIGMA_FACTOR,
-)
 from uberprof.analysis.diagnosis.stragglers.wording import TestWording
 
 if TYPE_CHECKING:
@@ -74,7 +64,7 @@ class StragglerTest(TestWording):
     decided_by: str  # frequency | materiality | both
     first_step: int | None = None
     need_fraction: float = 0.5  # the share of instances it must be alone last in
-    basis: str = BASIS_TRACES  # where the instances come from (rules.BASIS_*)
+    basis: str = rules.BASIS_TRACES  # where the instances come from (rules.BASIS_*)
     busy: BusyExcess | None = None  # its compute-excess test, where there is busy time
     fraction_waived: bool = False  # the last-fraction rule waived by a confirmed excess
     spread_waived: bool = False  # the lead's 2x-spread rule waived by a confirmed excess
@@ -105,10 +95,10 @@ class StragglerTest(TestWording):
     @property
     def lead_shows(self) -> bool:
         """Whether the wall clock shows it without its arrivals' order: a median lead clear of
-        the floors and the spread (`clear_lead_ns`), or a delay of at least DISPUTED_SHARE of
+        the floors and the spread (`clear_lead_ns`), or a delay of at least rules.DISPUTED_SHARE of
         the analysed time (the share a disputed verdict needs, rules.py)."""
         return self.median_lead_ns >= self.clear_lead_ns or \
-            (self.share is not None and self.share >= DISPUTED_SHARE)
+            (self.share is not None and self.share >= rules.DISPUTED_SHARE)
 
     @property
     def held(self) -> bool:
@@ -145,7 +135,7 @@ class _Reading:
 
 
 def straggler_test(lat: pa.Table, median_step_ns: float | None,
-                   wall_ns: float | None = None, basis: str = BASIS_TRACES,
+                   wall_ns: float | None = None, basis: str = rules.BASIS_TRACES,
                    busy: BusyTimes | None = None,
                    persistence_on: Collection[int] | None = None) -> StragglerTest | None:
     """The straggler test of a run (module docstring; `uberprof.analysis.diagnosis.evidence`): the
@@ -182,8 +172,8 @@ def _measure(a: _Reading, median_step_ns: float | None, wall_ns: float | None, b
         if busy is not None else None
     a.need_lead, spread_waived = _needed_lead(median_step_ns, a.n_part[mine], noise,
                                               a.med_lead, work is not None and work.confirmed)
-    spread = (SIGMA_FACTOR if float(np.median(a.n_part[mine])) >= 3 else 1.0) * noise
-    clear = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0), spread)
+    spread = (rules.SIGMA_FACTOR if float(np.median(a.n_part[mine])) >= 3 else 1.0) * noise
+    clear = max(rules.ABS_MIN_LEAD_NS, rules.REL_MIN_LEAD * (median_step_ns or 0.0), spread)
     delay_wall = sum(d for d, _ in delay_per_step(a.step[mine], a.delay[mine],
                                                   a.n_part[mine]).values())
     return StragglerTest(
@@ -217,14 +207,14 @@ def _needed_lead(median_step_ns: float | None, n_part: np.ndarray, noise: float,
                  med_lead: float, more_work: bool) -> tuple[float, bool]:
     """The median lead the candidate needs to be material (its floors, and with 3 or more
     participants twice the others' spread), and whether the spread rule was waived for it."""
-    need_lead = max(ABS_MIN_LEAD_NS, REL_MIN_LEAD * (median_step_ns or 0.0))
+    need_lead = max(rules.ABS_MIN_LEAD_NS, rules.REL_MIN_LEAD * (median_step_ns or 0.0))
     spread_waived = False
-    if float(np.median(n_part)) >= 3 and SIGMA_FACTOR * noise > need_lead:
+    if float(np.median(n_part)) >= 3 and rules.SIGMA_FACTOR * noise > need_lead:
         # the spread rule tells a lead of chance from one of cause; confirmed extra work
         # is the cause, so the floors alone remain (said only where it decides)
-        spread_waived = more_work and med_lead < SIGMA_FACTOR * noise
+        spread_waived = more_work and med_lead < rules.SIGMA_FACTOR * noise
         if not spread_waived:
-            need_lead = SIGMA_FACTOR * noise
+            need_lead = rules.SIGMA_FACTOR * noise
     return need_lead, spread_waived
 
 
@@ -262,7 +252,7 @@ def _material(t: StragglerTest, a: _Reading, frequent: bool) -> bool:
     t.lead_by_work = t.by_work and a.med_lead < a.need_lead and work is not None and \
         work.excess_ns >= a.need_lead
     big_lead = a.med_lead >= a.need_lead or t.lead_by_work
-    big_share = t.share is None or t.share >= MATERIAL_SHARE
+    big_share = t.share is None or t.share >= rules.MATERIAL_SHARE
     k, n = t.last, t.instances
     t.fraction_waived = k < t.need_fraction * n and frequent and more_work
     return big_lead and big_share and (k >= t.need_fraction * n or t.fraction_waived)
@@ -280,7 +270,7 @@ def _decision(frequent: bool, maybe: bool, material: bool,
         decision = "none"
         decided = "frequency" if not maybe else "materiality"
     if decision != "none" and work is not None and work.cleared and not work.off_cpu:
-        decision, decided = "none", DECIDED_BY_BUSY
+        decision, decided = "none", rules.DECIDED_BY_BUSY
     return decision, decided
 
 
@@ -295,7 +285,7 @@ def _hold(t: StragglerTest, a: _Reading, busy: BusyTimes | None,
     work = t.busy
     # a straggler is confirmed by what the job's wall clock shows: its arrivals (frequent by
     # themselves, or at the second look), a lead clear of the floors and the spread, or a delay
-    # of at least DISPUTED_SHARE of the time (healthy 2-rank runs came to 8.4-12.3%, injected
+    # of at least rules.DISPUTED_SHARE of the time (healthy 2-rank runs came to 8.4-12.3%, injected
     # stragglers beside a hog, whose scatter hides their lead, to 16-31%)
     t.cpu_alone = t.by_work and not t.lead_shows
     t.outweighed_by_os = work is not None and work.outweighed_by_os
@@ -316,15 +306,15 @@ def _transient(steps: np.ndarray, lead: np.ndarray, need_lead: float,
                need_work: float = 0.0) -> tuple[tuple[int, int], int] | None:
     """The part of the run where the candidate no longer leads, as ((first step, last step),
     its median lead there), or None where it leads in each third of its steps (split by step),
-    or a third has fewer than MIN_PART_STEPS steps. A third counts as led where its median
+    or a third has fewer than rules.MIN_PART_STEPS steps. A third counts as led where its median
     lead reaches the floor, or, with busy time, where its extra work there is still material
     (`work_in(steps)` >= `need_work`: beside a CPU hog a 1.3x straggler's lead scatters, its
     work does not). Healthy 2-rank runs had one rank ~50% slower over the first 20 of 30
     steps and like the other after them (benchmarks/accuracy.py, seeds 302 and 316)."""
     if lead.size != steps.size or not steps.size:
         return None
-    parts = np.array_split(np.unique(steps), PARTS)
-    if min(p.size for p in parts) < MIN_PART_STEPS:
+    parts = np.array_split(np.unique(steps), rules.PARTS)
+    if min(p.size for p in parts) < rules.MIN_PART_STEPS:
         return None
     for p in parts:
         med = float(np.median(lead[np.isin(steps, p)]))
