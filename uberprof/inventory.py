@@ -274,7 +274,8 @@ def _cuts(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         return []
     return [c for c in value if isinstance(c, dict) and _step_ranges([c.get("window")])
-            and all(isinstance(c.get(k), int) for k in ("last", "grown_mb", "budget_mb"))]
+            and all(isinstance(c.get(k), int) for k in ("last", "budget_mb"))
+            and isinstance(c.get("grown_mb"), int | float)]  # one decimal since format 21
 
 
 def _as_exit(value: Any) -> str | None:

@@ -75,7 +75,9 @@ def test_removing_the_straggler_projects_a_shorter_step_with_its_interval(
     assert doc["changes"][0]["rank"] == STRAGGLER and doc["changes"][0]["removed_ms"] > 0
 
     full = _fills_cores(run)
-    assert bool(doc["caveats"]) == full and all("optimistic" in c for c in doc["caveats"])
+    # filled cores make it optimistic; ranks outnumbering cores make it unsure either way
+    assert bool(doc["caveats"]) == full and all("optimistic" in c or "either way" in c
+                                                for c in doc["caveats"])
 
     # --steps: those steps' figures, each step's gain as the whole window's replay gave it
     steps = [s["step"] for s in doc["steps"]]
@@ -154,8 +156,9 @@ def test_the_straggler_finding_ranks_first_by_its_projected_gain(
     assert gain is not None and gain["gain_ms"] > 0, first
     assert gain["projected_step_ms"] == _whatif(run, "--remove", "straggler")[
         "projected_step_ms"]
-    for f in findings:
-        assert (f["projected_gain"] is None) == bool(f["projected_gain_why"]), f
+    for f in findings:  # no projection, or one that gains nothing, says why; a gain does not
+        gains = f["projected_gain"] is not None and f["projected_gain"]["gain_ms"] > 0
+        assert gains != bool(f["projected_gain_why"]), f
     res = CliRunner().invoke(main, ["report", str(run)], terminal_width=120)
     assert f"fixing this: step {gain['baseline_step_ms']:.1f} -> " in res.stdout
 

@@ -32,7 +32,7 @@ def _scaling(*args: str) -> Any:
 
 def _step_ms(report: dict[str, Any]) -> float:
     r = report["run"]
-    return r["analysed_wall_ms"] / len(r["analysed_steps"])
+    return r["host_wall_ms"] / len(r["analysed_steps"])
 
 
 def test_runs_with_other_script_arguments_are_refused_naming_what_differs(

@@ -135,6 +135,7 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type, parallelism)
     _add_tables(run, ctx, traced, p2p, pipeline, groups, traits)
+    run.host_wall_ms = _ms(_analysed_wall_ns(traced, host_only=True)) if traced.num_rows else None
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.fix_top_two = top_two(findings, proj)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
@@ -262,13 +263,16 @@ def analysed_steps(ctx: RunContext) -> pa.Table:
 
 # --- cross-rank facts ---------------------------------------------------------------------------
 
-def _analysed_wall_ns(traced: pa.Table) -> int:
+def _analysed_wall_ns(traced: pa.Table, host_only: bool = False) -> int:
     """Wall time of the analysed steps: per step the longest rank's analysed time (the longer
-    of its host and device windows, `metrics.analysed_ns`), summed over steps."""
+    of its host and device windows, `metrics.analysed_ns`; `host_only`: its host window),
+    summed over steps."""
     if traced.num_rows == 0:
         return 0
+    times = traced.column("step_time_ns").fill_null(0).to_pylist() if host_only else \
+        analysed_ns(traced).tolist()
     per: dict[int, int] = {}
-    for s, t in zip(traced.column("step").to_pylist(), analysed_ns(traced).tolist()):
+    for s, t in zip(traced.column("step").to_pylist(), times):
         per[s] = max(per.get(s, 0), int(t))
     return sum(per.values())
 

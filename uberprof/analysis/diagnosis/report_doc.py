@@ -57,8 +57,12 @@ class RunDoc:
         "annotations, analysed as one pseudo-step spanning its trace); `[]` where nothing was "
         "analysed"))
     analysed_wall_ms: float | None = field(default=None, metadata=_m(
-        "wall time of the analysed steps: per step the longest rank's host step time, summed. "
-        "Every share and severity is of this"))
+        "wall time of the analysed steps: per step the longest rank's analysed time (the longer "
+        "of its host and device windows: a device running behind its host lengthens it), "
+        "summed. Every share and severity is of this"))
+    host_wall_ms: float | None = field(default=None, metadata=_m(
+        "the same steps by their host windows alone (per step the longest rank's host step "
+        "time, summed): the job's own pace, which `uberprof scaling` reads"))
     step_time_ms: float | None = field(default=None, metadata=_m(
         "the median host step time over every rank's analysed steps"))
     gap_threshold_us: float | None = field(default=None, metadata=_m(

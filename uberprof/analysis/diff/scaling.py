@@ -8,7 +8,7 @@ report already holds, so the report, this table, its HTML plot and the dashboard
 
 Definitions (docs/scaling.md):
 
-- **Step time** of a run: its analysed (traced) steps' wall time per step, `analysed_wall_ms`
+- **Step time** of a run: its analysed (traced) steps' wall time per step, `host_wall_ms`
   over `analysed_steps` (per step the longest rank's host step time).
 - **Throughput per rank**: per-rank batch / step time (samples/s) when every run's per-rank
   batch is known, else 1 / step time (steps/s, which assumes the same per-rank batch);
@@ -149,7 +149,7 @@ class Scaling:
             "throughput_unit": self.unit,
             "basis": {
                 "step_time": "analysed (traced) steps: wall time per step, the longest rank's "
-                             "host step time (the report's run.analysed_wall_ms / steps)",
+                             "host step time (the report's run.host_wall_ms / steps)",
                 "throughput": ("per-rank batch / step time" if self.unit == "samples/s" else
                                "1 / step time (steps/s; per-rank batch unknown, taken as "
                                "equal in every run)"),
@@ -220,7 +220,9 @@ def scaling_point_of(doc: dict[str, Any], argv: list[str] | None,
     run = doc["run"]
     where = path or run.get("path") or "?"
     steps = [s for s in run.get("analysed_steps") or []]
-    wall = run.get("analysed_wall_ms")
+    # the host's own pace (a device running behind its host lengthens analysed_wall_ms);
+    # documents from before host_wall_ms have only the other
+    wall = run.get("host_wall_ms") or run.get("analysed_wall_ms")
     if not steps or not wall:
         raise ScalingError(f"{where}: cannot be analysed: no rank has an analysed traced step "
                            "(see `uberprof report` for its problems)")

@@ -54,7 +54,8 @@ class Cut:
     budget: int
 
     def words(self) -> str:
-        return (f"its memory grew by {self.grown / MB:.0f} MB in the window, over the budget of "
+        grown = f"{self.grown / MB:.1f}".removesuffix(".0")  # 40.4 MB is over 40 MB
+        return (f"its memory grew by {grown} MB in the window, over the budget of "
                 f"{self.budget / MB:.0f} MB")
 
 

@@ -190,7 +190,7 @@ class TraceWindows:
         if cut is not None:
             first, last = self._window
             self.cut_short.append({"window": [first, last], "last": step,
-                                   "grown_mb": round(cut.grown / MB),
+                                   "grown_mb": round(cut.grown / MB, 1),
                                    "budget_mb": round(cut.budget / MB)})
             self._log.notice(f"trace window {first}-{last} stopped after step {step}: "
                              f"{cut.words()} (uberprof run --window-memory-mb sets it)",
