@@ -7,9 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests._jobs import SAMPLES, info_json, torchrun, uberprof_run
 
-SLOW_FROM, STEPS = 80, 170
+# the detector reads the step times' level against their own spread: a neighbouring test's
+# jobs on the same two cores widen that spread (in a full `make test` the rise went unseen)
+pytestmark = pytest.mark.solo
+
+# the window opens a margin of steps after the node agent reads the rise (it reads every few
+# seconds, and the margin covers the ranks' poll in steps): on a quiet machine's short steps
+# that is 100 steps or more past the detection, so the slow stretch runs 320 steps
+SLOW_FROM, STEPS = 80, 400
 
 
 def test_a_slowdown_opens_one_window_on_every_rank_inside_the_slow_stretch(

