@@ -9,7 +9,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from uberprof.analysis.read import ranks_table_file
 from uberprof.units import fmt_num
 
 __all__ = ["MAX_ROWS", "render_analysis", "render_problems"]
@@ -42,7 +41,7 @@ def render_analysis(ranks: list[dict[str, Any]], problems: list[str], derived: P
         console.print(table)
     if len(ranks) > MAX_ROWS:
         console.print(f"[dim]... {len(ranks) - MAX_ROWS} more ranks: see --json or "
-                      f"{ranks_table_file(derived)}[/dim]")
+                      f"{_ranks_table_file(derived)}[/dim]")
     reused = inputs - analysed
     console.print(f"[dim]{inputs} trace(s), {analysed} read now"
                   + (f", {reused} unchanged since the last analysis" if reused else "")
@@ -56,3 +55,12 @@ def render_problems(problems: list[str], nothing: bool, err: Console) -> None:
         err.print("uberprof analyze: no rank could be analysed", highlight=False)
     for p in problems:
         err.print(f"uberprof analyze: {p}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _ranks_table_file(derived: Path) -> Path:
+    """The per-rank table's file, named by the analysis. Imported here, not at the top: the
+    read side pulls in the whole diagnosis (0.45 s), and every command's module is loaded to
+    build the CLI."""
+    from uberprof.analysis.read import ranks_table_file
+
+    return ranks_table_file(derived)
