@@ -174,6 +174,7 @@ def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries
 def failures_only_diagnosis(root: Path, problems: list[str]) -> Diagnosis:
     """A run directory that has no trace to analyse: its hang and crash findings (read from the
     run directory alone), with empty tables, so every view shows them as usual."""
+    from uberprof.analysis.diagnosis.findings import declare
     from uberprof.analysis.diagnosis.findings.failures import failure_findings
 
-    return empty_diagnosis(root, problems, failure_findings(Path(root)))
+    return empty_diagnosis(root, problems, declare(failure_findings(Path(root))))

@@ -28,8 +28,19 @@ if TYPE_CHECKING:
     from uberprof.analysis.tables.align import Alignment
     from uberprof.analysis.tables.collectives import Matched
 
-__all__ = ["MIN_SHARE", "RANKING_RULE", "READING_TRACES", "SCHEMA_VERSION",
-           "WRITING_RANKS", "Diagnosis", "Finding", "Progress", "ranks_text", "severity_of"]
+__all__ = [
+    "MIN_SHARE",
+    "RANKING_RULE",
+    "READING_TRACES",
+    "SCHEMA_VERSION",
+    "WRITING_RANKS",
+    "Diagnosis",
+    "Finding",
+    "Progress",
+    "field_doc",
+    "ranks_text",
+    "severity_of",
+]
 
 SCHEMA_VERSION = 1
 MIN_SHARE = 0.02  # a per-rank problem below this share of the analysed time is not a finding
@@ -45,8 +56,10 @@ def severity_of(share: float) -> str:
     return "high" if share >= 0.15 else "medium" if share >= 0.05 else "low"
 
 
-def _m(text: str) -> dict[str, str]:
-    """A field's metadata: its one-line meaning (docs/json.md's table is generated from it)."""
+def field_doc(text: str) -> dict[str, str]:
+    """A document field's metadata: its one-line meaning (docs/json.md's tables are generated
+    from it, `schema_doc.py`). Every typed part of the report document describes its fields
+    with it."""
     return {"doc": text}
 
 
@@ -60,39 +73,39 @@ def ranks_text(ranks: list[int]) -> str:
 class Finding:
     """One thing that holds the job back, in the user's terms."""
 
-    kind: str = field(metadata=_m(
+    kind: str = field(metadata=field_doc(
         "its kind: one of the table in [findings.md](findings.md#how-to-read-any-finding)"))
-    severity: str = field(metadata=_m(
+    severity: str = field(metadata=field_doc(
         "`high` (own share of the analysed wall time ≥ 15%), `medium` (≥ 5%), `low`; "
         "hangs and crashes are always `high`"))
-    title: str = field(metadata=_m(
+    title: str = field(metadata=field_doc(
         "one line for people"))
-    ranks: list[int] = field(metadata=_m(
+    ranks: list[int] = field(metadata=field_doc(
         "the ranks concerned (the straggler; the affected ranks; the stuck ranks; the "
         "first failing rank; empty for a bandwidth class)"))
-    steps: list[int] = field(metadata=_m(
+    steps: list[int] = field(metadata=field_doc(
         "the steps concerned (for a hang or crash, the step that never finished)"))
-    cause: str | None = field(metadata=_m(
+    cause: str | None = field(metadata=field_doc(
         "the kind's cause, or null (table below)"))
-    time_at_stake_ms: float = field(metadata=_m(
+    time_at_stake_ms: float = field(metadata=field_doc(
         "wall time of the analysed steps this finding alone accounts for: an upper "
         "bound on what fixing it saves there. 0 for hangs, crashes and `host_cpu`"))
-    evidence: dict[str, Any] = field(metadata=_m(
+    evidence: dict[str, Any] = field(metadata=field_doc(
         "the numbers behind it, with its test (below)"))
-    remedy: str = field(metadata=_m(
+    remedy: str = field(metadata=field_doc(
         "what to do, in words fitted to the run (CPU runs get CPU remedies)"))
-    confidence: str = field(default="confirmed", metadata=_m(
+    confidence: str = field(default="confirmed", metadata=field_doc(
         "`confirmed`, or `suspected` (`evidence.test.sentence` says what would confirm "
         "it)"))
-    observed_ms: float | None = field(default=None, metadata=_m(
+    observed_ms: float | None = field(default=None, metadata=field_doc(
         "the whole time it observed: its own time at stake plus what `caused_by` "
         "attributes to other findings"))
-    caused_by: list[dict[str, Any]] = field(default_factory=list, metadata=_m(
+    caused_by: list[dict[str, Any]] = field(default_factory=list, metadata=field_doc(
         "`[{index, kind, ms, part}]`: the part of `observed_ms` that another finding "
         "already counts: its `index` in `findings`, its `kind`, the ms, and which part "
         "in words (\"waiting for the straggler\", \"transfer of a latency-bound class\", "
         "\"idle on the straggler, rank 3: ...\")"))
-    projected_gain: dict[str, Any] | None = field(default=None, metadata=_m(
+    projected_gain: dict[str, Any] | None = field(default=None, metadata=field_doc(
         "what fixing it gains in the replay "
         "([whatif.md](whatif.md#what-fixing-each-finding-gains)): `change` (its remedy "
         "as a what-if change, in words), `baseline_step_ms`, `projected_step_ms`, "
@@ -104,24 +117,24 @@ class Finding:
         "projected. `gain_ms` is at most `time_at_stake_ms`; it is the measured median step "
         "less the projected median, so it can be slightly negative where the change gains "
         "nothing (then `projected_gain_why` says why)"))
-    projected_gain_why: str | None = field(default=None, metadata=_m(
+    projected_gain_why: str | None = field(default=None, metadata=field_doc(
         "why `projected_gain` is null (no change models the kind, or the replay is "
         "unfit for projection), or why it gains nothing (what the change removed and what "
         "holds the steps instead); null otherwise"))
     # what its kind declares (findings/kind.py), stamped when it is made and saved with it, so
     # that every view prints the same words and no view names a kind
-    role: str = field(default="verdict", metadata=_m(
+    role: str = field(default="verdict", metadata=field_doc(
         "what its kind declares it is "
         "([findings.md](findings.md#how-to-read-any-finding)): `failure` (the job "
         "stopped: ranked first), `context` (explains other findings, no time of its "
         "own) or `verdict`"))
-    page: str = field(default="/", metadata=_m(
+    page: str = field(default="/", metadata=field_doc(
         "the dashboard page where its kind is looked at in detail (`/stragglers`, "
         "`/gaps`, ...)"))
-    evidence_sentence: str = field(default="", metadata=_m(
+    evidence_sentence: str = field(default="", metadata=field_doc(
         "its evidence in one sentence, made by its kind from `evidence`: what the "
         "terminal and HTML reports, the dashboard and the export print"))
-    details: list[str] = field(default_factory=list, metadata=_m(
+    details: list[str] = field(default_factory=list, metadata=field_doc(
         "supporting lines a reader checks the verdict with (a stuck or failing rank's "
         "stack, innermost last; the collective the others wait in; mismatches; "
         "victims); empty for most kinds"))

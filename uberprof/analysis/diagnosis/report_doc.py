@@ -16,13 +16,9 @@ from typing import Any
 
 from uberprof._version import __version__
 from uberprof.analysis.diagnosis.model import SCHEMA_VERSION
+from uberprof.analysis.diagnosis.model import field_doc as _m
 
 __all__ = ["RUN_KEYS", "RankDoc", "RunDoc", "as_json"]
-
-
-def _m(text: str) -> dict[str, str]:
-    """A field's metadata: its one-line meaning (docs/json.md's table reads it)."""
-    return {"doc": text}
 
 
 @dataclass(slots=True, kw_only=True)

@@ -12,8 +12,8 @@ work, whatever the OS scheduler did to its wall time. uberprof's own CPU time on
 Recorder's ring read; `own_start`/`own_end`) is measured the same way and written apart, as
 `uberprof_cpu_ns` (issue 54: a rank's extra CPU time must be the job's to make it a straggler).
 The work uberprof cannot time on the thread (the profiler's callbacks inside a traced
-window's operators, the data-loader wrapper's few µs) stays in `cpu_ns`, alike on every rank. It tells a rank that computes more from one the OS delayed
-(analysis/diagnosis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
+window's operators, the data-loader wrapper's few µs) stays in `cpu_ns`, alike on every rank.
+It tells a rank that computes more from one the OS delayed (analysis/diagnosis/busy.py). It is left out for the first two steps (step 0 pays start-up, and the
 optimizer detector places its boundary an iteration late, when it ends step 1 too: the CPU
 time at that boundary is not known) and where the previous boundary was on another thread.
 Beside it, on the same rows, `ctx_vol` and `ctx_invol`: the thread's voluntary and involuntary

@@ -37,12 +37,12 @@ def failure_findings(roots: Path | Iterable[Path],
     out = []
     hang = hang_finding(ranks, hangs)
     if hang is not None:
-        out.append(HANG.declare(hang))
+        out.append(hang)
     stopped_at = min((h["detected_ns"] for h in hangs if h.get("action") == "stop"
                       and isinstance(h.get("detected_ns"), int)), default=None)
     crash = crash_finding(ranks, stopped_at, running)
     if crash is not None:
-        out.append(CRASH.declare(crash))
+        out.append(crash)
     return out
 
 
