@@ -51,7 +51,29 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                            ui.graph("comm-by-rank", by_rank_figure(data)),
                            sub="Communication under compute costs nothing; exposed "
                                "communication adds to the step."))
+    body.append(ui.section("Exposed communication per rank: waiting and transfer",
+                           rank_comm_table(data), id="rank-comm",
+                           sub="Each rank's exposed time split into waiting for the peer that "
+                               "arrived last (the largest waits: peer, collective, group) and "
+                               "transfer; unexplained: what no finding accounts for."))
     return ui.page("page-communication", *body)
+
+
+def rank_comm_table(data: RunData) -> Any:
+    rows = q.rank_comm(data)
+    if not rows:
+        return ui.notice("No rank has exposed communication in the analysed steps.", "info")
+    out = []
+    for r in rows[:64]:
+        waits = "; ".join(
+            f"{'rank ' + str(w['peer']) if w['peer'] is not None else 'peers'} in {w['name']}"
+            f"{'' if w['group'] == 'default' else ' (' + w['group'] + ')'} {w['ms']:.1f} ms"
+            for w in r["top_waits"][:3]) or "-"
+        out.append([str(r["rank"]), fmt_num(r["exposed_ms"]), fmt_num(r["wait_ms"]),
+                    fmt_num(r["transfer_ms"]), fmt_num(r["unmatched_ms"]), waits,
+                    fmt_num(r["unexplained_ms"])])
+    return ui.table(["rank", "exposed ms", "waiting ms", "transfer ms", "unmatched ms",
+                     "largest waits", "unexplained ms"], out, id="rank-comm-table")
 
 
 def classes_table(data: RunData) -> Any:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries.tables import evenly
 
-__all__ = ["bandwidth_classes", "bandwidth_instances", "collectives_by_kind"]
+__all__ = ["bandwidth_classes", "bandwidth_instances", "collectives_by_kind", "rank_comm"]
 
 
 def bandwidth_classes(run: RunData) -> list[dict[str, Any]]:
@@ -32,3 +32,17 @@ def collectives_by_kind(run: RunData) -> pa.Table | None:
     analysis saved them (`read.OpenedRun.collective_kinds`)."""
     return run.once("collectives_by_kind",
                     lambda: run.opened.collective_kinds() if run.opened is not None else None)
+
+
+def rank_comm(run: RunData) -> list[dict[str, Any]]:
+    """Each rank's exposed communication split (waiting by peer and collective, transfer) and
+    what no finding explains of it, as the diagnosis saved them (`ranks[].exposed_comm`,
+    `ranks[].accounted`), the most exposed first; [] without a diagnosis."""
+    d = run.diagnose()
+    if d is None:
+        return []
+    rows = [{"rank": x["rank"], **x["exposed_comm"],
+             "unexplained_ms": ((x.get("accounted") or {}).get("exposed_comm") or {})
+             .get("unexplained_ms")}
+            for x in d.ranks if (x.get("exposed_comm") or {}).get("exposed_ms")]
+    return sorted(rows, key=lambda r: -r["exposed_ms"])

@@ -57,7 +57,7 @@ def render_html(d: Diagnosis) -> str:
              f"<h1>uberprof report: {e(str(r['run_id'] or r['path']))}</h1>",
              f"<div class='dim'>{e(_summary_line(d))}</div>",
              _parallelism_html(r),
-             "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
+             "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d), _rank_comm_html(d),
              parallel_html(r), operators_html(r), memory_html(r),
              modules_html(r), memory_timeline_html(r),
              "<h2>Plots</h2>", *plots, "<h2>Run</h2>",
@@ -186,6 +186,34 @@ def _ranks_html(d: Diagnosis) -> str:
                       for i, v in enumerate(cells))
         rows.append(f"<tr{' class=strag' if x['rank'] == strag else ''}>{tds}</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _rank_comm_html(d: Diagnosis) -> str:
+    """Each rank's exposed communication split into waiting (the largest waits: the peer that
+    arrived last, the collective, the group) and transfer, and what no finding explains."""
+    e = html.escape
+    rows = sorted((x for x in d.ranks if (x.get("exposed_comm") or {}).get("exposed_ms")),
+                  key=lambda x: -x["exposed_comm"]["exposed_ms"])
+    if not rows:
+        return ""
+    head = ("<tr><th>rank</th><th>exposed ms</th><th>waiting ms</th><th>transfer ms</th>"
+            "<th>unmatched ms</th><th class='l'>largest waits</th><th>unexplained exposed ms"
+            "</th><th>unexplained idle ms</th></tr>")
+    out = []
+    for x in rows:
+        c, acc = x["exposed_comm"], x.get("accounted") or {}
+        waits = "; ".join(
+            f"{'rank ' + str(w['peer']) if w['peer'] is not None else 'peers'} in {w['name']}"
+            f"{'' if w['group'] == 'default' else ' (' + w['group'] + ')'} {w['ms']} ms"
+            for w in c["top_waits"][:3]) or "-"
+        cells = [x["rank"], c["exposed_ms"], c["wait_ms"], c["transfer_ms"], c["unmatched_ms"],
+                 waits, (acc.get("exposed_comm") or {}).get("unexplained_ms"),
+                 (acc.get("idle") or {}).get("unexplained_ms")]
+        out.append("<tr>" + "".join(f"<td{' class=l' if i == 5 else ''}>{e(_fmt(v))}</td>"
+                                    for i, v in enumerate(cells)) + "</tr>")
+    return ("<h3>Exposed communication per rank</h3><p class='dim'>waiting for the peer that "
+            "arrived last and transfer (docs/analyze.md); unexplained: what no finding "
+            f"accounts for</p><table>{head}{''.join(out)}</table>")
 
 
 def _fmt(v: Any) -> str:

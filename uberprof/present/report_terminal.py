@@ -21,6 +21,7 @@ from uberprof.present.terminal.memory import render_memory
 from uberprof.present.terminal.modules import render_memory_timeline, render_modules
 from uberprof.present.terminal.operators import render_operators
 from uberprof.present.terminal.parallel import render_parallel
+from uberprof.present.terminal.rank_comm import render_rank_comm
 from uberprof.present.terminal.whatif import render_critical_path
 from uberprof.rundir import rank_ranges
 from uberprof.units import fmt_bytes, fmt_num, shorten
@@ -35,6 +36,7 @@ def render_report(d: Diagnosis, console: Console) -> None:
     """Print the whole report on `console`."""
     _header(d, console)
     _ranks(d, console)
+    render_rank_comm(d.ranks, console, _print_table)
     _findings(d, console)
     _bandwidth(d, console)
     render_parallel(d.run, console, _print_table)

@@ -55,6 +55,8 @@ from uberprof.analysis.diagnosis.memory import run_memory
 from uberprof.analysis.diagnosis.memory_timeline import run_memory_timeline
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding, Progress
 from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages, pipeline_stages
+from uberprof.analysis.diagnosis.rank_accounts import rank_accounting
+from uberprof.analysis.diagnosis.rank_comm import rank_comm
 from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
 from uberprof.analysis.diagnosis.report_doc import RunDoc, as_json
 from uberprof.analysis.diagnosis.stragglers import StragglerTests, name_straggler
@@ -123,7 +125,8 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                   summaries=summaries, device_type=device_type, window=window, p2p=p2p,
                   parallelism=parallelism, pipeline=pipeline,
                   groups=groups, exposed_around=_exposed_around(per_rank.values()),
-                  traits=traits)
+                  traits=traits, instances=aligned,
+                  rank_comm=rank_comm(traced, lat, _group_of(aligned), p2p.per_rank_step()))
     proj, cp_doc, rp_doc = run_projector(ctx, traced, matched.instances, alignment.offsets(),
                                          p2p.pairs, parallelism.stage_of or {}, busy)
     produced = produce(facts)
@@ -139,11 +142,18 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.fix_top_two = top_two(findings, proj)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
-    return Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
+    ranks = rank_accounting(ranks_doc(ctx, traced, summaries, facts.rank_comm), findings)
+    return Diagnosis(run=as_json(run), ranks=ranks, findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
                      classes=classes, straggler=tests.straggler, steps=traced,
                      summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+
+
+def _group_of(instances: pa.Table) -> dict[int, str]:
+    """Matched instance id -> its process group key."""
+    return dict(zip(instances.column("instance").to_pylist(),
+                    instances.column("grp").to_pylist()))
 
 
 def _median_step(traced: pa.Table) -> float | None:

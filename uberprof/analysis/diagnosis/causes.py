@@ -34,6 +34,7 @@ __all__ = [
     "WARMUP",
     "Cause",
     "Remedy",
+    "alltoall_imbalance_remedy",
     "exposed_comm_remedy",
     "gap_cause",
     "gap_remedy",
@@ -606,6 +607,23 @@ REMEDIES: tuple[Remedy, ...] = (
            lambda t: "fp8" in (t.get("precision") or []), _all_to_all_fewer_bytes),
     Remedy("all_to_all_quantise", "exposed_comm (embedding sharding, expert parallel)",
            "always (no FP8 kernels seen)", lambda t: True, _all_to_all_fewer_bytes),
+    Remedy("alltoall_imbalance_sharding", "alltoall_imbalance",
+           "embedding kernels are seen (fbgemm, TorchRec, EmbeddingBag): sharded tables",
+           lambda t: bool((t.get("embeddings") or {}).get("present")),
+           lambda t: ("Rebalance the sharding plan: the ranks named hold the hot tables or "
+                      "rows; plan the shards with the measured per-table cost (TorchRec's "
+                      "planner with its cost estimates), split the hottest tables row-wise over "
+                      "several ranks, and keep each rank's lookup and pooling work equal."
+                      + _all_to_all_numbers(t))),
+    Remedy("alltoall_imbalance_experts", "alltoall_imbalance",
+           "always (no embedding kernels: expert parallel or other all-to-all traffic)",
+           lambda t: True,
+           lambda t: ("Balance the experts' load: the ranks named get more tokens or work than "
+                      "the others, and every all-to-all waits for them. Add or strengthen the "
+                      "router's load-balancing (an auxiliary balance loss, or a bias on the "
+                      "router's scores per expert), cap each expert's tokens with a capacity "
+                      "factor, or replicate the hot experts on other ranks (expert placement by "
+                      "measured load)." + _all_to_all_numbers(t))),
     Remedy("expert_all_to_all", "exposed_comm (expert parallel)",
            "all-to-alls without embedding kernels, or a mesh dimension 'ep'",
            lambda t: True, lambda t: COMM_REMEDIES["ep"] + _all_to_all_numbers(t)),
@@ -703,6 +721,12 @@ def remedies_table() -> str:
         rows.append(f"| {name.lower().removesuffix('_remedy')} | `{name}` | always | "
                     f"{_cell(text)} |")
     return "\n".join(rows)
+
+
+def alltoall_imbalance_remedy(traits: dict[str, Any] | None) -> str:
+    """The remedy of unequal all-to-alls: rebalance the sharding plan where the job shards
+    embeddings, else the experts' load (`REMEDIES`, tried in order on what the job does)."""
+    return chosen_remedy("alltoall_imbalance", traits).say(traits or {})
 
 
 def straggler_remedy(cause: str, device_type: str | None, traits: dict[str, Any] | None,

@@ -8,6 +8,7 @@ of its fields, and `as_json` makes the plain dict `Diagnosis.run` holds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from uberprof.analysis.diagnosis.gaps import GAP_SCHEMA
 from uberprof.analysis.diagnosis.lateness import LATENESS_SCHEMA
 from uberprof.analysis.diagnosis.memory import memory_doc
 from uberprof.analysis.diagnosis.model import Diagnosis, Finding
+from uberprof.analysis.diagnosis.rank_comm import RankComm
 from uberprof.analysis.diagnosis.report_doc import RankDoc, RunDoc, as_json
 from uberprof.analysis.diagnosis.summaries import RankSummaries, summarise
 from uberprof.analysis.tables.align import Alignment
@@ -130,8 +132,11 @@ def empty_diagnosis(root: Path, problems: list[str], findings: list[Finding] | N
                      steps=RUN_STEP_SCHEMA.empty_table(), summaries=summarise(lat, gaps))
 
 
-def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries
-               ) -> list[dict[str, Any]]:
+def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries,
+              comm: Mapping[int, RankComm] | None = None) -> list[dict[str, Any]]:
+    """Every rank's part of the document (RankDoc); `comm`: each rank's exposed communication
+    split (`rank_comm`)."""
+    comm = comm or {}
     bd = {r["rank"]: r for r in ctx.breakdown().to_pylist()}
     per_step: dict[int, dict[str, int]] = {}
     for row in traced.select(["rank", "compute_ns", "exposed_comm_ns", "idle_ns", "window_ns",
@@ -167,6 +172,7 @@ def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries
                        "ms_by_cause": {c: _ms(v) for c, v in idle_ns.items()}},
             lateness_ms={"median": _ms(late["median_ns"]), "p90": _ms(late["p90_ns"]),
                          "last_in": late["last_in"], "instances": late["instances"]},
+            exposed_comm=comm[r].as_dict() if r in comm else None,
         )))
     return out
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from uberprof.analysis.diagnosis.gpu_clocks import GpuClocks
     from uberprof.analysis.diagnosis.group_comm import GroupComm
     from uberprof.analysis.diagnosis.pipeline_stages import PipelineStages
+    from uberprof.analysis.diagnosis.rank_comm import RankComm
     from uberprof.analysis.diagnosis.stragglers import Straggler
     from uberprof.analysis.diagnosis.summaries import RankSummaries
     from uberprof.analysis.tables.context import RunContext
@@ -51,11 +52,20 @@ class Facts:
     parallelism: Parallelism = field(default_factory=Parallelism)  # read once, used by all
     traits: dict[str, Any] = field(default_factory=dict)  # run.job_traits: what the job does
     exposed_around: pa.Table | None = None  # gaps.AROUND_SCHEMA: exposed comm by its neighbours
+    # each rank's exposed communication split by the peer waited for and transfer (rank_comm)
+    rank_comm: dict[int, RankComm] = field(default_factory=dict)
+    instances: pa.Table | None = None  # the matched collectives, aligned (INSTANCE_SCHEMA)
     found: list[Finding] = field(default_factory=list)
 
     def first(self, kind: str) -> Finding | None:
         """The first finding of `kind` made so far, None when there is none."""
         return next((f for f in self.found if f.kind == kind), None)
+
+    def claimed(self, rank: int, part: str) -> float:
+        """The ms of rank `rank`'s `part` (`exposed_comm_ms`, `idle_ms`) that the findings made
+        so far explain (`Finding.accounts_for`): a later finding explains only the rest."""
+        return sum(float((f.accounts_for.get(str(rank)) or {}).get(part) or 0.0)
+                   for f in self.found)
 
     def of_kind(self, kind: str) -> list[Finding]:
         """Every finding of `kind` made so far."""

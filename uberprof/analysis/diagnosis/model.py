@@ -121,6 +121,12 @@ class Finding:
         "why `projected_gain` is null (no change models the kind, or the replay is "
         "unfit for projection), or why it gains nothing (what the change removed and what "
         "holds the steps instead); null otherwise"))
+    accounts_for: dict[str, dict[str, float]] = field(default_factory=dict, metadata=field_doc(
+        "rank (as a string) → `{exposed_comm_ms, idle_ms}`: the part of that rank's own "
+        "exposed communication and idle time in the analysed steps this finding explains "
+        "(observed on the rank, not wall time: ranks run in parallel). Over the findings, each "
+        "rank's parts add up to at most its own time; the rest is its "
+        "`ranks[].accounted.*.unexplained_ms`"))
     # what its kind declares (findings/kind.py), stamped when it is made and saved with it, so
     # that every view prints the same words and no view names a kind
     role: str = field(default="verdict", metadata=field_doc(
@@ -161,7 +167,8 @@ class Finding:
                 "confidence": self.confidence, "observed_ms": round(observed, 3),
                 "own_pct": round(100 * self.time_at_stake_ms / observed, 1) if observed else
                 100.0,
-                "caused_by": self.caused_by, "projected_gain": self.projected_gain,
+                "caused_by": self.caused_by, "accounts_for": self.accounts_for,
+                "projected_gain": self.projected_gain,
                 "projected_gain_why": self.projected_gain_why, "role": self.role,
                 "page": self.page, "evidence_sentence": self.evidence_sentence,
                 "details": self.details}

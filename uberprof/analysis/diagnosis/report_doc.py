@@ -188,6 +188,20 @@ class RankDoc:
     lateness_ms: dict[str, Any] = field(metadata=_m(
         "`{median, p90, last_in, instances}`: its lateness at matched collectives of the traced "
         "window, how often it alone arrived last, and out of how many"))
+    exposed_comm: dict[str, Any] | None = field(default=None, metadata=_m(
+        "its exposed communication over the analysed steps, split "
+        "([report.md](report.md#exposed-communication-per-rank)): `exposed_ms` (= "
+        "`analysed.exposed_comm_ms`) = `wait_ms` (waiting for late peers) + `transfer_ms` + "
+        "`unmatched_ms` (in no matched collective), to rounding; `wait_by_peer[]` `{rank, ms}` "
+        "(the peer that arrived last), `wait_by_collective[]` `{name, group, ms}` and "
+        "`top_waits[]` `{peer, name, group, ms}` (the five largest; `peer` null for sends and "
+        "receives), largest first; null without analysed steps"))
+    accounted: dict[str, Any] | None = field(default=None, metadata=_m(
+        "how the findings account for its time: `exposed_comm` and `idle`, each `{ms` (its "
+        "own, as in `analysed`), `by_findings[]` `{index, kind, ms}` (the findings' "
+        "`accounts_for` this rank), `unexplained_ms}` (what no finding explains: `ms` less "
+        "the findings' parts, never below 0; the terminal report says it); null without "
+        "analysed steps"))
 
 
 RUN_KEYS = tuple(f.name for f in fields(RunDoc))  # every key of the `run` object, in order

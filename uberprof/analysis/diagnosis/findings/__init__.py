@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from uberprof.analysis.diagnosis.causes import remedies_table
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings import (
+    alltoall,
     bandwidth,
     exposed_comm,
     failures,
@@ -55,6 +56,8 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer(idle.KINDS, idle.idle_findings),  # links idle on the straggler to it
     Producer(pipeline.KINDS, pipeline.pipeline_findings),
     Producer(bandwidth.KINDS, bandwidth.bandwidth_findings),
+    # links to the straggler; exposed_comm links its waiting to it
+    Producer(alltoall.KINDS, alltoall.alltoall_imbalance_findings),
     # links to both above; on a tensor-parallel-only run tp_exposed_comm holds its time
     Producer(exposed_comm.KINDS,
              tp_comm.unless_tensor_parallel_only(exposed_comm.exposed_comm_findings)),

@@ -19,12 +19,16 @@ from uberprof.analysis.diagnosis.evidence import count_test
 from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, always
 from uberprof.analysis.diagnosis.gaps import around_evidence, around_words
-from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, severity_of
+from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
+from uberprof.analysis.diagnosis.rank_accounts import EXPOSED
+from uberprof.analysis.diagnosis.rank_comm import RankComm
 from uberprof.analysis.diagnosis.summaries import sql_rows
 from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.units import ns_to_ms as _ms
 
 __all__ = ["KINDS", "exposed_comm_findings"]
+
+MAX_RANKS = 8  # ranks listed in the per-rank part
 
 
 def evidence_sentence(f: Finding) -> str:
@@ -34,7 +38,27 @@ def evidence_sentence(f: Finding) -> str:
     return (f"{e.get('exposed_ms_all_ranks_pay')} ms exposed on every rank "
             f"({e.get('wait_ms')} ms waiting for peers, {e.get('transfer_ms')} ms "
             f"transfer), {e.get('exposed_of_comm_pct')}% of its communication"
-            + around_words(e))
+            + around_words(e) + _ranks_words(e))
+
+
+def _ranks_words(e: dict[str, Any]) -> str:
+    """The per-rank part in words: the ranks that pay more, whom they wait for and where."""
+    rows = e.get("per_rank") or []
+    if not rows:
+        return ""
+    said = []
+    for r in rows[:4]:
+        waits = ", ".join(
+            f"{w['ms']} ms for {'rank ' + str(w['peer']) if w['peer'] is not None else 'peers'}"
+            f" in {w['name']}" + (f" ({w['group']})" if w["group"] not in ("default",) else "")
+            for w in r["waits_for"][:2])
+        said.append(f"rank {r['rank']} {r['exposed_ms']} ms (+{r['more_than_least_ms']}: "
+                    + (f"waiting {waits}; " if waits else "")
+                    + f"{r['transfer_ms']} ms transfer"
+                    + (f", {r['unmatched_ms']} ms in unmatched calls" if r["unmatched_ms"]
+                       else "") + ")")
+    return (f"; ranks paying more than the least ({e.get('least_rank_exposed_ms')} ms): "
+            + "; ".join(said))
 
 
 KINDS = (FindingKind(
@@ -48,12 +72,52 @@ def exposed_comm_findings(facts: Facts) -> list[Finding]:
     """At most one finding: the exposed communication of the analysed steps that every rank
     completed (`complete_steps`)."""
     traced, left_out = complete_steps(facts.traced, failed_in(facts.found))
-    return _exposed_comm_findings(traced, facts.lateness, facts.wall_ns, facts.classes,
-                                  facts.first("straggler"), facts.of_kind("bandwidth"),
-                                  exposed_comm_remedy(facts.parallelism.kinds, facts.traits),
-                                  facts.p2p.per_rank_step() if facts.p2p else None,
-                                  facts.first("pipeline_imbalance"), left_out,
-                                  facts.exposed_around)
+    left = {r: rc.exposed_ns - facts.claimed(r, EXPOSED) * 1e6
+            for r, rc in facts.rank_comm.items()}
+    force = max(left.values(), default=0.0) >= 2 * MIN_SHARE * facts.wall_ns
+    found = _exposed_comm_findings(traced, facts.lateness, facts.wall_ns, facts.classes,
+                                   facts.first("straggler"), facts.of_kind("bandwidth"),
+                                   exposed_comm_remedy(facts.parallelism.kinds, facts.traits),
+                                   facts.p2p.per_rank_step() if facts.p2p else None,
+                                   facts.first("pipeline_imbalance") or
+                                   facts.first("alltoall_imbalance"), left_out,
+                                   facts.exposed_around, force)
+    for f in found:
+        _per_rank_part(f, facts.rank_comm, left, facts.wall_ns)
+    return found
+
+
+def _per_rank_part(f: Finding, comm: dict[int, RankComm], left: dict[int, float],
+                   wall_ns: int) -> None:
+    """The finding's per-rank part: the ranks that pay much more exposed communication than the
+    least exposed one (at least MIN_SHARE of the analysed time more), each with its waiting by
+    the peer that arrived last and the collective, and its transfer (`rank_comm`); and what it
+    explains of every rank's exposed time: what the findings before it left (`accounts_for`)."""
+    least = min((rc.exposed_ns for rc in comm.values()), default=0.0)
+    more = sorted((rc for rc in comm.values() if rc.exposed_ns - least >= MIN_SHARE * wall_ns),
+                  key=lambda rc: -rc.exposed_ns)
+    rows = []
+    for rc in more[:MAX_RANKS]:
+        d = rc.as_dict()
+        rows.append({"rank": rc.rank, "exposed_ms": d["exposed_ms"],
+                     "more_than_least_ms": _ms(rc.exposed_ns - least),
+                     "wait_ms": d["wait_ms"], "transfer_ms": d["transfer_ms"],
+                     "unmatched_ms": d["unmatched_ms"], "waits_for": d["top_waits"][:3],
+                     "explained_by_earlier_findings_ms":
+                         _ms(max(rc.exposed_ns - left.get(rc.rank, rc.exposed_ns), 0.0))})
+    f.evidence["per_rank"] = rows
+    f.evidence["least_rank_exposed_ms"] = _ms(least)
+    if rows:
+        top = rows[0]
+        w = top["waits_for"][0] if top["waits_for"] else None
+        mostly = (f"mostly waiting for "
+                  f"{'rank ' + str(w['peer']) if w['peer'] is not None else 'its peers'} "
+                  f"in {w['name']}" if w and top["wait_ms"] >= top["exposed_ms"] / 2 else
+                  f"{top['transfer_ms']} ms of it transfer, {top['wait_ms']} ms waiting")
+        f.title += (f"; {ranks_text([r['rank'] for r in rows])} "
+                    f"{'pays' if len(rows) == 1 else 'pay up to'} "
+                    f"{top['more_than_least_ms']} ms more (rank {top['rank']}: {mostly})")
+    f.accounts_for = {str(r): {EXPOSED: _ms(v)} for r, v in sorted(left.items()) if v > 5e2}
 
 
 def failed_in(found: list[Finding]) -> int | None:
@@ -165,7 +229,9 @@ def _links(wait: float, transfer: float, straggler_finding: Finding | None,
     elif pipeline_finding is not None and wait > 0:
         caused.append({"_ref": pipeline_finding, "kind": pipeline_finding.kind,
                        "ms": _ms(min(wait, pipeline_finding.time_at_stake_ms * 1e6)),
-                       "part": "stages waiting for the slowest stage"})
+                       "part": "stages waiting for the slowest stage"
+                       if pipeline_finding.kind == "pipeline_imbalance" else
+                       "waiting for the all-to-alls' late or heavy ranks"})
     left = transfer
     for b in bandwidth:
         take = min(left, b.time_at_stake_ms * 1e6)
@@ -182,7 +248,8 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
                            p2p_split: dict[tuple[int, int], tuple[int, int]] | None = None,
                            pipeline_finding: Finding | None = None,
                            left_out: dict[int, str] | None = None,
-                           around: pa.Table | None = None) -> list[Finding]:
+                           around: pa.Table | None = None, force: bool = False
+                           ) -> list[Finding]:
     """Communication not hidden under compute that every rank pays (per step, the least
     exposed rank's), so that waiting for a straggler is not counted twice. Split into waiting
     for peers and transfer in the proportion of that rank's collective time before and after
@@ -192,13 +259,15 @@ def _exposed_comm_findings(traced: pa.Table, lat: pa.Table, wall_ns: int,
     fits the run's parallelism (`causes.exposed_comm_remedy`). `left_out`: steps left out as
     incomplete (`complete_steps`), said in the evidence and its test. `around`: each rank's
     exposed communication by the compute right before and after it (gaps.AROUND_SCHEMA); the
-    evidence names those of the rank-steps counted."""
+    evidence names those of the rank-steps counted. `force`: a rank's own exposed time
+    that no earlier finding explains is over the threshold, so the finding is made (for its
+    per-rank part) even where what every rank pays is under it."""
     if traced.num_rows == 0 or not wall_ns:
         return []
     t = _everyone_pays(traced, _wait_transfer(lat, p2p_split))
     stake, wait, comm_total, steps, counted = t.stake, t.wait, t.comm, t.steps, t.counted
     share = stake / wall_ns
-    if share < MIN_SHARE * 2:
+    if share < MIN_SHARE * 2 and not force:
         return []
     transfer = stake - wait
     ranks = t.ranks

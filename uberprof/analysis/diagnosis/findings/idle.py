@@ -19,6 +19,7 @@ from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind, always
 from uberprof.analysis.diagnosis.gaps import CAUSES, around_evidence, around_words
 from uberprof.analysis.diagnosis.model import MIN_SHARE, Finding, ranks_text, severity_of
+from uberprof.analysis.diagnosis.rank_accounts import IDLE as IDLE_MS
 from uberprof.analysis.diagnosis.summaries import sql_rows
 from uberprof.analysis.diagnosis.whatif_changes import Change
 from uberprof.analysis.tables.metrics import analysed_ns
@@ -67,9 +68,22 @@ KINDS = (DATA_STALL, LAUNCH_BOUND, IDLE)
 
 
 def idle_findings(facts: Facts) -> list[Finding]:
-    """One finding per idle cause that costs some rank at least MIN_SHARE of its time."""
-    return _gap_findings(facts.gaps, facts.traced, facts.wall_ns, facts.first("straggler"),
-                         facts.device_type, facts.traits)
+    """One finding per idle cause that costs some rank at least MIN_SHARE of its time; each
+    explains its ranks' idle gaps of its cause (`accounts_for`), within their idle time."""
+    found = _gap_findings(facts.gaps, facts.traced, facts.wall_ns, facts.first("straggler"),
+                          facts.device_type, facts.traits)
+    idle: dict[int, float] = {}
+    for r, v in zip(facts.traced.column("rank").to_pylist(),
+                    facts.traced.column("idle_ns").to_pylist()):
+        idle[r] = idle.get(r, 0.0) + float(v or 0) / 1e6
+    taken: dict[int, float] = {r: facts.claimed(r, IDLE_MS) for r in idle}
+    for f in found:
+        for r, ms in (f.evidence.get("idle_ms_per_rank") or {}).items():
+            got = min(float(ms or 0.0), idle.get(int(r), 0.0) - taken.get(int(r), 0.0))
+            if got > 5e-4:
+                f.accounts_for[r] = {IDLE_MS: round(got, 3)}
+                taken[int(r)] = taken.get(int(r), 0.0) + got
+    return found
 
 
 def _gap_findings(gaps: pa.Table, traced: pa.Table, wall_ns: int,

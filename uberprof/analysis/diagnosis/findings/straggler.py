@@ -17,6 +17,7 @@ from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
 from uberprof.analysis.diagnosis.model import Finding, severity_of
 from uberprof.analysis.diagnosis.op_excess import operator_excess
+from uberprof.analysis.diagnosis.rank_accounts import waiting_for
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
     BASIS_TRACES,
@@ -84,6 +85,8 @@ def straggler_findings(facts: Facts) -> list[Finding]:
         if more:
             f.evidence["operators_excess"] = [e.as_dict() for e in more]
             f.title += "; it spends more in " + " and ".join(e.words() for e in more[:2])
+    # the others' exposed waiting for it, in every collective
+    f.accounts_for = waiting_for(facts.rank_comm, {facts.straggler.rank}, None, facts.claimed)
     return [f]
 
 

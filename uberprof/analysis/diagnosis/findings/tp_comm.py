@@ -152,7 +152,7 @@ def _tp_alone(f: Finding, facts: Facts) -> Finding:
     return Finding(TP_EXPOSED_COMM.kind, f.severity, title, f.ranks, f.steps,
                    None, f.time_at_stake_ms, ev, TP_EXPOSED_COMM.remedy,
                    confidence=f.confidence, observed_ms=f.observed_ms,
-                   caused_by=list(f.caused_by))
+                   caused_by=list(f.caused_by), accounts_for=dict(f.accounts_for))
 
 
 def _tp_combined(generic: Finding, facts: Facts) -> Finding:
