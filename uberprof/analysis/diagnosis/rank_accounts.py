@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from uberprof.analysis.diagnosis.causes import WARMUP
 from uberprof.analysis.diagnosis.model import Finding
 from uberprof.analysis.diagnosis.rank_comm import RankComm
 
@@ -24,13 +25,29 @@ EXPOSED, IDLE = "exposed_comm_ms", "idle_ms"  # the keys of `Finding.accounts_fo
 PARTS = {"exposed_comm": ("exposed_comm_ms", EXPOSED), "idle": ("idle_ms", IDLE)}
 
 
-def _part(own: float, findings: list[Finding], rank: int, key: str) -> dict[str, Any]:
+def _part(own: float, findings: list[Finding], rank: int, key: str, named: float = 0.0
+          ) -> dict[str, Any]:
     by = [{"index": i, "kind": f.kind, "ms": round(float(ms), 3)}
           for i, f in enumerate(findings)
           if (ms := (f.accounts_for.get(str(rank)) or {}).get(key))]
     explained = sum(b["ms"] for b in by)
     return {"ms": round(own, 3), "by_findings": by,
-            "unexplained_ms": round(max(own - explained, 0.0), 3)}
+            "unexplained_ms": round(max(own - explained - named, 0.0), 3)}
+
+
+def _idle(r: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:
+    """The idle part: besides the findings', the warm-up gaps (one-time initialisation, named in
+    the idle gaps and left out of the verdicts on purpose) are named, not unexplained; the idle
+    time in no gap over the threshold (`in_short_gaps_ms`) is said apart within the rest."""
+    own = float((r.get("analysed") or {}).get("idle_ms") or 0.0)
+    by_cause = (r.get("idle_gaps") or {}).get("ms_by_cause") or {}
+    warmup = min(float(by_cause.get(WARMUP) or 0.0), own)
+    out = _part(own, findings, r["rank"], IDLE, warmup)
+    out["warmup_ms"] = round(warmup, 3)
+    out["in_short_gaps_ms"] = round(min(max(own - sum(float(v or 0.0) for v in
+                                                     by_cause.values()), 0.0),
+                                        out["unexplained_ms"]), 3)
+    return out
 
 
 def rank_accounting(ranks: list[dict[str, Any]], findings: list[Finding]
@@ -41,8 +58,10 @@ def rank_accounting(ranks: list[dict[str, Any]], findings: list[Finding]
         analysed = r.get("analysed") or {}
         if analysed.get("window_ms") in (None, 0, 0.0):
             continue
-        r["accounted"] = {part: _part(float(analysed.get(own) or 0.0), findings, r["rank"], key)
-                          for part, (own, key) in PARTS.items()}
+        r["accounted"] = {
+            "exposed_comm": _part(float(analysed.get("exposed_comm_ms") or 0.0), findings,
+                                  r["rank"], EXPOSED),
+            "idle": _idle(r, findings)}
     return ranks
 
 

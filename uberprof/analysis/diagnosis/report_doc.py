@@ -200,8 +200,10 @@ class RankDoc:
         "how the findings account for its time: `exposed_comm` and `idle`, each `{ms` (its "
         "own, as in `analysed`), `by_findings[]` `{index, kind, ms}` (the findings' "
         "`accounts_for` this rank), `unexplained_ms}` (what no finding explains: `ms` less "
-        "the findings' parts, never below 0; the terminal report says it); null without "
-        "analysed steps"))
+        "the findings' parts, never below 0; the terminal report says it); `idle` also "
+        "`warmup_ms` (its warm-up gaps: named, left out of the verdicts on purpose, and not in "
+        "`unexplained_ms`) and `in_short_gaps_ms` (the part of `unexplained_ms` in no idle "
+        "gap over the threshold); null without analysed steps"))
 
 
 RUN_KEYS = tuple(f.name for f in fields(RunDoc))  # every key of the `run` object, in order

@@ -17,6 +17,7 @@ from uberprof.analysis.diagnosis.facts import Facts
 from uberprof.analysis.diagnosis.findings.kind import VERDICT, FindingKind
 from uberprof.analysis.diagnosis.model import Finding, severity_of
 from uberprof.analysis.diagnosis.op_excess import operator_excess
+from uberprof.analysis.diagnosis.rank_accounts import IDLE as IDLE_MS
 from uberprof.analysis.diagnosis.rank_accounts import waiting_for
 from uberprof.analysis.diagnosis.stragglers import (
     BASIS_FLIGHT_RECORDER,
@@ -85,9 +86,23 @@ def straggler_findings(facts: Facts) -> list[Finding]:
         if more:
             f.evidence["operators_excess"] = [e.as_dict() for e in more]
             f.title += "; it spends more in " + " and ".join(e.words() for e in more[:2])
-    # the others' exposed waiting for it, in every collective
+    # the others' exposed waiting for it, in every collective, and a data straggler's own
+    # data-loader gaps (the data_stall finding leaves them to this one)
     f.accounts_for = waiting_for(facts.rank_comm, {facts.straggler.rank}, None, facts.claimed)
+    if f.cause == "data":
+        f.accounts_for.setdefault(str(facts.straggler.rank), {})[IDLE_MS] = _ms(
+            _own_data_gaps(facts, facts.straggler.rank))
     return [f]
+
+
+def _own_data_gaps(facts: Facts, rank: int) -> float:
+    """The straggler's idle gaps waiting for its data loader (ns), within its idle time."""
+    g = facts.gaps
+    dur = sum(d for r, c, d in zip(*(g.column(k).to_pylist() for k in ("rank", "cause", "dur_ns")))
+              if r == rank and c == "data")
+    idle = sum(v or 0 for r, v in zip(facts.traced.column("rank").to_pylist(),
+                                      facts.traced.column("idle_ns").to_pylist()) if r == rank)
+    return float(min(dur, idle))
 
 
 def _straggler_finding(s: Straggler, wall_ns: int, ctx: RunContext,
