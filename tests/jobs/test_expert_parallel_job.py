@@ -58,3 +58,22 @@ def test_optimizer_preconditions_hold_on_the_fused_job_and_the_plain_one(
     assert not quantised.holds(fused)  # no FP8 kernel on a CPU job
     assert chosen_remedy(
         "exposed_comm (embedding sharding, expert parallel)", fused).key == "all_to_all_quantise"
+
+
+def test_unequal_expert_load_is_an_all_to_all_imbalance_naming_the_rank_with_more_tokens(
+        moe_run: Report, moe_plain_run: Report) -> None:
+    """Half of every rank's tokens routed to rank 0's experts (--skew 0.5): the all-to-alls'
+    splits are unequal with rank 0 the heaviest, and the finding names it, with the waiting it
+    causes explained on the ranks that pay it. Even routing: no such finding."""
+    report = moe_run[1]
+    found = [f for f in report["findings"] if f["kind"] == "alltoall_imbalance"]
+    assert found, [(f["kind"], f["title"]) for f in report["findings"]]
+    f = found[0]
+    assert 0 in f["ranks"] and f["evidence"]["splits"]["heavy_ranks"] == [0], f["evidence"]
+    assert f["evidence"]["splits"]["max_ratio"] >= 1.25 and f["accounts_for"]
+    for r, part in f["accounts_for"].items():  # what it explains, each rank's own waiting
+        rank = next(x for x in report["ranks"] if str(x["rank"]) == r)
+        waits = {w["rank"]: w["ms"] for w in rank["exposed_comm"]["wait_by_peer"]}
+        assert part["exposed_comm_ms"] <= sum(waits.get(int(c), 0.0) for c in f["ranks"]) + 1e-3
+    plain = moe_plain_run[1]["findings"]
+    assert [x["title"] for x in plain if x["kind"] == "alltoall_imbalance"] == []

@@ -242,7 +242,8 @@ def _facts(traced: pa.Table, found: list[Finding]) -> SimpleNamespace:
     return SimpleNamespace(
         traced=traced, lateness=pa.table({"rank": pa.array([], pa.int64())}),
         wall_ns=1_000_000_000, classes=[], p2p=None, found=found, exposed_around=None,
-        parallelism=SimpleNamespace(kinds=()), traits={},
+        parallelism=SimpleNamespace(kinds=()), traits={}, rank_comm={},
+        claimed=lambda rank, part: 0.0,
         first=lambda kind: next((f for f in found if f.kind == kind), None),
         of_kind=lambda kind: [f for f in found if f.kind == kind])
 

@@ -15,12 +15,14 @@ The two tests, on the matched all-to-all instances of the analysed steps:
   at least `UNEQUAL` times the instance's mean. The heavy ranks are those largest in at least
   half of the unequal instances, counted when the unequal instances are at least
   `MIN_INSTANCES` and a quarter of the all-to-alls.
-- **unequal arrival**: a rank alone last at least `LAST_SHARE` of the all-to-alls it took part
-  in, with a chance under 1% for a healthy rank (Poisson-binomial, Bonferroni over ranks:
-  `lateness.sole_last_frequency`).
+- **unequal arrival from unequal work**: a rank alone last at least `LAST_SHARE` of the
+  all-to-alls it took part in, with a chance under 1% for a healthy rank (Poisson-binomial,
+  Bonferroni over ranks: `lateness.sole_last_frequency`), whose compute over the analysed steps
+  is at least `MORE_WORK` over the others' median (late without more work is a slower or
+  shared host: the straggler test's to judge, with its materiality and busy-time tests).
 
-A finding needs either, and the waiting it causes must matter: some rank's exposed waiting in
-all-to-alls for the causing ranks (`rank_comm`) at least MIN_SHARE of the analysed time. Both
+A finding needs either, and the all-to-alls' waiting must matter: some rank's exposed waiting
+at the all-to-alls (`rank_comm`) at least MIN_SHARE of the analysed time. Both
 together, over at least MIN_STEPS steps, are `confirmed`; one alone is `suspected` (splits
 without a late rank: who holds the others is not shown; a late rank with equal or unrecorded
 splits: unequal work, not measured directly). Its time at stake is the delay the late ranks
@@ -54,6 +56,7 @@ UNEQUAL = 1.25  # an instance's largest rank moves >= 1.25x the mean: unequal sp
 MIN_INSTANCES = 4  # unequal instances, and all-to-alls a late rank took part in, at least
 LAST_SHARE = 0.75  # a late rank is alone last at >= 3 of 4 of its all-to-alls
 P_LATE = 0.01  # ... with a corrected chance under 1% for a healthy rank
+MORE_WORK = 0.10  # ... and computes >= 10% more than the others' median: unequal work
 
 
 def evidence_sentence(f: Finding) -> str:
@@ -67,7 +70,8 @@ def evidence_sentence(f: Finding) -> str:
                      f"{s.get('median_ratio')}x), heaviest {ranks_text(s['heavy_ranks'])}")
     for r in e.get("late_ranks") or []:
         parts.append(f"rank {r['rank']} alone last at {r['last_in']}/{r['instances']} "
-                     f"all-to-alls (chance {r['chance']}), adds {r['delay_ms']} ms")
+                     f"all-to-alls (chance {r['chance']}) with {r['more_work_pct']}% more "
+                     f"compute than the others' median, adds {r['delay_ms']} ms")
     w = e.get("others_wait_ms") or {}
     if w:
         parts.append("exposed waiting for them: " + ", ".join(
@@ -168,14 +172,31 @@ def alltoall_imbalance_findings(facts: Facts) -> list[Finding]:
         return []
     splits = _splits(facts.instances)
     late, delay_of, n_inst = _late(facts.lateness)
-    heavy = splits.heavy_ranks()
-    causing = {r["rank"] for r in late} or set(heavy)
+    _with_work(late, facts.traced)
+    late = [r for r in late if r["more_work_pct"] is not None and
+            r["more_work_pct"] >= 100 * MORE_WORK]
+    causing = {r["rank"] for r in late} | set(splits.heavy_ranks())
     if not causing:
         return []
-    waits = {r: rc.wait_for(causing, {A2A}) for r, rc in facts.rank_comm.items()}
-    if max(waits.values(), default=0.0) < MIN_SHARE * facts.wall_ns:
+    at_a2a = max((rc.wait_for(set(facts.rank_comm), {A2A})
+                  for rc in facts.rank_comm.values()), default=0.0)
+    if at_a2a < MIN_SHARE * facts.wall_ns:  # the all-to-alls' waiting does not matter
         return []
+    waits = {r: rc.wait_for(causing, {A2A}) for r, rc in facts.rank_comm.items()}
     return [_finding(facts, splits, late, delay_of, n_inst, causing, waits)]
+
+
+def _with_work(late: list[dict[str, Any]], traced: pa.Table) -> None:
+    """Each late rank's compute over the analysed steps beyond the others' median, in % (null
+    where unknown): arriving late from more work, not from a slower or shared host alone."""
+    work: dict[int, float] = {}
+    for r, c in zip(traced.column("rank").to_pylist(), traced.column("compute_ns").to_pylist()):
+        work[r] = work.get(r, 0.0) + float(c or 0)
+    for x in late:
+        others = [v for r, v in work.items() if r != x["rank"]]
+        med = float(np.median(others)) if others else 0.0
+        x["more_work_pct"] = (round(100 * (work.get(x["rank"], 0.0) / med - 1), 1)
+                              if med > 0 else None)
 
 
 def _test(splits: _Splits, late: list[dict[str, Any]], n_steps: int, n_inst: int
@@ -190,7 +211,8 @@ def _test(splits: _Splits, late: list[dict[str, Any]], n_steps: int, n_inst: int
         said.append(f"splits equal or not recorded ({len(splits.ratios)} unequal of "
                     f"{splits.instances})")
     said += [f"rank {r['rank']} alone last at {r['last_in']} of {r['instances']} (chance "
-             f"{r['chance']}, corrected)" for r in late] or ["no rank alone last beyond chance"]
+             f"{r['chance']}, corrected), {r['more_work_pct']}% more compute" for r in late] or [
+        "no rank alone last beyond chance with more work"]
     why = "" if confirmed else (
         "; suspected: " + (f"fewer than {MIN_STEPS} steps" if both else
                            "only one of unequal splits and a late rank is shown"))
@@ -199,7 +221,8 @@ def _test(splits: _Splits, late: list[dict[str, Any]], n_steps: int, n_inst: int
                  statistic="; ".join(said), instances=n_inst,
                  threshold=(f"splits: >= {UNEQUAL}x the mean in >= {MIN_INSTANCES} and a "
                             f"quarter of the all-to-alls; arrival: alone last >= "
-                            f"{LAST_SHARE:.0%} with corrected p <= {P_LATE}; both over >= "
+                            f"{LAST_SHARE:.0%} with corrected p <= {P_LATE} and >= "
+                            f"{MORE_WORK:.0%} more compute; both over >= "
                             f"{MIN_STEPS} steps to confirm"),
                  sentence="; ".join(said) + f", over {n_steps} step(s)" + why))
 

@@ -79,12 +79,31 @@ def exposed_comm_findings(facts: Facts) -> list[Finding]:
                                    facts.first("straggler"), facts.of_kind("bandwidth"),
                                    exposed_comm_remedy(facts.parallelism.kinds, facts.traits),
                                    facts.p2p.per_rank_step() if facts.p2p else None,
-                                   facts.first("pipeline_imbalance") or
-                                   facts.first("alltoall_imbalance"), left_out,
+                                   facts.first("pipeline_imbalance"), left_out,
                                    facts.exposed_around, force)
     for f in found:
         _per_rank_part(f, facts.rank_comm, left, facts.wall_ns)
+        _link_alltoall(f, facts.first("alltoall_imbalance"), facts.rank_comm)
     return found
+
+
+def _link_alltoall(f: Finding, a2a: Finding | None, comm: dict[int, RankComm]) -> None:
+    """Where no straggler or pipeline stage holds the waiting every rank pays, the part of it
+    that is waiting at the all-to-alls for the ranks an `alltoall_imbalance` finding names is
+    that finding's (`caused_by`): the waiting's share, on the least exposed rank, that is for
+    them there."""
+    if a2a is None or not comm or any(c["kind"] in ("straggler", "pipeline_imbalance")
+                                      for c in f.caused_by):
+        return
+    least = min(comm.values(), key=lambda rc: rc.exposed_ns)
+    frac = least.wait_for(set(a2a.ranks), {"alltoall"}) / least.wait_ns if least.wait_ns else 0.0
+    ms = min(float(f.evidence.get("wait_ms") or 0.0) * frac, a2a.time_at_stake_ms,
+             f.time_at_stake_ms)
+    if ms >= 1e-3:
+        f.caused_by.insert(0, {"_ref": a2a, "kind": a2a.kind, "ms": round(ms, 3),
+                               "part": "waiting at the all-to-alls for their heavy or late "
+                                       "ranks"})
+        f.time_at_stake_ms -= ms
 
 
 def _per_rank_part(f: Finding, comm: dict[int, RankComm], left: dict[int, float],
@@ -229,9 +248,7 @@ def _links(wait: float, transfer: float, straggler_finding: Finding | None,
     elif pipeline_finding is not None and wait > 0:
         caused.append({"_ref": pipeline_finding, "kind": pipeline_finding.kind,
                        "ms": _ms(min(wait, pipeline_finding.time_at_stake_ms * 1e6)),
-                       "part": "stages waiting for the slowest stage"
-                       if pipeline_finding.kind == "pipeline_imbalance" else
-                       "waiting for the all-to-alls' late or heavy ranks"})
+                       "part": "stages waiting for the slowest stage"})
     left = transfer
     for b in bandwidth:
         take = min(left, b.time_at_stake_ms * 1e6)
