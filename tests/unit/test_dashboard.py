@@ -268,7 +268,8 @@ def test_every_page_renders_with_its_elements(synth_data: Any) -> None:
         "/stragglers": {"straggler-verdict", "lateness-heatmap", "ranking-table",
                         "rank-counters"},
         "/gaps": {"gaps-rank", "gaps-by-rank"},
-        "/communication": {"classes-table", "busbw", "comm-kinds", "comm-by-rank"},
+        "/communication": {"classes-table", "busbw", "comm-kinds", "comm-by-rank",
+                           "rank-comm-table"},
         "/counters": {"counters-node", "counters-graph", "throttle-note"},
     }
     for path, ids in expect.items():
@@ -962,3 +963,21 @@ def test_ctrl_c_while_the_run_is_analysed_stops_the_dashboard_and_its_workers(
     assert "Traceback" not in out and "FATAL" not in out and "terminate called" not in out
     _, left = psutil.wait_procs(workers, timeout=30)
     assert not left, f"workers left running: {[p.pid for p in left]}"
+
+
+def test_communication_page_shows_whom_each_rank_waits_for_as_the_report_saved_it(
+        synth_data: Any) -> None:
+    """The per-rank table reads `ranks[].exposed_comm` and `accounted`: the others' largest
+    wait is for the straggler, and every row's numbers are the document's."""
+    from uberprof.dashboards.queries import communication as q
+    from uberprof.dashboards.ui import Selection
+
+    rows = q.rank_comm(synth_data)
+    saved = {x["rank"]: x for x in synth_data.diagnose().ranks}
+    assert rows and [r["rank"] for r in rows] == sorted(
+        (r for r in saved if (saved[r]["exposed_comm"] or {}).get("exposed_ms")),
+        key=lambda r: -saved[r]["exposed_comm"]["exposed_ms"])
+    others = [r for r in rows if r["rank"] != SYNTH_STRAGGLER and r["top_waits"]]
+    assert others and all(r["top_waits"][0]["peer"] == SYNTH_STRAGGLER for r in others)
+    text = _text(_pages()["/communication"].layout(synth_data, Selection()))
+    assert f"rank {SYNTH_STRAGGLER} in " in text

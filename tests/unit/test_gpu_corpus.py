@@ -269,3 +269,8 @@ def test_the_terminal_report_names_what_no_finding_explains(tmp_path: Path) -> N
     assert "unexplained by any finding" in text
     for rank, v in left.items():
         assert f"rank {rank} {v:.2f} ms" in text, (rank, v)
+    page = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", str(path), "--out", str(out), "--html", str(page)])
+    assert res.exit_code == 0, res.output
+    html = page.read_text()
+    assert "Exposed communication per rank" in html and "unexplained idle ms" in html
