@@ -15,9 +15,9 @@ from uberprof.cli import main
 FINDING_KEYS = {"kind", "severity", "title", "ranks", "steps", "cause", "time_at_stake_ms",
                 "evidence", "remedy", "confidence", "observed_ms", "own_pct", "caused_by",
                 "projected_gain", "projected_gain_why", "role", "page", "evidence_sentence",
-                "details"}
+                "details", "accounts_for"}
 RANK_KEYS = {"rank", "host", "mode", "device_type", "steps", "step_time_ms", "breakdown_pct",
-             "analysed", "idle_gaps", "lateness_ms"}
+             "analysed", "idle_gaps", "lateness_ms", "exposed_comm", "accounted"}
 RUN_KEYS = {"schema_version", "uberprof_version", "path", "run_id", "kind", "world_size", "ranks",
             "hosts", "backend", "device_type", "analysed_steps", "analysed_wall_ms",
             "step_time_ms", "gap_threshold_us", "clock_alignment", "collectives", "bandwidth",
