@@ -272,7 +272,7 @@ def _serve(figures: NodeFigures, host: str, port: int) -> Any:
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     class Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     class Server(ThreadingMixIn, WSGIServer):
