@@ -28,7 +28,7 @@ if PROMETHEUS is None or PROMTOOL is None:
                 "installs it when run as root)", allow_module_level=True)
 
 DOC = ROOT / "docs" / "metrics.md"
-RULES_BLOCK = re.compile(r"<!-- rules:[^\n]*-->\n```yaml\n(.*?)```", re.S)
+RULES_BLOCK = re.compile(r"<!-- rules:[^\n]*-->\n```yaml\n(.*?)```", re.DOTALL)
 
 
 def docs_rules(folder: Path) -> Path:
