@@ -122,7 +122,7 @@ def test_prometheus_scrapes_both_ranks_and_loads_the_fell_behind_rule(tmp_path: 
     behind, 0 or 1 step in this healthy job); the job then ends with exit 0."""
     rules = docs_rules(tmp_path)
     check = subprocess.run([str(PROMTOOL), "check", "rules", str(rules)], capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, check=False)
     assert check.returncode == 0 and "3 rules found" in check.stdout, check.stdout + check.stderr
     job = start_followed_job(tmp_path, "prom", tmp_path / "stop", "--metrics-port", "0")
     run = tmp_path / "prom"
