@@ -138,16 +138,56 @@ def test_a_failing_part_of_a_scrape_leaves_the_others_served(tmp_path: Path) -> 
     assert "broken watchdog" in (figures.node_dir / "agent.log").read_text()
 
 
-def test_fan_out_calls_every_hook_given() -> None:
-    seen: list[tuple[str, int]] = []
+def test_fan_out_calls_every_hook_given_with_what_the_watchdog_hands_on(tmp_path: Path) -> None:
+    seen: list[tuple[Any, ...]] = []
     assert fan_out(None, None) is None
-    one = fan_out(None, lambda r, s, t, n: seen.append(("a", s)))
-    assert one is not None
-    both = fan_out(lambda r, s, t, n: seen.append(("a", s)),
-                   lambda r, s, t, n: seen.append(("b", s)))
+    hook = lambda *args: seen.append(args)  # noqa: E731
+    assert fan_out(None, hook) is hook
+    _, figures = _figures(tmp_path)
+    both = fan_out(hook, figures.step_read)
     assert both is not None
     both(0, 7, 0.1, 1)
-    assert seen == [("a", 7), ("b", 7)]
+    both(0, 8, 0.2, 1, 0.15)  # a step's CPU time too, as the slowdown trigger takes it
+    assert seen == [(0, 7, 0.1, 1), (0, 8, 0.2, 1, 0.15)]
+    count = [s for f in figures.collect() if f.name == "uberprof_step_time_seconds"
+             for s in f.samples if s.name.endswith("_count")]
+    assert [s.value for s in count] == [2]
+
+
+def test_the_slowdown_state_is_served_by_what_rose(tmp_path: Path) -> None:
+    """Detections by trigger (the step time, a rank's lateness), the budget's refusals, the
+    last rise's ratio and each rank's lateness level, from the trigger's own records."""
+    _, figures = _figures(tmp_path)
+
+    class Level:
+        def __init__(self, value: float) -> None:
+            self.level_s = value
+
+    class Lateness:
+        def __init__(self, value: float | None) -> None:
+            self.value = value
+
+        def level(self) -> tuple[Level, bool] | None:
+            return None if self.value is None else (Level(self.value), False)
+
+    class Trigger:
+        detections = [{"trigger": "slowdown", "baseline_ms": 100.0, "level_ms": 150.0},
+                      {"trigger": "lateness", "baseline_ms": 100.0, "level_ms": 180.0}]
+        budget = type("Budget", (), {"suppressed": 2})()
+        lateness = {0: Lateness(1.0), 1: Lateness(1.6), 2: Lateness(None)}
+
+    figures.slowdown = Trigger()
+    got = {f.name: f.samples for f in figures.collect()}
+    assert _value(got["uberprof_slowdown_watch"], "uberprof_slowdown_watch") == 1
+    rises = got["uberprof_slowdowns"]
+    assert _value(rises, "uberprof_slowdowns_total", trigger="slowdown") == 1
+    assert _value(rises, "uberprof_slowdowns_total", trigger="lateness") == 1
+    assert _value(got["uberprof_slowdowns_suppressed"], "uberprof_slowdowns_suppressed_total") \
+        == 2
+    assert _value(got["uberprof_slowdown_ratio"], "uberprof_slowdown_ratio") == \
+        pytest.approx(1.8)
+    late = got["uberprof_rank_lateness_ratio"]
+    assert {s.labels["rank"]: s.value for s in late} == {"0": 1.0, "1": 1.6}
 
 
 def test_the_agent_writes_the_url_in_node_json_and_feeds_the_figures(tmp_path: Path) -> None:

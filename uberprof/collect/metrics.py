@@ -69,9 +69,10 @@ class NodeFigures:
         self._lock = threading.Lock()
         self._windows: dict[Path, tuple[int, dict[str, int]]] = {}  # rank.json mtime, counts
 
-    def step_read(self, rank: Any, step: int, seconds: float, local_ranks: int) -> None:
-        """Rank `rank` of this node finished `step` in `seconds` (the watchdog's on_step);
-        never raises."""
+    def step_read(self, rank: Any, step: int, seconds: float, local_ranks: int,
+                  *more: Any) -> None:
+        """Rank `rank` of this node finished `step` in `seconds` (the watchdog's on_step; what
+        else it hands on, such as the step's CPU time, is not served); never raises."""
         try:
             with self._lock:
                 r = self._ranks.setdefault(int(rank), _RankFigures())
@@ -161,21 +162,50 @@ class NodeFigures:
         yield watching
         if trigger is None:
             return
-        detections = list(getattr(trigger, "detections", []))
-        found = CounterMetricFamily("uberprof_slowdowns", "Rises of the step time the slowdown "
-                                    "trigger detected (the straggler signal)", labels=names)
-        found.add_metric(values, float(len(detections)))
+        detections = [d for d in list(getattr(trigger, "detections", [])) if isinstance(d, dict)]
+        found = CounterMetricFamily("uberprof_slowdowns", "Rises the slowdown trigger detected "
+                                    "(the straggler signal), by what rose: the step time "
+                                    "(slowdown) or a rank's lateness", labels=names + ["trigger"])
+        by_trigger: dict[str, int] = {"slowdown": 0}
+        for d in detections:
+            key = str(d.get("trigger") or "slowdown")
+            by_trigger[key] = by_trigger.get(key, 0) + 1
+        for key, n in sorted(by_trigger.items()):
+            found.add_metric(values + [key], float(n))
+        budget = getattr(trigger, "budget", None) or getattr(trigger, "detector", None)
         suppressed = CounterMetricFamily("uberprof_slowdowns_suppressed", "Detected rises "
                                          "left without a window by the budget", labels=names)
-        suppressed.add_metric(values, float(getattr(trigger.detector, "suppressed", 0)))
+        suppressed.add_metric(values, float(getattr(budget, "suppressed", 0)))
         yield from (found, suppressed)
-        if detections:
+        if detections and isinstance(detections[-1].get("baseline_ms"), int | float):
             ratio = GaugeMetricFamily("uberprof_slowdown_ratio", "The last detected rise: its "
                                       "step-time level over the baseline before it",
                                       labels=names)
             d = detections[-1]
             ratio.add_metric(values, float(d["level_ms"]) / max(1e-9, float(d["baseline_ms"])))
             yield ratio
+        yield from self._lateness_family(trigger)
+
+    def _lateness_family(self, trigger: Any) -> Iterator[Any]:
+        """Each rank's lateness level, where the trigger watches one per rank (`lateness`: a
+        detector per rank whose `level()` is its recent level, or None before it has one)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        detectors = dict(getattr(trigger, "lateness", None) or {})
+        if not detectors:
+            return
+        family = GaugeMetricFamily("uberprof_rank_lateness_ratio", "The rank's recent work per "
+                                   "step (training thread's CPU time) over the median of its "
+                                   "node's other ranks' (1: level with them)",
+                                   labels=["run", "node", "rank"])
+        for rank, detector in sorted(detectors.items()):
+            try:
+                level = detector.level()
+            except RuntimeError:  # its history changed under this read: next scrape
+                continue
+            if level is not None:
+                family.add_metric(self._rank_labels(rank), float(level[0].level_s))
+        yield family
 
     def _window_families(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
@@ -292,16 +322,16 @@ def _serve(figures: NodeFigures, host: str, port: int) -> Any:
     return server
 
 
-def fan_out(*hooks: Callable[[int, int, float, int], None] | None
-            ) -> Callable[[int, int, float, int], None] | None:
-    """One on_step hook for the watchdog that calls each given one (None: none given)."""
+def fan_out(*hooks: Callable[..., None] | None) -> Callable[..., None] | None:
+    """One on_step hook for the watchdog that calls each given one with what the watchdog
+    hands on, whatever it is (None: none given). Each hook never raises (their own rule)."""
     chosen = [h for h in hooks if h is not None]
     if not chosen:
         return None
     if len(chosen) == 1:
         return chosen[0]
 
-    def each(rank: int, step: int, seconds: float, local_ranks: int) -> None:
+    def each(*args: Any) -> None:
         for hook in chosen:
-            hook(rank, step, seconds, local_ranks)
+            hook(*args)
     return each
