@@ -34,6 +34,7 @@
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
     python benchmarks/overhead.py --modes plain,uberprof,metrics --no-window
     python benchmarks/overhead.py --side-by-side --rounds 10
+    python benchmarks/overhead.py --side-by-side --pair metrics --rounds 8
     python benchmarks/overhead.py --modes plain,uberprof --rounds 1 --window-rounds 4 --hog \
         [--sync-baseline]   (the window's stall, beside a CPU hog; against the old sync export)
     python benchmarks/overhead.py --module-hooks [--rounds 20]   (in one process, no job)
@@ -119,6 +120,9 @@ def main() -> None:
                     help="the modes to interleave (plain and uberprof always run)")
     ap.add_argument("--side-by-side", action="store_true",
                     help="plain and uberprof (--no-trace) at once, cores traded, each round")
+    ap.add_argument("--pair", choices=["uberprof", "metrics"], default="uberprof",
+                    help="with --side-by-side: uberprof = plain against uberprof run --no-trace; "
+                    "metrics = that against the same with --metrics-port, scraped every second")
     ap.add_argument("--no-window", action="store_true",
                     help="skip the trace window's measurement")
     ap.add_argument("--window-rounds", type=int, default=3,
@@ -286,27 +290,33 @@ def median_interval(values: list[float], draws: int = 2000) -> tuple[float, floa
 
 
 def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
-    """Mode 5 of the module docstring."""
+    """Mode 5 of the module docstring; with `--pair metrics`, A is `uberprof run --no-trace`
+    and B the same with `--metrics-port 0`, scraped every second (mode 6, side by side)."""
     from concurrent.futures import ThreadPoolExecutor
 
     sys.path.insert(0, str(ROOT))
     from tests.side_by_side import open_gate_when_ready, start_on, trading_cores, two_cpus
 
+    a, b = ("uberprof", "metrics") if args.pair == "metrics" else ("plain", "uberprof")
+    options = {"uberprof": ["--no-trace"], "metrics": ["--no-trace", "--metrics-port", "0"]}
     cpus = two_cpus()
-    wall: dict[str, list[float]] = {"plain": [], "uberprof": []}
-    cpu: dict[str, list[float]] = {"plain": [], "uberprof": []}
+    wall: dict[str, list[float]] = {a: [], b: []}
+    cpu: dict[str, list[float]] = {a: [], b: []}
     for i in range(args.rounds):
         gate = tmp / f"gate-{i}"
         times = {m: tmp / f"pair-{m}-{i}.json" for m in wall}
         cmds = {m: torchrun(args.nproc, args.steps, times[m], [*extra, "--start-gate", str(gate)])
                 for m in wall}
-        cmds["uberprof"] = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp),
-                            "--run-id", f"pair-{i}", "--no-trace", "--", *cmds["uberprof"]]
+        for m in (a, b):
+            if m in options:
+                cmds[m] = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp),
+                           "--run-id", f"pair-{m}-{i}", *options[m], "--", *cmds[m]]
         order = list(wall) if i % 2 == 0 else list(reversed(wall))  # who starts on core 0
 
-        def one(mode: str, core: int, cmds: dict[str, list[str]] = cmds) -> None:
+        def one(mode: str, core: int, cmds: dict[str, list[str]] = cmds, i: int = i) -> None:
             start_on(core, cpus)
-            run(cmds[mode])
+            with scraping(tmp / f"pair-{mode}-{i}" if mode == "metrics" else None):
+                run(cmds[mode])
 
         with trading_cores((str(times[order[0]]), str(times[order[1]])), cpus), \
                 ThreadPoolExecutor(2) as pool:
@@ -318,13 +328,13 @@ def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
             walls.append(statistics.median(json.loads(times[m].read_text())[WARMUP:]))
             cpu[m].append(statistics.median(
                 json.loads(cpu_file(times[m]).read_text())[WARMUP:]))
-        print(f"pair {i + 1}/{args.rounds}: uberprof / plain CPU "
-              f"{cpu['uberprof'][-1] / cpu['plain'][-1]:.4f}, wall "
-              f"{wall['uberprof'][-1] / wall['plain'][-1]:.4f}", flush=True)
+        print(f"pair {i + 1}/{args.rounds}: {b} / {a} CPU "
+              f"{cpu[b][-1] / cpu[a][-1]:.4f}, wall "
+              f"{wall[b][-1] / wall[a][-1]:.4f}", flush=True)
     print()
     for what, values in (("training thread's CPU time", cpu), ("wall time", wall)):
-        r, lo, hi = median_interval([b / a for a, b in zip(values["plain"], values["uberprof"])])
-        print(f"side by side, uberprof --no-trace / plain, {what} per step: {r:.4f} "
+        r, lo, hi = median_interval([y / x for x, y in zip(values[a], values[b])])
+        print(f"side by side, {b} / {a}, {what} per step: {r:.4f} "
               f"(median of the pairs' ratios, 95% interval {lo:.4f}-{hi:.4f} over "
               f"{args.rounds} pairs; target <= 1.01)")
 
