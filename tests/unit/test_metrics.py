@@ -141,7 +141,10 @@ def test_a_failing_part_of_a_scrape_leaves_the_others_served(tmp_path: Path) -> 
 def test_fan_out_calls_every_hook_given_with_what_the_watchdog_hands_on(tmp_path: Path) -> None:
     seen: list[tuple[Any, ...]] = []
     assert fan_out(None, None) is None
-    hook = lambda *args: seen.append(args)  # noqa: E731
+
+    def hook(*args: Any) -> None:
+        seen.append(args)
+
     assert fan_out(None, hook) is hook
     _, figures = _figures(tmp_path)
     both = fan_out(hook, figures.step_read)
@@ -171,10 +174,12 @@ def test_the_slowdown_state_is_served_by_what_rose(tmp_path: Path) -> None:
             return None if self.value is None else (Level(self.value), False)
 
     class Trigger:
-        detections = [{"trigger": "slowdown", "baseline_ms": 100.0, "level_ms": 150.0},
-                      {"trigger": "lateness", "baseline_ms": 100.0, "level_ms": 180.0}]
-        budget = type("Budget", (), {"suppressed": 2})()
-        lateness = {0: Lateness(1.0), 1: Lateness(1.6), 2: Lateness(None)}
+        def __init__(self) -> None:
+            self.detections = [
+                {"trigger": "slowdown", "baseline_ms": 100.0, "level_ms": 150.0},
+                {"trigger": "lateness", "baseline_ms": 100.0, "level_ms": 180.0}]
+            self.budget = type("Budget", (), {"suppressed": 2})()
+            self.lateness = {0: Lateness(1.0), 1: Lateness(1.6), 2: Lateness(None)}
 
     figures.slowdown = Trigger()
     got = {f.name: f.samples for f in figures.collect()}
