@@ -10,7 +10,8 @@ DEMO_OUT := uberprof-runs
 DEMO_RUN := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_PORT ?= 8050
 
-.PHONY: setup demo test test-fast bench bench-compare lint clean netns-tools browser terminal-tools
+.PHONY: setup demo test test-fast bench bench-compare lint clean netns-tools browser terminal-tools \
+	prometheus
 
 setup: $(STAMP)
 
@@ -44,7 +45,7 @@ UNIT_WORKERS ?= 2
 JOBS_WORKERS ?= 2
 UNIT_PYTEST := $(BIN)/python -m pytest -q -ra -n $(UNIT_WORKERS) --dist loadfile tests/unit
 
-test: $(STAMP) netns-tools browser terminal-tools
+test: $(STAMP) netns-tools browser terminal-tools prometheus
 	$(UNIT_PYTEST)
 	$(BIN)/python -m pytest -q -ra -n $(JOBS_WORKERS) --dist loadfile --durations=25 \
 		-m "not solo" tests/jobs
@@ -63,6 +64,11 @@ netns-tools:
 browser:
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+# `uberprof run --metrics-port` is scraped by a real Prometheus server (Debian's, with promtool).
+prometheus:
+	@command -v prometheus >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && apt-get install -y -qq prometheus >/dev/null)
 
 # `uberprof watch` and `uberprof run`'s terminal handling are tested in a real terminal (tmux).
 terminal-tools:

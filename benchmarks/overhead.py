@@ -21,13 +21,20 @@
    10 ms), each round a pair; the training thread's CPU time and wall time per step, B against
    A in the same seconds, so the machine's drift from one run to the next (on this VM a core's
    CPU time per step once read 46 ms against 26 ms minutes apart) cancels.
+6. `uberprof run --metrics-port 0` (mode `metrics`): the node agent serving Prometheus metrics,
+   scraped every second from here while the job runs (a real scraper asks every 5-15 s),
+   against the same run without it, interleaved; the ratio of median step times with a 95%
+   bootstrap interval (target <= 1.01: not measurable), and one scrape's CPU time in the
+   agent (8 local ranks of 256 steps, in this process).
 4. `uberprof run --dashboard`: the dashboard served beside the job (a niced process that loads
    the run and follows it), against the same run without it, interleaved; the ratio of median
    step times with a 95% bootstrap interval over the rounds (target <= 1.01: not measurable).
 
     python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
+    python benchmarks/overhead.py --modes plain,uberprof,metrics --no-window
     python benchmarks/overhead.py --side-by-side --rounds 10
+    python benchmarks/overhead.py --side-by-side --pair metrics --rounds 8
     python benchmarks/overhead.py --modes plain,uberprof --rounds 1 --window-rounds 4 --hog \
         [--sync-baseline]   (the window's stall, beside a CPU hog; against the old sync export)
     python benchmarks/overhead.py --module-hooks [--rounds 20]   (in one process, no job)
@@ -108,10 +115,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--sample-args", default="", help="extra arguments for the sample")
-    ap.add_argument("--modes", default="plain,uberprof,agent-only,no-flight-recorder,dashboard",
+    ap.add_argument("--modes", default="plain,uberprof,agent-only,no-flight-recorder,dashboard,"
+                    "metrics",
                     help="the modes to interleave (plain and uberprof always run)")
     ap.add_argument("--side-by-side", action="store_true",
                     help="plain and uberprof (--no-trace) at once, cores traded, each round")
+    ap.add_argument("--pair", choices=["uberprof", "metrics"], default="uberprof",
+                    help="with --side-by-side: uberprof = plain against uberprof run --no-trace; "
+                    "metrics = that against the same with --metrics-port, scraped every second")
     ap.add_argument("--no-window", action="store_true",
                     help="skip the trace window's measurement")
     ap.add_argument("--window-rounds", type=int, default=3,
@@ -142,7 +153,8 @@ def main() -> None:
     modes = {"plain": None, "uberprof": ["--no-trace"],
              "agent-only": ["--no-trace", "--counters", "none"],
              "no-flight-recorder": ["--no-trace"],
-             "dashboard": ["--no-trace", "--dashboard"]}
+             "dashboard": ["--no-trace", "--dashboard"],
+             "metrics": ["--no-trace", "--metrics-port", "0"]}
     wanted = {"plain", "uberprof", *args.modes.split(",")}
     modes = {m: o for m, o in modes.items() if m in wanted}
     mode_env = {"no-flight-recorder": {"TORCH_FR_BUFFER_SIZE": "0"}}
@@ -157,7 +169,8 @@ def main() -> None:
             if modes[mode] is not None:
                 cmd = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp), "--run-id",
                        f"{mode}-{i}", *modes[mode], "--", *cmd]
-            run(cmd, mode_env.get(mode))
+            with scraping(tmp / f"{mode}-{i}" if mode == "metrics" else None):
+                run(cmd, mode_env.get(mode))
             if mode == "dashboard":  # it outlives the job a little: not into the next one
                 wait_dashboard_gone(tmp / f"{mode}-{i}")
             steps = json.loads(times.read_text())[WARMUP:]
@@ -190,6 +203,12 @@ def main() -> None:
         r, lo, hi = ratio_interval(medians["dashboard"], medians["uberprof"])
         print(f"run --dashboard / run, median step time:          {r:.4f}  "
               f"(95% interval {lo:.4f}-{hi:.4f} over {args.rounds} rounds; target <= 1.01)")
+    if "metrics" in modes:
+        r, lo, hi = ratio_interval(medians["metrics"], medians["uberprof"])
+        print(f"run --metrics-port (scraped 1/s) / run, step time: {r:.4f}  "
+              f"(95% interval {lo:.4f}-{hi:.4f} over {args.rounds} rounds; target <= 1.01)")
+        print(f"  one scrape in the node agent (8 ranks x 256 steps): "
+              f"{scrape_cpu_ms():.2f} ms of CPU")
     print(f"agent's own time on the training thread:          "
           f"{statistics.median(self_time) * 100:.3f}% of a step (median), "
           f"{max(self_time) * 100:.3f}% at most")
@@ -202,6 +221,66 @@ def main() -> None:
         window_cost(args, tmp, extra)
 
 
+@contextlib.contextmanager
+def scraping(run_dir: Path | None, every_s: float = 1.0) -> Iterator[None]:
+    """While the body runs: scrape the metrics URL the node agent wrote in node.json, every
+    `every_s` (None: nothing to scrape)."""
+    import threading
+    import urllib.request
+
+    if run_dir is None:
+        yield
+        return
+    done = threading.Event()
+
+    def loop() -> None:
+        url = None
+        while not done.wait(every_s):
+            try:
+                if url is None:
+                    node = next(run_dir.glob("nodes/*/node.json"), None)
+                    url = node and json.loads(node.read_text()).get("metrics", {}).get("url")
+                if url:
+                    with urllib.request.urlopen(url, timeout=5) as resp:
+                        resp.read()
+            except (OSError, ValueError):
+                pass  # not served yet, or the job ended
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def scrape_cpu_ms(ranks: int = 8, steps: int = 256, repeat: int = 50) -> float:
+    """The CPU time of one scrape's work in the node agent (collect and format the figures
+    of `ranks` local ranks holding `steps` steps each; no files to read), median of `repeat`."""
+    import time
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from uberprof.collect.metrics import NodeFigures
+    from uberprof.collect.safety import AgentLog
+    from uberprof.rundir import RunDir
+
+    run = RunDir(Path(tempfile.mkdtemp(prefix="uberprof-scrape-")) / "run")
+    run.create("bench")
+    figures = NodeFigures(run, "bench", run.claim_node_dir("n0"), AgentLog("node"))
+    for rank in range(ranks):
+        for step in range(steps):
+            figures.step_read(rank, step, random.uniform(0.1, 0.2), ranks)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(figures)  # type: ignore[arg-type]
+    spent = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        generate_latest(registry)
+        spent.append(time.process_time() - t0)
+    return statistics.median(spent) * 1e3
+
+
 def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float, float]:
     """The median of `values` (one per pair: both jobs ran in the same seconds, so each ratio
     is free of the machine's drift) and its 95% bootstrap interval."""
@@ -211,27 +290,33 @@ def median_interval(values: list[float], draws: int = 2000) -> tuple[float, floa
 
 
 def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
-    """Mode 5 of the module docstring."""
+    """Mode 5 of the module docstring; with `--pair metrics`, A is `uberprof run --no-trace`
+    and B the same with `--metrics-port 0`, scraped every second (mode 6, side by side)."""
     from concurrent.futures import ThreadPoolExecutor
 
     sys.path.insert(0, str(ROOT))
     from tests.side_by_side import open_gate_when_ready, start_on, trading_cores, two_cpus
 
+    a, b = ("uberprof", "metrics") if args.pair == "metrics" else ("plain", "uberprof")
+    options = {"uberprof": ["--no-trace"], "metrics": ["--no-trace", "--metrics-port", "0"]}
     cpus = two_cpus()
-    wall: dict[str, list[float]] = {"plain": [], "uberprof": []}
-    cpu: dict[str, list[float]] = {"plain": [], "uberprof": []}
+    wall: dict[str, list[float]] = {a: [], b: []}
+    cpu: dict[str, list[float]] = {a: [], b: []}
     for i in range(args.rounds):
         gate = tmp / f"gate-{i}"
         times = {m: tmp / f"pair-{m}-{i}.json" for m in wall}
         cmds = {m: torchrun(args.nproc, args.steps, times[m], [*extra, "--start-gate", str(gate)])
                 for m in wall}
-        cmds["uberprof"] = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp),
-                            "--run-id", f"pair-{i}", "--no-trace", "--", *cmds["uberprof"]]
+        for m in (a, b):
+            if m in options:
+                cmds[m] = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp),
+                           "--run-id", f"pair-{m}-{i}", *options[m], "--", *cmds[m]]
         order = list(wall) if i % 2 == 0 else list(reversed(wall))  # who starts on core 0
 
-        def one(mode: str, core: int, cmds: dict[str, list[str]] = cmds) -> None:
+        def one(mode: str, core: int, cmds: dict[str, list[str]] = cmds, i: int = i) -> None:
             start_on(core, cpus)
-            run(cmds[mode])
+            with scraping(tmp / f"pair-{mode}-{i}" if mode == "metrics" else None):
+                run(cmds[mode])
 
         with trading_cores((str(times[order[0]]), str(times[order[1]])), cpus), \
                 ThreadPoolExecutor(2) as pool:
@@ -243,13 +328,13 @@ def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
             walls.append(statistics.median(json.loads(times[m].read_text())[WARMUP:]))
             cpu[m].append(statistics.median(
                 json.loads(cpu_file(times[m]).read_text())[WARMUP:]))
-        print(f"pair {i + 1}/{args.rounds}: uberprof / plain CPU "
-              f"{cpu['uberprof'][-1] / cpu['plain'][-1]:.4f}, wall "
-              f"{wall['uberprof'][-1] / wall['plain'][-1]:.4f}", flush=True)
+        print(f"pair {i + 1}/{args.rounds}: {b} / {a} CPU "
+              f"{cpu[b][-1] / cpu[a][-1]:.4f}, wall "
+              f"{wall[b][-1] / wall[a][-1]:.4f}", flush=True)
     print()
     for what, values in (("training thread's CPU time", cpu), ("wall time", wall)):
-        r, lo, hi = median_interval([b / a for a, b in zip(values["plain"], values["uberprof"])])
-        print(f"side by side, uberprof --no-trace / plain, {what} per step: {r:.4f} "
+        r, lo, hi = median_interval([y / x for x, y in zip(values[a], values[b])])
+        print(f"side by side, {b} / {a}, {what} per step: {r:.4f} "
               f"(median of the pairs' ratios, 95% interval {lo:.4f}-{hi:.4f} over "
               f"{args.rounds} pairs; target <= 1.01)")
 

@@ -26,7 +26,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from uberprof.analysis.read import live_signals, open_tables
-from uberprof.dashboards import ui
+from uberprof.dashboards import live_trace, ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.ui import Selection
 from uberprof.rundir import RunDir
@@ -146,12 +146,14 @@ class Live:
                 for s in found]
 
     def layout(self) -> list[Any]:
-        """The timer, what the page has seen, the status line and the indications."""
+        """The timer, what the page has seen, the status line, the indications and the
+        "record a trace" button (`live_trace.py`)."""
         return [dcc.Interval(id="live-tick", interval=INTERVAL_MS, disabled=False),
                 dcc.Store(id="live-generation", data=self.generation),
                 dcc.Store(id="live-rows", data=self._rows),
                 ui.notice(self.status(self.state), "info", id="live-status"),
-                html.Div(self.signals(), id="live-signals", className="live-signals")]
+                html.Div(self.signals(), id="live-signals", className="live-signals"),
+                live_trace.layout()]
 
     def register(self, app: Any) -> None:
         """The status on every tick; the growing figures of the open page when steps arrived
@@ -183,6 +185,7 @@ class Live:
                     raise PreventUpdate
                 return out
 
+        live_trace.register(app, self._base.root)
         from uberprof.dashboards.pages import counters, overview, steps
 
         grows(Output("step-heatmap", "figure"),

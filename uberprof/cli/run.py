@@ -99,6 +99,12 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
                    "printed when the job starts, and the page follows the job while it runs.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="The --dashboard's port (0: any free port).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), metavar="PORT",
+              help="Serve this node's live figures (step times per rank, lateness, hang and "
+              "slowdown state, trace windows) as Prometheus metrics on PORT/metrics; 0: any "
+              "free port, written in node.json (docs/metrics.md) [default: off].")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="The address --metrics-port listens on (0.0.0.0: every interface).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
         trace_active: int, trace_ranks: set[int] | None, trace_on_slowdown: bool,
@@ -106,7 +112,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
         modules: bool,
         profile_memory: bool, record_shapes: str, window_memory_mb: int | None,
         counters_mode: str, sample_hz: float, hang_timeout: float | None, on_hang: str,
-        dashboard: bool, port: int,
+        dashboard: bool, port: int, metrics_port: int | None, metrics_host: str,
         command: tuple[str, ...]) -> None:
     """Run COMMAND under uberprof: every rank's steps, trace windows and clocks are recorded.
 
@@ -132,7 +138,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
                "window_memory_mb": window_memory_mb,
                "counters": counters_mode, "sample_hz": sample_hz,
                "hang_timeout": hang_timeout, "on_hang": on_hang,
-               "trace_on_slowdown": trace_on_slowdown}
+               "trace_on_slowdown": trace_on_slowdown, "metrics_port": metrics_port}
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)
     try:
         agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options, counters)
@@ -148,6 +154,10 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
         from uberprof.dashboards.live_server import start_dashboard
 
         _say(f"dashboard: {start_dashboard(run_dir.root, port)} (from the first steps on)")
+    if agent is not None and metrics_port is not None:
+        url = agent.start_metrics(metrics_host, metrics_port, _say)
+        if url is not None:
+            _say(f"metrics: {url}")
     env = agent.child_env(os.environ) if agent else dict(os.environ)
 
     def started(pid: int) -> None:

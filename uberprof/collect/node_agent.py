@@ -23,6 +23,7 @@ from uberprof.collect import diskfull
 from uberprof.collect.bootstrap import BOOTSTRAP_DIR
 from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR, CollectConfig
 from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
+from uberprof.collect.metrics import MetricsServer, NodeFigures, fan_out
 from uberprof.collect.rank.flight_log import FR_ENV
 from uberprof.collect.safety import AgentLog
 from uberprof.collect.slowdown import SlowdownTrigger
@@ -60,6 +61,7 @@ class NodeAgent:
         self.sampler: NodeSampler | None = None
         self.watchdog: HangWatchdog | None = None
         self.slowdown: SlowdownTrigger | None = None
+        self.metrics: MetricsServer | None = None
         self._start_counters(counters or CounterSettings())
 
     def _start_counters(self, settings: CounterSettings) -> None:
@@ -99,14 +101,38 @@ class NodeAgent:
             if slowdown:
                 self.slowdown = SlowdownTrigger(self.run.root, self.log)
             on_step = self.slowdown.step_read if self.slowdown is not None else None
+            figures = self.metrics.figures if self.metrics is not None else None
+            on_step = fan_out(on_step, figures.step_read if figures is not None else None)
             self.watchdog = HangWatchdog(self.run, self.dir, self.log, timeout_s, action, on_hang,
                                          on_step=on_step)
+            if figures is not None:
+                figures.watchdog, figures.slowdown = self.watchdog, self.slowdown
             self.watchdog.start(job_pid)
         except Exception as exc:  # noqa: BLE001 - never harm the job
             self.watchdog = None
             self.log.error("starting the hang watchdog", exc)
 
+    def start_metrics(self, host: str, port: int, say: Callable[[str], None] | None = None
+                      ) -> str | None:
+        """Serve the node's live figures to Prometheus (collect/metrics.py) before the job
+        starts; the URL, also in node.json's `metrics`, or None (why is logged and said)."""
+        try:
+            server = MetricsServer(NodeFigures(self.run, self.run_id, self.dir, self.log), host,
+                                   port)
+            url = server.start(say)
+            if url is None:
+                return None
+            self.metrics = server
+            self.meta["metrics"] = {"url": url, "host": host, "port": server.port}
+            write_json_atomic(self.dir / NODE_FILE, self.meta)
+            return url
+        except Exception as exc:  # noqa: BLE001 - never harm the job
+            self.log.error("starting the metrics server", exc)
+            return None
+
     def finish(self, exit_code: int) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.watchdog is not None:
             self.watchdog.stop()
             self.meta["hangs"] = self.watchdog.hangs
