@@ -30,7 +30,7 @@ def _corpus() -> dict[str, Path]:
     out |= {f"samples/{n}": SAMPLES / n for n in ("gloo2", "nccl1", "straggler", "oom")}
     out |= {f"samples/whatif/{p.name}": p for p in sorted((SAMPLES / "whatif").iterdir())
             if p.is_dir()}
-    out["samples/profile"] = SAMPLES / "profile" / "gpu-profile.pt.trace.json.gz"
+    out["samples/profile"] = SAMPLES / "profile"  # a trace and its key_averages JSON: one rank
     out |= {f"public/{p.relative_to(SAMPLES / 'public').as_posix()}": p
             for p in sorted((SAMPLES / "public").glob("*/*")) if p.is_dir()}
     return out
