@@ -90,6 +90,45 @@ def test_each_ranks_breakdown_shares_are_within_0_100_and_sum_to_100(
     assert _violations(docs, _shares) == []
 
 
+IDLE_KINDS = ("idle", "data_stall", "launch_bound")
+
+
+def _idle_agrees(d: dict[str, Any]) -> list[str]:
+    """The rank table's idle share is of the time the idle findings' shares are of: each
+    rank's idle gaps fit in its idle time, and no idle finding stakes more (in ms or as a share)
+    than the idlest rank shows in the table."""
+    bad, most_ms, most_pct = [], 0.0, 0.0
+    for r in d["ranks"]:
+        idle_pct, window = r["breakdown_pct"]["idle"], r["analysed"]["window_ms"]
+        if idle_pct is None or not window:
+            continue
+        idle_ms = idle_pct * window / 100.0
+        gaps = sum(r["idle_gaps"]["ms_by_cause"].values())
+        if gaps > idle_ms + 0.01 * window + 1e-3:  # the shares are rounded to 0.01 points
+            bad.append(f"rank {r['rank']}: idle gaps {gaps:.3f} ms, table idle {idle_pct}% "
+                       f"of {window} ms")
+        most_ms, most_pct = max(most_ms, idle_ms), max(most_pct, idle_pct)
+    wall = d["run"]["analysed_wall_ms"] or 0.0
+    for i, f in enumerate(d["findings"]):
+        if f["kind"] not in IDLE_KINDS or not wall:
+            continue
+        share = 100.0 * f["time_at_stake_ms"] / wall
+        if f["time_at_stake_ms"] > most_ms + 0.01 * wall + 1e-3 or share > most_pct + 0.05:
+            bad.append(f"#{i + 1} {f['kind']}: {f['time_at_stake_ms']} ms ({share:.2f}%) at "
+                       f"stake, the table's idlest rank {most_ms:.3f} ms ({most_pct}%)")
+    return bad
+
+
+def test_the_rank_tables_idle_share_agrees_with_the_idle_findings(
+        docs: dict[str, dict[str, Any]]) -> None:
+    """HTA's trace_compare_base (the device runs behind the host's steps) had shown a rank at
+    100% compute beside a 272 ms idle finding: the table's shares were of the whole trace's
+    device window, cut at the last step, and the finding's of the analysed steps."""
+    assert _violations(docs, _idle_agrees) == []
+    r = docs["public/hta/trace_compare_base"]["ranks"][0]
+    assert r["breakdown_pct"]["idle"] > 90.0, r
+
+
 def _stakes(d: dict[str, Any]) -> list[str]:
     wall = d["run"]["analysed_wall_ms"] or 0.0
     bad = []

@@ -241,7 +241,7 @@ def _breakdown_fig(d: Diagnosis) -> Any:
     go = _go()
     ranks = [str(x["rank"]) for x in d.ranks]
     parts = [("compute", "compute_ms", "#4c78a8"), ("exposed comm", "exposed_comm_ms", "#e45756"),
-             ("idle", "idle_ms", "#bab0ac")]
+             ("memory", "memory_ms", "#f58518"), ("idle", "idle_ms", "#bab0ac")]
     fig = go.Figure()
     for label, key, color in parts:
         fig.add_trace(go.Bar(x=ranks, y=[x["analysed"][key] or 0 for x in d.ranks], name=label,

@@ -228,7 +228,7 @@ def _ranks(d: Diagnosis, console: Console) -> None:
     _print_table(console, table)
     letters = ", ".join(f"{c.letter} {c.key}" for c in GAP_CAUSES.values())
     console.print("[dim]step ms: median; comp/exp/idle: compute, exposed communication, idle % "
-                  f"of the device time; gaps ms: idle gaps by cause ({letters}); late ms: "
+                  f"of the analysed time; gaps ms: idle gaps by cause ({letters}); late ms: "
                   "median lateness at collectives; last: times it alone arrived last (p90, "
                   "overlap and more: --json, --html)[/dim]")
     if len(d.ranks) > MAX_RANK_ROWS:

@@ -174,13 +174,16 @@ class RankDoc:
     step_time_ms: dict[str, float | None] = field(metadata=_m(
         "`{median, p90}` of its host step times"))
     breakdown_pct: dict[str, float | None] = field(metadata=_m(
-        "`{compute, non_compute, exposed_comm, memory, idle, overlap}`: the whole-trace "
-        "breakdown, % of the trace's device window, as `uberprof analyze` computes it; "
-        "`overlap` is |compute ∩ comm| / |comm|, null without communication "
-        "([analyze.md](analyze.md#definitions))"))
+        "`{compute, non_compute, exposed_comm, memory, idle, overlap}`: % of the rank's "
+        "analysed time (`analysed.window_ms`, the time the findings' shares are of); compute, "
+        "exposed communication, memory and idle tile it, idle including a host step longer "
+        "than the device's; `overlap` is |compute ∩ comm| / |comm|, null without "
+        "communication (`uberprof analyze` prints HTA's whole-trace breakdown instead: "
+        "[analyze.md](analyze.md#definitions))"))
     analysed: dict[str, float | None] = field(metadata=_m(
-        "`{compute_ms, exposed_comm_ms, idle_ms, data_wait_ms, window_ms}` summed over the "
-        "analysed steps"))
+        "`{compute_ms, exposed_comm_ms, memory_ms, idle_ms, data_wait_ms, window_ms}` summed "
+        "over the analysed steps; `window_ms` is the rank's analysed time (per step the longer "
+        "of its host and device windows), which the four parts before `data_wait_ms` tile"))
     idle_gaps: dict[str, Any] = field(metadata=_m(
         "`{count, ms_by_cause: {data, sync, launch, host, other, warmup}}`: idle gaps over "
         "the threshold in the analysed steps (`warmup`: one-time initialisation, named and "
