@@ -17,7 +17,7 @@ from uberprof.present.html_memory import memory_html
 from uberprof.present.html_modules import memory_timeline_html, modules_html
 from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
-from uberprof.present.report_terminal import parallelism_line, scope_text
+from uberprof.present.report_terminal import parallelism_line, scope_text, warmup_line
 from uberprof.units import fmt_num
 
 __all__ = ["render_html", "write_html"]
@@ -74,7 +74,8 @@ def _summary_line(d: Diagnosis) -> str:
             f"({r['analysed_wall_ms']} ms wall); median step {r['step_time_ms']} ms "
             f"(traced steps; {_inflation(r)}); "
             f"{c.get('matched_instances', 0)} matched collectives, "
-            f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r['uberprof_version']}")
+            f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r['uberprof_version']}"
+            + (f"; {warmup_line(r)}" if warmup_line(r) else ""))
 
 
 def _parallelism_html(r: dict[str, Any]) -> str:

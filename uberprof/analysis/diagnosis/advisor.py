@@ -61,6 +61,7 @@ from uberprof.analysis.diagnosis.stragglers import StragglerTests, name_straggle
 from uberprof.analysis.diagnosis.summaries import summarise
 from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
+from uberprof.analysis.diagnosis.warmup import EVIDENCE_SCHEMA, Warmup, warmup_of
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
@@ -95,14 +96,11 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     problems = list(ctx.problems)
     matched, alignment, aligned = _aligned_collectives(ctx)
 
-    traced = analysed_steps(ctx)
-    per_rank = {p.rank: p for p in rank_passes(ctx, traced, matched.instances, threshold_ns)}
+    per_rank, traced, gaps, warm = _per_rank(ctx, matched, threshold_ns)
     problems += [p.problem for p in per_rank.values() if p.problem]
-    gaps = pa.concat_tables([p.gaps for p in per_rank.values()]) if per_rank else \
-        GAP_SCHEMA.empty_table()
     exposed = {k: v for p in per_rank.values() for k, v in p.exposed.items()}
 
-    lat = lateness(aligned)
+    lat = lateness(warm.steady_rows(aligned))
     median_step, wall_ns = _median_step(traced), _analysed_wall_ns(traced)
 
     window = _window(traced, alignment)
@@ -122,7 +120,8 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                   classes=classes, clocks=clocks, straggler=tests.straggler,
                   summaries=summaries, device_type=device_type, window=window, p2p=p2p,
                   parallelism=parallelism, pipeline=pipeline,
-                  groups=groups, exposed_around=_exposed_around(per_rank.values()),
+                  groups=groups,
+                  exposed_around=warm.steady_rows(_exposed_around(per_rank.values()), ""),
                   traits=traits)
     proj, cp_doc, rp_doc = run_projector(ctx, traced, matched.instances, alignment.offsets(),
                                          p2p.pairs, parallelism.stage_of or {}, busy)
@@ -131,12 +130,14 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     findings = account(produced, wall_ns)
 
     problems += _unmatched_problems(matched, p2p)
-    top = sorted((g for p in per_rank.values() for g in p.top_gaps), key=lambda g: -g["dur_ns"])
+    top = sorted((g for p in per_rank.values() for g in p.top_gaps if warm.keeps(g)),
+                 key=lambda g: -g["dur_ns"])
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type, parallelism)
     _add_tables(run, ctx, traced, p2p, pipeline, groups, traits)
     run.host_wall_ms = _ms(_analysed_wall_ns(traced, host_only=True)) if traced.num_rows else None
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
+    run.warmup = warm.doc()
     run.fix_top_two = top_two(findings, proj)
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     return Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
@@ -144,6 +145,20 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                      classes=classes, straggler=tests.straggler, steps=traced,
                      summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
                      inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+
+
+def _per_rank(ctx: RunContext, matched: Matched, threshold_ns: int
+              ) -> tuple[dict[int, RankResult], pa.Table, pa.Table, Warmup]:
+    """The per-rank passes over the analysed steps, then the run's warm-up (warmup.py): the
+    steps and gaps the steady-state verdicts read are those left after it."""
+    traced = analysed_steps(ctx)
+    per_rank = {p.rank: p for p in rank_passes(ctx, traced, matched.instances, threshold_ns)}
+    gaps = pa.concat_tables([GAP_SCHEMA.empty_table(), *(p.gaps for p in per_rank.values())])
+    evidence = pa.concat_tables([EVIDENCE_SCHEMA.empty_table(),
+                                 *(p.warmup for p in per_rank.values())])
+    warm = warmup_of(traced, evidence,
+                     {r: p.cut for r, p in per_rank.items() if p.cut is not None})
+    return per_rank, warm.steady(traced), warm.steady_rows(gaps), warm
 
 
 def _median_step(traced: pa.Table) -> float | None:

@@ -61,6 +61,14 @@ class RunDoc:
         "time, summed): the job's own pace, which `uberprof scaling` reads"))
     step_time_ms: float | None = field(default=None, metadata=_m(
         "the median host step time over every rank's analysed steps"))
+    warmup: dict[str, Any] | None = field(default=None, metadata=_m(
+        "the warm-up left out of the analysed steps and of every verdict: `{steps, ranks, ms, "
+        "cut_ms, evidence_ms, why}`: the leading steps that one-time work (compilation, cuDNN "
+        "autotuning, lazy kernel loading, CUDA initialisation) made at least 1.5x the later "
+        "steps' median with its evidence for half the excess, the ranks whose evidence named "
+        "them, their wall time, per rank without step markers the part of its window cut, "
+        "the evidence by kind (ms, the most on one rank) and the same in words; null when "
+        "there was none (docs/report.md#warm-up)"))
     gap_threshold_us: float | None = field(default=None, metadata=_m(
         "the shortest idle gap counted (`--gap-threshold-us`)"))
     clock_alignment: dict[str, Any] = field(

@@ -31,10 +31,10 @@ from uberprof.ingest import classify as K
 __all__ = [
     "ANALYSED_PARTS",
     "WINDOW_PARTS",
-    "analysed_parts",
     "Activity",
     "Breakdown",
     "analysed_ns",
+    "analysed_parts",
     "breakdown",
     "device_activity",
     "host_time_in",
