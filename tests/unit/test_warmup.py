@@ -4,12 +4,17 @@ slightly longer, is not."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
+from click.testing import CliRunner
 
 from uberprof.analysis.diagnosis.warmup import EVIDENCE_SCHEMA, WARMUP_RATIO, warmup_of
 from uberprof.analysis.tables.schemas import RUN_STEP_SCHEMA
+from uberprof.cli import main
 
 MS = 1_000_000
 
@@ -80,3 +85,43 @@ def test_at_least_one_step_stays() -> None:
     assert w.steps == [1]
     traced = _steps({0: [900]})
     assert warmup_of(traced, _evidence([(0, 1, "init", 800)]), {}).steps == []
+
+
+COMPILED = Path(__file__).resolve().parents[2] / "samples" / "compile" / \
+    "compiled_mlp_cpu.pt.trace.json.gz"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """A real `torch.compile` run on CPU (samples/compile/README.md): its report document and
+    its terminal report."""
+    out = tmp_path_factory.mktemp("compiled")
+    res = CliRunner().invoke(main, ["report", str(COMPILED), "--json", "--workers", "1",
+                                    "--out", str(out / "d")])
+    assert res.exit_code == 0, res.output
+    text = CliRunner().invoke(main, ["report", str(COMPILED), "--workers", "1",
+                                     "--out", str(out / "d")], terminal_width=200)
+    return json.loads(res.stdout), text.output
+
+
+def test_a_compiled_models_first_step_is_warm_up_named_and_left_out(
+        compiled: tuple[dict[str, Any], str]) -> None:
+    """Step 0 holds Dynamo's, AOTAutograd's and Inductor's compilation (seconds); steps 1-4
+    run the compiled code (about a millisecond each on an idle machine)."""
+    d, text = compiled
+    w = d["run"]["warmup"]
+    assert w is not None and w["steps"] == [0] and w["ranks"] == [0], w
+    assert w["evidence_ms"]["compile"] >= 0.5 * w["ms"]
+    assert d["run"]["analysed_steps"] == [1, 2, 3, 4]
+    assert d["run"]["analysed_wall_ms"] < 0.01 * w["ms"]
+    assert f"warm-up: steps 0 ({w['ms']:.1f} ms), left out of every verdict: compilation" \
+        in " ".join(text.split())
+
+
+def test_the_operator_table_of_a_run_with_warm_up_stays_within_its_steps(
+        compiled: tuple[dict[str, Any], str]) -> None:
+    """The operator table was summed over every traced step, the compilation included: its
+    shares are of those steps, never above 100%."""
+    ops = compiled[0]["run"]["operators"]
+    assert ops["rank_steps"] == 5
+    assert all(0 <= o["self_pct"] <= 100 for o in ops["operators"]), ops["operators"][:2]

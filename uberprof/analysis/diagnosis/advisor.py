@@ -134,7 +134,7 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                  key=lambda g: -g["dur_ns"])
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type, parallelism)
-    _add_tables(run, ctx, traced, p2p, pipeline, groups, traits)
+    _add_tables(run, ctx, traced, p2p, pipeline, groups, traits, warm.traced)
     run.host_wall_ms = _ms(_analysed_wall_ns(traced, host_only=True)) if traced.num_rows else None
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.warmup = warm.doc()
@@ -186,15 +186,17 @@ def _unmatched_problems(matched: Matched, p2p: P2P) -> list[str]:
 
 def _add_tables(run: RunDoc, ctx: RunContext, traced: pa.Table, p2p: P2P,
                 pipeline: PipelineStages | None, groups: list[GroupComm],
-                traits: dict[str, Any] | None) -> None:
-    """The report document's tables that are no verdict (RunDoc's fields: none added here)."""
+                traits: dict[str, Any] | None, every_step: pa.Table) -> None:
+    """The report document's tables that are no verdict (RunDoc's fields: none added here).
+    The operator and module tables were summed by the map over every traced step, warm-up
+    included: their per-step figures are of `every_step`, so that they agree with their sums."""
     run.p2p = p2p_doc(p2p)
     run.pipeline = pipeline.as_dict() if pipeline is not None else None
     run.comm_by_group = [g.as_dict() for g in groups]
     run.job_traits = traits
-    run.operators = run_operators(ctx, traced)
+    run.operators = run_operators(ctx, every_step)
     run.memory = run_memory(ctx)
-    run.modules = run_modules(ctx, traced)
+    run.modules = run_modules(ctx, every_step)
     run.memory_timeline = run_memory_timeline(ctx, traced)
 
 

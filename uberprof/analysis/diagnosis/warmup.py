@@ -158,6 +158,8 @@ class Warmup:
     ns: int = 0  # wall time left out: per step the longest rank's, plus the cuts' longest
     evidence: dict[str, int] = field(default_factory=dict)  # cause -> ns, over the ranks' max
     cuts: dict[int, Cut] = field(default_factory=dict)  # rank -> its cut
+    # the analysed steps before the warm-up was left out (what the map's per-trace sums cover)
+    traced: pa.Table = field(default_factory=lambda: pa.table({}))
 
     def steady(self, traced: pa.Table) -> pa.Table:
         """`traced` without the warm-up steps, its pseudo-steps starting after their cuts."""
@@ -212,7 +214,7 @@ def _without_steps(table: pa.Table, steps: list[int]) -> pa.Table:
 def warmup_of(traced: pa.Table, evidence: pa.Table, cuts: dict[int, Cut]) -> Warmup:
     """The run's warm-up (module docstring) from its analysed steps, the per-rank passes'
     evidence (EVIDENCE_SCHEMA) and cuts."""
-    w = Warmup(cuts=dict(cuts))
+    w = Warmup(cuts=dict(cuts), traced=traced)
     by_rank = _evidence_by_rank(evidence)
     steps: set[int] = set()
     for r, got in by_rank.items():
