@@ -139,7 +139,7 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.warmup = warm.doc()
     run.fix_top_two = top_two(findings, proj)
-    _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
+    _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings, warm)
     return Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
                      classes=classes, straggler=tests.straggler, steps=traced,
@@ -240,10 +240,11 @@ def _aligned_collectives(ctx: RunContext) -> tuple[Matched, Alignment, pa.Table]
 
 
 def _add_verdict_docs(run: RunDoc, ctx: RunContext, tests: StragglerTests,
-                      median_step: float | None, wall_ns: int, findings: list[Finding]) -> None:
+                      median_step: float | None, wall_ns: int, findings: list[Finding],
+                      warm: Warmup) -> None:
     """The report document's straggler test, step time and accounting (docs/json.md)."""
     run.straggler_test = tests.as_dict()
-    run.step_time = step_time_doc(ctx.steps(), median_step)
+    run.step_time = step_time_doc(warm.steady_rows(ctx.steps(), ""), median_step)
     run.accounting = {
         "analysed_wall_ms": _ms(wall_ns),
         "at_stake_ms": round(sum(f.time_at_stake_ms for f in findings), 3),
