@@ -349,11 +349,12 @@ class RunData(StepTables, Counters):
         return self.opened.traced_breakdown() if self.opened is not None else None
 
     def breakdown_by_rank(self) -> pa.Table | None:
-        """Per rank: each BREAKDOWN_PARTS share of its traced time (`<part>_pct`) and its ns
+        """Per rank: each BREAKDOWN_PARTS share of its analysed time (`<part>_pct`) and its ns
         (`<part>_ns`), the overlap ratio (`overlap_pct`, of the communication), step times
         (`read.OpenedRun.time_shares` beside the whole-trace breakdown)."""
         def build() -> pa.Table | None:
             rt = self.rank_table()
+            self.diagnose()  # the shares are of the analysed steps, as the report's
             shares = self.opened.time_shares() if self.opened is not None else None
             if rt is None or shares is None:
                 return None

@@ -189,9 +189,11 @@ class RankDoc:
         "communication (`uberprof analyze` prints HTA's whole-trace breakdown instead: "
         "[analyze.md](analyze.md#definitions))"))
     analysed: dict[str, float | None] = field(metadata=_m(
-        "`{compute_ms, exposed_comm_ms, memory_ms, idle_ms, data_wait_ms, window_ms}` summed "
-        "over the analysed steps; `window_ms` is the rank's analysed time (per step the longer "
-        "of its host and device windows), which the four parts before `data_wait_ms` tile"))
+        "`{compute_ms, exposed_comm_ms, memory_ms, idle_ms, data_wait_ms, window_ms, comm_ms, "
+        "overlap_ms}` summed over the analysed steps; `window_ms` is the rank's analysed time "
+        "(per step the longer of its host and device windows), which the four parts before "
+        "`data_wait_ms` tile; `comm_ms` all communication, `overlap_ms` the part under "
+        "compute"))
     idle_gaps: dict[str, Any] = field(metadata=_m(
         "`{count, ms_by_cause: {data, sync, launch, host, other, warmup}}`: idle gaps over "
         "the threshold in the analysed steps (`warmup`: one-time initialisation, named and "
