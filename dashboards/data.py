@@ -354,7 +354,6 @@ class RunData(StepTables, Counters):
         (`read.OpenedRun.time_shares` beside the whole-trace breakdown)."""
         def build() -> pa.Table | None:
             rt = self.rank_table()
-            self.diagnose()  # the shares are of the analysed steps, as the report's
             shares = self.opened.time_shares() if self.opened is not None else None
             if rt is None or shares is None:
                 return None
@@ -362,7 +361,9 @@ class RunData(StepTables, Counters):
                 SELECT t.*, r.step_time_median_ms, r.step_time_p90_ms, r.mode, r.host
                 FROM t JOIN r USING (rank) ORDER BY rank
             """, t=shares, r=rt)
-        return self.once("breakdown_by_rank", build)
+        # of the analysed steps once diagnosed (the report's), of the whole traces before
+        ready = self.opened is not None and self.opened.diagnosis is not None
+        return self.once("breakdown_by_rank" if ready else "breakdown_by_rank_traces", build)
 
 
 _RUNS: dict[Path, RunData] = {}

@@ -83,8 +83,11 @@ def _analysed_totals(rank: dict[str, Any]) -> dict[str, Any]:
     """A report document's rank item as the totals `tables.shares.time_shares` reads
     (`<part>_ns`): its analysed steps' times (`ranks[].analysed`)."""
     a = rank["analysed"]
-    return {"rank": rank["rank"],
-            **{f"{k}_ns": round((a.get(f"{k}_ms") or 0.0) * 1e6) for k in _ANALYSED_TOTALS}}
+    out = {f"{k}_ns": round((a.get(f"{k}_ms") or 0.0) * 1e6) for k in _ANALYSED_TOTALS}
+    # idle is the rest, so that the parts tile the window exactly whatever the rounding
+    out["idle_ns"] = max(out["window_ns"] - out["compute_ns"] - out["exposed_comm_ns"]
+                         - out["memory_ns"], 0)
+    return {"rank": rank["rank"], **out}
 
 
 @dataclass

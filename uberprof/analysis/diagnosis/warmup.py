@@ -29,8 +29,9 @@ The run leaves out every step that is warm-up on some rank, on every rank: steps
 alike across ranks, and the others wait for a rank that compiles.
 
 **Without step markers** (the pseudo-step -1 spanning a trace, `advisor.analysed_steps`), the
-window is cut after the last evidence span when evidence covers at least half of the part cut
-and device work follows it: AlexNet's 30 s of CUDA initialisation and 10 s first convolution.
+window is cut at the first device work after the last evidence span, when evidence covers at
+least half of the part before that span's end: AlexNet's 10 s first convolution (cuDNN's
+streams and lazy loading inside it).
 """
 
 from __future__ import annotations
@@ -125,9 +126,10 @@ class Cut:
 
 
 def cut_window(events: pa.Table, steps: pa.Table, act: M.Activity) -> Cut | None:
-    """Where a trace without step markers (its one pseudo-step) ends its warm-up: after the
-    last evidence span, when evidence fills at least half of the part before it and device
-    work follows (module docstring); None otherwise."""
+    """Where a trace without step markers (its one pseudo-step) ends its warm-up: at the first
+    device work after the last evidence span (the device's wait for it is warm-up too), when
+    evidence fills at least half of the part before that span's end (module docstring); None
+    otherwise."""
     if steps.num_rows != 1 or steps.column("step")[0].as_py() != NO_STEP:
         return None
     lo, hi = steps.column("host_start_ns")[0].as_py(), steps.column("host_end_ns")[0].as_py()
@@ -137,9 +139,12 @@ def cut_window(events: pa.Table, steps: pa.Table, act: M.Activity) -> Cut | None
     merged = iv.clip(iv.merge(*spans.values()), lo, hi)
     if not len(merged):
         return None
-    at = int(merged.ends[-1])
-    busy_after = iv.covered_in(act.busy, np.array([at]), np.array([hi]))[0]
-    if at >= hi or busy_after <= 0 or iv.total(merged) < 0.5 * (at - lo):
+    end = int(merged.ends[-1])
+    nxt = int(np.searchsorted(act.busy.ends, end, side="right"))
+    if nxt >= len(act.busy) or iv.total(merged) < 0.5 * (end - lo):
+        return None  # no device work after it, or the part cut is not mostly warm-up
+    at = max(end, int(act.busy.starts[nxt]))  # the steady part starts with device work
+    if at >= hi:
         return None
     evidence = {k: int(iv.covered_in(s, np.array([lo]), np.array([at]))[0])
                 for k, s in spans.items()}
