@@ -349,7 +349,7 @@ class RunData(StepTables, Counters):
         return self.opened.traced_breakdown() if self.opened is not None else None
 
     def breakdown_by_rank(self) -> pa.Table | None:
-        """Per rank: each BREAKDOWN_PARTS share of its traced time (`<part>_pct`) and its ns
+        """Per rank: each BREAKDOWN_PARTS share of its analysed time (`<part>_pct`) and its ns
         (`<part>_ns`), the overlap ratio (`overlap_pct`, of the communication), step times
         (`read.OpenedRun.time_shares` beside the whole-trace breakdown)."""
         def build() -> pa.Table | None:
@@ -361,7 +361,9 @@ class RunData(StepTables, Counters):
                 SELECT t.*, r.step_time_median_ms, r.step_time_p90_ms, r.mode, r.host
                 FROM t JOIN r USING (rank) ORDER BY rank
             """, t=shares, r=rt)
-        return self.once("breakdown_by_rank", build)
+        # of the analysed steps once diagnosed (the report's), of the whole traces before
+        ready = self.opened is not None and self.opened.diagnosis is not None
+        return self.once("breakdown_by_rank" if ready else "breakdown_by_rank_traces", build)
 
 
 _RUNS: dict[Path, RunData] = {}

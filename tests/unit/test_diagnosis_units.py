@@ -281,9 +281,9 @@ def test_gap_causes(tmp_path: Path) -> None:
 def test_a_gap_filled_by_a_long_runtime_call_is_warm_up_and_makes_no_finding(
         tmp_path: Path) -> None:
     """No step markers: a kernel, then 80 ms of device idle while the host is in cudaFree for
-    70 ms and an 8 ms cudaLaunchKernel (lazy loading of the next kernel's module): warm-up,
-    named in the rank's idle gaps and no launch-bound or idle verdict; a 2 ms gap whose launch
-    came late after an operator stays launch-bound."""
+    70 ms and an 8 ms cudaLaunchKernel (lazy loading of the next kernel's module): warm-up, cut
+    from the window up to the next kernel and named (`run.warmup`), no launch-bound or idle
+    verdict; a 2 ms gap whose launch came late after an operator stays launch-bound."""
     k = T.kernel
     ev = [T.launch(0, 1), k(10, 990, 1),  # 10-1000
           T.launch(1000, 90, name="cudaFree", dur=70_000),  # 1000-71000
@@ -293,9 +293,13 @@ def test_a_gap_filled_by_a_long_runtime_call_is_warm_up_and_makes_no_finding(
     T.write(tmp_path / "traces" / "rank-0.json", T.trace(ev, rank=0, world=1))
     d = diagnose(tmp_path / "traces", out=tmp_path / "derived")
     causes = {(g["start_ns"] - T.BASE_NS) // 1000: g["cause"] for g in d.gaps.to_pylist()}
-    assert causes == {1000: "warmup", 86_000: "launch"}
+    assert causes == {86_000: "launch"}
+    w = d.run["warmup"]
+    assert w["steps"] == [] and w["evidence_ms"] == {"init": pytest.approx(70.0)}
+    assert w["cut_ms"]["0"] == pytest.approx(81.0, abs=0.02)  # up to the next kernel
     [r] = d.ranks
-    assert r["idle_gaps"]["ms_by_cause"]["warmup"] == pytest.approx(80.0)
+    assert r["idle_gaps"]["ms_by_cause"]["warmup"] == 0
+    assert r["analysed"]["window_ms"] == pytest.approx(19.0, abs=0.02)
     assert [f.kind for f in d.findings if f.kind in ("launch_bound", "idle")] == ["launch_bound"]
     (f,) = [f for f in d.findings if f.kind == "launch_bound"]
     assert f.time_at_stake_ms == pytest.approx(2.0)

@@ -30,7 +30,7 @@ def _corpus() -> dict[str, Path]:
     out |= {f"samples/{n}": SAMPLES / n for n in ("gloo2", "nccl1", "straggler", "oom")}
     out |= {f"samples/whatif/{p.name}": p for p in sorted((SAMPLES / "whatif").iterdir())
             if p.is_dir()}
-    out["samples/profile"] = SAMPLES / "profile" / "gpu-profile.pt.trace.json.gz"
+    out["samples/profile"] = SAMPLES / "profile"  # a trace and its key_averages JSON: one rank
     out |= {f"public/{p.relative_to(SAMPLES / 'public').as_posix()}": p
             for p in sorted((SAMPLES / "public").glob("*/*")) if p.is_dir()}
     return out
@@ -88,6 +88,45 @@ def _shares(d: dict[str, Any]) -> list[str]:
 def test_each_ranks_breakdown_shares_are_within_0_100_and_sum_to_100(
         docs: dict[str, dict[str, Any]]) -> None:
     assert _violations(docs, _shares) == []
+
+
+IDLE_KINDS = ("idle", "data_stall", "launch_bound")
+
+
+def _idle_agrees(d: dict[str, Any]) -> list[str]:
+    """The rank table's idle share is of the time the idle findings' shares are of: each
+    rank's idle gaps fit in its idle time, and no idle finding stakes more (in ms or as a share)
+    than the idlest rank shows in the table."""
+    bad, most_ms, most_pct = [], 0.0, 0.0
+    for r in d["ranks"]:
+        idle_pct, window = r["breakdown_pct"]["idle"], r["analysed"]["window_ms"]
+        if idle_pct is None or not window:
+            continue
+        idle_ms = idle_pct * window / 100.0
+        gaps = sum(r["idle_gaps"]["ms_by_cause"].values())
+        if gaps > idle_ms + 0.01 * window + 1e-3:  # the shares are rounded to 0.01 points
+            bad.append(f"rank {r['rank']}: idle gaps {gaps:.3f} ms, table idle {idle_pct}% "
+                       f"of {window} ms")
+        most_ms, most_pct = max(most_ms, idle_ms), max(most_pct, idle_pct)
+    wall = d["run"]["analysed_wall_ms"] or 0.0
+    for i, f in enumerate(d["findings"]):
+        if f["kind"] not in IDLE_KINDS or not wall:
+            continue
+        share = 100.0 * f["time_at_stake_ms"] / wall
+        if f["time_at_stake_ms"] > most_ms + 0.01 * wall + 1e-3 or share > most_pct + 0.05:
+            bad.append(f"#{i + 1} {f['kind']}: {f['time_at_stake_ms']} ms ({share:.2f}%) at "
+                       f"stake, the table's idlest rank {most_ms:.3f} ms ({most_pct}%)")
+    return bad
+
+
+def test_the_rank_tables_idle_share_agrees_with_the_idle_findings(
+        docs: dict[str, dict[str, Any]]) -> None:
+    """HTA's trace_compare_base (the device runs behind the host's steps) had shown a rank at
+    100% compute beside a 272 ms idle finding: the table's shares were of the whole trace's
+    device window, cut at the last step, and the finding's of the analysed steps."""
+    assert _violations(docs, _idle_agrees) == []
+    r = docs["public/hta/trace_compare_base"]["ranks"][0]
+    assert r["breakdown_pct"]["idle"] > 90.0, r
 
 
 def _stakes(d: dict[str, Any]) -> list[str]:
@@ -194,14 +233,22 @@ def test_the_terminal_report_says_why_a_finding_gains_nothing(tmp_path: Path) ->
 
 
 def test_warm_up_is_named_and_makes_no_finding_on_a_trace_without_step_markers(
-        docs: dict[str, dict[str, Any]]) -> None:
-    """AlexNet on one A100, no step markers: 30 s of CUDA initialisation before the first
-    kernel and a 10 s first cuDNN convolution had read "launch-bound 92.5%"."""
+        docs: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """AlexNet on one A100, no step markers: a 10 s first cuDNN convolution and 3 s of lazy
+    loading in its warm-up forward had read "launch-bound 92.5%". The warm-up part of the
+    window is cut and named; what is left (its one measured forward) makes only suspected
+    verdicts, each a small part of the trace."""
     d = docs["public/hta/alexnet"]
-    [r] = d["ranks"]
-    assert r["idle_gaps"]["ms_by_cause"]["warmup"] > 0.9 * d["run"]["analysed_wall_ms"]
-    assert [f["kind"] for f in d["findings"] if f["kind"] in ("launch_bound", "idle")
-            and f["time_at_stake_ms"] > 0.1 * d["run"]["analysed_wall_ms"]] == []
+    w = d["run"]["warmup"]
+    assert w is not None and w["steps"] == [] and "init" in w["evidence_ms"], w
+    whole = w["cut_ms"]["0"] + d["run"]["analysed_wall_ms"]
+    assert w["cut_ms"]["0"] > 0.9 * whole
+    res = CliRunner().invoke(main, ["report", str(SAMPLES / "public" / "hta" / "alexnet"),
+                                    "--out", str(tmp_path / "d"), "--workers", "1"],
+                             terminal_width=200)
+    assert "warm-up: the first 12" in res.output and "left out" in res.output, res.output
+    for f in d["findings"]:
+        assert f["confidence"] == "suspected" and f["time_at_stake_ms"] < 0.01 * whole, f
 
 
 # Each finding's part of a rank's time is rounded to 0.001 ms, and so is the rank's own: the
@@ -274,3 +321,20 @@ def test_the_terminal_report_names_what_no_finding_explains(tmp_path: Path) -> N
     assert res.exit_code == 0, res.output
     html = page.read_text()
     assert "Exposed communication per rank" in html and "unexplained idle ms" in html
+
+
+def _warmup_left_out(d: dict[str, Any]) -> list[str]:
+    """Warm-up steps are no analysed step, and no finding names one."""
+    w = d["run"]["warmup"]
+    if not w:
+        return []
+    bad = [f"warm-up step {s} analysed" for s in w["steps"] if s in d["run"]["analysed_steps"]]
+    for i, f in enumerate(d["findings"]):
+        bad += [f"#{i + 1} {f['kind']} names warm-up step {s}" for s in f["steps"] or []
+                if s in w["steps"]]
+    return bad
+
+
+def test_warm_up_steps_are_left_out_of_the_analysed_steps_and_every_finding(
+        docs: dict[str, dict[str, Any]]) -> None:
+    assert _violations(docs, _warmup_left_out) == []

@@ -189,6 +189,39 @@ def test_discover_folder_skips_derived_and_hidden(tmp_path: Path) -> None:
     assert [i.rel for i in discover(tmp_path).inputs] == ["a/rank-0.json"]
 
 
+def test_a_json_file_that_is_no_trace_is_a_companion_skipped_with_one_line(
+        tmp_path: Path) -> None:
+    """A folder of one trace and what the job wrote beside it (key_averages' rows, a config):
+    the trace is the one input, each other file one line; an event array and a trace whose
+    event list is empty stay inputs (the reader judges them)."""
+    T.write(tmp_path / "job.pt.trace.json.gz", T.trace([T.op(0, 1)], rank=None))
+    T.write(tmp_path / "job.key_averages.json",
+            {"device": "x", "rows": {f"aten::op{i}": {"count": i} for i in range(5000)}})
+    T.write(tmp_path / "config.json", {"lr": 0.1})
+    T.write(tmp_path / "array.json", [{"name": "a", "ph": "X", "ts": 0, "dur": 1}])
+    T.write(tmp_path / "empty.json", {"traceEvents": []})
+    src = discover(tmp_path)
+    assert [i.rel for i in src.inputs] == ["array.json", "empty.json", "job.pt.trace.json.gz"]
+    assert len(src.skipped) == 2
+    assert all("not a trace" in s and "\n" not in s for s in src.skipped)
+    assert {Path(s.split(": ")[0]).name for s in src.skipped} == {"config.json",
+                                                                   "job.key_averages.json"}
+
+
+def test_a_trace_folder_with_a_companion_file_reads_as_one_rank(tmp_path: Path) -> None:
+    """samples/gpu/profile: the trace and its key_averages JSON. Read before as two inputs,
+    neither with a rank, so the trace was left out; now one rank, and the companion named."""
+    from uberprof.analysis.tables.pipeline import analyze
+
+    folder = Path(__file__).resolve().parents[2] / "samples" / "gpu" / "profile"
+    a = analyze(folder, out=tmp_path / "out", workers=1)
+    assert [r["rank"] for r in a.ranks] == [0]
+    assert a.ranks[0]["steps"] >= 4
+    notes = [p for p in a.summary["problems"] if "key_averages.json" in p]
+    assert len(notes) == 1 and "not a trace" in notes[0], a.summary["problems"]
+    assert not [p for p in a.summary["problems"] if "left out" in p]
+
+
 @shared
 def test_shared_rocm_trace() -> None:
     t = ingest_trace(SHARED / "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz")

@@ -76,6 +76,20 @@ __all__ = [
 ]
 
 
+_ANALYSED_TOTALS = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
+
+
+def _analysed_totals(rank: dict[str, Any]) -> dict[str, Any]:
+    """A report document's rank item as the totals `tables.shares.time_shares` reads
+    (`<part>_ns`): its analysed steps' times (`ranks[].analysed`)."""
+    a = rank["analysed"]
+    out = {f"{k}_ns": round((a.get(f"{k}_ms") or 0.0) * 1e6) for k in _ANALYSED_TOTALS}
+    # idle is the rest, so that the parts tile the window exactly whatever the rounding
+    out["idle_ns"] = max(out["window_ns"] - out["compute_ns"] - out["exposed_comm_ns"]
+                         - out["memory_ns"], 0)
+    return {"rank": rank["rank"], **out}
+
+
 @dataclass
 class OpenedRun:
     """A run as every view reads it: its tables, its diagnosis and what went wrong reading it.
@@ -114,20 +128,34 @@ class OpenedRun:
                 .set_column(2, "end_ns", pc.min_element_wise(t.column("end_ns"), hi))
 
     def time_shares(self) -> pa.Table | None:
-        """Per rank with an analysed trace, the parts that tile its traced window
-        (`tables.shares.time_shares`: `<part>_ns`, `<part>_pct`, `overlap_pct`), by rank, as
+        """Per rank with an analysed trace, the parts that tile its analysed time
+        (`tables.shares.time_shares`: `<part>_ns`, `<part>_pct`, `overlap_pct`), by rank: of
+        the analysed steps the diagnosis saved (`ranks[].analysed`, the time the report's rank
+        table and the findings' shares are of) once there is one, else of the whole traces as
         the analysis saved them; None without traces."""
-        from uberprof.analysis.tables.shares import read_time_shares
+        from uberprof.analysis.tables.shares import read_time_shares, time_shares
 
-        return read_time_shares(self.ctx.derived) if self.ctx is not None else None
+        if self.ctx is None:
+            return None
+        d = self.diagnosis
+        if d is None or not d.ranks:
+            return read_time_shares(self.ctx.derived)
+        rows = [_analysed_totals(r) for r in d.ranks if (r["analysed"].get("window_ms") or 0) > 0]
+        return time_shares(rows) if rows else None
 
     def run_breakdown(self) -> dict[str, Any] | None:
-        """The whole run's breakdown: `metrics.percentages` of its traced ranks' whole-trace
-        totals together (compute_pct, exposed_comm_pct, idle_pct, ...), as the analysis saved
-        it (`tables.shares.run_breakdown`); None without traces."""
-        from uberprof.analysis.tables.shares import read_run_breakdown
+        """The whole run's breakdown: `metrics.percentages` of its traced ranks' totals
+        together (compute_pct, exposed_comm_pct, idle_pct, ...), of their analysed steps once
+        the diagnosis saved them (as `time_shares`), else of the whole traces as the analysis
+        saved it (`tables.shares.run_breakdown`); None without traces."""
+        from uberprof.analysis.tables.shares import read_run_breakdown, run_breakdown
 
-        return read_run_breakdown(self.ctx.derived) if self.ctx is not None else None
+        if self.ctx is None:
+            return None
+        d = self.diagnosis
+        rows = [_analysed_totals(r) for r in (d.ranks if d is not None else [])
+                if (r["analysed"].get("window_ms") or 0) > 0]
+        return run_breakdown(rows) if rows else read_run_breakdown(self.ctx.derived)
 
     def collective_kinds(self) -> pa.Table | None:
         """Per collective name and message size: calls, ranks, total and median time (ms), by

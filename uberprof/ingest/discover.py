@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uberprof.ingest.head import head_text
 from uberprof.rundir import (
     DERIVED_DIR,
     NODE_FILE,
@@ -48,6 +49,9 @@ class Source:
     kind: str  # "run", "folder" or "file"
     inputs: list[TraceInput]
     rank_dirs: list[tuple[int | None, Path]] = field(default_factory=list)  # runs only
+    # JSON files of a folder that are no trace (a companion such as key_averages' output):
+    # one line each, said as a problem of the analysis and not read
+    skipped: list[str] = field(default_factory=list)
 
 
 def rank_from_name(rel: str) -> int | None:
@@ -72,15 +76,38 @@ def discover(path: Path) -> Source:
     run = RunDir(path)
     if run.is_run():
         return _run_source(run)
-    inputs = []
+    inputs, skipped = [], []
     for p in sorted(_trace_files(path)):
         rel = p.relative_to(path).as_posix()
+        if not _may_be_a_trace(p):
+            skipped.append(f"{p}: not a trace (no traceEvents at its start; a companion file "
+                           "such as torch.profiler's key_averages output): skipped")
+            continue
         hint = rank_from_name(rel)
         inputs.append(TraceInput(p, rel, hint, "file name" if hint is not None else None))
     if not inputs:
         raise NoTraces(f"{path}: no Kineto traces here (looked for *.json and *.json.gz, "
                        "and for a uberprof run directory with ranks/)")
-    return Source(path, "folder", inputs)
+    return Source(path, "folder", inputs, skipped=skipped)
+
+
+COMPANION_HEAD = 1 << 16
+"""Bytes of a folder's JSON file read to tell a trace from a companion file: every Kineto and
+Chrome trace of the corpus names `traceEvents` within its first 4 KiB (the header keys come
+first and are small), so 64 KiB leaves a wide margin and costs well under a millisecond."""
+
+
+def _may_be_a_trace(path: Path) -> bool:
+    """Whether a JSON file found in a folder may be a trace: a Chrome trace's event array, or
+    an object that names `traceEvents` near its start. A folder often holds the files a job
+    wrote beside its traces (key_averages, configs, metrics); read as traces they became
+    inputs without events, and their count made the one real trace of the folder rankless.
+    A file that cannot be read is kept, so that the reader names its problem."""
+    text = head_text(path, COMPANION_HEAD)
+    if text is None:
+        return True
+    lead = text.lstrip("\ufeff \t\r\n")[:1]
+    return lead in ("[", "") or '"traceEvents"' in text
 
 
 def _trace_files(root: Path) -> list[Path]:

@@ -18,15 +18,15 @@ __all__ = ["HEAD_BYTES", "head_text", "trace_head"]
 HEAD_BYTES = 1 << 20  # Kineto writes the header keys before the events
 
 
-def head_text(path: Path) -> str | None:
-    """The first HEAD_BYTES of a trace file (gzip or not) as text; None when unreadable."""
+def head_text(path: Path, size: int = HEAD_BYTES) -> str | None:
+    """The first `size` bytes of a trace file (gzip or not) as text; None when unreadable."""
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
+                head = f.read(size)
         else:
             with open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
+                head = f.read(size)
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
         return None
     return head.decode("utf-8", errors="replace")

@@ -17,7 +17,7 @@ from uberprof.present.html_memory import memory_html
 from uberprof.present.html_modules import memory_timeline_html, modules_html
 from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
-from uberprof.present.report_terminal import parallelism_line, scope_text
+from uberprof.present.report_terminal import parallelism_line, scope_text, warmup_line
 from uberprof.units import fmt_num
 
 __all__ = ["render_html", "write_html"]
@@ -74,7 +74,8 @@ def _summary_line(d: Diagnosis) -> str:
             f"({r['analysed_wall_ms']} ms wall); median step {r['step_time_ms']} ms "
             f"(traced steps; {_inflation(r)}); "
             f"{c.get('matched_instances', 0)} matched collectives, "
-            f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r['uberprof_version']}")
+            f"{c.get('unmatched_calls', 0)} unmatched; uberprof {r['uberprof_version']}"
+            + (f"; {warmup_line(r)}" if warmup_line(r) else ""))
 
 
 def _parallelism_html(r: dict[str, Any]) -> str:
@@ -269,7 +270,7 @@ def _breakdown_fig(d: Diagnosis) -> Any:
     go = _go()
     ranks = [str(x["rank"]) for x in d.ranks]
     parts = [("compute", "compute_ms", "#4c78a8"), ("exposed comm", "exposed_comm_ms", "#e45756"),
-             ("idle", "idle_ms", "#bab0ac")]
+             ("memory", "memory_ms", "#f58518"), ("idle", "idle_ms", "#bab0ac")]
     fig = go.Figure()
     for label, key, color in parts:
         fig.add_trace(go.Bar(x=ranks, y=[x["analysed"][key] or 0 for x in d.ranks], name=label,

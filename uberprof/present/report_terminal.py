@@ -122,6 +122,8 @@ def _header(d: Diagnosis, console: Console) -> None:
     line = _step_time_line(st)
     if line:
         console.print(f"[dim]{line}[/dim]", highlight=False)
+    if warmup_line(r):
+        console.print(warmup_line(r), highlight=False, markup=False)
     t = (r["straggler_test"] or {}).get("test") or {}
     if t.get("sentence") and (r["straggler_test"] or {}).get("decision") == "none":
         console.print(f"[dim]straggler test: {t['sentence']}[/dim]", highlight=False)
@@ -150,6 +152,21 @@ def _header(d: Diagnosis, console: Console) -> None:
             desc += ")"
         console.print(f"[dim]{desc}[/dim]", highlight=False)
     console.print()
+
+
+def warmup_line(run: dict[str, Any]) -> str:
+    """The warm-up the diagnosis left out, as saved (`run.warmup`): which steps (or, without
+    step markers, how much of each trace's start), their wall time and why; "" when none."""
+    w = run["warmup"]
+    if not w:
+        return ""
+    parts = []
+    if w["steps"]:
+        parts.append(f"steps {rank_ranges(w['steps'])} ({_ms(w['ms'])} ms)")
+    for r, ms in w["cut_ms"].items():
+        parts.append(f"the first {_ms(ms)} ms of rank {r}'s trace (no step markers)")
+    return (f"warm-up: {'; '.join(parts)}, left out of every verdict: "
+            f"{w['why'] or 'evidence not kept'}")
 
 
 def parallelism_line(run: dict[str, Any]) -> str:
@@ -230,7 +247,7 @@ def _ranks(d: Diagnosis, console: Console) -> None:
     _print_table(console, table)
     letters = ", ".join(f"{c.letter} {c.key}" for c in GAP_CAUSES.values())
     console.print("[dim]step ms: median; comp/exp/idle: compute, exposed communication, idle % "
-                  f"of the device time; gaps ms: idle gaps by cause ({letters}); late ms: "
+                  f"of the analysed time; gaps ms: idle gaps by cause ({letters}); late ms: "
                   "median lateness at collectives; last: times it alone arrived last (p90, "
                   "overlap and more: --json, --html)[/dim]")
     if len(d.ranks) > MAX_RANK_ROWS:

@@ -63,6 +63,7 @@ from uberprof.analysis.diagnosis.stragglers import StragglerTests, name_straggle
 from uberprof.analysis.diagnosis.summaries import summarise
 from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
+from uberprof.analysis.diagnosis.warmup import EVIDENCE_SCHEMA, Warmup, warmup_of
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
@@ -97,14 +98,11 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     problems = list(ctx.problems)
     matched, alignment, aligned = _aligned_collectives(ctx)
 
-    traced = analysed_steps(ctx)
-    per_rank = {p.rank: p for p in rank_passes(ctx, traced, matched.instances, threshold_ns)}
+    per_rank, traced, gaps, warm = _per_rank(ctx, matched, threshold_ns)
     problems += [p.problem for p in per_rank.values() if p.problem]
-    gaps = pa.concat_tables([p.gaps for p in per_rank.values()]) if per_rank else \
-        GAP_SCHEMA.empty_table()
     exposed = {k: v for p in per_rank.values() for k, v in p.exposed.items()}
 
-    lat = lateness(aligned)
+    lat = lateness(warm.steady_rows(aligned))
     median_step, wall_ns = _median_step(traced), _analysed_wall_ns(traced)
 
     window = _window(traced, alignment)
@@ -124,8 +122,9 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
                   classes=classes, clocks=clocks, straggler=tests.straggler,
                   summaries=summaries, device_type=device_type, window=window, p2p=p2p,
                   parallelism=parallelism, pipeline=pipeline,
-                  groups=groups, exposed_around=_exposed_around(per_rank.values()),
-                  traits=traits, instances=aligned,
+                  groups=groups,
+                  exposed_around=warm.steady_rows(_exposed_around(per_rank.values()), ""),
+                  traits=traits, instances=warm.steady_rows(aligned),
                   rank_comm=rank_comm(traced, lat, _group_of(aligned), p2p.per_rank_step()))
     proj, cp_doc, rp_doc = run_projector(ctx, traced, matched.instances, alignment.offsets(),
                                          p2p.pairs, parallelism.stage_of or {}, busy)
@@ -134,14 +133,16 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     findings = account(produced, wall_ns)
 
     problems += _unmatched_problems(matched, p2p)
-    top = sorted((g for p in per_rank.values() for g in p.top_gaps), key=lambda g: -g["dur_ns"])
+    top = sorted((g for p in per_rank.values() for g in p.top_gaps if warm.keeps(g)),
+                 key=lambda g: -g["dur_ns"])
     run = run_doc_of(ctx, traced, wall_ns, median_step, alignment, matched, threshold_ns,
                      problems, classes, device_type, parallelism)
-    _add_tables(run, ctx, traced, p2p, pipeline, groups, traits)
+    _add_tables(run, ctx, traced, p2p, pipeline, groups, traits, warm.traced)
     run.host_wall_ms = _ms(_analysed_wall_ns(traced, host_only=True)) if traced.num_rows else None
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
+    run.warmup = warm.doc()
     run.fix_top_two = top_two(findings, proj)
-    _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
+    _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings, warm)
     ranks = rank_accounting(ranks_doc(ctx, traced, summaries, facts.rank_comm), findings)
     return Diagnosis(run=as_json(run), ranks=ranks, findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
@@ -154,6 +155,20 @@ def _group_of(instances: pa.Table) -> dict[int, str]:
     """Matched instance id -> its process group key."""
     return dict(zip(instances.column("instance").to_pylist(),
                     instances.column("grp").to_pylist()))
+
+
+def _per_rank(ctx: RunContext, matched: Matched, threshold_ns: int
+              ) -> tuple[dict[int, RankResult], pa.Table, pa.Table, Warmup]:
+    """The per-rank passes over the analysed steps, then the run's warm-up (warmup.py): the
+    steps and gaps the steady-state verdicts read are those left after it."""
+    traced = analysed_steps(ctx)
+    per_rank = {p.rank: p for p in rank_passes(ctx, traced, matched.instances, threshold_ns)}
+    gaps = pa.concat_tables([GAP_SCHEMA.empty_table(), *(p.gaps for p in per_rank.values())])
+    evidence = pa.concat_tables([EVIDENCE_SCHEMA.empty_table(),
+                                 *(p.warmup for p in per_rank.values())])
+    warm = warmup_of(traced, evidence,
+                     {r: p.cut for r, p in per_rank.items() if p.cut is not None})
+    return per_rank, warm.steady(traced), warm.steady_rows(gaps), warm
 
 
 def _median_step(traced: pa.Table) -> float | None:
@@ -181,15 +196,17 @@ def _unmatched_problems(matched: Matched, p2p: P2P) -> list[str]:
 
 def _add_tables(run: RunDoc, ctx: RunContext, traced: pa.Table, p2p: P2P,
                 pipeline: PipelineStages | None, groups: list[GroupComm],
-                traits: dict[str, Any] | None) -> None:
-    """The report document's tables that are no verdict (RunDoc's fields: none added here)."""
+                traits: dict[str, Any] | None, every_step: pa.Table) -> None:
+    """The report document's tables that are no verdict (RunDoc's fields: none added here).
+    The operator and module tables were summed by the map over every traced step, warm-up
+    included: their per-step figures are of `every_step`, so that they agree with their sums."""
     run.p2p = p2p_doc(p2p)
     run.pipeline = pipeline.as_dict() if pipeline is not None else None
     run.comm_by_group = [g.as_dict() for g in groups]
     run.job_traits = traits
-    run.operators = run_operators(ctx, traced)
+    run.operators = run_operators(ctx, every_step)
     run.memory = run_memory(ctx)
-    run.modules = run_modules(ctx, traced)
+    run.modules = run_modules(ctx, every_step)
     run.memory_timeline = run_memory_timeline(ctx, traced)
 
 
@@ -233,10 +250,11 @@ def _aligned_collectives(ctx: RunContext) -> tuple[Matched, Alignment, pa.Table]
 
 
 def _add_verdict_docs(run: RunDoc, ctx: RunContext, tests: StragglerTests,
-                      median_step: float | None, wall_ns: int, findings: list[Finding]) -> None:
+                      median_step: float | None, wall_ns: int, findings: list[Finding],
+                      warm: Warmup) -> None:
     """The report document's straggler test, step time and accounting (docs/json.md)."""
     run.straggler_test = tests.as_dict()
-    run.step_time = step_time_doc(ctx.steps(), median_step)
+    run.step_time = step_time_doc(warm.steady_rows(ctx.steps(), ""), median_step)
     run.accounting = {
         "analysed_wall_ms": _ms(wall_ns),
         "at_stake_ms": round(sum(f.time_at_stake_ms for f in findings), 3),

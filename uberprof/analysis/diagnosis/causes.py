@@ -32,6 +32,7 @@ __all__ = [
     "THROTTLE_REMEDY",
     "TP_EXPOSED_COMM",
     "WARMUP",
+    "WARMUP_EVIDENCE",
     "Cause",
     "Remedy",
     "alltoall_imbalance_remedy",
@@ -110,6 +111,14 @@ GAP_CAUSES: dict[str, Cause] = {c.key: c for c in (
           kind="", letter="W"),
 )}
 WARMUP = "warmup"  # the gap cause that is warm-up: named, and left out of the verdicts
+
+# What made a step warm-up (diagnosis/warmup.py), in the order the report names them.
+WARMUP_EVIDENCE: dict[str, str] = {
+    "compile": "compilation (torch.compile: Dynamo, Inductor, Triton autotuning)",
+    "cudnn": "cuDNN autotuning (cudnnFind)",
+    "kernel_load": "lazy kernel loading (cuModuleLoad)",
+    "init": "CUDA initialisation (runtime calls of 50 ms or more)",
+}
 
 # Why the straggler arrives last (analysis/diagnosis/stragglers/cause.py).
 STRAGGLER_CAUSES: dict[str, Cause] = {c.key: c for c in (

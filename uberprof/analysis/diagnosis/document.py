@@ -25,6 +25,7 @@ from uberprof.analysis.diagnosis.summaries import RankSummaries, summarise
 from uberprof.analysis.tables.align import Alignment
 from uberprof.analysis.tables.collectives import INSTANCE_SCHEMA, Matched
 from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.metrics import analysed_parts, percentages
 from uberprof.analysis.tables.parallelism import Parallelism
 from uberprof.analysis.tables.schemas import RUN_STEP_SCHEMA
 from uberprof.rundir import RunDir, list_ranks, ranks_by_id
@@ -134,24 +135,19 @@ def empty_diagnosis(root: Path, problems: list[str], findings: list[Finding] | N
 
 def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries,
               comm: Mapping[int, RankComm] | None = None) -> list[dict[str, Any]]:
-    """Every rank's part of the document (RankDoc); `comm`: each rank's exposed communication
-    split (`rank_comm`)."""
+    """One item of `ranks` per rank (RankDoc): its shares and times are of its analysed time
+    (`metrics.analysed_parts`), the time the findings' shares are of; `comm`: each rank's
+    exposed communication split (`rank_comm`)."""
     comm = comm or {}
     bd = {r["rank"]: r for r in ctx.breakdown().to_pylist()}
-    per_step: dict[int, dict[str, int]] = {}
-    for row in traced.select(["rank", "compute_ns", "exposed_comm_ns", "idle_ns", "window_ns",
-                              "data_wait_ns"]).to_pylist():
-        acc = per_step.setdefault(row["rank"], {})
-        for k, v in row.items():
-            if k != "rank":
-                acc[k] = acc.get(k, 0) + (v or 0)
+    per_rank = _analysed_by_rank(traced)
     out = []
     for r in ctx.rank_ids:
         b = bd.get(r, {})
         info = ctx.ranks[r]
         late = summaries.lateness_of(r)
         idle_ns, gaps = summaries.idle_of(r)
-        st = per_step.get(r, {})
+        st = per_rank.get(r, {})
         out.append(as_json(RankDoc(
             rank=r,
             host=info.host,
@@ -160,14 +156,15 @@ def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries,
             steps=b.get("steps"),
             step_time_ms={"median": b.get("step_time_median_ms"),
                           "p90": b.get("step_time_p90_ms")},
-            breakdown_pct={k: b.get(f"{k}_pct") for k in
-                           ("compute", "non_compute", "exposed_comm", "memory", "idle",
-                            "overlap")},
-            analysed={"compute_ms": _ms(st.get("compute_ns")),
-                      "exposed_comm_ms": _ms(st.get("exposed_comm_ns")),
-                      "idle_ms": _ms(st.get("idle_ns")),
-                      "data_wait_ms": _ms(st.get("data_wait_ns")),
-                      "window_ms": _ms(st.get("window_ns"))},
+            breakdown_pct=_shares(st),
+            analysed={"compute_ms": _ms(st.get("compute")),
+                      "exposed_comm_ms": _ms(st.get("exposed_comm")),
+                      "memory_ms": _ms(st.get("memory")),
+                      "idle_ms": _ms(st.get("idle")),
+                      "data_wait_ms": _ms(st.get("data_wait")),
+                      "window_ms": _ms(st.get("window")),
+                      "comm_ms": _ms(st.get("comm")),
+                      "overlap_ms": _ms(st.get("overlap"))},
             idle_gaps={"count": gaps,
                        "ms_by_cause": {c: _ms(v) for c, v in idle_ns.items()}},
             lateness_ms={"median": _ms(late["median_ns"]), "p90": _ms(late["p90_ns"]),
@@ -175,6 +172,30 @@ def ranks_doc(ctx: RunContext, traced: pa.Table, summaries: RankSummaries,
             exposed_comm=comm[r].as_dict() if r in comm else None,
         )))
     return out
+
+
+def _analysed_by_rank(traced: pa.Table) -> dict[int, dict[str, int]]:
+    """Per rank, its analysed steps' parts (`metrics.analysed_parts`) and data wait, summed."""
+    parts = analysed_parts(traced)
+    parts["data_wait"] = traced.column("data_wait_ns").fill_null(0).to_numpy(
+        zero_copy_only=False)
+    per: dict[int, dict[str, int]] = {}
+    for i, r in enumerate(traced.column("rank").to_pylist()):
+        acc = per.setdefault(r, {})
+        for k, v in parts.items():
+            acc[k] = acc.get(k, 0) + int(v[i])
+    return per
+
+
+def _shares(st: dict[str, int]) -> dict[str, float | None]:
+    """`breakdown_pct` from a rank's summed parts: `metrics.percentages` of its analysed time."""
+    if not st:
+        return {k: None for k in ("compute", "non_compute", "exposed_comm", "memory", "idle",
+                                  "overlap")}
+    p = percentages(st["window"], st["compute"], st["comm"], st["overlap"], st["exposed_comm"],
+                    st["memory"], st["idle"])
+    return {k: p[f"{k}_pct"] for k in ("compute", "non_compute", "exposed_comm", "memory",
+                                      "idle", "overlap")}
 
 
 def failures_only_diagnosis(root: Path, problems: list[str]) -> Diagnosis:

@@ -26,6 +26,7 @@ from uberprof.analysis.diagnosis.gaps import (
     gap_context,
     idle_gaps,
 )
+from uberprof.analysis.diagnosis.warmup import EVIDENCE_SCHEMA, Cut, cut_window, step_evidence
 from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.context import RunContext
@@ -47,6 +48,9 @@ class RankResult:
     problem: str | None = None  # why this rank has no result (its process died)
     # its exposed communication per step by the compute around it (gaps.AROUND_SCHEMA)
     exposed_around: pa.Table = field(default_factory=AROUND_SCHEMA.empty_table)
+    # its warm-up evidence per step (warmup.EVIDENCE_SCHEMA), and without step markers the cut
+    warmup: pa.Table = field(default_factory=EVIDENCE_SCHEMA.empty_table)
+    cut: Cut | None = None
 
     @classmethod
     def empty(cls, rank: int, problem: str | None = None) -> RankResult:
@@ -72,7 +76,9 @@ def rank_pass(derived: str, keys: list[str], rank: int, steps: pa.Table, instanc
                    zip(instances.column("instance").to_numpy().tolist(), ex.tolist())}
     top = [{**g, "rank": rank} for g in gap_context(events, rg.gaps, TOP_GAPS)]
     return RankResult(rank, rg.gaps, exposed, top,
-                      exposed_around=exposed_around(rank, events, steps, act))
+                      exposed_around=exposed_around(rank, events, steps, act),
+                      warmup=step_evidence(rank, events, steps),
+                      cut=cut_window(events, steps, act))
 
 
 def rank_passes(ctx: RunContext, traced: pa.Table, instances: pa.Table,

@@ -61,6 +61,14 @@ class RunDoc:
         "time, summed): the job's own pace, which `uberprof scaling` reads"))
     step_time_ms: float | None = field(default=None, metadata=_m(
         "the median host step time over every rank's analysed steps"))
+    warmup: dict[str, Any] | None = field(default=None, metadata=_m(
+        "the warm-up left out of the analysed steps and of every verdict: `{steps, ranks, ms, "
+        "cut_ms, evidence_ms, why}`: the leading steps that one-time work (compilation, cuDNN "
+        "autotuning, lazy kernel loading, CUDA initialisation) made at least 1.5x the later "
+        "steps' median with its evidence for half the excess, the ranks whose evidence named "
+        "them, their wall time, per rank without step markers the part of its window cut, "
+        "the evidence by kind (ms, the most on one rank) and the same in words; null when "
+        "there was none (docs/report.md#warm-up)"))
     gap_threshold_us: float | None = field(default=None, metadata=_m(
         "the shortest idle gap counted (`--gap-threshold-us`)"))
     clock_alignment: dict[str, Any] = field(
@@ -174,13 +182,18 @@ class RankDoc:
     step_time_ms: dict[str, float | None] = field(metadata=_m(
         "`{median, p90}` of its host step times"))
     breakdown_pct: dict[str, float | None] = field(metadata=_m(
-        "`{compute, non_compute, exposed_comm, memory, idle, overlap}`: the whole-trace "
-        "breakdown, % of the trace's device window, as `uberprof analyze` computes it; "
-        "`overlap` is |compute ∩ comm| / |comm|, null without communication "
-        "([analyze.md](analyze.md#definitions))"))
+        "`{compute, non_compute, exposed_comm, memory, idle, overlap}`: % of the rank's "
+        "analysed time (`analysed.window_ms`, the time the findings' shares are of); compute, "
+        "exposed communication, memory and idle tile it, idle including a host step longer "
+        "than the device's; `overlap` is |compute ∩ comm| / |comm|, null without "
+        "communication (`uberprof analyze` prints HTA's whole-trace breakdown instead: "
+        "[analyze.md](analyze.md#definitions))"))
     analysed: dict[str, float | None] = field(metadata=_m(
-        "`{compute_ms, exposed_comm_ms, idle_ms, data_wait_ms, window_ms}` summed over the "
-        "analysed steps"))
+        "`{compute_ms, exposed_comm_ms, memory_ms, idle_ms, data_wait_ms, window_ms, comm_ms, "
+        "overlap_ms}` summed over the analysed steps; `window_ms` is the rank's analysed time "
+        "(per step the longer of its host and device windows), which the four parts before "
+        "`data_wait_ms` tile; `comm_ms` all communication, `overlap_ms` the part under "
+        "compute"))
     idle_gaps: dict[str, Any] = field(metadata=_m(
         "`{count, ms_by_cause: {data, sync, launch, host, other, warmup}}`: idle gaps over "
         "the threshold in the analysed steps (`warmup`: one-time initialisation, named and "

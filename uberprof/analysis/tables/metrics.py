@@ -29,10 +29,12 @@ from uberprof.analysis.tables.intervals import Intervals
 from uberprof.ingest import classify as K
 
 __all__ = [
+    "ANALYSED_PARTS",
     "WINDOW_PARTS",
     "Activity",
     "Breakdown",
     "analysed_ns",
+    "analysed_parts",
     "breakdown",
     "device_activity",
     "host_time_in",
@@ -374,6 +376,27 @@ def analysed_ns(steps: pa.Table) -> np.ndarray:
     hi = steps.column("device_end_ns").to_numpy(zero_copy_only=False).astype(np.float64)
     dev = np.nan_to_num(np.clip(hi - lo, 0, None), nan=0.0)
     return np.maximum(host, dev).astype(np.int64)
+
+
+ANALYSED_PARTS = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
+
+
+def analysed_parts(steps: pa.Table) -> dict[str, np.ndarray]:
+    """Per row of `steps` (RUN_STEP_SCHEMA), the breakdown of the step's analysed time
+    (`analysed_ns`, as `window`): compute, communication, overlap, exposed communication and
+    memory as the device window measured them, and idle the rest of the analysed time, so the
+    parts tile it. The report's rank table takes its shares from these and the idle findings
+    their shares from the same time: a device running behind its host (its steps longer than
+    the host's) made the whole-trace window and the findings' disagree (a rank at "100%
+    compute" beside 272 ms of idle gaps, docs/DESIGN.md §4)."""
+    def col(name: str) -> np.ndarray:
+        v = steps.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+        return np.nan_to_num(v, nan=0.0).astype(np.int64)
+
+    window = analysed_ns(steps)
+    out = {k: col(f"{k}_ns") for k in ("compute", "comm", "overlap", "exposed_comm", "memory")}
+    busy = out["compute"] + out["exposed_comm"] + out["memory"]
+    return {"window": window, **out, "idle": np.maximum(window - busy, 0)}
 
 
 def host_time_in(events: pa.Table, kinds: tuple[str, ...], lo: np.ndarray, hi: np.ndarray,

@@ -128,7 +128,7 @@ def _reduce_key(source: Source, entries: dict[str, dict[str, Any]],
            "root": str(source.root),
            "inputs": [[i.rel, i.rank_hint, i.hint_source, entries.get(i.rel)]
                       for i in source.inputs],
-           "timelines": timelines, "folders": folders}
+           "skipped": source.skipped, "timelines": timelines, "folders": folders}
     # the standard encoder: file names that are not UTF-8 (lone surrogates) are escaped, not
     # refused as orjson does
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
@@ -163,7 +163,7 @@ def _reduce(source: Source, derived: Path, entries: dict[str, dict[str, Any]],
     summaries, decide each trace's rank and drop duplicates, write the per-rank steps and
     collectives, then the rank table and the summary document. Every stage adds its problems
     to one list, in this order: the order the summary gives them in."""
-    problems: list[str] = []
+    problems: list[str] = list(source.skipped)
     metas = list_ranks(source.root) if source.kind == "run" else []
     problems.extend(folder_problems(metas))
     read = {m.folder for m in ranks_by_id(metas).values()}
@@ -240,7 +240,7 @@ def _assign_ranks(source: Source, loaded: list[Item], problems: list[str]) -> li
             unranked.append((inp, e, s))
         else:
             assigned.append((rank, inp, e, s))
-    if unranked and len(source.inputs) == 1:
+    if unranked and len(source.inputs) == 1:  # companion files are not inputs (discover)
         inp, e, s = unranked[0]
         problems.append(f"{inp.path}: no rank in the trace (distributedInfo), its folder or its "
                         "name; analysed as rank 0, the only trace here")
