@@ -116,17 +116,17 @@ def _structure(g: StepGraph) -> _Structure:
     if "structure" in g.cache:
         return g.cache["structure"]
     n2 = 2 * g.n
-    from_ev, to_ev = _event_edges(g)
-    ix = _index_type(n2 + from_ev.size)  # indices only (never times): 32 bits where they fit
+    ix = _index_type(n2 + g.src.size)  # indices only (never times): 32 bits where they fit
+    from_ev, to_ev = (a.astype(ix) for a in _event_edges(g))
     own = np.arange(0, n2, 2, dtype=ix)
-    a_from, a_to = np.r_[from_ev.astype(ix), own], np.r_[to_ev.astype(ix), own + 1]  # with
-    #                                                                     each node's own edge
+    a_from, a_to = np.r_[from_ev, own], np.r_[to_ev, own + 1]  # with each node's own edge
     out = np.argsort(a_from, kind="stable")
     out_to = a_to[out]
-    optr = np.searchsorted(a_from[out], np.arange(n2 + 1))
-    indeg = np.bincount(a_to, minlength=n2).astype(np.int64)
-    del out, a_from, a_to, own  # the transients are freed as soon as they are used: at 512
-    #                             ranks each is 14-28 MB, and they made the report's peak
+    del out
+    optr = _offsets(a_from, n2, ix)  # (the levels' counts, offsets and levels in `ix` too:
+    indeg = np.bincount(a_to, minlength=n2).astype(ix)  # int64 they were 30 MB each at 512
+    del a_from, a_to, own  # ranks, and with the transients, freed as soon as they are used,
+    #                        they made the report's peak)
     if len(g.lanes) + len(g.device_lanes) <= MAX_LANES_EVENT_KAHN:
         level, lv, broken = _levels_by_event(g, out_to, optr, indeg)
     else:
@@ -136,14 +136,15 @@ def _structure(g: StepGraph) -> _Structure:
     #                                                        from one not yet placed: dropped
     order_e = kept[np.argsort(to_ev[kept], kind="stable")]
     del kept
-    ptr = np.searchsorted(to_ev[order_e], np.arange(n2 + 1)).astype(ix)
+    ptr = _offsets(to_ev[order_e], n2, ix)
     del to_ev
-    order_e, from_ev = order_e.astype(ix), from_ev.astype(ix)
+    order_e = order_e.astype(ix)
     ev = np.argsort(level, kind="stable")
     lptr = np.searchsorted(level[ev], np.arange(lv + 1))
     first = ptr[ev]
     cnt = ptr[ev + 1] - first  # per event of ev, its kept edges
-    ecum = np.r_[0, np.cumsum(cnt)]
+    ecum = np.zeros(cnt.size + 1, ix)
+    np.cumsum(cnt, out=ecum[1:])
     k = order_e[np.repeat(first - ecum[:-1], cnt) + np.arange(int(ecum[-1]))]
     del first
     eptr = ecum[lptr]
@@ -161,6 +162,14 @@ def _structure(g: StepGraph) -> _Structure:
     g.cache["structure"] = _Structure(from_ev, order_e, ptr, ev, lptr, k, eptr, seg, sptr,
                                       seg_ev, seg_of, single, broken)
     return g.cache["structure"]
+
+
+def _offsets(keys: np.ndarray, n: int, ix: type[np.signedinteger[Any]]) -> np.ndarray:
+    """Where each value 0..n-1 of the sorted `keys` starts (n+1 offsets, CSR), in `ix`: the
+    counts' running sum, without the 2 arrays of n+1 int64 a search of each value made."""
+    out = np.zeros(n + 1, ix)
+    np.cumsum(np.bincount(keys, minlength=n), out=out[1:])
+    return out
 
 
 def _index_type(most: int) -> type[np.signedinteger[Any]]:
@@ -194,7 +203,7 @@ def _levels_by_frontier(g: StepGraph, out_to: np.ndarray, optr: np.ndarray,
     """Each event's level, a whole frontier at a time in numpy (wide graphs); (levels, number
     of levels, dependencies dropped)."""
     n2 = 2 * g.n
-    level = np.full(n2, -1, np.int64)
+    level = np.full(n2, -1, indeg.dtype)
     front = np.flatnonzero(indeg == 0)
     pending: np.ndarray | None = None
     at, done, lv, broken = 0, 0, 0, 0
