@@ -24,7 +24,8 @@ from uberprof.analysis.tables import lanes
 from uberprof.analysis.tables.graph import StepGraph
 from uberprof.analysis.tables.replay import NODE_CACHE
 
-__all__ = ["REMOVABLE", "Change", "Edit", "apply_changes", "parse_changes"]
+__all__ = ["REMOVABLE", "Change", "Edit", "apply_changes", "edited_graph", "edits_edges",
+           "parse_changes"]
 
 REMOVABLE = ("straggler", "data", "launch", "sync", "exposed-comm")
 _ORDER = ("data", "op", "launch", "sync", "gbps", "link", "exposed-comm", "balance",
@@ -123,9 +124,11 @@ class Edit:
 
 
 def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
-                  stages: dict[int, int] | None = None) -> Edit:
+                  stages: dict[int, int] | None = None, copy: bool = True) -> Edit:
     """The graph edit of `changes` (module docstring); `straggler` is the run's straggler
-    (what a straggler change without a rank acts on), `stages` each rank's pipeline stage."""
+    (what a straggler change without a rank acts on), `stages` each rank's pipeline stage.
+    `copy=False` leaves `graph` as `g` and the edges' edit in `drop`, `src` and `extra` (the
+    caller replays `g` with them or makes the copy, `edited_graph`)."""
     e = Edit(np.ones(g.n), g.tail.astype(np.float64), g, [], np.zeros(g.src.size, bool),
              g.src.copy(), [])
     for c in sorted(changes, key=lambda c: _ORDER.index(c.kind)):
@@ -153,19 +156,30 @@ def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
         else:
             e.notes.append(_scale_straggler(g, e, c.rank if c.rank is not None
                                             else straggler, c))
-    if e.drop.any() or e.extra or (e.src != g.src).any():
-        keep = ~e.drop
-        src = [e.src[keep]] + [x[0] for x in e.extra]
-        dst = [g.dst[keep]] + [x[1] for x in e.extra]
-        et = [g.etype[keep]] + [np.full(x[0].size, x[2], np.int8) for x in e.extra]
-        off = [g.offset[keep]] + [np.zeros(x[0].size, np.int64) for x in e.extra]
-        e.graph = dataclasses.replace(g, src=np.concatenate(src).astype(np.int64),
-                                      dst=np.concatenate(dst).astype(np.int64),
-                                      etype=np.concatenate(et).astype(np.int8),
-                                      offset=np.concatenate(off).astype(np.int64),
-                                      cache={k: v for k, v in g.cache.items()
-                                             if k in NODE_CACHE})  # what the edges don't set
+    if copy and edits_edges(g, e):
+        e.graph = edited_graph(g, e)
     return e
+
+
+def edits_edges(g: StepGraph, e: Edit) -> bool:
+    """Whether the edit drops, moves or adds an edge of `g`."""
+    return bool(e.drop.any() or e.extra or (e.src != g.src).any())
+
+
+def edited_graph(g: StepGraph, e: Edit) -> StepGraph:
+    """A copy of `g` with the edit's edges dropped, moved and added (its node cache kept)."""
+    keep = ~e.drop
+    src = [e.src[keep]] + [x[0] for x in e.extra]
+    dst = [g.dst[keep]] + [x[1] for x in e.extra]
+    et = [g.etype[keep]] + [np.full(x[0].size, x[2], np.int8) for x in e.extra]
+    off = [g.offset[keep]] + [np.zeros(x[0].size, np.int64) for x in e.extra]
+    e.graph = dataclasses.replace(g, src=np.concatenate(src).astype(np.int64),
+                                  dst=np.concatenate(dst).astype(np.int64),
+                                  etype=np.concatenate(et).astype(np.int8),
+                                  offset=np.concatenate(off).astype(np.int64),
+                                  cache={k: v for k, v in g.cache.items()
+                                         if k in NODE_CACHE})  # what the edges don't set
+    return e.graph
 
 
 def _note(c: Change, none: str, **touched: Any) -> dict[str, Any]:

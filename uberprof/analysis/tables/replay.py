@@ -61,7 +61,8 @@ from uberprof.analysis.tables.lanes import (
     WAIT,
 )
 
-__all__ = ["NODE_CACHE", "PATH_KINDS", "Path", "Replay", "critical_path", "replay", "step_spans"]
+__all__ = ["NODE_CACHE", "PATH_KINDS", "Path", "Replay", "critical_path", "keeps_levels", "replay",
+           "step_spans"]
 
 PATH_KINDS = ("compute", "transfer", "waiting", "data", "host")
 _SELF = 4  # the implicit edge from a node's start to its end
@@ -115,17 +116,17 @@ def _structure(g: StepGraph) -> _Structure:
     if "structure" in g.cache:
         return g.cache["structure"]
     n2 = 2 * g.n
-    from_ev, to_ev = _event_edges(g)
-    ix = _index_type(n2 + from_ev.size)  # indices only (never times): 32 bits where they fit
+    ix = _index_type(n2 + g.src.size)  # indices only (never times): 32 bits where they fit
+    from_ev, to_ev = (a.astype(ix) for a in _event_edges(g))
     own = np.arange(0, n2, 2, dtype=ix)
-    a_from, a_to = np.r_[from_ev.astype(ix), own], np.r_[to_ev.astype(ix), own + 1]  # with
-    #                                                                     each node's own edge
+    a_from, a_to = np.r_[from_ev, own], np.r_[to_ev, own + 1]  # with each node's own edge
     out = np.argsort(a_from, kind="stable")
     out_to = a_to[out]
-    optr = np.searchsorted(a_from[out], np.arange(n2 + 1))
-    indeg = np.bincount(a_to, minlength=n2).astype(np.int64)
-    del out, a_from, a_to, own  # the transients are freed as soon as they are used: at 512
-    #                             ranks each is 14-28 MB, and they made the report's peak
+    del out
+    optr = _offsets(a_from, n2, ix)  # (the levels' counts, offsets and levels in `ix` too:
+    indeg = np.bincount(a_to, minlength=n2).astype(ix)  # int64 they were 30 MB each at 512
+    del a_from, a_to, own  # ranks, and with the transients, freed as soon as they are used,
+    #                        they made the report's peak)
     if len(g.lanes) + len(g.device_lanes) <= MAX_LANES_EVENT_KAHN:
         level, lv, broken = _levels_by_event(g, out_to, optr, indeg)
     else:
@@ -135,14 +136,15 @@ def _structure(g: StepGraph) -> _Structure:
     #                                                        from one not yet placed: dropped
     order_e = kept[np.argsort(to_ev[kept], kind="stable")]
     del kept
-    ptr = np.searchsorted(to_ev[order_e], np.arange(n2 + 1)).astype(ix)
+    ptr = _offsets(to_ev[order_e], n2, ix)
     del to_ev
-    order_e, from_ev = order_e.astype(ix), from_ev.astype(ix)
+    order_e = order_e.astype(ix)
     ev = np.argsort(level, kind="stable")
     lptr = np.searchsorted(level[ev], np.arange(lv + 1))
     first = ptr[ev]
     cnt = ptr[ev + 1] - first  # per event of ev, its kept edges
-    ecum = np.r_[0, np.cumsum(cnt)]
+    ecum = np.zeros(cnt.size + 1, ix)
+    np.cumsum(cnt, out=ecum[1:])
     k = order_e[np.repeat(first - ecum[:-1], cnt) + np.arange(int(ecum[-1]))]
     del first
     eptr = ecum[lptr]
@@ -160,6 +162,14 @@ def _structure(g: StepGraph) -> _Structure:
     g.cache["structure"] = _Structure(from_ev, order_e, ptr, ev, lptr, k, eptr, seg, sptr,
                                       seg_ev, seg_of, single, broken)
     return g.cache["structure"]
+
+
+def _offsets(keys: np.ndarray, n: int, ix: type[np.signedinteger[Any]]) -> np.ndarray:
+    """Where each value 0..n-1 of the sorted `keys` starts (n+1 offsets, CSR), in `ix`: the
+    counts' running sum, without the 2 arrays of n+1 int64 a search of each value made."""
+    out = np.zeros(n + 1, ix)
+    np.cumsum(np.bincount(keys, minlength=n), out=out[1:])
+    return out
 
 
 def _index_type(most: int) -> type[np.signedinteger[Any]]:
@@ -193,7 +203,7 @@ def _levels_by_frontier(g: StepGraph, out_to: np.ndarray, optr: np.ndarray,
     """Each event's level, a whole frontier at a time in numpy (wide graphs); (levels, number
     of levels, dependencies dropped)."""
     n2 = 2 * g.n
-    level = np.full(n2, -1, np.int64)
+    level = np.full(n2, -1, indeg.dtype)
     front = np.flatnonzero(indeg == 0)
     pending: np.ndarray | None = None
     at, done, lv, broken = 0, 0, 0, 0
@@ -272,44 +282,93 @@ MIN_EVENTS_PER_LEVEL = 20
 
 def replay(g: StepGraph, scale: np.ndarray | None = None,
            tail_scale: np.ndarray | None = None, tail_ns: np.ndarray | None = None,
-           how: str = "auto") -> Replay:
+           how: str = "auto", drop: np.ndarray | None = None,
+           src: np.ndarray | None = None) -> Replay:
     """Replay `g` (module docstring); `scale` multiplies each node's own work, `tail_scale`
     each comm node's tail (both 1 by default); `tail_ns`, where given, is each node's tail
     before `tail_scale` instead of the recorded one. `how`: `levels` (numpy, a level at a
-    time), `loop` (an event at a time: the reference) or `auto` (by events per level)."""
+    time), `loop` (an event at a time: the reference) or `auto` (by events per level).
+
+    `drop` (a mask of `g`'s edges) and `src` (each edge's source where an edit moved some)
+    replay `g` as a what-if edit changed it without a copy of its edges or a structure of its
+    own, which at 512 ranks were the report's peak: only where `keeps_levels` says the graph's
+    levels still order the edited edges; the times are then those of the edited copy's replay
+    (tests/unit/test_replay_edits.py), its deciding edges indices into `g`'s edges."""
     n = g.n
     st = _structure(g)
     sc = np.ones(n) if scale is None else np.asarray(scale, np.float64)
     ts = np.ones(n) if tail_scale is None else np.asarray(tail_scale, np.float64)
+    esrc = g.src if src is None else src
     waits = np.zeros(n, bool)
-    waits[g.dst[(g.etype == COMPLETE) | (g.etype == REACH)]] = True
+    ends = (g.etype == COMPLETE) | (g.etype == REACH)
+    waits[g.dst[ends if drop is None else ends & ~drop]] = True
+    del ends
     own = np.where((g.kind == COMM) | (g.kind == BARRIER) | ((g.kind == WAIT) & waits), 0,
                    np.rint(g.dur * sc)).astype(np.int64)
+    del waits
     tail = np.rint((g.tail if tail_ns is None else tail_ns) * ts).astype(np.int64)
-    weight = np.where((g.etype == LAUNCH) | (g.etype == REACH), np.rint(g.offset * sc[g.src]),
+    weight = np.where((g.etype == LAUNCH) | (g.etype == REACH), np.rint(g.offset * sc[esrc]),
                       np.where(g.etype == COMPLETE, g.lag[g.dst], 0)).astype(np.int64)
     heads = np.zeros(n, bool)
     heads[[lo for lo, _ in (*g.lanes.values(), *g.device_lanes.values())]] = True
+    fe = st.from_ev if src is None else _moved_from(g, st, src)
     if how == "loop" or (how == "auto" and 2 * n < MIN_EVENTS_PER_LEVEL * st.levels):
-        t, by = _replay_loop(g, st, own, tail, weight, heads)
+        t, by = _replay_loop(g, st, own, tail, weight, heads, fe, drop)
     else:
-        t, by = _replay_levels(g, st, own, tail, weight, heads)
-    start, end = t[0::2].copy(), t[1::2].copy()
+        t, by = _replay_levels(g, st, own, tail, weight, heads, fe, drop)
+    # views of the events' arrays, not copies: a replay's result is 2 arrays of 2n, not 4 of
+    # n beside them (at 512 ranks the copies were 57 MB more at each replay's peak)
+    start, end = t[0::2], t[1::2]
     bar = g.kind == BARRIER
     start[bar] = end[bar]
-    return Replay(start, end, by[0::2].copy(), by[1::2].copy(), own, tail, st.broken)
+    return Replay(start, end, by[0::2], by[1::2], own, tail, st.broken)
+
+
+def _moved_from(g: StepGraph, st: _Structure, src: np.ndarray) -> np.ndarray:
+    """Each edge's source event with the sources `src` moved (as `_event_edges` reads them)."""
+    moved = np.flatnonzero(src != g.src)
+    fe = st.from_ev.copy()
+    et = g.etype[moved]
+    late = (et == PROGRAM) | (et == COMPLETE) | (et == NEED)
+    fe[moved] = (2 * src[moved] + late).astype(fe.dtype)
+    return fe
+
+
+def keeps_levels(g: StepGraph, src: np.ndarray | None = None) -> bool:
+    """Whether `replay(g, drop=..., src=src)` replays an edit of `g` exactly as a copy of it
+    with those edges would be: the graph's structure dropped no dependency (a cycle's: an edit
+    could change which), and every moved edge still goes from an earlier level to a later one.
+    Dropping edges never breaks the order; adding edges is not covered (a copy replays those)."""
+    st = _structure(g)
+    if st.broken:
+        return False
+    if src is None:
+        return True
+    moved = np.flatnonzero(src != g.src)
+    if moved.size == 0:
+        return True
+    level = np.empty(2 * g.n, np.int32)
+    level[st.ev] = np.repeat(np.arange(st.levels, dtype=np.int32), np.diff(st.lptr))
+    et, dst = g.etype[moved], g.dst[moved]
+    to_ev = 2 * dst + ~((et == PROGRAM) | (et == LAUNCH))
+    from_ev = 2 * src[moved] + ((et == PROGRAM) | (et == COMPLETE) | (et == NEED))
+    return bool((level[from_ev] < level[to_ev]).all())
 
 
 def _replay_loop(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray,
-                 weight: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 weight: np.ndarray, heads: np.ndarray, from_ev: np.ndarray,
+                 drop: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Each event's time and deciding edge, one event at a time in topological order: the
-    reference the level replay must match exactly."""
+    reference the level replay must match exactly (`from_ev`: each edge's source event;
+    `drop`: edges left out)."""
     n = g.n
     t_arr, by_arr = np.zeros(2 * n, np.int64), np.full(2 * n, _NEG, np.int64)
     # memoryviews, not lists: the same Python ints on indexing at 8 bytes an element (a list
     # of a gigabyte trace's graph held ~36 bytes an element, 2.6 GB at 2 ranks of 1 GB)
     t, by = _ints(t_arr), _ints(by_arr)
-    oe, pl, fe, w = _ints(st.order_e), _ints(st.ptr), _ints(st.from_ev), _ints(weight)
+    oe, pl, fe, w = _ints(st.order_e), _ints(st.ptr), _ints(from_ev), _ints(weight)
+    gone = memoryview(np.ascontiguousarray(drop if drop is not None else
+                                           np.zeros(weight.size, bool), np.bool_))
     own_l, tail_l, start_l = _ints(own), _ints(tail), _ints(g.start)
     kind_l, heads_l = _ints(g.kind), memoryview(np.ascontiguousarray(heads, np.bool_))
     for i in _ints(st.ev):
@@ -322,6 +381,8 @@ def _replay_loop(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray
             best = start_l[v]
         for k in range(pl[i], pl[i + 1]):
             e = oe[k]
+            if gone[e]:
+                continue
             x = t[fe[e]] + w[e]
             if x > best:
                 best, arg = x, e
@@ -339,7 +400,8 @@ def _ints(a: np.ndarray) -> memoryview:
 
 
 def _replay_levels(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarray,
-                   weight: np.ndarray, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                   weight: np.ndarray, heads: np.ndarray, from_ev: np.ndarray,
+                   drop: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Each event's time and deciding edge, a level at a time: the events of a level wait only
     for events of earlier levels, so each level is a few numpy steps over its events and their
     edges, with the loop's rules (its own work or recorded start first, then the first edge
@@ -369,13 +431,16 @@ def _replay_levels(g: StepGraph, st: _Structure, own: np.ndarray, tail: np.ndarr
             first_by = np.where(worked, -1 - v, _NEG)
             add = np.where(is_end, tail[v], 0)
             kc = k[ce_lo:eptr[last]]
-            src, w = st.from_ev[kc], weight[kc]
+            src, w = from_ev[kc], weight[kc]
+            gone = drop[kc] if drop is not None else None  # a dropped edge reaches nothing
         i, j, ei, ej = a - c_lo, b - c_lo, ea - ce_lo, eb - ce_lo
         after = t[prev[i:j]] + own_e[i:j]  # an end: its start plus its own work
         best = np.where(worked[i:j], after, first[i:j])
         arg = first_by[i:j].copy()
         if eb > ea:
             x = t[src[ei:ej]] + w[ei:ej]
+            if gone is not None:
+                x[gone[ei:ej]] = _NEG
             if single:  # one edge each: no reduction
                 later = x > best
                 best[later], arg[later] = x[later], kc[ei:ej][later]
