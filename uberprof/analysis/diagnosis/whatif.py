@@ -49,6 +49,7 @@ from uberprof.analysis.tables.replay import (
     PATH_KINDS,
     Replay,
     critical_path,
+    recorded_device_spans,
     replay,
     step_spans,
 )
@@ -120,12 +121,16 @@ def _ms(ns: float) -> float:
     return round(float(ns) / 1e6, 3)
 
 
-def measured_steps(traced: pa.Table) -> dict[int, int]:
-    """Per traced step, its length as the report measures it: the longest rank's host window."""
+def measured_steps(traced: pa.Table, g: StepGraph | None = None) -> dict[int, int]:
+    """Per traced step, its measured length: the longest rank's host window (the report's step
+    time), or, with the graph `g`, from the host window's start to the later of its end and the
+    recorded end of the step's device work, as the replay measures a step (`step_spans`): where
+    the device runs behind its host, the step ends on the device."""
+    dev = recorded_device_spans(g) if g is not None and g.device_lanes else {}
     out: dict[int, int] = {}
-    for s, t in zip(traced.column("step").to_pylist(), traced.column("step_time_ns").to_pylist()):
+    for s, r, t in zip(*(traced.column(c).to_pylist() for c in ("step", "rank", "step_time_ns"))):
         if s is not None and t is not None:
-            out[s] = max(out.get(s, 0), int(t))
+            out[s] = max(out.get(s, 0), int(t), dev.get((s, r), 0))
     return out
 
 
@@ -141,7 +146,7 @@ def replayed_steps(g: StepGraph, r: Replay) -> dict[int, tuple[int, int]]:
 def replay_doc(g: StepGraph, traced: pa.Table, r: Replay | None = None) -> dict[str, Any]:
     """`run.replay` (module docstring)."""
     r = r if r is not None else replay(g)
-    meas, rep = measured_steps(traced), replayed_steps(g, r)
+    meas, rep = measured_steps(traced, g), replayed_steps(g, r)
     rows = []
     for s in sorted(set(meas) & set(rep)):
         m, x = meas[s], rep[s][0]
@@ -272,7 +277,7 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
         bool((edit.tail == g.tail).all())
     new = base if unchanged else _replay_shared(edit.graph, edit.own, edit.tail, base)
     #                                       (nothing to replay again where nothing changed)
-    meas, rep = measured_steps(traced), replayed_steps(g, base)
+    meas, rep = measured_steps(traced, g), replayed_steps(g, base)
     e0, e1 = step_ends(g, base), step_ends(g, new)
     steps = sorted(set(meas) & set(rep) & set(e0) & set(e1))
     saved = np.array([e0[s] - e1[s] for s in steps], np.float64)

@@ -177,20 +177,40 @@ def _note(c: Change, none: str, **touched: Any) -> dict[str, Any]:
 
 
 def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
-    names = [i for i, n in enumerate(g.names) if n == c.name] or \
-        [i for i, n in enumerate(g.names) if c.name in n]
-    m = np.isin(g.op_name, names)
+    """Operator `c.name` (exact, else every name holding it) `c.factor` times faster: on a CPU
+    rank its self time, on a device rank its kernels' time, matched by kernel name or by the
+    host operator that launched them (`StepGraph.via_*`): each compute node loses that part
+    of its work (the larger of the two where a name matches both ways)."""
+    known = set(g.names[i] for i in np.unique(np.r_[g.op_name, g.via_name]).tolist())
+    names = [i for i, n in enumerate(g.names) if n == c.name and n in known] or \
+        [i for i, n in enumerate(g.names) if c.name in n and n in known]
     cut = np.zeros(g.n)
+    m = np.isin(g.op_name, names)
     np.add.at(cut, g.op_node[m], g.op_ns[m] * (1 - 1 / c.factor))
+    v = np.isin(g.via_name, names)
+    if v.any():  # the kernels of a host operator on a device rank, counted once per node
+        via = np.zeros(g.n)
+        np.maximum.at(via, g.via_node[v], g.via_ns[v] * (1 - 1 / c.factor))
+        cut = np.maximum(cut, via)
     has = cut > 0
     dur = g.dur[has].astype(np.float64)
     own[has] *= np.clip((dur - cut[has]) / np.where(dur > 0, dur, 1), 0, 1)
     doc = {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
-           "operator_ms": _ms(g.op_ns[m].sum())}
+           "operator_ms": _ms(g.op_ns[m].sum()), "kernel_ms": _ms(_kernel_ns(g, v))}
     if not names:  # a typo, most often: the names it may have meant
-        doc["closest"] = difflib.get_close_matches(c.name, sorted(set(g.names)), n=3,
-                                                   cutoff=0.5)
+        doc["closest"] = difflib.get_close_matches(c.name, sorted(known), n=3, cutoff=0.5)
     return doc
+
+
+def _kernel_ns(g: StepGraph, v: np.ndarray) -> float:
+    """The device time of the kernels launched by the matched host operators: per node the
+    largest of the matched operators' (an operator and the one it encloses hold the same
+    kernels), summed."""
+    if not v.any():
+        return 0.0
+    per = np.zeros(g.n)
+    np.maximum.at(per, g.via_node[v], g.via_ns[v])
+    return float(per.sum())
 
 
 def _lane_mask(g: StepGraph, device: bool) -> np.ndarray:

@@ -19,6 +19,7 @@ from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables import intervals as iv
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.context import RunContext
+from uberprof.analysis.tables.enclosing import _parents
 from uberprof.analysis.tables.operators import self_times
 from uberprof.analysis.tables.pool import map_calls
 from uberprof.ingest import classify as K
@@ -76,6 +77,14 @@ class RankLane:
     sync: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per segment of a
     #   device rank's host lane: a wait for its own device (a synchronize, a blocking copy),
     #   not for a collective; empty: none
+    via_seg: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # a device
+    via_name: list[str] = field(default_factory=list)  # lane's kernels by the host operators
+    via_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # that launched
+    #   them (the innermost by external id, and those enclosing it): segment, operator name,
+    #   its kernels' time in the segment; what `whatif --op aten::mm=2` shortens on a GPU rank
+    idle: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per segment of a
+    #   device lane: no kernel, copy or collective runs (waiting for a launch or for another
+    #   reason); a step's device work ends at its last segment that is not idle. Empty: none
 
     @classmethod
     def empty(cls, rank: int) -> RankLane:
@@ -117,7 +126,9 @@ def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
         return lane
     lane.device = _cut(rank, _windows(dev_st.sort_by("device_start_ns"), "device_start_ns",
                                       "device_end_ns"), [(COMPUTE, work), (WAIT, act.comm)])
+    lane.device.idle = lane.device.kind == HOST  # before `_link` names the launch waits
     _add_ops(lane.device, events, act)
+    _add_launching_ops(lane.device, events)
     _link(lane, act, syncs)
     lane.launch_ns = _launch_time(lane, events)
     return lane
@@ -297,6 +308,93 @@ def _add_ops(lane: RankLane, events: pa.Table, act: M.Activity) -> None:
     lane.op_ns = np.bincount(inv, weights=own[ok]).astype(np.int64)
     vocab = names.dictionary.to_pylist()
     lane.op_name = [str(vocab[c]) for c in (key % n_names).tolist()]
+
+
+def _add_launching_ops(lane: RankLane, events: pa.Table) -> None:
+    """Each compute segment's kernels and copies by the host operators that launched them: the
+    innermost operator around the kernel's launch call (the runtime call of the same
+    correlation id) on its thread, and every operator enclosing that one (a kernel of
+    `aten::mm` under `aten::linear` counts for both), so that a faster host operator on a
+    device rank shortens its device work."""
+    corr = events.column("correlation").to_numpy()
+    ops = np.flatnonzero(M.kind_mask(events, (K.OPERATOR,)))
+    rows = np.flatnonzero(M.kind_mask(events, (K.KERNEL, K.MEMCPY, K.MEMSET, K.DEVICE_OTHER))
+                          & (corr >= 0))
+    calls = np.flatnonzero(M.kind_mask(events, (K.RUNTIME,)) & (corr >= 0))
+    if ops.size == 0 or rows.size == 0 or calls.size == 0 or lane.start.size == 0:
+        return
+    ts_all, dur_all = events.column("ts").to_numpy(), events.column("dur").to_numpy()
+    ts, dur = ts_all[rows], dur_all[rows].astype(np.int64)
+    seg = np.searchsorted(lane.start, ts, side="right") - 1
+    segc = np.clip(seg, 0, None)
+    ok = (seg >= 0) & (ts < lane.end[segc]) & (lane.kind[segc] == COMPUTE) & (dur > 0)
+    order = np.argsort(corr[calls], kind="stable")
+    j = np.clip(np.searchsorted(corr[calls][order], corr[rows]), 0, calls.size - 1)
+    call = calls[order][j]
+    ok &= corr[call] == corr[rows]
+    cur = _innermost_ops(events, ops, events.column("tid").to_numpy()[call], ts_all[call], ok)
+    codes_all = events.column("name").combine_chunks().indices.to_numpy(zero_copy_only=False)
+    parent = _op_parents(events, ops)
+    segs, codes, ns = [], [], []
+    for _ in range(MAX_OP_DEPTH):  # the launcher, then the operators enclosing it
+        at = cur >= 0
+        if not at.any():
+            break
+        segs.append(seg[at])
+        codes.append(codes_all[ops[cur[at]]].astype(np.int64))
+        ns.append(dur[at])
+        cur = np.where(at, parent[np.clip(cur, 0, None)], -1)
+    if not segs:
+        return
+    vocab = events.column("name").combine_chunks().dictionary.to_pylist()
+    key, inv = np.unique(np.concatenate(segs) * len(vocab) + np.concatenate(codes),
+                         return_inverse=True)
+    lane.via_seg = key // len(vocab)
+    lane.via_ns = np.bincount(inv, weights=np.concatenate(ns)).astype(np.int64)
+    lane.via_name = [str(vocab[c]) for c in (key % len(vocab)).tolist()]
+
+
+MAX_OP_DEPTH = 32  # operators enclosing a kernel's launcher that are followed up
+
+
+def _innermost_ops(events: pa.Table, ops: np.ndarray, tid: np.ndarray, t: np.ndarray,
+                   ok: np.ndarray) -> np.ndarray:
+    """For each moment `t` on thread `tid` (where `ok`), the innermost operator (an index into
+    `ops`) around it, -1 where none: the last one to start before it on that thread, or the
+    nearest of its enclosing operators that is still open."""
+    o_tid, o_ts = events.column("tid").to_numpy()[ops], events.column("ts").to_numpy()[ops]
+    o_end = o_ts + events.column("dur").to_numpy()[ops]
+    order = np.lexsort((-o_end, o_ts, o_tid))
+    parent = _op_parents(events, ops)
+    out = np.full(t.size, -1, np.int64)
+    for th in np.unique(tid[ok]).tolist():
+        grp = order[o_tid[order] == th]
+        q = np.flatnonzero(ok & (tid == th))
+        k = np.searchsorted(o_ts[grp], t[q], side="right") - 1
+        out[q] = np.where(k >= 0, grp[np.clip(k, 0, None)], -1)
+    for _ in range(MAX_OP_DEPTH):  # closed before the moment: its parent may still be open
+        shut = (out >= 0) & (o_end[np.clip(out, 0, None)] < t)
+        if not shut.any():
+            break
+        out[shut] = parent[out[shut]]
+    out[(out >= 0) & (o_end[np.clip(out, 0, None)] < t)] = -1
+    return out
+
+
+def _op_parents(events: pa.Table, ops: np.ndarray) -> np.ndarray:
+    """Each operator's (rows `ops`) innermost enclosing operator on its thread, as an index
+    into `ops` (-1: none, or a thread whose operators overlap without nesting)."""
+    tid = events.column("tid").to_numpy()[ops]
+    ts = events.column("ts").to_numpy()[ops]
+    end = ts + events.column("dur").to_numpy()[ops]
+    order = np.lexsort((-end, ts, tid))
+    out = np.full(ops.size, -1, np.int64)
+    bounds = np.flatnonzero(np.diff(tid[order])) + 1
+    for group in np.split(order, bounds):
+        p = _parents(ts[group], end[group])
+        if p is not None:
+            out[group] = np.where(p >= 0, group[np.clip(p, 0, None)], -1)
+    return out
 
 
 def lane_pass(derived: str, keys: list[str], rank: int, steps: pa.Table) -> RankLane:
