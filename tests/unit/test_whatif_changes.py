@@ -122,13 +122,13 @@ def _device_traced() -> pa.Table:
     return pa.table({"rank": [0], "step": [0], "step_time_ns": [40 * MS]})
 
 
-def test_removing_syncs_lets_the_host_run_on() -> None:
+def test_removing_syncs_lets_the_host_run_on_but_the_step_ends_with_its_device_work() -> None:
     g = _device_graph()
     base = _project(g, traced=_device_traced())
     assert base["baseline_step_ms"] == 40.0 and base["replayed_step_ms"] == 40.0
     doc = _project(g, "sync", traced=_device_traced())
-    # the host's 20 ms wait is gone: 0-10, 10-20
-    assert doc["projected_step_ms"] == 20.0 and doc["changes"][0]["removed_ms"] == 20.0
+    # the host's 20 ms wait is gone (0-10, 10-20), but the step's kernel still runs to 30
+    assert doc["projected_step_ms"] == 30.0 and doc["changes"][0]["removed_ms"] == 20.0
 
 
 def test_removing_launch_overhead_frees_the_device_and_the_host() -> None:
@@ -137,12 +137,12 @@ def test_removing_launch_overhead_frees_the_device_and_the_host() -> None:
     # its 4 ms of launch calls (0-6), its wait ends with the kernel (28), then 28-38
     assert doc["projected_step_ms"] == 38.0
     ch = doc["changes"][0]
-    assert ch["device_idle_ms"] == 2.0 and ch["launch_calls_ms"] == 4.0
+    assert ch["device_idle_ms"] == 2.0 and ch["launch_overhead_ms"] == 4.0
 
 
 def test_launch_and_sync_removed_together_compose() -> None:
     doc = _project(_device_graph(), "launch", "sync", traced=_device_traced())
-    assert doc["projected_step_ms"] == 16.0  # host 0-6, no wait, 6-16
+    assert doc["projected_step_ms"] == 28.0  # host 0-6, no wait, 6-16; the kernel 0-28
     assert [c["change"].split()[0] for c in doc["changes"]] == ["launch", "host"]
 
 

@@ -41,6 +41,7 @@ from uberprof.analysis.tables.contention import (
 )
 from uberprof.analysis.tables.context import RankInfo, RunContext
 from uberprof.analysis.tables.graph import StepGraph, build_graph
+from uberprof.analysis.tables.p2p import P2P_NAMES
 from uberprof.analysis.tables.lanes import (
     COMPUTE,
     lane_passes,
@@ -70,10 +71,40 @@ def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
     """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
     the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock, with the
     cores its CPU ranks share (`shared_cores.core_sharing`, from the run's `busy` times)."""
-    g = build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs,
-                    consume=True)
+    g = build_graph(lane_passes(ctx, traced), offsets,
+                    with_bytes(with_solo(instances, ctx)), pairs, consume=True)
     g.sharing = core_sharing(ctx, g, busy)
     return g
+
+
+def with_solo(instances: pa.Table, ctx: RunContext) -> pa.Table:
+    """`instances` and, as instances of one participant, the collectives of the ranks that have
+    no matched instance because their peers are not in the traces (one rank's trace of a
+    larger job): their kernels are comm nodes too, so that hiding communication can act on
+    them; with no peer to wait for, the whole of each counts as its transfer (an upper bound:
+    `whatif_changes` says so). Ranks with a matched instance add nothing (their unmatched
+    collectives stay out, as the matching left them)."""
+    have = set(instances.column("rank").to_pylist()) if instances.num_rows else set()
+    if not set(ctx.rank_ids) - have:
+        return instances
+    coll = ctx.collectives()
+    if coll.num_rows == 0:
+        return instances
+    rank = coll.column("rank").to_numpy()
+    keep = ~np.isin(rank, list(have)) & ~np.asarray(pc.is_in(
+        pc.fill_null(coll.column("name"), ""), pa.array(P2P_NAMES)).to_numpy(zero_copy_only=False))
+    solo = coll.filter(pa.array(keep))
+    if solo.num_rows == 0:
+        return instances
+    base = int(pc.max(instances.column("instance")).as_py()) + 1 if instances.num_rows else 0
+    ones = pa.array(np.ones(solo.num_rows, np.int64))
+    cols = {"instance": pa.array(np.arange(base, base + solo.num_rows, dtype=np.int64)),
+            "grp": pc.fill_null(solo.column("pg_name").cast(pa.string()), "solo"),
+            "name": solo.column("name"), "participants": ones,
+            "group_size": solo.column("group_size").cast(pa.int64())}
+    rows = pa.table({f.name: cols[f.name] if f.name in cols else solo.column(f.name)
+                     for f in instances.schema}).cast(instances.schema)
+    return pa.concat_tables([instances, rows])
 
 
 def with_bytes(instances: pa.Table) -> pa.Table:

@@ -55,7 +55,8 @@ class Change:
                              "data-loader time and waits for its own device per step at the "
                              "others' median)",
                 "data": "data-loader waits removed",
-                "launch": "launch overhead removed (the host's kernel-launch calls, and the "
+                "launch": "launch overhead removed (the host's kernel-launch calls and the "
+                          "dispatch of the operators that issued them, and the "
                           "device's idle waiting for launches)",
                 "sync": "host synchronisation waits removed",
                 "exposed-comm": "communication hidden under compute (collectives' transfers "
@@ -225,7 +226,8 @@ def _lane_mask(g: StepGraph, device: bool) -> np.ndarray:
 def _remove_launch(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     """Device idle waiting for the host to launch its next work (a waiting segment of a
     device lane that a `reach` edge from the host ends) takes no time and no longer waits for
-    the launch; the host's own work loses its time inside kernel-launch calls."""
+    the launch; the host's own work loses its launch overhead (`lanes.RankLane.launch_ns`:
+    the launch calls and the dispatch of the operators that issued them)."""
     dev = _lane_mask(g, device=True)
     reach = (g.etype == lanes.REACH) & dev[g.dst] & ~dev[g.src]
     waits = np.unique(g.dst[reach])
@@ -235,7 +237,8 @@ def _remove_launch(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     host = (g.kind == lanes.HOST) & (g.launch_ns > 0)
     dur = g.dur[host].astype(np.float64)
     e.own[host] *= np.clip((dur - g.launch_ns[host]) / np.where(dur > 0, dur, 1), 0, 1)
-    return _note(c, device_idle_ms=_ms(idle_ns), launch_calls_ms=_ms(g.launch_ns[host].sum()),
+    return _note(c, device_idle_ms=_ms(idle_ns),
+                 launch_overhead_ms=_ms(g.launch_ns[host].sum()),
                  none="nothing launch-bound: no device lane waits for a launch (CPU ranks "
                       "have none) and no launch call is on the host's path")
 
@@ -357,9 +360,24 @@ def _hide_comm(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     v = v[g.step[seg_of[v]] != lanes.BETWEEN]
     if v.size:
         e.extra.append((v, last[seg_of[v]], lanes.NEED))
-    return _note(c, collectives=int(coll.sum()), unblocked_waits=int(moved.sum()),
-                 transfer_ms=_ms(sum(first.values())),
-                 none="no collective ends a waiting segment: nothing to hide")
+    doc = _note(c, collectives=int(coll.sum()), unblocked_waits=int(moved.sum()),
+                transfer_ms=_ms(sum(first.values())),
+                none="no collective ends a waiting segment: nothing to hide")
+    solo = _solo(g, bar, hidden)
+    if solo and "note" not in doc:
+        doc["note"] = (f"{solo} hidden collective(s) have no peer in the traces (one "
+                       "rank's trace of a larger job): their whole kernel is counted as "
+                       "transfer, though part of it may be waiting for late peers, so the "
+                       "gain is an upper bound")
+    return doc
+
+
+def _solo(g: StepGraph, bar: np.ndarray, hidden: np.ndarray) -> int:
+    """How many of the instances of comm nodes `hidden` have one participant only."""
+    if hidden.size == 0:
+        return 0
+    arrivals = np.bincount(g.dst[g.etype == lanes.ARRIVE], minlength=g.n)
+    return int((arrivals[np.unique(bar[hidden])] == 1).sum())
 
 
 def _last_of_step(g: StepGraph) -> np.ndarray:

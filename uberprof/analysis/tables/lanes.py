@@ -159,11 +159,13 @@ _LAUNCH_CALL = "Launch"  # cudaLaunchKernel, cuLaunchKernelEx, hipLaunchKernel, 
 
 
 def _launch_time(lane: RankLane, events: pa.Table) -> np.ndarray:
-    """Per host segment (host work only), its time inside launch runtime calls on the
-    step-carrying threads: the host's launch overhead."""
+    """Per host segment (host work only), its launch overhead: time inside kernel-launch runtime
+    calls on the training threads, and inside the operators that issued them (the innermost
+    operator around each launch call, less the operators nested in it): the dispatch each
+    launch costs, which CUDA graphs or a compiled region take off the host. Python between
+    operators, and operators that launch nothing, are not counted."""
     tid = events.column("tid").to_numpy()
-    threads = np.unique(tid[M.kind_mask(events, (K.STEP,))])
-    m = M.kind_mask(events, (K.RUNTIME,)) & np.isin(tid, threads)
+    m = M.kind_mask(events, (K.RUNTIME,)) & np.isin(tid, M.training_threads(events))
     rows = np.flatnonzero(m)
     out = np.zeros(lane.start.size, np.int64)
     if rows.size == 0 or lane.start.size == 0:
@@ -175,8 +177,17 @@ def _launch_time(lane: RankLane, events: pa.Table) -> np.ndarray:
     rows = rows[is_launch[codes]]
     if rows.size == 0:
         return out
-    ts = events.column("ts").to_numpy()[rows]
-    calls = iv.union(ts, ts + events.column("dur").to_numpy()[rows])
+    ts_all, dur_all = events.column("ts").to_numpy(), events.column("dur").to_numpy()
+    calls = iv.union(ts_all[rows], ts_all[rows] + dur_all[rows])
+    ops = np.flatnonzero(M.kind_mask(events, (K.OPERATOR,)))
+    if ops.size:
+        who = _innermost_ops(events, ops, tid[rows], ts_all[rows], np.ones(rows.size, bool))
+        launchers = np.unique(who[who >= 0])
+        inner = np.flatnonzero(np.isin(_op_parents(events, ops), launchers))  # nested in them
+        own = iv.subtract(iv.union(ts_all[ops[launchers]], ts_all[ops[launchers]] +
+                                   dur_all[ops[launchers]]),
+                          iv.union(ts_all[ops[inner]], ts_all[ops[inner]] + dur_all[ops[inner]]))
+        calls = iv.merge(calls, own)
     host = lane.kind == HOST
     out[host] = iv.covered_in(calls, lane.start[host], lane.end[host])
     return out
