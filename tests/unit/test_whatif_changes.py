@@ -186,3 +186,41 @@ def test_new_options_parse_and_refuse_bad_values() -> None:
     assert kinds == ["launch", "sync", "exposed-comm", "gbps", "balance"]
     with pytest.raises(ValueError, match="link-gbps"):
         parse_changes([], None, [], 0.0)
+
+
+def _behind_graph():
+    """One GPU rank whose device runs behind its host: host 0-10 launches (its one segment),
+    device idle 0-2, a kernel of `aten::mm` 2-30 (in a step whose host window ends at 10), idle
+    30-40 until the next step's first kernel."""
+    host = _lane(0, [(0, 10, HOST)])
+    host.device = _lane(0, [(0, 2, WAIT), (2, 30, COMPUTE), (30, 40, HOST)],
+                        ops=[(1, "ampere_sgemm", 28)])
+    host.device.idle = np.array([True, False, True])
+    host.device.via_seg = np.array([1, 1], np.int64)
+    host.device.via_name = ["aten::mm", "aten::linear"]
+    host.device.via_ns = np.array([28 * MS, 28 * MS], np.int64)
+    host.links = np.array([(0, 0, 1, 0, 2 * MS)], np.int64)
+    return build_graph({0: host}, {}, pa.table({"instance": pa.array([], pa.int64()),
+                                                "rank": pa.array([], pa.int64()),
+                                                "start_ns": pa.array([], pa.int64()),
+                                                "end_ns": pa.array([], pa.int64())}), None)
+
+
+def test_a_gpu_step_ends_with_its_device_work_not_the_idle_after_it() -> None:
+    """The host's window is 10 ms, its kernel ends at 30, the device idles to 40: the step is
+    measured and replayed to 30."""
+    doc = project(_behind_graph(), pa.table({"rank": [0], "step": [0],
+                                             "step_time_ns": [10 * MS]}), [], None)
+    assert doc["baseline_step_ms"] == 30.0 and doc["replayed_step_ms"] == 30.0
+
+
+@pytest.mark.parametrize("name", ["aten::mm", "aten::linear", "ampere_sgemm"])
+def test_op_on_a_gpu_rank_shortens_the_kernels_of_a_host_operator_or_a_kernel_name(
+        name: str) -> None:
+    """`--op aten::mm=2`, the operator enclosing it, or the kernel's own name: the kernel's
+    28 ms take 14, and the step, set by the device, ends 14 ms earlier."""
+    doc = project(_behind_graph(), pa.table({"rank": [0], "step": [0],
+                                             "step_time_ns": [10 * MS]}),
+                  [Change("op", 2.0, name)], None)
+    assert doc["gain_ms"] == 14.0 and doc["projected_step_ms"] == 16.0, doc
+    assert doc["changes"][0]["matched"] == [name]

@@ -5,7 +5,8 @@ kind of work set each step's length), and replayed with changes (`uberprof whati
 Three documents, each a plain dict (docs/json.md, docs/whatif.md):
 
 - `replay_doc`: per traced step the measured length (the longest rank's host window, as the
-  report's step time) against the replayed one, and the median and largest error. A run whose
+  report's step time, or on a GPU rank up to the end of the step's device work where that is
+  later: `measured_steps`) against the replayed one, and the median and largest error. A run whose
   median error is above `FIT_PCT` is *unfit for projection*: the graph misses what set its
   steps, and the document says why.
 - `critical_path_doc`: per step the pieces of the path that set its length, by kind (compute,
@@ -41,11 +42,11 @@ from uberprof.analysis.tables.contention import (
 )
 from uberprof.analysis.tables.context import RankInfo, RunContext
 from uberprof.analysis.tables.graph import StepGraph, build_graph
-from uberprof.analysis.tables.p2p import P2P_NAMES
 from uberprof.analysis.tables.lanes import (
     COMPUTE,
     lane_passes,
 )
+from uberprof.analysis.tables.p2p import P2P_NAMES
 from uberprof.analysis.tables.replay import (
     PATH_KINDS,
     Replay,

@@ -146,7 +146,9 @@ def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
         elif c.kind == "link":
             m = (g.kind == lanes.COMM) & (np.isin(g.nbytes, c.sizes) if c.sizes else True)
             e.tail[m] /= c.factor
-            e.notes.append({"change": c.describe(), "transfer_ms": _ms(g.tail[m].sum())})
+            e.notes.append(_with_solo({"change": c.describe(),
+                                       "transfer_ms": _ms(g.tail[m].sum())},
+                                      _solo(g, _barrier_of(g), np.flatnonzero(m))))
         elif c.kind == "exposed-comm":
             e.notes.append(_hide_comm(g, e, c))
         elif c.kind == "balance":
@@ -182,9 +184,8 @@ def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
     rank its self time, on a device rank its kernels' time, matched by kernel name or by the
     host operator that launched them (`StepGraph.via_*`): each compute node loses that part
     of its work (the larger of the two where a name matches both ways)."""
-    known = set(g.names[i] for i in np.unique(np.r_[g.op_name, g.via_name]).tolist())
-    names = [i for i, n in enumerate(g.names) if n == c.name and n in known] or \
-        [i for i, n in enumerate(g.names) if c.name in n and n in known]
+    names = [i for i, n in enumerate(g.names) if n == c.name] or \
+        [i for i, n in enumerate(g.names) if c.name in n]
     cut = np.zeros(g.n)
     m = np.isin(g.op_name, names)
     np.add.at(cut, g.op_node[m], g.op_ns[m] * (1 - 1 / c.factor))
@@ -199,7 +200,8 @@ def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
     doc = {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
            "operator_ms": _ms(g.op_ns[m].sum()), "kernel_ms": _ms(_kernel_ns(g, v))}
     if not names:  # a typo, most often: the names it may have meant
-        doc["closest"] = difflib.get_close_matches(c.name, sorted(known), n=3, cutoff=0.5)
+        doc["closest"] = difflib.get_close_matches(c.name, sorted(set(g.names)), n=3,
+                                                   cutoff=0.5)
     return doc
 
 
@@ -301,7 +303,7 @@ def _link_gbps(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     if not known.all():
         doc["note"] = (f"{int((~known).sum())} of {bars.size} transfers have no byte count "
                        "in the traces (kept as recorded)")
-    return doc
+    return _with_solo(doc, _solo(g, _barrier_of(g), at))
 
 
 def _latency(size: np.ndarray, t: np.ndarray) -> tuple[float, str]:
@@ -363,21 +365,30 @@ def _hide_comm(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     doc = _note(c, collectives=int(coll.sum()), unblocked_waits=int(moved.sum()),
                 transfer_ms=_ms(sum(first.values())),
                 none="no collective ends a waiting segment: nothing to hide")
-    solo = _solo(g, bar, hidden)
-    if solo and "note" not in doc:
-        doc["note"] = (f"{solo} hidden collective(s) have no peer in the traces (one "
-                       "rank's trace of a larger job): their whole kernel is counted as "
-                       "transfer, though part of it may be waiting for late peers, so the "
-                       "gain is an upper bound")
+    return _with_solo(doc, _solo(g, bar, hidden))
+
+
+def _with_solo(doc: dict[str, Any], solo: int) -> dict[str, Any]:
+    """`doc` with a note where `solo` of the collectives it changed have no peer in the traces
+    (`diagnosis.whatif.with_solo`)."""
+    if solo:
+        said = doc.get("note")
+        doc["note"] = (f"{said}; " if said else "") + (
+            f"{solo} collective(s) changed have no peer in the traces (one rank's trace of a "
+            "larger job): their whole kernel is counted as transfer, though part of it may be "
+            "waiting for late peers, so the projection overstates what the change does (a "
+            "gain is an upper bound)")
     return doc
 
 
 def _solo(g: StepGraph, bar: np.ndarray, hidden: np.ndarray) -> int:
-    """How many of the instances of comm nodes `hidden` have one participant only."""
+    """How many of the instances of comm nodes `hidden` have one participant only (the
+    collectives of a rank whose peers are not in the traces)."""
     if hidden.size == 0:
         return 0
     arrivals = np.bincount(g.dst[g.etype == lanes.ARRIVE], minlength=g.n)
-    return int((arrivals[np.unique(bar[hidden])] == 1).sum())
+    b = np.unique(bar[hidden])
+    return int((arrivals[b[b >= 0]] == 1).sum())
 
 
 def _last_of_step(g: StepGraph) -> np.ndarray:

@@ -19,7 +19,6 @@ from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables import intervals as iv
 from uberprof.analysis.tables import metrics as M
 from uberprof.analysis.tables.context import RunContext
-from uberprof.analysis.tables.enclosing import _parents
 from uberprof.analysis.tables.operators import self_times
 from uberprof.analysis.tables.pool import map_calls
 from uberprof.ingest import classify as K
@@ -128,9 +127,10 @@ def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
                                       "device_end_ns"), [(COMPUTE, work), (WAIT, act.comm)])
     lane.device.idle = lane.device.kind == HOST  # before `_link` names the launch waits
     _add_ops(lane.device, events, act)
-    _add_launching_ops(lane.device, events)
+    tree = _OpTree.of(events)
+    _add_launching_ops(lane.device, events, tree)
     _link(lane, act, syncs)
-    lane.launch_ns = _launch_time(lane, events)
+    lane.launch_ns = _launch_time(lane, events, tree)
     return lane
 
 
@@ -158,7 +158,7 @@ def _host_comm(events: pa.Table, ts: np.ndarray, end: np.ndarray) -> iv.Interval
 _LAUNCH_CALL = "Launch"  # cudaLaunchKernel, cuLaunchKernelEx, hipLaunchKernel, cudaGraphLaunch
 
 
-def _launch_time(lane: RankLane, events: pa.Table) -> np.ndarray:
+def _launch_time(lane: RankLane, events: pa.Table, tree: _OpTree) -> np.ndarray:
     """Per host segment (host work only), its launch overhead: time inside kernel-launch runtime
     calls on the training threads, and inside the operators that issued them (the innermost
     operator around each launch call, less the operators nested in it): the dispatch each
@@ -179,14 +179,12 @@ def _launch_time(lane: RankLane, events: pa.Table) -> np.ndarray:
         return out
     ts_all, dur_all = events.column("ts").to_numpy(), events.column("dur").to_numpy()
     calls = iv.union(ts_all[rows], ts_all[rows] + dur_all[rows])
-    ops = np.flatnonzero(M.kind_mask(events, (K.OPERATOR,)))
-    if ops.size:
-        who = _innermost_ops(events, ops, tid[rows], ts_all[rows], np.ones(rows.size, bool))
+    if tree.ops.size:
+        who = tree.innermost(tid[rows], ts_all[rows], np.ones(rows.size, bool))
         launchers = np.unique(who[who >= 0])
-        inner = np.flatnonzero(np.isin(_op_parents(events, ops), launchers))  # nested in them
-        own = iv.subtract(iv.union(ts_all[ops[launchers]], ts_all[ops[launchers]] +
-                                   dur_all[ops[launchers]]),
-                          iv.union(ts_all[ops[inner]], ts_all[ops[inner]] + dur_all[ops[inner]]))
+        inner = np.flatnonzero(np.isin(tree.parent, launchers))  # nested in them
+        own = iv.subtract(iv.union(tree.ts[launchers], tree.end[launchers]),
+                          iv.union(tree.ts[inner], tree.end[inner]))
         calls = iv.merge(calls, own)
     host = lane.kind == HOST
     out[host] = iv.covered_in(calls, lane.start[host], lane.end[host])
@@ -321,14 +319,14 @@ def _add_ops(lane: RankLane, events: pa.Table, act: M.Activity) -> None:
     lane.op_name = [str(vocab[c]) for c in (key % n_names).tolist()]
 
 
-def _add_launching_ops(lane: RankLane, events: pa.Table) -> None:
+def _add_launching_ops(lane: RankLane, events: pa.Table, tree: _OpTree) -> None:
     """Each compute segment's kernels and copies by the host operators that launched them: the
     innermost operator around the kernel's launch call (the runtime call of the same
     correlation id) on its thread, and every operator enclosing that one (a kernel of
     `aten::mm` under `aten::linear` counts for both), so that a faster host operator on a
     device rank shortens its device work."""
     corr = events.column("correlation").to_numpy()
-    ops = np.flatnonzero(M.kind_mask(events, (K.OPERATOR,)))
+    ops = tree.ops
     rows = np.flatnonzero(M.kind_mask(events, (K.KERNEL, K.MEMCPY, K.MEMSET, K.DEVICE_OTHER))
                           & (corr >= 0))
     calls = np.flatnonzero(M.kind_mask(events, (K.RUNTIME,)) & (corr >= 0))
@@ -343,9 +341,9 @@ def _add_launching_ops(lane: RankLane, events: pa.Table) -> None:
     j = np.clip(np.searchsorted(corr[calls][order], corr[rows]), 0, calls.size - 1)
     call = calls[order][j]
     ok &= corr[call] == corr[rows]
-    cur = _innermost_ops(events, ops, events.column("tid").to_numpy()[call], ts_all[call], ok)
+    cur = tree.innermost(events.column("tid").to_numpy()[call], ts_all[call], ok)
     codes_all = events.column("name").combine_chunks().indices.to_numpy(zero_copy_only=False)
-    parent = _op_parents(events, ops)
+    parent = tree.parent
     segs, codes, ns = [], [], []
     for _ in range(MAX_OP_DEPTH):  # the launcher, then the operators enclosing it
         at = cur >= 0
@@ -368,44 +366,67 @@ def _add_launching_ops(lane: RankLane, events: pa.Table) -> None:
 MAX_OP_DEPTH = 32  # operators enclosing a kernel's launcher that are followed up
 
 
-def _innermost_ops(events: pa.Table, ops: np.ndarray, tid: np.ndarray, t: np.ndarray,
-                   ok: np.ndarray) -> np.ndarray:
-    """For each moment `t` on thread `tid` (where `ok`), the innermost operator (an index into
-    `ops`) around it, -1 where none: the last one to start before it on that thread, or the
-    nearest of its enclosing operators that is still open."""
-    o_tid, o_ts = events.column("tid").to_numpy()[ops], events.column("ts").to_numpy()[ops]
-    o_end = o_ts + events.column("dur").to_numpy()[ops]
-    order = np.lexsort((-o_end, o_ts, o_tid))
-    parent = _op_parents(events, ops)
-    out = np.full(t.size, -1, np.int64)
-    for th in np.unique(tid[ok]).tolist():
-        grp = order[o_tid[order] == th]
-        q = np.flatnonzero(ok & (tid == th))
-        k = np.searchsorted(o_ts[grp], t[q], side="right") - 1
-        out[q] = np.where(k >= 0, grp[np.clip(k, 0, None)], -1)
-    for _ in range(MAX_OP_DEPTH):  # closed before the moment: its parent may still be open
-        shut = (out >= 0) & (o_end[np.clip(out, 0, None)] < t)
-        if not shut.any():
-            break
-        out[shut] = parent[out[shut]]
-    out[(out >= 0) & (o_end[np.clip(out, 0, None)] < t)] = -1
-    return out
+@dataclass
+class _OpTree:
+    """A device rank's host operators (rows `ops` of its event table) and how they nest: each
+    one's innermost enclosing operator on its thread (`parent`, an index into `ops`; -1:
+    none). Built once per rank, for the launches' operators (`--op` on a GPU rank, and the
+    launch overhead)."""
+
+    ops: np.ndarray
+    tid: np.ndarray
+    ts: np.ndarray
+    end: np.ndarray
+    order: np.ndarray  # by thread, then start (the outer first on a tie)
+    parent: np.ndarray
+
+    @classmethod
+    def of(cls, events: pa.Table) -> _OpTree:
+        ops = np.flatnonzero(M.kind_mask(events, (K.OPERATOR,)))
+        tid, ts = events.column("tid").to_numpy()[ops], events.column("ts").to_numpy()[ops]
+        end = ts + events.column("dur").to_numpy()[ops]
+        order = np.lexsort((-end, ts, tid))
+        parent = np.full(ops.size, -1, np.int64)
+        for group in np.split(order, np.flatnonzero(np.diff(tid[order])) + 1):
+            p = _nesting(ts[group], end[group])
+            parent[group] = np.where(p >= 0, group[np.clip(p, 0, None)], -1)
+        return cls(ops, tid, ts, end, order, parent)
+
+    def innermost(self, tid: np.ndarray, t: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """For each moment `t` on thread `tid` (where `ok`), the innermost operator (an index
+        into `ops`) around it, -1 where none: the last one to start before it on that thread,
+        or the nearest of its enclosing operators still open then."""
+        out = np.full(t.size, -1, np.int64)
+        for th in np.unique(tid[ok]).tolist():
+            grp = self.order[self.tid[self.order] == th]
+            q = np.flatnonzero(ok & (tid == th))
+            k = np.searchsorted(self.ts[grp], t[q], side="right") - 1
+            out[q] = np.where(k >= 0, grp[np.clip(k, 0, None)], -1)
+        for _ in range(MAX_OP_DEPTH):  # closed before the moment: its parent may be open
+            shut = (out >= 0) & (self.end[np.clip(out, 0, None)] < t)
+            if not shut.any():
+                break
+            out[shut] = self.parent[out[shut]]
+        out[(out >= 0) & (self.end[np.clip(out, 0, None)] < t)] = -1
+        return out
 
 
-def _op_parents(events: pa.Table, ops: np.ndarray) -> np.ndarray:
-    """Each operator's (rows `ops`) innermost enclosing operator on its thread, as an index
-    into `ops` (-1: none, or a thread whose operators overlap without nesting)."""
-    tid = events.column("tid").to_numpy()[ops]
-    ts = events.column("ts").to_numpy()[ops]
-    end = ts + events.column("dur").to_numpy()[ops]
-    order = np.lexsort((-end, ts, tid))
-    out = np.full(ops.size, -1, np.int64)
-    bounds = np.flatnonzero(np.diff(tid[order])) + 1
-    for group in np.split(order, bounds):
-        p = _parents(ts[group], end[group])
-        if p is not None:
-            out[group] = np.where(p >= 0, group[np.clip(p, 0, None)], -1)
-    return out
+def _nesting(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For spans sorted by start (the outer first on a tie), the position of each one's
+    innermost enclosing span, -1 for none: the latest-starting span still open when it starts.
+    A span that outlives the one it started in (timestamps rounded to the microsecond: a child
+    ending a nanosecond after its parent) is still read as nested in it, so one such pair does
+    not cost a whole thread its nesting (HTA's trace_diff traces had none nested before)."""
+    parent = np.full(start.size, -1, dtype=np.int64)
+    stack: list[int] = []
+    ends = end.tolist()
+    for i, s in enumerate(start.tolist()):
+        while stack and ends[stack[-1]] <= s:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
 
 
 def lane_pass(derived: str, keys: list[str], rank: int, steps: pa.Table) -> RankLane:

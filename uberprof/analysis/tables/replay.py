@@ -454,6 +454,10 @@ def _device_windows(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each (step, rank) of a device lane with device work in it: its step, rank and the last
     node of that work (its idle nodes left out; cached like `_windows`)."""
     if "device_windows" not in g.cache:
+        if not g.device_lanes:  # CPU ranks only: nothing to pass over
+            z = np.zeros(0, np.int64)
+            g.cache["device_windows"] = (z, z, z)
+            return g.cache["device_windows"]
         st, rk, _, last = _runs(g, g.device_lanes.values(), g.device_idle)
         g.cache["device_windows"] = (st, rk, last)
     return g.cache["device_windows"]
