@@ -122,13 +122,13 @@ def _device_traced() -> pa.Table:
     return pa.table({"rank": [0], "step": [0], "step_time_ns": [40 * MS]})
 
 
-def test_removing_syncs_lets_the_host_run_on() -> None:
+def test_removing_syncs_lets_the_host_run_on_but_the_step_ends_with_its_device_work() -> None:
     g = _device_graph()
     base = _project(g, traced=_device_traced())
     assert base["baseline_step_ms"] == 40.0 and base["replayed_step_ms"] == 40.0
     doc = _project(g, "sync", traced=_device_traced())
-    # the host's 20 ms wait is gone: 0-10, 10-20
-    assert doc["projected_step_ms"] == 20.0 and doc["changes"][0]["removed_ms"] == 20.0
+    # the host's 20 ms wait is gone (0-10, 10-20), but the step's kernel still runs to 30
+    assert doc["projected_step_ms"] == 30.0 and doc["changes"][0]["removed_ms"] == 20.0
 
 
 def test_removing_launch_overhead_frees_the_device_and_the_host() -> None:
@@ -137,12 +137,12 @@ def test_removing_launch_overhead_frees_the_device_and_the_host() -> None:
     # its 4 ms of launch calls (0-6), its wait ends with the kernel (28), then 28-38
     assert doc["projected_step_ms"] == 38.0
     ch = doc["changes"][0]
-    assert ch["device_idle_ms"] == 2.0 and ch["launch_calls_ms"] == 4.0
+    assert ch["device_idle_ms"] == 2.0 and ch["launch_overhead_ms"] == 4.0
 
 
 def test_launch_and_sync_removed_together_compose() -> None:
     doc = _project(_device_graph(), "launch", "sync", traced=_device_traced())
-    assert doc["projected_step_ms"] == 16.0  # host 0-6, no wait, 6-16
+    assert doc["projected_step_ms"] == 28.0  # host 0-6, no wait, 6-16; the kernel 0-28
     assert [c["change"].split()[0] for c in doc["changes"]] == ["launch", "host"]
 
 
@@ -186,3 +186,41 @@ def test_new_options_parse_and_refuse_bad_values() -> None:
     assert kinds == ["launch", "sync", "exposed-comm", "gbps", "balance"]
     with pytest.raises(ValueError, match="link-gbps"):
         parse_changes([], None, [], 0.0)
+
+
+def _behind_graph():
+    """One GPU rank whose device runs behind its host: host 0-10 launches (its one segment),
+    device idle 0-2, a kernel of `aten::mm` 2-30 (in a step whose host window ends at 10), idle
+    30-40 until the next step's first kernel."""
+    host = _lane(0, [(0, 10, HOST)])
+    host.device = _lane(0, [(0, 2, WAIT), (2, 30, COMPUTE), (30, 40, HOST)],
+                        ops=[(1, "ampere_sgemm", 28)])
+    host.device.idle = np.array([True, False, True])
+    host.device.via_seg = np.array([1, 1], np.int64)
+    host.device.via_name = ["aten::mm", "aten::linear"]
+    host.device.via_ns = np.array([28 * MS, 28 * MS], np.int64)
+    host.links = np.array([(0, 0, 1, 0, 2 * MS)], np.int64)
+    return build_graph({0: host}, {}, pa.table({"instance": pa.array([], pa.int64()),
+                                                "rank": pa.array([], pa.int64()),
+                                                "start_ns": pa.array([], pa.int64()),
+                                                "end_ns": pa.array([], pa.int64())}), None)
+
+
+def test_a_gpu_step_ends_with_its_device_work_not_the_idle_after_it() -> None:
+    """The host's window is 10 ms, its kernel ends at 30, the device idles to 40: the step is
+    measured and replayed to 30."""
+    doc = project(_behind_graph(), pa.table({"rank": [0], "step": [0],
+                                             "step_time_ns": [10 * MS]}), [], None)
+    assert doc["baseline_step_ms"] == 30.0 and doc["replayed_step_ms"] == 30.0
+
+
+@pytest.mark.parametrize("name", ["aten::mm", "aten::linear", "ampere_sgemm"])
+def test_op_on_a_gpu_rank_shortens_the_kernels_of_a_host_operator_or_a_kernel_name(
+        name: str) -> None:
+    """`--op aten::mm=2`, the operator enclosing it, or the kernel's own name: the kernel's
+    28 ms take 14, and the step, set by the device, ends 14 ms earlier."""
+    doc = project(_behind_graph(), pa.table({"rank": [0], "step": [0],
+                                             "step_time_ns": [10 * MS]}),
+                  [Change("op", 2.0, name)], None)
+    assert doc["gain_ms"] == 14.0 and doc["projected_step_ms"] == 16.0, doc
+    assert doc["changes"][0]["matched"] == [name]

@@ -73,7 +73,10 @@ def test_the_report_names_the_injected_problem_high_with_the_largest_projected_g
         runs: dict[str, Path], pair: str, cause: str) -> None:
     """The one ranking (severity, then gain or own time at stake): the injected straggler is a
     HIGH finding among the first of its severity, and its projected gain is the largest; a
-    HIGH finding no change models may precede it by its own time at stake."""
+    HIGH finding no change models may precede it by its own time at stake. Where the injected
+    work is host launches (the straggler's extra matrix products), removing launch overhead
+    takes their dispatch off too: the launch-bound finding's gain may then come within a tenth
+    of the straggler's, either way (a CUDA graph fixes both)."""
     res = CliRunner().invoke(main, ["report", str(runs[f"whatif/{pair}-problem"]), "--json"])
     assert res.exit_code == 0, res.output
     fs = json.loads(res.stdout)["findings"]
@@ -81,7 +84,9 @@ def test_the_report_names_the_injected_problem_high_with_the_largest_projected_g
     assert (s.get("cause"), s.get("ranks"), s["severity"]) == (cause, [1], "high")
     assert all(f["severity"] == "high" for f in fs[:i])
     gains = [(f["projected_gain"] or {}).get("gain_ms") or 0.0 for f in fs]
-    assert s["projected_gain"]["gain_ms"] > 10 and s["projected_gain"]["gain_ms"] == max(gains)
+    mine = s["projected_gain"]["gain_ms"]
+    others = [g for f, g in zip(fs, gains) if f is not s and f["kind"] != "launch_bound"]
+    assert mine > 10 and mine >= max(others) and mine >= 0.9 * max(gains), gains
 
 
 def test_removing_syncs_leaves_the_hosts_waits_for_collectives_alone(

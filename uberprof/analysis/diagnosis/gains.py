@@ -106,8 +106,9 @@ def _no_gain_why(doc: dict[str, Any], path: dict[str, Any] | None, device: bool)
     if path and path.get("kind"):
         why += f" ({path['summary']})"
     if device:
-        why += ("; a replayed step ends where its host window ends, and device streams are "
-                "not modelled yet, so device time the host does not wait for shortens no step")
+        why += ("; on a GPU rank a step ends when both its host window and its device work "
+                "end, so device time removed while the host is still busy with the step (or "
+                "the device still waits for its launches) shortens no step")
     return why
 
 

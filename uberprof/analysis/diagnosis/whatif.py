@@ -5,7 +5,8 @@ kind of work set each step's length), and replayed with changes (`uberprof whati
 Three documents, each a plain dict (docs/json.md, docs/whatif.md):
 
 - `replay_doc`: per traced step the measured length (the longest rank's host window, as the
-  report's step time) against the replayed one, and the median and largest error. A run whose
+  report's step time, or on a GPU rank up to the end of the step's device work where that is
+  later: `measured_steps`) against the replayed one, and the median and largest error. A run whose
   median error is above `FIT_PCT` is *unfit for projection*: the graph misses what set its
   steps, and the document says why.
 - `critical_path_doc`: per step the pieces of the path that set its length, by kind (compute,
@@ -52,11 +53,13 @@ from uberprof.analysis.tables.lanes import (
     COMPUTE,
     lane_passes,
 )
+from uberprof.analysis.tables.p2p import P2P_NAMES
 from uberprof.analysis.tables.replay import (
     PATH_KINDS,
     Replay,
     critical_path,
     keeps_levels,
+    recorded_device_spans,
     replay,
     step_spans,
 )
@@ -77,10 +80,40 @@ def run_graph(ctx: RunContext, traced: pa.Table, instances: pa.Table,
     """The run's step graph: each rank's lane (read where the analysis's map runs), joined by
     the matched `instances` (own clocks) and send/recv `pairs` on the aligned clock, with the
     cores its CPU ranks share (`shared_cores.core_sharing`, from the run's `busy` times)."""
-    g = build_graph(lane_passes(ctx, traced), offsets, with_bytes(instances), pairs,
-                    consume=True)
+    g = build_graph(lane_passes(ctx, traced), offsets,
+                    with_bytes(with_solo(instances, ctx)), pairs, consume=True)
     g.sharing = core_sharing(ctx, g, busy)
     return g
+
+
+def with_solo(instances: pa.Table, ctx: RunContext) -> pa.Table:
+    """`instances` and, as instances of one participant, the collectives of the ranks that have
+    no matched instance because their peers are not in the traces (one rank's trace of a
+    larger job): their kernels are comm nodes too, so that hiding communication can act on
+    them; with no peer to wait for, the whole of each counts as its transfer (an upper bound:
+    `whatif_changes` says so). Ranks with a matched instance add nothing (their unmatched
+    collectives stay out, as the matching left them)."""
+    have = set(instances.column("rank").to_pylist()) if instances.num_rows else set()
+    if not set(ctx.rank_ids) - have:
+        return instances
+    coll = ctx.collectives()
+    if coll.num_rows == 0:
+        return instances
+    rank = coll.column("rank").to_numpy()
+    keep = ~np.isin(rank, list(have)) & ~np.asarray(pc.is_in(
+        pc.fill_null(coll.column("name"), ""), pa.array(P2P_NAMES)).to_numpy(zero_copy_only=False))
+    solo = coll.filter(pa.array(keep))
+    if solo.num_rows == 0:
+        return instances
+    base = int(pc.max(instances.column("instance")).as_py()) + 1 if instances.num_rows else 0
+    ones = pa.array(np.ones(solo.num_rows, np.int64))
+    cols = {"instance": pa.array(np.arange(base, base + solo.num_rows, dtype=np.int64)),
+            "grp": pc.fill_null(solo.column("pg_name").cast(pa.string()), "solo"),
+            "name": solo.column("name"), "participants": ones,
+            "group_size": solo.column("group_size").cast(pa.int64())}
+    rows = pa.table({f.name: cols[f.name] if f.name in cols else solo.column(f.name)
+                     for f in instances.schema}).cast(instances.schema)
+    return pa.concat_tables([instances, rows])
 
 
 def with_bytes(instances: pa.Table) -> pa.Table:
@@ -128,12 +161,16 @@ def _ms(ns: float) -> float:
     return round(float(ns) / 1e6, 3)
 
 
-def measured_steps(traced: pa.Table) -> dict[int, int]:
-    """Per traced step, its length as the report measures it: the longest rank's host window."""
+def measured_steps(traced: pa.Table, g: StepGraph | None = None) -> dict[int, int]:
+    """Per traced step, its measured length: the longest rank's host window (the report's step
+    time), or, with the graph `g`, from the host window's start to the later of its end and the
+    recorded end of the step's device work, as the replay measures a step (`step_spans`): where
+    the device runs behind its host, the step ends on the device."""
+    dev = recorded_device_spans(g) if g is not None and g.device_lanes else {}
     out: dict[int, int] = {}
-    for s, t in zip(traced.column("step").to_pylist(), traced.column("step_time_ns").to_pylist()):
+    for s, r, t in zip(*(traced.column(c).to_pylist() for c in ("step", "rank", "step_time_ns"))):
         if s is not None and t is not None:
-            out[s] = max(out.get(s, 0), int(t))
+            out[s] = max(out.get(s, 0), int(t), dev.get((s, r), 0))
     return out
 
 
@@ -149,7 +186,7 @@ def replayed_steps(g: StepGraph, r: Replay) -> dict[int, tuple[int, int]]:
 def replay_doc(g: StepGraph, traced: pa.Table, r: Replay | None = None) -> dict[str, Any]:
     """`run.replay` (module docstring)."""
     r = r if r is not None else replay(g)
-    meas, rep = measured_steps(traced), replayed_steps(g, r)
+    meas, rep = measured_steps(traced, g), replayed_steps(g, r)
     rows = []
     for s in sorted(set(meas) & set(rep)):
         m, x = meas[s], rep[s][0]
@@ -277,7 +314,7 @@ def project(g: StepGraph, traced: pa.Table, changes: list[Change],
     base = base if base is not None else replay(g)
     edit = apply_changes(g, changes, straggler, stages, copy=False)
     new = _replay_edit(g, edit, base)
-    meas, rep = measured_steps(traced), replayed_steps(g, base)
+    meas, rep = measured_steps(traced, g), replayed_steps(g, base)
     e0, e1 = step_ends(g, base), step_ends(g, new)
     steps = sorted(set(meas) & set(rep) & set(e0) & set(e1))
     saved = np.array([e0[s] - e1[s] for s in steps], np.float64)

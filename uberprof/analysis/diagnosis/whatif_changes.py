@@ -56,7 +56,8 @@ class Change:
                              "data-loader time and waits for its own device per step at the "
                              "others' median)",
                 "data": "data-loader waits removed",
-                "launch": "launch overhead removed (the host's kernel-launch calls, and the "
+                "launch": "launch overhead removed (the host's kernel-launch calls and the "
+                          "dispatch of the operators that issued them, and the "
                           "device's idle waiting for launches)",
                 "sync": "host synchronisation waits removed",
                 "exposed-comm": "communication hidden under compute (collectives' transfers "
@@ -148,7 +149,9 @@ def apply_changes(g: StepGraph, changes: list[Change], straggler: int | None,
         elif c.kind == "link":
             m = (g.kind == lanes.COMM) & (np.isin(g.nbytes, c.sizes) if c.sizes else True)
             e.tail[m] /= c.factor
-            e.notes.append({"change": c.describe(), "transfer_ms": _ms(g.tail[m].sum())})
+            e.notes.append(_with_solo({"change": c.describe(),
+                                       "transfer_ms": _ms(g.tail[m].sum())},
+                                      _solo(g, _barrier_of(g), np.flatnonzero(m))))
         elif c.kind == "exposed-comm":
             e.notes.append(_hide_comm(g, e, c))
         elif c.kind == "balance":
@@ -191,20 +194,40 @@ def _note(c: Change, none: str, **touched: Any) -> dict[str, Any]:
 
 
 def _scale_op(g: StepGraph, own: np.ndarray, c: Change) -> dict[str, Any]:
+    """Operator `c.name` (exact, else every name holding it) `c.factor` times faster: on a CPU
+    rank its self time, on a device rank its kernels' time, matched by kernel name or by the
+    host operator that launched them (`StepGraph.via_*`): each compute node loses that part
+    of its work (the larger of the two where a name matches both ways)."""
     names = [i for i, n in enumerate(g.names) if n == c.name] or \
         [i for i, n in enumerate(g.names) if c.name in n]
-    m = np.isin(g.op_name, names)
     cut = np.zeros(g.n)
+    m = np.isin(g.op_name, names)
     np.add.at(cut, g.op_node[m], g.op_ns[m] * (1 - 1 / c.factor))
+    v = np.isin(g.via_name, names)
+    if v.any():  # the kernels of a host operator on a device rank, counted once per node
+        via = np.zeros(g.n)
+        np.maximum.at(via, g.via_node[v], g.via_ns[v] * (1 - 1 / c.factor))
+        cut = np.maximum(cut, via)
     has = cut > 0
     dur = g.dur[has].astype(np.float64)
     own[has] *= np.clip((dur - cut[has]) / np.where(dur > 0, dur, 1), 0, 1)
     doc = {"change": c.describe(), "matched": sorted(g.names[i] for i in names)[:10],
-           "operator_ms": _ms(g.op_ns[m].sum())}
+           "operator_ms": _ms(g.op_ns[m].sum()), "kernel_ms": _ms(_kernel_ns(g, v))}
     if not names:  # a typo, most often: the names it may have meant
         doc["closest"] = difflib.get_close_matches(c.name, sorted(set(g.names)), n=3,
                                                    cutoff=0.5)
     return doc
+
+
+def _kernel_ns(g: StepGraph, v: np.ndarray) -> float:
+    """The device time of the kernels launched by the matched host operators: per node the
+    largest of the matched operators' (an operator and the one it encloses hold the same
+    kernels), summed."""
+    if not v.any():
+        return 0.0
+    per = np.zeros(g.n)
+    np.maximum.at(per, g.via_node[v], g.via_ns[v])
+    return float(per.sum())
 
 
 def _lane_mask(g: StepGraph, device: bool) -> np.ndarray:
@@ -219,7 +242,8 @@ def _lane_mask(g: StepGraph, device: bool) -> np.ndarray:
 def _remove_launch(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     """Device idle waiting for the host to launch its next work (a waiting segment of a
     device lane that a `reach` edge from the host ends) takes no time and no longer waits for
-    the launch; the host's own work loses its time inside kernel-launch calls."""
+    the launch; the host's own work loses its launch overhead (`lanes.RankLane.launch_ns`:
+    the launch calls and the dispatch of the operators that issued them)."""
     dev = _lane_mask(g, device=True)
     reach = (g.etype == lanes.REACH) & dev[g.dst] & ~dev[g.src]
     waits = np.unique(g.dst[reach])
@@ -229,7 +253,8 @@ def _remove_launch(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     host = (g.kind == lanes.HOST) & (g.launch_ns > 0)
     dur = g.dur[host].astype(np.float64)
     e.own[host] *= np.clip((dur - g.launch_ns[host]) / np.where(dur > 0, dur, 1), 0, 1)
-    return _note(c, device_idle_ms=_ms(idle_ns), launch_calls_ms=_ms(g.launch_ns[host].sum()),
+    return _note(c, device_idle_ms=_ms(idle_ns),
+                 launch_overhead_ms=_ms(g.launch_ns[host].sum()),
                  none="nothing launch-bound: no device lane waits for a launch (CPU ranks "
                       "have none) and no launch call is on the host's path")
 
@@ -292,7 +317,7 @@ def _link_gbps(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     if not known.all():
         doc["note"] = (f"{int((~known).sum())} of {bars.size} transfers have no byte count "
                        "in the traces (kept as recorded)")
-    return doc
+    return _with_solo(doc, _solo(g, _barrier_of(g), at))
 
 
 def _latency(size: np.ndarray, t: np.ndarray) -> tuple[float, str]:
@@ -351,9 +376,33 @@ def _hide_comm(g: StepGraph, e: Edit, c: Change) -> dict[str, Any]:
     v = v[g.step[seg_of[v]] != lanes.BETWEEN]
     if v.size:
         e.extra.append((v, last[seg_of[v]], lanes.NEED))
-    return _note(c, collectives=int(coll.sum()), unblocked_waits=int(moved.sum()),
-                 transfer_ms=_ms(sum(first.values())),
-                 none="no collective ends a waiting segment: nothing to hide")
+    doc = _note(c, collectives=int(coll.sum()), unblocked_waits=int(moved.sum()),
+                transfer_ms=_ms(sum(first.values())),
+                none="no collective ends a waiting segment: nothing to hide")
+    return _with_solo(doc, _solo(g, bar, hidden))
+
+
+def _with_solo(doc: dict[str, Any], solo: int) -> dict[str, Any]:
+    """`doc` with a note where `solo` of the collectives it changed have no peer in the traces
+    (`diagnosis.whatif.with_solo`)."""
+    if solo:
+        said = doc.get("note")
+        doc["note"] = (f"{said}; " if said else "") + (
+            f"{solo} collective(s) changed have no peer in the traces (one rank's trace of a "
+            "larger job): their whole kernel is counted as transfer, though part of it may be "
+            "waiting for late peers, so the projection overstates what the change does (a "
+            "gain is an upper bound)")
+    return doc
+
+
+def _solo(g: StepGraph, bar: np.ndarray, hidden: np.ndarray) -> int:
+    """How many of the instances of comm nodes `hidden` have one participant only (the
+    collectives of a rank whose peers are not in the traces)."""
+    if hidden.size == 0:
+        return 0
+    arrivals = np.bincount(g.dst[g.etype == lanes.ARRIVE], minlength=g.n)
+    b = np.unique(bar[hidden])
+    return int((arrivals[b[b >= 0]] == 1).sum())
 
 
 def _last_of_step(g: StepGraph) -> np.ndarray:

@@ -110,6 +110,13 @@ class StepGraph:
     launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sync: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per node: a host's
     #   wait for its own device (lanes.RankLane.sync), not for a collective
+    via_node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # device
+    via_name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # compute
+    via_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # nodes' kernel
+    #   time by the host operators that launched them (lanes.RankLane.via_*; codes into `names`)
+    device_idle: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the
+    #   device lanes' idle nodes (lanes.RankLane.idle), ids: a step's device work ends at the
+    #   last node of its device window that is not one of them (none on CPU ranks)
     sharing: CoreSharing | None = None  # which nodes share which host's cores (contention.py;
     #   set by the diagnosis where the step timelines show it), for projections
 
@@ -186,6 +193,8 @@ class _Builder:
         self.comm: dict[str, np.ndarray] = {}
         self.launch: list[tuple[np.ndarray, np.ndarray]] = []
         self.sync: list[np.ndarray] = []
+        self.idle: list[np.ndarray] = []
+        self.via: list[tuple[np.ndarray, list[str], np.ndarray]] = []
 
     def _nodes(self, **cols: np.ndarray) -> np.ndarray:
         k = cols["kind"].size
@@ -228,6 +237,10 @@ class _Builder:
             self.ops.append((lane.op_seg + ids[0], lane.op_name, lane.op_ns))
         if lane.launch_ns.size == k and lane.launch_ns.any():
             self.launch.append((ids, lane.launch_ns))
+        if lane.via_seg.size:
+            self.via.append((lane.via_seg + ids[0], lane.via_name, lane.via_ns))
+        if lane.idle.size == k:  # a device lane: its idle segments
+            self.idle.append(ids[lane.idle])
         if lane.device is not None:  # a device rank's host: its waits for the device
             sync = lane.sync if lane.sync.size == k else lane.kind == WAIT  # (all, unsaid)
             self.sync.append(ids[sync])
@@ -327,6 +340,11 @@ class _Builder:
             op_node.append(seg)
             op_name.append(np.array([names.setdefault(x, len(names)) for x in nm], np.int64))
             op_ns.append(ns)
+        via_node, via_name, via_ns = [], [], []
+        for seg, nm, ns in self.via:
+            via_node.append(seg)
+            via_name.append(np.array([names.setdefault(x, len(names)) for x in nm], np.int64))
+            via_ns.append(ns)
         cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
         n = col["kind"].size
         nbytes, bus = np.full(n, -1, np.int64), np.zeros(n)
@@ -344,4 +362,6 @@ class _Builder:
                          src=src, dst=dst, etype=et, offset=off, op_node=cat(op_node),
                          op_name=cat(op_name), op_ns=cat(op_ns), names=list(names),
                          lanes=self.lanes, device_lanes=self.device_lanes, nbytes=nbytes,
-                         bus=bus, p2p=p2p, launch_ns=launch, sync=sync)
+                         bus=bus, p2p=p2p, launch_ns=launch, sync=sync,
+                         device_idle=cat(self.idle).astype(np.int64), via_node=cat(via_node),
+                         via_name=cat(via_name), via_ns=cat(via_ns))

@@ -76,6 +76,14 @@ class RankLane:
     sync: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per segment of a
     #   device rank's host lane: a wait for its own device (a synchronize, a blocking copy),
     #   not for a collective; empty: none
+    via_seg: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # a device
+    via_name: list[str] = field(default_factory=list)  # lane's kernels by the host operators
+    via_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # that launched
+    #   them (the innermost by external id, and those enclosing it): segment, operator name,
+    #   its kernels' time in the segment; what `whatif --op aten::mm=2` shortens on a GPU rank
+    idle: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per segment of a
+    #   device lane: no kernel, copy or collective runs (waiting for a launch or for another
+    #   reason); a step's device work ends at its last segment that is not idle. Empty: none
 
     @classmethod
     def empty(cls, rank: int) -> RankLane:
@@ -117,9 +125,12 @@ def rank_lane(rank: int, events: pa.Table, steps: pa.Table,
         return lane
     lane.device = _cut(rank, _windows(dev_st.sort_by("device_start_ns"), "device_start_ns",
                                       "device_end_ns"), [(COMPUTE, work), (WAIT, act.comm)])
+    lane.device.idle = lane.device.kind == HOST  # before `_link` names the launch waits
     _add_ops(lane.device, events, act)
+    tree = _OpTree.of(events)
+    _add_launching_ops(lane.device, events, tree)
     _link(lane, act, syncs)
-    lane.launch_ns = _launch_time(lane, events)
+    lane.launch_ns = _launch_time(lane, events, tree)
     return lane
 
 
@@ -147,12 +158,14 @@ def _host_comm(events: pa.Table, ts: np.ndarray, end: np.ndarray) -> iv.Interval
 _LAUNCH_CALL = "Launch"  # cudaLaunchKernel, cuLaunchKernelEx, hipLaunchKernel, cudaGraphLaunch
 
 
-def _launch_time(lane: RankLane, events: pa.Table) -> np.ndarray:
-    """Per host segment (host work only), its time inside launch runtime calls on the
-    step-carrying threads: the host's launch overhead."""
+def _launch_time(lane: RankLane, events: pa.Table, tree: _OpTree) -> np.ndarray:
+    """Per host segment (host work only), its launch overhead: time inside kernel-launch runtime
+    calls on the training threads, and inside the operators that issued them (the innermost
+    operator around each launch call, less the operators nested in it): the dispatch each
+    launch costs, which CUDA graphs or a compiled region take off the host. Python between
+    operators, and operators that launch nothing, are not counted."""
     tid = events.column("tid").to_numpy()
-    threads = np.unique(tid[M.kind_mask(events, (K.STEP,))])
-    m = M.kind_mask(events, (K.RUNTIME,)) & np.isin(tid, threads)
+    m = M.kind_mask(events, (K.RUNTIME,)) & np.isin(tid, M.training_threads(events))
     rows = np.flatnonzero(m)
     out = np.zeros(lane.start.size, np.int64)
     if rows.size == 0 or lane.start.size == 0:
@@ -164,8 +177,15 @@ def _launch_time(lane: RankLane, events: pa.Table) -> np.ndarray:
     rows = rows[is_launch[codes]]
     if rows.size == 0:
         return out
-    ts = events.column("ts").to_numpy()[rows]
-    calls = iv.union(ts, ts + events.column("dur").to_numpy()[rows])
+    ts_all, dur_all = events.column("ts").to_numpy(), events.column("dur").to_numpy()
+    calls = iv.union(ts_all[rows], ts_all[rows] + dur_all[rows])
+    if tree.ops.size:
+        who = tree.innermost(tid[rows], ts_all[rows], np.ones(rows.size, bool))
+        launchers = np.unique(who[who >= 0])
+        inner = np.flatnonzero(np.isin(tree.parent, launchers))  # nested in them
+        own = iv.subtract(iv.union(tree.ts[launchers], tree.end[launchers]),
+                          iv.union(tree.ts[inner], tree.end[inner]))
+        calls = iv.merge(calls, own)
     host = lane.kind == HOST
     out[host] = iv.covered_in(calls, lane.start[host], lane.end[host])
     return out
@@ -297,6 +317,116 @@ def _add_ops(lane: RankLane, events: pa.Table, act: M.Activity) -> None:
     lane.op_ns = np.bincount(inv, weights=own[ok]).astype(np.int64)
     vocab = names.dictionary.to_pylist()
     lane.op_name = [str(vocab[c]) for c in (key % n_names).tolist()]
+
+
+def _add_launching_ops(lane: RankLane, events: pa.Table, tree: _OpTree) -> None:
+    """Each compute segment's kernels and copies by the host operators that launched them: the
+    innermost operator around the kernel's launch call (the runtime call of the same
+    correlation id) on its thread, and every operator enclosing that one (a kernel of
+    `aten::mm` under `aten::linear` counts for both), so that a faster host operator on a
+    device rank shortens its device work."""
+    corr = events.column("correlation").to_numpy()
+    ops = tree.ops
+    rows = np.flatnonzero(M.kind_mask(events, (K.KERNEL, K.MEMCPY, K.MEMSET, K.DEVICE_OTHER))
+                          & (corr >= 0))
+    calls = np.flatnonzero(M.kind_mask(events, (K.RUNTIME,)) & (corr >= 0))
+    if ops.size == 0 or rows.size == 0 or calls.size == 0 or lane.start.size == 0:
+        return
+    ts_all, dur_all = events.column("ts").to_numpy(), events.column("dur").to_numpy()
+    ts, dur = ts_all[rows], dur_all[rows].astype(np.int64)
+    seg = np.searchsorted(lane.start, ts, side="right") - 1
+    segc = np.clip(seg, 0, None)
+    ok = (seg >= 0) & (ts < lane.end[segc]) & (lane.kind[segc] == COMPUTE) & (dur > 0)
+    order = np.argsort(corr[calls], kind="stable")
+    j = np.clip(np.searchsorted(corr[calls][order], corr[rows]), 0, calls.size - 1)
+    call = calls[order][j]
+    ok &= corr[call] == corr[rows]
+    cur = tree.innermost(events.column("tid").to_numpy()[call], ts_all[call], ok)
+    codes_all = events.column("name").combine_chunks().indices.to_numpy(zero_copy_only=False)
+    parent = tree.parent
+    segs, codes, ns = [], [], []
+    for _ in range(MAX_OP_DEPTH):  # the launcher, then the operators enclosing it
+        at = cur >= 0
+        if not at.any():
+            break
+        segs.append(seg[at])
+        codes.append(codes_all[ops[cur[at]]].astype(np.int64))
+        ns.append(dur[at])
+        cur = np.where(at, parent[np.clip(cur, 0, None)], -1)
+    if not segs:
+        return
+    vocab = events.column("name").combine_chunks().dictionary.to_pylist()
+    key, inv = np.unique(np.concatenate(segs) * len(vocab) + np.concatenate(codes),
+                         return_inverse=True)
+    lane.via_seg = key // len(vocab)
+    lane.via_ns = np.bincount(inv, weights=np.concatenate(ns)).astype(np.int64)
+    lane.via_name = [str(vocab[c]) for c in (key % len(vocab)).tolist()]
+
+
+MAX_OP_DEPTH = 32  # operators enclosing a kernel's launcher that are followed up
+
+
+@dataclass
+class _OpTree:
+    """A device rank's host operators (rows `ops` of its event table) and how they nest: each
+    one's innermost enclosing operator on its thread (`parent`, an index into `ops`; -1:
+    none). Built once per rank, for the launches' operators (`--op` on a GPU rank, and the
+    launch overhead)."""
+
+    ops: np.ndarray
+    tid: np.ndarray
+    ts: np.ndarray
+    end: np.ndarray
+    order: np.ndarray  # by thread, then start (the outer first on a tie)
+    parent: np.ndarray
+
+    @classmethod
+    def of(cls, events: pa.Table) -> _OpTree:
+        ops = np.flatnonzero(M.kind_mask(events, (K.OPERATOR,)))
+        tid, ts = events.column("tid").to_numpy()[ops], events.column("ts").to_numpy()[ops]
+        end = ts + events.column("dur").to_numpy()[ops]
+        order = np.lexsort((-end, ts, tid))
+        parent = np.full(ops.size, -1, np.int64)
+        for group in np.split(order, np.flatnonzero(np.diff(tid[order])) + 1):
+            p = _nesting(ts[group], end[group])
+            parent[group] = np.where(p >= 0, group[np.clip(p, 0, None)], -1)
+        return cls(ops, tid, ts, end, order, parent)
+
+    def innermost(self, tid: np.ndarray, t: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """For each moment `t` on thread `tid` (where `ok`), the innermost operator (an index
+        into `ops`) around it, -1 where none: the last one to start before it on that thread,
+        or the nearest of its enclosing operators still open then."""
+        out = np.full(t.size, -1, np.int64)
+        for th in np.unique(tid[ok]).tolist():
+            grp = self.order[self.tid[self.order] == th]
+            q = np.flatnonzero(ok & (tid == th))
+            k = np.searchsorted(self.ts[grp], t[q], side="right") - 1
+            out[q] = np.where(k >= 0, grp[np.clip(k, 0, None)], -1)
+        for _ in range(MAX_OP_DEPTH):  # closed before the moment: its parent may be open
+            shut = (out >= 0) & (self.end[np.clip(out, 0, None)] < t)
+            if not shut.any():
+                break
+            out[shut] = self.parent[out[shut]]
+        out[(out >= 0) & (self.end[np.clip(out, 0, None)] < t)] = -1
+        return out
+
+
+def _nesting(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For spans sorted by start (the outer first on a tie), the position of each one's
+    innermost enclosing span, -1 for none: the latest-starting span still open when it starts.
+    A span that outlives the one it started in (timestamps rounded to the microsecond: a child
+    ending a nanosecond after its parent) is still read as nested in it, so one such pair does
+    not cost a whole thread its nesting (HTA's trace_diff traces had none nested before)."""
+    parent = np.full(start.size, -1, dtype=np.int64)
+    stack: list[int] = []
+    ends = end.tolist()
+    for i, s in enumerate(start.tolist()):
+        while stack and ends[stack[-1]] <= s:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
 
 
 def lane_pass(derived: str, keys: list[str], rank: int, steps: pa.Table) -> RankLane:

@@ -61,14 +61,14 @@ from uberprof.analysis.tables.lanes import (
     WAIT,
 )
 
-__all__ = ["NODE_CACHE", "PATH_KINDS", "Path", "Replay", "critical_path", "keeps_levels", "replay",
-           "step_spans"]
+__all__ = ["NODE_CACHE", "PATH_KINDS", "Path", "Replay", "critical_path", "keeps_levels",
+           "recorded_device_spans", "replay", "step_spans"]
 
 PATH_KINDS = ("compute", "transfer", "waiting", "data", "host")
 _SELF = 4  # the implicit edge from a node's start to its end
 _NEG = -(1 << 62)
-NODE_CACHE = ("windows",)  # what a graph caches from its nodes alone: an edit of its edges
-#                            keeps it (the structure it must compute again)
+NODE_CACHE = ("windows", "device_windows")  # what a graph caches from its nodes alone: an
+#                            edit of its edges keeps it (the structure it must compute again)
 
 
 @dataclass
@@ -467,33 +467,82 @@ LEVEL_CHUNK = 1 << 16
 
 
 def step_spans(g: StepGraph, r: Replay) -> dict[int, dict[int, tuple[int, int, int, int]]]:
-    """step -> rank -> (replayed start, replayed end, recorded start, recorded end) of the
-    step's window on that rank's lane, and the last node of it (for the critical path)."""
+    """step -> rank -> (replayed start, replayed end, recorded start, last node) of the step on
+    that rank: from its host window's start to the later of the host window's end and the end
+    of the step's device work (a device rank's: its last kernel, copy or collective of the
+    step's device window, not the idle after it), so device time the host does not wait for
+    still sets the step where the device runs behind. The last node is the one that ends it
+    (where the critical path is read back from)."""
     step, rank, first, last = _windows(g)
+    end = r.end[last]
+    d_step, d_rank, d_last = _device_windows(g)
+    if d_last.size:  # the device work of the same (step, rank), where it ends later
+        key, d_key = step * _RANKS + rank, d_step * _RANKS + d_rank
+        order = np.argsort(d_key, kind="stable")
+        i = np.clip(np.searchsorted(d_key[order], key), 0, d_key.size - 1)
+        dev = np.where(d_key[order][i] == key, d_last[order][i], -1)
+        later = (dev >= 0) & (r.end[np.maximum(dev, 0)] > end)
+        last = np.where(later, dev, last)
+        end = np.where(later, r.end[np.maximum(dev, 0)], end)
     out: dict[int, dict[int, tuple[int, int, int, int]]] = {}
-    for s, k, a, b, x, y, z in zip(step.tolist(), rank.tolist(), first.tolist(), last.tolist(),
-                                   r.start[first].tolist(), r.end[last].tolist(),
-                                   g.start[first].tolist()):
+    for s, k, b, x, y, z in zip(step.tolist(), rank.tolist(), last.tolist(),
+                                r.start[first].tolist(), end.tolist(), g.start[first].tolist()):
         out.setdefault(s, {})[k] = (x, y, z, b)
     return out
+
+
+_RANKS = 1 << 24  # (step, rank) as one key: ranks below this
+
+
+def recorded_device_spans(g: StepGraph) -> dict[tuple[int, int], int]:
+    """(step, rank) -> the recorded time from the start of the step's host window to the end
+    of its device work on that rank (device ranks with device work in the step): what the
+    trace says the step's length is, measured to the device's end as `step_spans` replays it."""
+    step, rank, first, _ = _windows(g)
+    host = {(s, k): a for s, k, a in zip(step.tolist(), rank.tolist(), g.start[first].tolist())}
+    st, rk, last = _device_windows(g)
+    ends = g.start[last] + g.dur[last]
+    return {(s, k): e - host[(s, k)] for s, k, e in zip(st.tolist(), rk.tolist(), ends.tolist())
+            if (s, k) in host}
 
 
 def _windows(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each (step, rank) window of a host lane: its step, rank, first and last node (in one
     sort of the lanes' nodes; kept in the graph's cache: a what-if edit keeps the nodes)."""
     if "windows" not in g.cache:
-        on = np.zeros(g.n, bool)
-        for lo, hi in g.lanes.values():
-            on[lo:hi] = True
-        nodes = np.flatnonzero(on & (g.step != BETWEEN))
-        nodes = nodes[np.lexsort((nodes, g.step[nodes], g.rank[nodes]))]
-        st, rk = g.step[nodes], g.rank[nodes]
-        new = np.r_[True, (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])] if nodes.size else \
-            np.zeros(0, bool)
-        head = np.flatnonzero(new)
-        tail = np.r_[head[1:] - 1, nodes.size - 1] if head.size else head
-        g.cache["windows"] = (st[head], rk[head], nodes[head], nodes[tail])
+        g.cache["windows"] = _runs(g, g.lanes.values(), np.zeros(0, np.int64))
     return g.cache["windows"]
+
+
+def _device_windows(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each (step, rank) of a device lane with device work in it: its step, rank and the last
+    node of that work (its idle nodes left out; cached like `_windows`)."""
+    if "device_windows" not in g.cache:
+        if not g.device_lanes:  # CPU ranks only: nothing to pass over
+            z = np.zeros(0, np.int64)
+            g.cache["device_windows"] = (z, z, z)
+            return g.cache["device_windows"]
+        st, rk, _, last = _runs(g, g.device_lanes.values(), g.device_idle)
+        g.cache["device_windows"] = (st, rk, last)
+    return g.cache["device_windows"]
+
+
+def _runs(g: StepGraph, spans: Any, skip: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The nodes of the lanes `spans` ([lo, hi) each) within a step, less `skip`, grouped by
+    (step, rank): each group's step, rank, first and last node."""
+    on = np.zeros(g.n, bool)
+    for lo, hi in spans:
+        on[lo:hi] = True
+    on[skip] = False
+    nodes = np.flatnonzero(on & (g.step != BETWEEN))
+    nodes = nodes[np.lexsort((nodes, g.step[nodes], g.rank[nodes]))]
+    st, rk = g.step[nodes], g.rank[nodes]
+    new = np.r_[True, (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])] if nodes.size else \
+        np.zeros(0, bool)
+    head = np.flatnonzero(new)
+    tail = np.r_[head[1:] - 1, nodes.size - 1] if head.size else head
+    return st[head], rk[head], nodes[head], nodes[tail]
 
 
 @dataclass

@@ -123,7 +123,7 @@ def _touched(c: dict[str, Any]) -> str:
                 f"{_ms(c.get('transfer_ms'))} ms of their transfers)")
     if "device_idle_ms" in c:  # --remove launch
         return (f" ({_ms(c['device_idle_ms'])} ms of device idle waiting for launches, "
-                f"{_ms(c.get('launch_calls_ms'))} ms in launch calls)")
+                f"{_ms(c.get('launch_overhead_ms'))} ms of launch overhead on the host)")
     if "stages" in c:  # --balance-stages
         return " (" + ", ".join(f"stage {s['stage']} {_ms(s['compute_ms'])} -> "
                                 f"{_ms(s['balanced_ms'])} ms" for s in c["stages"]) + \
