@@ -25,7 +25,7 @@ from uberprof.collect.config import ENV_CONFIG, ENV_HOME, ENV_NODE, ENV_RUN_DIR,
 from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
 from uberprof.collect.rank.flight_log import FR_ENV
 from uberprof.collect.safety import AgentLog
-from uberprof.collect.slowdown import SlowdownTrigger
+from uberprof.collect.slowdown import SlowdownSettings, SlowdownTrigger
 from uberprof.collect.watchdog import HangWatchdog
 from uberprof.rundir import LOG_FILE, NODE_FILE, RunDir, write_json_atomic
 
@@ -92,12 +92,15 @@ class NodeAgent:
 
     def start_watchdog(self, job_pid: int, timeout_s: float | None, action: str,
                        on_hang: Callable[[dict[str, Any]], None] | None = None,
-                       slowdown: bool = False) -> None:
+                       slowdown: SlowdownSettings | None = None) -> None:
         """Watch the local ranks for a hang (collect/watchdog.py), and with `slowdown` their
-        step times for a rise (collect/slowdown.py); a failure costs the watchdog."""
+        step times and lateness for a rise (collect/slowdown.py); a failure costs the
+        watchdog."""
         try:
-            if slowdown:
-                self.slowdown = SlowdownTrigger(self.run.root, self.log)
+            if slowdown is not None:
+                self.slowdown = SlowdownTrigger(self.run.root, self.log, slowdown,
+                                                trace_ranks=self.config.trace_ranks,
+                                                on_detection=self._slowdowns_changed)
             on_step = self.slowdown.step_read if self.slowdown is not None else None
             self.watchdog = HangWatchdog(self.run, self.dir, self.log, timeout_s, action, on_hang,
                                          on_step=on_step)
@@ -106,14 +109,25 @@ class NodeAgent:
             self.watchdog = None
             self.log.error("starting the hang watchdog", exc)
 
+    def _slowdowns_changed(self) -> None:
+        """node.json lists each detection as it comes (`uberprof info` on a running job)."""
+        self._record_slowdowns()
+        try:
+            write_json_atomic(self.dir / NODE_FILE, self.meta)
+        except OSError as exc:
+            self.log.error("writing node.json after a slowdown", exc)
+
+    def _record_slowdowns(self) -> None:
+        if self.slowdown is not None:
+            self.meta["slowdowns"] = {"detected": list(self.slowdown.detections),
+                                      "suppressed": self.slowdown.budget.suppressed}
+
     def finish(self, exit_code: int) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
             self.meta["hangs"] = self.watchdog.hangs
             self.meta["stopped_after_hang"] = self.watchdog.stopped_job
-        if self.slowdown is not None:
-            self.meta["slowdowns"] = {"detected": self.slowdown.detections,
-                                      "suppressed": self.slowdown.detector.suppressed}
+        self._record_slowdowns()
         self.meta["end_ns"] = time.time_ns()
         self.meta["exit_code"] = exit_code
         if self.sampler is not None:
