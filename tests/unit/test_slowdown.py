@@ -197,3 +197,34 @@ def test_the_cli_turns_the_trigger_on_unless_told_or_tracing_is_off(tmp_path: Pa
     assert options("c", "--no-trace-on-slowdown")["trace_on_slowdown"] is False
     on = options("d", "--no-trace", "--trace-on-slowdown", "--trace-disk-budget", "2GB")
     assert on["trace_on_slowdown"] is True and on["trace_disk_budget"] == 2 * 10**9
+
+
+def test_info_lists_each_detection_with_its_window_or_its_refusal(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from uberprof.cli import main
+    from uberprof.inventory import inventory
+    from uberprof.present.terminal.info import render_info
+
+    res = CliRunner().invoke(main, ["run", "--out", str(tmp_path), "--run-id", "r",
+                                    "--counters", "none", "--", "true"])
+    assert res.exit_code == 0, res.output
+    (node,) = (tmp_path / "r").glob("nodes/*/node.json")
+    trigger = SlowdownTrigger(tmp_path / "scratch", AgentLog("node"),
+                              SlowdownSettings(max_per_run=1))
+    for rise in (100, 300):  # the second is over the budget of one a run
+        _feed(trigger, rise + 100, lambda step: 0.1 * (2 ** (step >= rise)),
+              lambda rank, step: 0.05)
+    meta = json.loads(node.read_text())
+    meta["slowdowns"] = {"detected": trigger.detections, "suppressed": 1}
+    node.write_text(json.dumps(meta))
+    inv = inventory([tmp_path / "r"], check_traces=False)
+    assert inv["nodes"][0]["slowdowns"]["detected"] == trigger.detections
+    console = Console(record=True, width=300)
+    render_info(inv, console)
+    text = console.export_text()
+    first, last = trigger.detections[0]["window"]
+    assert f"slowdown at step {trigger.detections[0]['step']}" in text
+    assert f"steps {first}-{last} on every rank" in text
+    assert "no window: over the budget of 1 triggered windows a run" in text

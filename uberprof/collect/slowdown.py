@@ -273,6 +273,8 @@ class SlowdownTrigger:
         if rose is None and not late:
             return
         levels = {r: lv for r, d in self.lateness.items() if (lv := d.level()) is not None}
+        now = self.detector.level()  # the step time's baseline, risen or not
+        self._baseline_s = now[0].baseline_s if now is not None else step_s
         involved = sorted({f.rank for f in late if f.rank is not None} |
                           {r for r, (f, _) in levels.items() if _elevated(f)})
         for d in (self.detector, *self.lateness.values()):
@@ -306,7 +308,7 @@ class SlowdownTrigger:
         reason = "; ".join(f.words() for f in ([rose] if rose else []) + late)
         record: dict[str, Any] = {
             "trigger": "slowdown" if rose else "lateness", "step": step, "onset": lead.onset,
-            "baseline_ms": round(rose.baseline_s * 1e3, 3) if rose else None,
+            "baseline_ms": round(self._baseline_s * 1e3, 3),
             "level_ms": round(step_level * 1e3, 3), "involved": involved,
             "lateness": {str(r): round(f.level_s, 3) for r, (f, _) in sorted(levels.items())},
             "ranks": ranks, "reference": reference, "reason": reason,
