@@ -21,12 +21,16 @@
    10 ms), each round a pair; the training thread's CPU time and wall time per step, B against
    A in the same seconds, so the machine's drift from one run to the next (on this VM a core's
    CPU time per step once read 46 ms against 26 ms minutes apart) cancels.
+6. The slowdown trigger's watching (mode `watcher`: `--no-trace --trace-on-slowdown`) against
+   `--no-trace` alone, interleaved: step time and training-thread CPU ratios with 95% intervals,
+   and the trigger's own CPU time per step in the node agent (target: not measurable).
 4. `uberprof run --dashboard`: the dashboard served beside the job (a niced process that loads
    the run and follows it), against the same run without it, interleaved; the ratio of median
    step times with a 95% bootstrap interval over the rounds (target <= 1.01: not measurable).
 
     python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
+    python benchmarks/overhead.py --modes plain,uberprof,watcher --no-window --rounds 6
     python benchmarks/overhead.py --side-by-side --rounds 10
     python benchmarks/overhead.py --modes plain,uberprof --rounds 1 --window-rounds 4 --hog \
         [--sync-baseline]   (the window's stall, beside a CPU hog; against the old sync export)
@@ -108,7 +112,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--sample-args", default="", help="extra arguments for the sample")
-    ap.add_argument("--modes", default="plain,uberprof,agent-only,no-flight-recorder,dashboard",
+    ap.add_argument("--modes",
+                    default="plain,uberprof,watcher,agent-only,no-flight-recorder,dashboard",
                     help="the modes to interleave (plain and uberprof always run)")
     ap.add_argument("--side-by-side", action="store_true",
                     help="plain and uberprof (--no-trace) at once, cores traded, each round")
@@ -140,6 +145,7 @@ def main() -> None:
         side_by_side(args, tmp, extra)
         return
     modes = {"plain": None, "uberprof": ["--no-trace"],
+             "watcher": ["--no-trace", "--trace-on-slowdown"],
              "agent-only": ["--no-trace", "--counters", "none"],
              "no-flight-recorder": ["--no-trace"],
              "dashboard": ["--no-trace", "--dashboard"]}
@@ -186,6 +192,8 @@ def main() -> None:
         fr = statistics.median(medians["uberprof"]) / statistics.median(
             medians["no-flight-recorder"])
         print(f"  Flight Recorder on / off (both under uberprof):  {fr:.4f}")
+    if "watcher" in modes:
+        watcher_cost(tmp, args.rounds, medians, cpu_medians)
     if "dashboard" in modes:
         r, lo, hi = ratio_interval(medians["dashboard"], medians["uberprof"])
         print(f"run --dashboard / run, median step time:          {r:.4f}  "
@@ -200,6 +208,28 @@ def main() -> None:
         window_variants(args, tmp, extra)
     else:
         window_cost(args, tmp, extra)
+
+
+def watcher_cost(tmp: Path, rounds: int, medians: dict[str, list[float]],
+                 cpu_medians: dict[str, list[float]]) -> None:
+    """The slowdown trigger's watching (`--trace-on-slowdown`, on by default) against the same
+    run without it, interleaved: step time and training-thread CPU ratios, and the trigger's
+    own CPU time per step in the node agent (node.json's `slowdowns`)."""
+    r, lo, hi = ratio_interval(medians["watcher"], medians["uberprof"])
+    print(f"slowdown watching on / off (both --no-trace), median step time: {r:.4f}  "
+          f"(95% interval {lo:.4f}-{hi:.4f} over {rounds} rounds; target: not measurable)")
+    r, lo, hi = ratio_interval(cpu_medians["watcher"], cpu_medians["uberprof"])
+    print(f"  training thread's CPU time per step: {r:.4f} (95% interval {lo:.4f}-{hi:.4f})")
+    per_step = []
+    for i in range(rounds):
+        (node,) = (tmp / f"watcher-{i}").glob("nodes/*/node.json")
+        watch = json.loads(node.read_text()).get("slowdowns") or {}
+        if watch.get("watched_steps"):
+            per_step.append(watch["watch_cpu_ms"] * 1e3 / watch["watched_steps"])
+    if per_step:
+        print(f"  the trigger's own CPU time in the node agent: "
+              f"{statistics.median(per_step):.0f} µs a step (median over {len(per_step)} runs; "
+              f"another process than the ranks')")
 
 
 def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float, float]:

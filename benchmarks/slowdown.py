@@ -1,21 +1,28 @@
-"""How often the slowdown trigger (`uberprof run --trace-on-slowdown`) fires on healthy runs:
-its change-point test replayed on real step timelines, the false-trigger rate printed.
+"""How often the slowdown trigger (on by default in `uberprof run`) fires on healthy runs: the
+node agent's own trigger (step time and each rank's lateness) replayed on real step timelines,
+the false-trigger rate printed with its count.
 
-The test is deterministic given the step times, so it is replayed offline on each node's step
-timelines exactly as the node agent feeds it (per step, the median over the node's ranks), on
-run directories you give (`--replay RUN...`: every run is taken as healthy) or on healthy jobs
-it makes (`--make N`: samples/train_ddp.py, 2 CPU/Gloo ranks, `--steps S`, under `uberprof run
---no-trace --counters none`, one after the other). A run shorter than the test's first
-possible verdict (70 steps) is counted apart. Target: no trigger in any healthy run (exit 1
-otherwise).
+The test is deterministic given the step times and CPU times, so it is replayed offline on each
+node's step timelines exactly as the node agent feeds it, on run directories you give
+(`--replay RUN...`: every run is taken as healthy) or on healthy jobs it makes (`--make N`:
+`--samples` in turn, default samples/train_ddp.py, with `--ranks` CPU/Gloo ranks in turn, 2 and
+4 by default, `--steps S`, seed i for the i-th job, under `uberprof run` with its default
+options, one after the other). Each run also prints its closest approach: the largest share of
+a threshold's rise that the step time's and the ranks' lateness's levels reached (1 triggers).
+A run shorter than the test's first possible verdict (70 steps) is counted apart. Target: no
+trigger in any healthy run (exit 1 otherwise).
+
+`--cost` measures instead the trigger's own CPU time per step (synthetic steps, in-process).
 
 Examples:
-  python benchmarks/slowdown.py --make 20 --steps 200
+  python benchmarks/slowdown.py --make 24 --steps 300 --ranks 2,4 --out /tmp/healthy
+  python benchmarks/slowdown.py --cost
   python benchmarks/slowdown.py --replay uberprof-runs/*
 """
 
 from __future__ import annotations
 
+import random
 import sys
 import tempfile
 from pathlib import Path
@@ -88,6 +95,23 @@ def make(n: int, steps: int, out: Path, ranks: list[int], samples: list[str]) ->
     return runs
 
 
+def cost(ranks: list[int], steps: int = 2000) -> None:
+    """The trigger's own CPU time per step (the node agent's watchdog thread), in this
+    process on synthetic healthy steps of a node of `ranks` ranks: the step time and every
+    rank's lateness watched."""
+    for n in ranks:
+        rng = random.Random(n)
+        data = [[(0.1 * rng.lognormvariate(0, 0.1), 0.05 * rng.lognormvariate(0, 0.05))
+                 for _ in range(n)] for _ in range(steps)]
+        with tempfile.TemporaryDirectory() as scratch:
+            trigger = SlowdownTrigger(Path(scratch), AgentLog("cost"))
+            for step, row in enumerate(data):
+                for rank, (seconds, cpu) in enumerate(row):
+                    trigger.step_read(rank, step, seconds, n, cpu)
+        print(f"{n} ranks a node: {trigger.cpu_ns / 1e3 / steps:.0f} µs of the agent's CPU "
+              f"a step ({len(trigger.detections)} detection(s) in {steps} steps)")
+
+
 def main() -> None:
     p = doc_parser(__doc__)
     p.add_argument("--replay", nargs="*", type=Path, default=[], metavar="RUN")
@@ -97,7 +121,12 @@ def main() -> None:
     p.add_argument("--ranks", default="2,4", help="rank counts of the jobs made, in turn")
     p.add_argument("--samples", default="train_ddp.py",
                    help="samples/ scripts of the jobs made, in turn (comma-separated)")
+    p.add_argument("--cost", action="store_true",
+                   help="only the trigger's CPU time per step, for 2 and 8 ranks a node")
     args = p.parse_args()
+    if args.cost:
+        cost([2, 8])
+        return
     settings = SlowdownSettings()
     runs = list(args.replay)
     if args.make:

@@ -120,7 +120,9 @@ class NodeAgent:
     def _record_slowdowns(self) -> None:
         if self.slowdown is not None:
             self.meta["slowdowns"] = {"detected": list(self.slowdown.detections),
-                                      "suppressed": self.slowdown.budget.suppressed}
+                                      "suppressed": self.slowdown.budget.suppressed,
+                                      "watched_steps": self.slowdown.watched,
+                                      "watch_cpu_ms": round(self.slowdown.cpu_ns / 1e6, 3)}
 
     def finish(self, exit_code: int) -> None:
         if self.watchdog is not None:

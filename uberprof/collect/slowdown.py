@@ -58,6 +58,8 @@ from uberprof.collect.safety import AgentLog
 from uberprof.rundir.layout import TRACES_DIR, RunDir
 
 MAD_SCALE = 1.4826  # MAD to standard deviation under normal noise
+GATE_REFRESH = 10  # values between two full reads of a series' baseline
+GATE_SHARE = 0.8  # a recent level below this share of the rise is not tested in full
 HOUR_NS = 3600 * 1_000_000_000
 
 
@@ -137,6 +139,9 @@ class SlowdownDetector:
         self.budget = budget or Budget(self.s)
         self.rank = rank
         self._steps: deque[tuple[int, float]] = deque(maxlen=self.s.baseline + self.s.recent)
+        self._recent: deque[float] = deque(maxlen=self.s.recent)
+        self._added = 0  # values since the last reset
+        self._gate: tuple[int, float] | None = None  # (at `_added`, the level that asks more)
 
     @property
     def fired_ns(self) -> list[int]:
@@ -149,10 +154,29 @@ class SlowdownDetector:
     def reset(self) -> None:
         """Forget the history: the current level becomes the next baseline."""
         self._steps.clear()
+        self._recent.clear()
+        self._added = 0
+        self._gate = None
 
     def check(self, step: int, value: float) -> Slowdown | None:
-        """Append `value` (step `step`); the rise, if the recent level is one."""
+        """Append `value` (step `step`); the rise, if the recent level is one. The baseline's
+        median and MAD (sorting 200 values) are taken again every `GATE_REFRESH` values only:
+        a recent level below `GATE_SHARE` of their rise is no rise (the baseline moves little
+        in 10 of its 200 values), and one above it is tested in full. The node agent then
+        spends a few µs per series a step (benchmarks/slowdown.py --cost)."""
         self._steps.append((step, value))
+        self._recent.append(value)
+        self._added += 1
+        if len(self._steps) < self.s.min_baseline + self.s.recent:
+            return None
+        if self._gate is None or self._added - self._gate[0] >= GATE_REFRESH:
+            found = self.level()
+            assert found is not None
+            f = found[0]
+            self._gate = (self._added,
+                          f.baseline_s + GATE_SHARE * (f.threshold_s - f.baseline_s))
+        if statistics.median(self._recent) <= self._gate[1]:
+            return None
         found = self.level()
         return found[0] if found is not None and found[1] else None
 
@@ -238,13 +262,17 @@ class SlowdownTrigger:
         self.lateness: dict[int, SlowdownDetector] = {}
         self._pending: dict[int, dict[Any, tuple[float, float | None]]] = {}
         self._recent: deque[float] = deque(maxlen=self.settings.recent)  # step times
+        self.cpu_ns = 0  # this trigger's own CPU time (the node agent's watchdog thread)
+        self.watched = 0  # steps handed to the detectors
         self._next = 0  # the next step to hand to the detectors
         self._latest = -1  # the last step any local rank finished, as read so far
 
     def step_read(self, rank: Any, step: int, seconds: float, local_ranks: int,
                   cpu_s: float | None = None) -> None:
         """Rank `rank` of this node finished `step` in `seconds` (`cpu_s` of them on its
-        training thread's CPU, if known); never raises."""
+        training thread's CPU, if known); never raises. Its own CPU time adds up in
+        `cpu_ns` (node.json's `slowdowns.watch_cpu_ms`)."""
+        start = time.thread_time_ns()
         try:
             self._latest = max(self._latest, step)
             if step < self._next:
@@ -261,9 +289,12 @@ class SlowdownTrigger:
                     break
                 del self._pending[first]
                 self._next = first + 1
+                self.watched += 1
                 self._step_done(first, times)
         except Exception as exc:  # noqa: BLE001 - the trigger is a courtesy, the job goes on
             self.log.error("the slowdown trigger", exc)
+        finally:
+            self.cpu_ns += time.thread_time_ns() - start
 
     def _step_done(self, step: int, times: dict[Any, tuple[float, float | None]]) -> None:
         step_s = statistics.median(v[0] for v in times.values())
