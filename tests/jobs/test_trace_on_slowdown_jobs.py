@@ -63,3 +63,24 @@ def test_a_healthy_job_gets_no_triggered_window(tmp_path: Path, seed: int) -> No
     assert _slowdowns(run)["detected"] == [], proc.stderr[-2000:]
     info = info_json(run)
     assert [[w["steps"] for w in r["trace_windows"]] for r in info["ranks"]] == [[SCHEDULED]] * 2
+
+
+def test_a_rank_falling_behind_inside_slack_is_traced_for_its_lateness(tmp_path: Path) -> None:
+    """Rank 0 sleeps 150 ms every step (off the CPU: slack for rank 1, which waits for it at
+    the all-reduce), and rank 1 computes more from step 80 on, still inside that slack: the
+    job's step time barely moves, and rank 1's lateness (its CPU time against rank 0's)
+    triggers a window on both ranks that names rank 1."""
+    proc = uberprof_run(tmp_path, "slack", torchrun(
+        2, SAMPLES / "train_ddp.py", "--steps", "300", "--sleep-rank", "0", "--sleep-ms", "150",
+        "--sleep-steps", "0-299", "--slow-rank", "1", "--slow-factor", "1.3",
+        "--fault-steps", f"{SLOW_FROM}-299"))
+    run = tmp_path / "slack"
+    slowdowns = _slowdowns(run)
+    assert len(slowdowns["detected"]) == 1, (slowdowns, proc.stderr[-2000:])
+    (found,) = slowdowns["detected"]
+    assert found["trigger"] == "lateness" and found["involved"] == [1], found
+    assert SLOW_FROM <= found["onset"] <= SLOW_FROM + 5 and found["requested"]
+    assert found["level_ms"] < 1.2 * found["baseline_ms"]  # the step barely moved
+    info = info_json(run)
+    windows = [[(w["steps"], w["trigger"]) for w in r["trace_windows"]] for r in info["ranks"]]
+    assert windows[0] == windows[1] == [(SCHEDULED, "schedule"), (found["window"], "lateness")]

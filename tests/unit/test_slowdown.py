@@ -214,7 +214,7 @@ def test_info_lists_each_detection_with_its_window_or_its_refusal(tmp_path: Path
     trigger = SlowdownTrigger(tmp_path / "scratch", AgentLog("node"),
                               SlowdownSettings(max_per_run=1))
     for rise in (100, 300):  # the second is over the budget of one a run
-        _feed(trigger, rise + 100, lambda step: 0.1 * (2 ** (step >= rise)),
+        _feed(trigger, rise + 100, lambda step, at=rise: 0.1 * (2 ** (step >= at)),
               lambda rank, step: 0.05)
     meta = json.loads(node.read_text())
     meta["slowdowns"] = {"detected": trigger.detections, "suppressed": 1}
