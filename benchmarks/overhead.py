@@ -32,6 +32,8 @@
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
     python benchmarks/overhead.py --modes plain,uberprof,watcher --no-window --rounds 6
     python benchmarks/overhead.py --side-by-side --rounds 10
+    python benchmarks/overhead.py --side-by-side --rounds 8 --steps 150 --pair-base=--no-trace \
+        --pair-options="--no-trace --trace-on-slowdown"   (the slowdown trigger's watching)
     python benchmarks/overhead.py --modes plain,uberprof --rounds 1 --window-rounds 4 --hog \
         [--sync-baseline]   (the window's stall, beside a CPU hog; against the old sync export)
     python benchmarks/overhead.py --module-hooks [--rounds 20]   (in one process, no job)
@@ -117,6 +119,11 @@ def main() -> None:
                     help="the modes to interleave (plain and uberprof always run)")
     ap.add_argument("--side-by-side", action="store_true",
                     help="plain and uberprof (--no-trace) at once, cores traded, each round")
+    ap.add_argument("--pair-options", default="--no-trace",
+                    help="with --side-by-side: the `uberprof run` options of the B side")
+    ap.add_argument("--pair-base", default=None, metavar="OPTIONS",
+                    help="with --side-by-side: run the A side under `uberprof run OPTIONS` "
+                    "too (e.g. '--no-trace' against '--no-trace --trace-on-slowdown')")
     ap.add_argument("--no-window", action="store_true",
                     help="skip the trace window's measurement")
     ap.add_argument("--window-rounds", type=int, default=3,
@@ -256,7 +263,12 @@ def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
         cmds = {m: torchrun(args.nproc, args.steps, times[m], [*extra, "--start-gate", str(gate)])
                 for m in wall}
         cmds["uberprof"] = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp),
-                            "--run-id", f"pair-{i}", "--no-trace", "--", *cmds["uberprof"]]
+                            "--run-id", f"pair-{i}", *args.pair_options.split(), "--",
+                            *cmds["uberprof"]]
+        if args.pair_base is not None:  # the A side under uberprof too (one option against)
+            cmds["plain"] = [sys.executable, "-m", "uberprof", "run", "--out", str(tmp),
+                             "--run-id", f"pair-base-{i}", *args.pair_base.split(), "--",
+                             *cmds["plain"]]
         order = list(wall) if i % 2 == 0 else list(reversed(wall))  # who starts on core 0
 
         def one(mode: str, core: int, cmds: dict[str, list[str]] = cmds) -> None:
@@ -279,7 +291,8 @@ def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
     print()
     for what, values in (("training thread's CPU time", cpu), ("wall time", wall)):
         r, lo, hi = median_interval([b / a for a, b in zip(values["plain"], values["uberprof"])])
-        print(f"side by side, uberprof --no-trace / plain, {what} per step: {r:.4f} "
+        base = "plain" if args.pair_base is None else f"uberprof {args.pair_base}"
+        print(f"side by side, uberprof {args.pair_options} / {base}, {what} per step: {r:.4f} "
               f"(median of the pairs' ratios, 95% interval {lo:.4f}-{hi:.4f} over "
               f"{args.rounds} pairs; target <= 1.01)")
 
