@@ -44,7 +44,7 @@ def test_a_slowdown_opens_one_window_on_every_rank_inside_the_slow_stretch(
     # the step time rose, or rank 1's lateness did first (it moves more): either names rank 1
     assert found["trigger"] in ("slowdown", "lateness") and found["involved"] == [1], found
     assert SLOW_FROM <= found["onset"] <= SLOW_FROM + 5 and found["requested"]
-    assert "rank 1's work per step rose" in found["reason"] or "step time rose" in found["reason"]
+    assert "rank 1's work per step" in found["reason"]  # the line names the slow rank
     assert "trace window on steps" in proc.stderr
     info = info_json(run)
     assert info["problems"] == []

@@ -123,7 +123,7 @@ def test_a_slower_step_names_the_rank_that_made_it_slower(tmp_path: Path) -> Non
           lambda rank, step: 0.05 * (2 if rank == 1 and step >= 100 else 1))
     (found,) = trigger.detections
     assert found["trigger"] == "slowdown" and found["involved"] == [1]
-    assert "step time rose" in found["reason"]
+    assert "step time rose" in found["reason"] and "rank 1's work per step" in found["reason"]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -336,7 +336,10 @@ class SlowdownTrigger:
         # ahead of the last step read on this node (the watchdog reads every few seconds: the
         # ranks may be well past the step the detector just saw)
         first = max(step, self._latest) + _margin(step_level)
-        reason = "; ".join(f.words() for f in ([rose] if rose else []) + late)
+        said = {f.rank for f in late}
+        reason = "; ".join([f.words() for f in ([rose] if rose else []) + late] + [
+            f"rank {r}'s work per step is {levels[r][0].level_s:.2f}x the other ranks'"
+            for r in involved if r not in said and r in levels])
         record: dict[str, Any] = {
             "trigger": "slowdown" if rose else "lateness", "step": step, "onset": lead.onset,
             "baseline_ms": round(self._baseline_s * 1e3, 3),
