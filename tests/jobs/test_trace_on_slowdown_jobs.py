@@ -84,3 +84,28 @@ def test_a_rank_falling_behind_inside_slack_is_traced_for_its_lateness(tmp_path:
     info = info_json(run)
     windows = [[(w["steps"], w["trigger"]) for w in r["trace_windows"]] for r in info["ranks"]]
     assert windows[0] == windows[1] == [(SCHEDULED, "schedule"), (found["window"], "lateness")]
+
+
+def test_with_selected_ranks_the_window_records_the_slow_rank_and_a_healthy_reference(
+        tmp_path: Path) -> None:
+    """4 ranks, windows on ranks 0 and 2 only (`--trace-ranks 0,2`), rank 3 twice as slow from
+    step 80: the triggered window is on rank 3 and one selected rank as its healthy reference;
+    the others record only what they would anyway."""
+    proc = uberprof_run(tmp_path, "sel", torchrun(
+        4, SAMPLES / "train_ddp.py", "--steps", "300", "--slow-rank", "3", "--slow-factor", "2",
+        "--fault-steps", f"{SLOW_FROM}-299"), "--trace-ranks", "0,2")
+    run = tmp_path / "sel"
+    slowdowns = _slowdowns(run)
+    assert len(slowdowns["detected"]) == 1, (slowdowns, proc.stderr[-2000:])
+    (found,) = slowdowns["detected"]
+    assert found["involved"] == [3] and found["requested"], found
+    (ref,) = found["reference"]
+    assert ref in (0, 2) and found["ranks"] == sorted([ref, 3])
+    info = info_json(run)
+    windows = {r["rank"]: [(w["steps"], w["trigger"]) for w in r["trace_windows"]]
+               for r in info["ranks"]}
+    triggered = (found["window"], found["trigger"])
+    assert windows == {0: [(SCHEDULED, "schedule")] + ([triggered] if ref == 0 else []),
+                       1: [],
+                       2: [(SCHEDULED, "schedule")] + ([triggered] if ref == 2 else []),
+                       3: [triggered]}, windows
