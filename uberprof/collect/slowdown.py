@@ -262,6 +262,7 @@ class SlowdownTrigger:
         self.lateness: dict[int, SlowdownDetector] = {}
         self._pending: dict[int, dict[Any, tuple[float, float | None]]] = {}
         self._recent: deque[float] = deque(maxlen=self.settings.recent)  # step times
+        self._baseline_s = 0.0  # the step time's baseline at the last detection
         self.cpu_ns = 0  # this trigger's own CPU time (the node agent's watchdog thread)
         self.watched = 0  # steps handed to the detectors
         self._next = 0  # the next step to hand to the detectors
