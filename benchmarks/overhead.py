@@ -26,6 +26,9 @@
    against the same run without it, interleaved; the ratio of median step times with a 95%
    bootstrap interval (target <= 1.01: not measurable), and one scrape's CPU time in the
    agent (8 local ranks of 256 steps, in this process).
+7. The slowdown trigger's watching (mode `watcher`: `--no-trace --trace-on-slowdown`) against
+   `--no-trace` alone, interleaved: step time and training-thread CPU ratios with 95% intervals,
+   and the trigger's own CPU time per step in the node agent (target: not measurable).
 4. `uberprof run --dashboard`: the dashboard served beside the job (a niced process that loads
    the run and follows it), against the same run without it, interleaved; the ratio of median
    step times with a 95% bootstrap interval over the rounds (target <= 1.01: not measurable).
@@ -33,8 +36,11 @@
     python benchmarks/overhead.py [--rounds 5] [--steps 80] [--nproc 2]
     python benchmarks/overhead.py --modes plain,uberprof,dashboard --no-window
     python benchmarks/overhead.py --modes plain,uberprof,metrics --no-window
+    python benchmarks/overhead.py --modes plain,uberprof,watcher --no-window --rounds 6
     python benchmarks/overhead.py --side-by-side --rounds 10
     python benchmarks/overhead.py --side-by-side --pair metrics --rounds 8
+    python benchmarks/overhead.py --side-by-side --pair watcher --rounds 8 --steps 150
+        (the slowdown trigger's watching, against the same run without it)
     python benchmarks/overhead.py --modes plain,uberprof --rounds 1 --window-rounds 4 --hog \
         [--sync-baseline]   (the window's stall, beside a CPU hog; against the old sync export)
     python benchmarks/overhead.py --module-hooks [--rounds 20]   (in one process, no job)
@@ -115,14 +121,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--sample-args", default="", help="extra arguments for the sample")
-    ap.add_argument("--modes", default="plain,uberprof,agent-only,no-flight-recorder,dashboard,"
-                    "metrics",
+    ap.add_argument("--modes", default="plain,uberprof,watcher,agent-only,no-flight-recorder,"
+                    "dashboard,metrics",
                     help="the modes to interleave (plain and uberprof always run)")
     ap.add_argument("--side-by-side", action="store_true",
                     help="plain and uberprof (--no-trace) at once, cores traded, each round")
-    ap.add_argument("--pair", choices=["uberprof", "metrics"], default="uberprof",
+    ap.add_argument("--pair", choices=["uberprof", "metrics", "watcher"], default="uberprof",
                     help="with --side-by-side: uberprof = plain against uberprof run --no-trace; "
-                    "metrics = that against the same with --metrics-port, scraped every second")
+                    "metrics = that against the same with --metrics-port, scraped every second; "
+                    "watcher = that against the same with --trace-on-slowdown")
     ap.add_argument("--no-window", action="store_true",
                     help="skip the trace window's measurement")
     ap.add_argument("--window-rounds", type=int, default=3,
@@ -151,6 +158,7 @@ def main() -> None:
         side_by_side(args, tmp, extra)
         return
     modes = {"plain": None, "uberprof": ["--no-trace"],
+             "watcher": ["--no-trace", "--trace-on-slowdown"],
              "agent-only": ["--no-trace", "--counters", "none"],
              "no-flight-recorder": ["--no-trace"],
              "dashboard": ["--no-trace", "--dashboard"],
@@ -199,6 +207,8 @@ def main() -> None:
         fr = statistics.median(medians["uberprof"]) / statistics.median(
             medians["no-flight-recorder"])
         print(f"  Flight Recorder on / off (both under uberprof):  {fr:.4f}")
+    if "watcher" in modes:
+        watcher_cost(tmp, args.rounds, medians, cpu_medians)
     if "dashboard" in modes:
         r, lo, hi = ratio_interval(medians["dashboard"], medians["uberprof"])
         print(f"run --dashboard / run, median step time:          {r:.4f}  "
@@ -281,6 +291,28 @@ def scrape_cpu_ms(ranks: int = 8, steps: int = 256, repeat: int = 50) -> float:
     return statistics.median(spent) * 1e3
 
 
+def watcher_cost(tmp: Path, rounds: int, medians: dict[str, list[float]],
+                 cpu_medians: dict[str, list[float]]) -> None:
+    """The slowdown trigger's watching (`--trace-on-slowdown`, on by default) against the same
+    run without it, interleaved: step time and training-thread CPU ratios, and the trigger's
+    own CPU time per step in the node agent (node.json's `slowdowns`)."""
+    r, lo, hi = ratio_interval(medians["watcher"], medians["uberprof"])
+    print(f"slowdown watching on / off (both --no-trace), median step time: {r:.4f}  "
+          f"(95% interval {lo:.4f}-{hi:.4f} over {rounds} rounds; target: not measurable)")
+    r, lo, hi = ratio_interval(cpu_medians["watcher"], cpu_medians["uberprof"])
+    print(f"  training thread's CPU time per step: {r:.4f} (95% interval {lo:.4f}-{hi:.4f})")
+    per_step = []
+    for i in range(rounds):
+        (node,) = (tmp / f"watcher-{i}").glob("nodes/*/node.json")
+        watch = json.loads(node.read_text()).get("slowdowns") or {}
+        if watch.get("watched_steps"):
+            per_step.append(watch["watch_cpu_ms"] * 1e3 / watch["watched_steps"])
+    if per_step:
+        print(f"  the trigger's own CPU time in the node agent: "
+              f"{statistics.median(per_step):.0f} µs a step (median over {len(per_step)} runs; "
+              f"another process than the ranks')")
+
+
 def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float, float]:
     """The median of `values` (one per pair: both jobs ran in the same seconds, so each ratio
     is free of the machine's drift) and its 95% bootstrap interval."""
@@ -291,14 +323,16 @@ def median_interval(values: list[float], draws: int = 2000) -> tuple[float, floa
 
 def side_by_side(args: argparse.Namespace, tmp: Path, extra: list[str]) -> None:
     """Mode 5 of the module docstring; with `--pair metrics`, A is `uberprof run --no-trace`
-    and B the same with `--metrics-port 0`, scraped every second (mode 6, side by side)."""
+    and B the same with `--metrics-port 0`, scraped every second (mode 6, side by side); with
+    `--pair watcher`, B has `--trace-on-slowdown` (mode 7, side by side)."""
     from concurrent.futures import ThreadPoolExecutor
 
     sys.path.insert(0, str(ROOT))
     from tests.side_by_side import open_gate_when_ready, start_on, trading_cores, two_cpus
 
-    a, b = ("uberprof", "metrics") if args.pair == "metrics" else ("plain", "uberprof")
-    options = {"uberprof": ["--no-trace"], "metrics": ["--no-trace", "--metrics-port", "0"]}
+    a, b = ("plain", "uberprof") if args.pair == "uberprof" else ("uberprof", args.pair)
+    options = {"uberprof": ["--no-trace"], "metrics": ["--no-trace", "--metrics-port", "0"],
+               "watcher": ["--no-trace", "--trace-on-slowdown"]}
     cpus = two_cpus()
     wall: dict[str, list[float]] = {a: [], b: []}
     cpu: dict[str, list[float]] = {a: [], b: []}

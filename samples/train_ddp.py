@@ -9,6 +9,9 @@ and tests of the diagnosis:
   --host-work-ms H                 every rank does H ms of extra host work per step
   --sleep-rank R --sleep-ms S      rank R sleeps S ms per step on its training thread (off the
                                    CPU by its own doing, as blocking I/O or a lock would be)
+  --sleep-steps A-B[,C-D]          the sleep fault on these steps instead of --fault-steps
+                                   (a rank that leaves the others slack all along, and a
+                                   slow rank from a later step inside it)
   --fault-steps A-B[,C-D]          the slow-rank, slow-data and sleep faults above only on
                                    these steps (0-based, inclusive); the job's other steps are
                                    healthy (a problem and its fix measured in one job:
@@ -161,6 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-work-ms", type=float, default=0.0)
     p.add_argument("--sleep-rank", type=int, default=-1)
     p.add_argument("--sleep-ms", type=float, default=0.0)
+    p.add_argument("--sleep-steps", type=step_set, default=None, metavar="A-B[,C-D]")
     p.add_argument("--extra-matmul", type=int, default=0, metavar="N")
     p.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MB")
     p.add_argument("--no-overlap", action="store_true")
@@ -320,7 +324,8 @@ def train(model: nn.Module, args: argparse.Namespace, rank: int, world: int,
                 model(x)
         if args.host_work_ms:
             _busy_wait(args.host_work_ms / 1e3)
-        if rank == args.sleep_rank and args.sleep_ms and step in faulty:
+        if rank == args.sleep_rank and args.sleep_ms and step in (
+                faulty if args.sleep_steps is None else args.sleep_steps):
             time.sleep(args.sleep_ms / 1e3)
         if args.extra_matmul:  # extra aten::mm work on every rank, outside autograd
             m = torch.ones(256, 256, device=device)

@@ -168,7 +168,19 @@ def _node(node: NodeMeta, problems: list[str]) -> dict[str, Any]:
     return {"node": node.node, "host": node.host, "command": node.command,
             "exit_code": node.exit_code, "start_ns": node.start_ns, "end_ns": node.end_ns,
             "options": node.options or None, "versions": node.versions or None,
-            "counters": node.counters or None}
+            "counters": node.counters or None, "slowdowns": _slowdowns(node.raw)}
+
+
+def _slowdowns(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """node.json's `slowdowns` (collect/slowdown.py): each rise the node's trigger detected,
+    its window or why none (`refused`), and how many the budget left out; None when the
+    trigger was off (or the run predates it)."""
+    value = raw.get("slowdowns")
+    if not isinstance(value, dict):
+        return None
+    detected = [d for d in value.get("detected") or [] if isinstance(d, dict)]
+    suppressed = value.get("suppressed")
+    return {"detected": detected, "suppressed": suppressed if isinstance(suppressed, int) else 0}
 
 
 def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any]:

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from uberprof.collect.safety import AgentLog
-from uberprof.collect.slowdown import HOUR_NS, SlowdownDetector, SlowdownSettings, SlowdownTrigger
+from uberprof.collect.slowdown import (
+    HOUR_NS,
+    SlowdownDetector,
+    SlowdownSettings,
+    SlowdownTrigger,
+    traces_bytes,
+)
 from uberprof.rundir.layout import REQUESTS_DIR
 
 
@@ -79,3 +86,145 @@ def test_a_detection_writes_one_request_per_slot(tmp_path: Path) -> None:
     assert req["first"] > trigger.detections[0]["step"] >= 100
     assert [d["requested"] for d in trigger.detections + other.detections] == [True, False]
     assert trigger.detections[0]["onset"] == 100
+
+
+def _feed(trigger: SlowdownTrigger, steps: int, step_s: Callable[[int], float],
+          cpu_s: Callable[[int, int], float], ranks: int = 2) -> None:
+    """Every rank of a node finishing every step: the job's step time and each rank's CPU."""
+    for step in range(steps):
+        for rank in range(ranks):
+            trigger.step_read(rank, step, step_s(step), ranks, cpu_s(rank, step))
+
+
+def _noisy(seed: int) -> Callable[[int, int], float]:
+    rng = random.Random(seed)
+    return lambda rank, step: 0.05 * rng.lognormvariate(0, 0.05) * (3 if step % 100 == 99 else 1)
+
+
+def test_a_rank_falling_behind_inside_slack_triggers_on_its_lateness(tmp_path: Path) -> None:
+    """Rank 1's work grows by 60% from step 100, and the job's step time does not move (the
+    others waited anyway): the lateness series fires, names rank 1 and asks every rank."""
+    noise = _noisy(0)
+    trigger = SlowdownTrigger(tmp_path, AgentLog("node"))
+    _feed(trigger, 200, lambda step: 0.1,
+          lambda rank, step: noise(rank, step) * (1.6 if rank == 1 and step >= 100 else 1))
+    (found,) = trigger.detections
+    assert found["trigger"] == "lateness" and found["involved"] == [1]
+    assert 100 <= found["onset"] <= 105 and found["step"] <= 120 and found["requested"]
+    req = json.loads((tmp_path / REQUESTS_DIR / "trace-slowdown-1.json").read_text())
+    assert req["trigger"] == "lateness" and req["rank"] == 1 and req["involved"] == [1]
+    assert req["ranks"] is None and "rank 1's work per step rose" in req["reason"]
+
+
+def test_a_slower_step_names_the_rank_that_made_it_slower(tmp_path: Path) -> None:
+    trigger = SlowdownTrigger(tmp_path, AgentLog("node"))
+    rng = random.Random(1)
+    _feed(trigger, 200, lambda step: 0.1 * rng.lognormvariate(0, 0.05) * (2 if step >= 100 else 1),
+          lambda rank, step: 0.05 * (2 if rank == 1 and step >= 100 else 1))
+    (found,) = trigger.detections
+    assert found["trigger"] == "slowdown" and found["involved"] == [1]
+    assert "step time rose" in found["reason"] and "rank 1's work per step" in found["reason"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_healthy_ranks_with_shared_phases_never_trigger(tmp_path: Path, seed: int) -> None:
+    """Noise on every rank's CPU time and step time, and a checkpoint-like step every 100
+    (on every rank, or on rank 0 alone): no detection over 1,000 steps of 4 ranks."""
+    rng = random.Random(seed)
+    noise = _noisy(seed)
+    trigger = SlowdownTrigger(tmp_path, AgentLog("node"))
+    _feed(trigger, 1000, lambda step: 0.1 * rng.lognormvariate(0, 0.1) *
+          (10 if step % 100 == 50 else 1),
+          lambda rank, step: noise(rank, step) * (5 if rank == 0 and step % 100 == 50 else 1),
+          ranks=4)
+    assert trigger.detections == []
+
+
+@pytest.mark.parametrize("selected, window, reference", [
+    ((0,), [0, 1], [0]),  # a selected healthy rank is the reference
+    ((1,), None, None),  # only the late rank selected: the least late other rank joins
+    ((1, 3), [1, 3], [3]),  # a selected rank measured healthy is preferred
+])
+def test_with_selected_ranks_the_window_is_on_the_late_rank_and_a_healthy_reference(
+        tmp_path: Path, selected: tuple[int, ...], window: list[int] | None,
+        reference: list[int] | None) -> None:
+    noise = _noisy(2)
+    trigger = SlowdownTrigger(tmp_path, AgentLog("node"), trace_ranks=selected)
+    _feed(trigger, 200, lambda step: 0.1,
+          lambda rank, step: noise(rank, step) * (2 if rank == 1 and step >= 100 else 1),
+          ranks=4)
+    (found,) = trigger.detections
+    if reference is None:
+        levels = {int(r): v for r, v in found["lateness"].items() if r != "1"}
+        reference = [min(levels, key=levels.__getitem__)]
+        window = sorted([1, *reference])
+    assert found["involved"] == [1] and found["ranks"] == window
+    assert found["reference"] == reference
+    req = json.loads((tmp_path / REQUESTS_DIR / "trace-slowdown-1.json").read_text())
+    assert req["ranks"] == window and req["reference"] == reference and req["involved"] == [1]
+
+
+def test_a_rise_over_the_disk_budget_is_recorded_without_a_window(tmp_path: Path) -> None:
+    traces = tmp_path / "ranks" / "0" / "traces"
+    traces.mkdir(parents=True)
+    (traces / "steps-10-19.pt.trace.json.gz").write_bytes(b"x" * 2000)
+    said: list[int] = []
+    trigger = SlowdownTrigger(tmp_path, AgentLog("node"), SlowdownSettings(disk_budget_bytes=1000),
+                              on_detection=lambda: said.append(1))
+    _feed(trigger, 200, lambda step: 0.1 * (2 if step >= 100 else 1), lambda rank, step: 0.05)
+    (found,) = trigger.detections
+    assert not found["requested"] and "over the disk budget" in found["refused"]
+    assert not (tmp_path / REQUESTS_DIR).exists() and trigger.budget.suppressed == 1
+    assert said == [1]  # node.json is rewritten with the refusal
+    assert traces_bytes(tmp_path) == 2000
+
+
+def test_the_cli_turns_the_trigger_on_unless_told_or_tracing_is_off(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from uberprof.cli import main
+
+    def options(*args: str) -> dict[str, object]:
+        res = CliRunner().invoke(main, ["run", "--out", str(tmp_path), "--run-id", args[0],
+                                        "--counters", "none", *args[1:], "--", "true"])
+        assert res.exit_code == 0, res.output
+        (node,) = (tmp_path / args[0]).glob("nodes/*/node.json")
+        return json.loads(node.read_text())["options"]
+
+    default = options("a")
+    assert default["trace_on_slowdown"] is True and isinstance(default["trace_disk_budget"], int)
+    assert options("b", "--no-trace")["trace_on_slowdown"] is False
+    assert options("c", "--no-trace-on-slowdown")["trace_on_slowdown"] is False
+    on = options("d", "--no-trace", "--trace-on-slowdown", "--trace-disk-budget", "2GB")
+    assert on["trace_on_slowdown"] is True and on["trace_disk_budget"] == 2 * 10**9
+
+
+def test_info_lists_each_detection_with_its_window_or_its_refusal(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from uberprof.cli import main
+    from uberprof.inventory import inventory
+    from uberprof.present.terminal.info import render_info
+
+    res = CliRunner().invoke(main, ["run", "--out", str(tmp_path), "--run-id", "r",
+                                    "--counters", "none", "--", "true"])
+    assert res.exit_code == 0, res.output
+    (node,) = (tmp_path / "r").glob("nodes/*/node.json")
+    trigger = SlowdownTrigger(tmp_path / "scratch", AgentLog("node"),
+                              SlowdownSettings(max_per_run=1))
+    for rise in (100, 300):  # the second is over the budget of one a run
+        _feed(trigger, rise + 100, lambda step, at=rise: 0.1 * (2 ** (step >= at)),
+              lambda rank, step: 0.05)
+    meta = json.loads(node.read_text())
+    meta["slowdowns"] = {"detected": trigger.detections, "suppressed": 1}
+    node.write_text(json.dumps(meta))
+    inv = inventory([tmp_path / "r"], check_traces=False)
+    assert inv["nodes"][0]["slowdowns"]["detected"] == trigger.detections
+    console = Console(record=True, width=300)
+    render_info(inv, console)
+    text = console.export_text()
+    first, last = trigger.detections[0]["window"]
+    assert f"slowdown at step {trigger.detections[0]['step']}" in text
+    assert f"steps {first}-{last} on every rank" in text
+    assert "no window: over the budget of 1 triggered windows a run" in text

@@ -56,6 +56,25 @@ def parse_ranks(text: str | None) -> set[int] | None:
     return out
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,
+               "GB": 10**9, "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+               "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """`500MB`, `5GB`, `2GiB`, `1.5G`, `1000000` (bytes): a size in bytes, at least 0."""
+    number = text.strip()
+    digits = number.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = number[len(digits):].strip().upper()
+    try:
+        value = float(digits)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size (e.g. 500MB, 5GB)") from None
+    if unit not in _SIZE_UNITS or not value >= 0 or value == float("inf"):
+        raise click.BadParameter(f"{text!r} is not a size (e.g. 500MB, 5GB)")
+    return int(value * _SIZE_UNITS[unit])
+
+
 class _Parsed(click.ParamType):
     """A parameter whose text one of the parsers above turns into a value."""
 
@@ -85,7 +104,15 @@ class RankList(_Parsed):
     parser = staticmethod(parse_ranks)
 
 
+class ByteSize(_Parsed):
+    """`--trace-disk-budget 5GB`: a size, as bytes."""
+
+    name = "SIZE"
+    parser = staticmethod(parse_size)
+
+
 STEP_RANGE = StepRange()
+BYTE_SIZE = ByteSize()
 RANK_LIST = RankList()
 
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import click
 
-from uberprof.cli.params import RANK_LIST, FiniteRange
+from uberprof.cli.params import BYTE_SIZE, RANK_LIST, FiniteRange
 from uberprof.collect.config import CollectConfig, TraceSchedule, describe_ranks
 from uberprof.collect.counters.sampler import DEFAULT_HZ, MODES, CounterSettings
 from uberprof.collect.launcher import CommandNotFound, run_wrapped
 from uberprof.collect.node_agent import NodeAgent
 from uberprof.collect.runid import resolve_run_id
+from uberprof.collect.slowdown import SlowdownSettings, default_disk_budget
 from uberprof.collect.watchdog import ACTIONS, HANG_EXIT_CODE, MIN_TIMEOUT_S, STEP_FACTOR
 from uberprof.rundir import RunDir
 
@@ -63,10 +64,16 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
 @click.option("--trace-ranks", type=RANK_LIST, metavar="LIST",
               help="Record trace windows on these ranks only, e.g. 0,7,12-15 (every rank keeps "
               "its step timeline and Flight Recorder) [default: every rank].")
-@click.option("--trace-on-slowdown", is_flag=True,
-              help="Also record a window on every rank when the job's step time rises beyond "
-              "its recent level (20-step median vs the 200 before, 4 MADs and 20%; at most 3 "
-              "a run, 1 an hour). Off by default for now: see docs/run.md.")
+@click.option("--trace-on-slowdown/--no-trace-on-slowdown", default=None,
+              envvar="UBERPROF_TRACE_ON_SLOWDOWN",
+              help="Record a window when the job's step time, or one rank's lateness, rises "
+              "beyond its own recent level (20-step median vs the 200 before, 4 MADs and 20%; "
+              "jobs under 70 steps never trigger; at most 3 a run, 1 an hour): on every rank, "
+              "or with --trace-ranks on the late ranks plus a healthy reference "
+              "(docs/triggers.md) [default: on, off with --no-trace].")
+@click.option("--trace-disk-budget", type=BYTE_SIZE, metavar="SIZE",
+              help="No triggered window once the run directory's traces exceed SIZE (e.g. "
+              "2GB) [default: the smaller of 5 GB and a tenth of the disk's free space].")
 @click.option("--no-trace", is_flag=True, help="No traces: the step timeline only (cheapest).")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in traces (larger files).")
 @click.option("--modules", is_flag=True, help="Time each nn.Module (module::<path> spans in "
@@ -107,8 +114,8 @@ runs torch.profiler itself). For loops without an optimizer, call uberprof.step(
               help="The address --metrics-port listens on (0.0.0.0: every interface).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int | None,
-        trace_active: int, trace_ranks: set[int] | None, trace_on_slowdown: bool,
-        no_trace: bool, with_stack: bool,
+        trace_active: int, trace_ranks: set[int] | None, trace_on_slowdown: bool | None,
+        trace_disk_budget: int | None, no_trace: bool, with_stack: bool,
         modules: bool,
         profile_memory: bool, record_shapes: str, window_memory_mb: int | None,
         counters_mode: str, sample_hz: float, hang_timeout: float | None, on_hang: str,
@@ -120,6 +127,8 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     before it. Its output, exit code and signals pass through unchanged.
     """
     schedule = _schedule(trace_steps, trace_every, trace_active, no_trace)
+    if trace_on_slowdown is None:  # on by default; --no-trace asks for no trace at all
+        trace_on_slowdown = not no_trace
     config = CollectConfig(trace=schedule, with_stack=with_stack, modules=modules,
                            profile_memory=profile_memory,
                            record_shapes={"on": True, "off": False}.get(record_shapes),
@@ -139,6 +148,12 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
                "counters": counters_mode, "sample_hz": sample_hz,
                "hang_timeout": hang_timeout, "on_hang": on_hang,
                "trace_on_slowdown": trace_on_slowdown, "metrics_port": metrics_port}
+    slowdown = None
+    if trace_on_slowdown:
+        slowdown = SlowdownSettings(disk_budget_bytes=trace_disk_budget
+                                    if trace_disk_budget is not None
+                                    else default_disk_budget(run_dir.root))
+        options["trace_disk_budget"] = slowdown.disk_budget_bytes
     counters = CounterSettings(mode=counters_mode, sample_hz=sample_hz)
     try:
         agent: NodeAgent | None = NodeAgent(run_dir, rid, command, config, options, counters)
@@ -163,7 +178,7 @@ def run(out: Path, run_id: str | None, trace_steps: str | None, trace_every: int
     def started(pid: int) -> None:
         if agent is not None:
             agent.start_watchdog(pid, hang_timeout, on_hang, lambda rec: _hang_line(run_dir, rec),
-                                 slowdown=trace_on_slowdown)
+                                 slowdown=slowdown)
 
     try:
         code = run_wrapped(command, env, started)

@@ -26,7 +26,7 @@ from uberprof.collect.counters.sampler import CounterSettings, NodeSampler
 from uberprof.collect.metrics import MetricsServer, NodeFigures, fan_out
 from uberprof.collect.rank.flight_log import FR_ENV
 from uberprof.collect.safety import AgentLog
-from uberprof.collect.slowdown import SlowdownTrigger
+from uberprof.collect.slowdown import SlowdownSettings, SlowdownTrigger
 from uberprof.collect.watchdog import HangWatchdog
 from uberprof.rundir import LOG_FILE, NODE_FILE, RunDir, write_json_atomic
 
@@ -94,12 +94,15 @@ class NodeAgent:
 
     def start_watchdog(self, job_pid: int, timeout_s: float | None, action: str,
                        on_hang: Callable[[dict[str, Any]], None] | None = None,
-                       slowdown: bool = False) -> None:
+                       slowdown: SlowdownSettings | None = None) -> None:
         """Watch the local ranks for a hang (collect/watchdog.py), and with `slowdown` their
-        step times for a rise (collect/slowdown.py); a failure costs the watchdog."""
+        step times and lateness for a rise (collect/slowdown.py); a failure costs the
+        watchdog."""
         try:
-            if slowdown:
-                self.slowdown = SlowdownTrigger(self.run.root, self.log)
+            if slowdown is not None:
+                self.slowdown = SlowdownTrigger(self.run.root, self.log, slowdown,
+                                                trace_ranks=self.config.trace_ranks,
+                                                on_detection=self._slowdowns_changed)
             on_step = self.slowdown.step_read if self.slowdown is not None else None
             figures = self.metrics.figures if self.metrics is not None else None
             on_step = fan_out(on_step, figures.step_read if figures is not None else None)
@@ -130,6 +133,21 @@ class NodeAgent:
             self.log.error("starting the metrics server", exc)
             return None
 
+    def _slowdowns_changed(self) -> None:
+        """node.json lists each detection as it comes (`uberprof info` on a running job)."""
+        self._record_slowdowns()
+        try:
+            write_json_atomic(self.dir / NODE_FILE, self.meta)
+        except OSError as exc:
+            self.log.error("writing node.json after a slowdown", exc)
+
+    def _record_slowdowns(self) -> None:
+        if self.slowdown is not None:
+            self.meta["slowdowns"] = {"detected": list(self.slowdown.detections),
+                                      "suppressed": self.slowdown.budget.suppressed,
+                                      "watched_steps": self.slowdown.watched,
+                                      "watch_cpu_ms": round(self.slowdown.cpu_ns / 1e6, 3)}
+
     def finish(self, exit_code: int) -> None:
         if self.metrics is not None:
             self.metrics.stop()
@@ -137,9 +155,7 @@ class NodeAgent:
             self.watchdog.stop()
             self.meta["hangs"] = self.watchdog.hangs
             self.meta["stopped_after_hang"] = self.watchdog.stopped_job
-        if self.slowdown is not None:
-            self.meta["slowdowns"] = {"detected": self.slowdown.detections,
-                                      "suppressed": self.slowdown.detector.suppressed}
+        self._record_slowdowns()
         self.meta["end_ns"] = time.time_ns()
         self.meta["exit_code"] = exit_code
         if self.sampler is not None:

@@ -1,42 +1,65 @@
-"""The slowdown trigger (`uberprof run --trace-on-slowdown`): a trace window on every rank when
-the job's step time rises beyond its own recent level.
+"""The slowdown trigger (on by default; `uberprof run --no-trace-on-slowdown` turns it off): a
+trace window on every rank when the job's step time, or one rank's lateness, rises beyond its
+own recent level.
 
 It runs in the node agent, never in a rank: the hang watchdog (watchdog.py) already reads what
-each local rank's step timeline grew by, and hands every step's host time to `SlowdownTrigger`.
-A step's time is the median over the node's ranks that finished it (in a synchronous job every
-rank's step lasts as long as the slowest rank's: one slow rank shows in all of them).
+each local rank's step timeline grew by, and hands every step it reads to `SlowdownTrigger`.
+Two signals, each a series of one value per step, are watched by the same change-point test:
+- the step time: the median over the node's ranks that finished the step (in a synchronous job
+  every rank's step lasts as long as the slowest rank's: one slow rank shows in all of them);
+- each rank's lateness: its own work in the step (`cpu_ns`, the training thread's CPU time
+  less uberprof's) over the median of the node's other ranks'. A rank that computes more than
+  before stands out here even when the job's step barely moves (it fell behind inside slack:
+  the others waited less), and the job's own phases (evaluation, a checkpoint) move every rank
+  alike and cancel. It needs two ranks on the node that report their CPU time; work off the
+  CPU (sleep, I/O, a GPU kernel) shows only in the step time.
 
 The change-point test (`SlowdownDetector`), robust to noise and to isolated spikes:
-- level: the median of the last `recent` steps (20);
-- baseline: the median and the MAD of up to `baseline` steps before them (200, at least 50);
-- a slowdown: the level exceeds the baseline by more than `mad_k` (4) scaled MADs and by more
-  than `min_rise` (20%) of it (the threshold), and at least two thirds of the recent steps are
-  above half that rise (a lasting level, not a burst). A checkpoint,
-  an evaluation pass or a garbage collection is one long step (steps are optimizer steps): a
-  few of those among 20 move neither the median nor the two thirds.
-- after a trigger the history is dropped, so the new level becomes the next baseline (a job
-  that stays slow triggers once), and the budget bounds the rest: at most `max_per_run`
-  windows (3) and `max_per_hour` (1) per hour.
+- level: the median of the last `recent` values (20);
+- baseline: the median and the MAD of up to `baseline` values before them (200, at least 50:
+  no verdict before a series has 70 values, so a job shorter than that never triggers);
+- a rise: the level exceeds the baseline by more than `mad_k` (4) scaled MADs and by more
+  than `min_rise` (20%) of it (the threshold), and at least two thirds of the recent values
+  are above half that rise (a lasting level, not a burst). A checkpoint, an evaluation pass or
+  a garbage collection is one long step (steps are optimizer steps): a few of those among 20
+  move neither the median nor the two thirds.
+- after a trigger every series' history is dropped, so the new levels become the next
+  baselines (a job that stays slow triggers once).
 
-On a slowdown it asks for a window exactly as `uberprof trace` does (collect/trace_request.py):
-a request file in the run directory, with `trigger: "slowdown"`, naming a step ahead of the
-job's last. Its name is the trigger's slot (`trace-slowdown-<n>.json`), created exclusively, so
-on a shared run directory the node that sees the slowdown first asks for every rank and the
-others' requests for the same slot are not written.
+A budget (`Budget`) bounds the windows: at most `max_per_run` (3) a run and `max_per_hour` (1)
+an hour, and none once the run directory's traces (every window's files) exceed the disk
+budget (`--trace-disk-budget`, by default the smaller of 5 GB and a tenth of the disk's free
+space when the run starts). A rise over budget is logged and recorded, not traced.
+
+On a rise it asks for a window exactly as `uberprof trace` does (collect/trace_request.py): a
+request file in the run directory naming a step ahead of the job's last, with `trigger`
+(`slowdown` when the step time rose, `lateness` when only ranks' lateness did), `involved`
+(the ranks whose lateness rose, when any did) and `reason` (in words). With `--trace-ranks`
+the window is on the involved ranks plus at least one healthy `reference` rank (one of the
+selected ranks, else the node's least late one); without it, on every rank. Its name is the
+trigger's slot (`trace-slowdown-<n>.json`), created exclusively, so on a shared run directory
+the node that sees the rise first asks, and the others' requests for the same slot are not
+written. Nodes that do not share the run directory each ask their own ranks.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from uberprof.collect.safety import AgentLog
+from uberprof.rundir.layout import TRACES_DIR, RunDir
 
 MAD_SCALE = 1.4826  # MAD to standard deviation under normal noise
+GATE_REFRESH = 10  # values between two full reads of a series' baseline
+GATE_SHARE = 0.8  # a recent level below this share of the rise is not tested in full
 HOUR_NS = 3600 * 1_000_000_000
 
 
@@ -50,36 +73,116 @@ class SlowdownSettings:
     max_per_run: int = 3
     max_per_hour: int = 1
     window_steps: int = 5
+    disk_budget_bytes: int | None = None  # None: no disk budget (the CLI always sets one)
+    lateness: bool = True  # also watch each rank's lateness (its CPU time against its peers')
 
 
 @dataclass
 class Slowdown:
-    """A detected rise: at `step`, the level of the recent steps against the baseline's, and
-    the step from which the recent ones stay above half the rise (`onset`)."""
+    """A detected rise of one series at `step`: the level of the recent values against the
+    baseline's, and the step from which the recent ones stay above half the rise (`onset`).
+    `rank` is None for the node's step time, else the rank whose lateness rose (values are
+    then ratios to the other ranks' work)."""
 
     step: int
     onset: int
     baseline_s: float
     level_s: float
     threshold_s: float
+    rank: int | None = None
 
     def words(self) -> str:
+        if self.rank is not None:
+            return (f"rank {self.rank}'s work per step rose from {self.baseline_s:.2f}x to "
+                    f"{self.level_s:.2f}x the other ranks' from step {self.onset} on")
         return (f"step time rose from {self.baseline_s * 1e3:.0f} to {self.level_s * 1e3:.0f} ms "
                 f"from step {self.onset} on")
 
 
-class SlowdownDetector:
-    """Feed it each step's time in order; `add` returns a `Slowdown` when the level rose (and
-    the budget allows one), else None."""
+class Budget:
+    """How many windows the trigger may still ask for: `max_per_run` and `max_per_hour`, and
+    the disk budget of the run directory's traces. `take` says why not, or records a window."""
 
-    def __init__(self, settings: SlowdownSettings | None = None) -> None:
-        self.s = settings or SlowdownSettings()
-        self._steps: deque[tuple[int, float]] = deque(maxlen=self.s.baseline + self.s.recent)
+    def __init__(self, settings: SlowdownSettings, run_root: Path | None = None) -> None:
+        self.s = settings
+        self.run_root = run_root
         self.fired_ns: list[int] = []
-        self.suppressed = 0  # slowdowns the budget left without a window
+        self.suppressed = 0  # rises the budget left without a window
 
-    def add(self, step: int, seconds: float, now_ns: int | None = None) -> Slowdown | None:
-        self._steps.append((step, seconds))
+    def take(self, now_ns: int) -> str | None:
+        """None when a window may be asked for (and counts it), else why not (counted apart)."""
+        reason = None
+        if len(self.fired_ns) >= self.s.max_per_run:
+            reason = f"over the budget of {self.s.max_per_run} triggered windows a run"
+        elif sum(now_ns - t < HOUR_NS for t in self.fired_ns) >= self.s.max_per_hour:
+            reason = f"over the budget of {self.s.max_per_hour} triggered window(s) an hour"
+        elif self.s.disk_budget_bytes is not None and self.run_root is not None:
+            used = traces_bytes(self.run_root)
+            if used > self.s.disk_budget_bytes:
+                reason = (f"the run's traces take {used / 1e6:.0f} MB, over the disk budget "
+                          f"of {self.s.disk_budget_bytes / 1e6:.0f} MB (--trace-disk-budget)")
+        if reason is not None:
+            self.suppressed += 1
+            return reason
+        self.fired_ns.append(now_ns)
+        return None
+
+
+class SlowdownDetector:
+    """Feed it each step's value in order. `check` says whether the level rose (and keeps the
+    history); `add` also drops the history on a rise and returns it only if the budget
+    allows a window (the trigger's own series; the lateness series share its budget)."""
+
+    def __init__(self, settings: SlowdownSettings | None = None, budget: Budget | None = None,
+                 rank: int | None = None) -> None:
+        self.s = settings or SlowdownSettings()
+        self.budget = budget or Budget(self.s)
+        self.rank = rank
+        self._steps: deque[tuple[int, float]] = deque(maxlen=self.s.baseline + self.s.recent)
+        self._recent: deque[float] = deque(maxlen=self.s.recent)
+        self._added = 0  # values since the last reset
+        self._gate: tuple[int, float] | None = None  # (at `_added`, the level that asks more)
+
+    @property
+    def fired_ns(self) -> list[int]:
+        return self.budget.fired_ns
+
+    @property
+    def suppressed(self) -> int:
+        return self.budget.suppressed
+
+    def reset(self) -> None:
+        """Forget the history: the current level becomes the next baseline."""
+        self._steps.clear()
+        self._recent.clear()
+        self._added = 0
+        self._gate = None
+
+    def check(self, step: int, value: float) -> Slowdown | None:
+        """Append `value` (step `step`); the rise, if the recent level is one. The baseline's
+        median and MAD (sorting 200 values) are taken again every `GATE_REFRESH` values only:
+        a recent level below `GATE_SHARE` of their rise is no rise (the baseline moves little
+        in 10 of its 200 values), and one above it is tested in full. The node agent then
+        spends a few µs per series a step (benchmarks/slowdown.py --cost)."""
+        self._steps.append((step, value))
+        self._recent.append(value)
+        self._added += 1
+        if len(self._steps) < self.s.min_baseline + self.s.recent:
+            return None
+        if self._gate is None or self._added - self._gate[0] >= GATE_REFRESH:
+            found = self.level()
+            assert found is not None
+            f = found[0]
+            self._gate = (self._added,
+                          f.baseline_s + GATE_SHARE * (f.threshold_s - f.baseline_s))
+        if statistics.median(self._recent) <= self._gate[1]:
+            return None
+        found = self.level()
+        return found[0] if found is not None and found[1] else None
+
+    def level(self) -> tuple[Slowdown, bool] | None:
+        """The recent level against the baseline, and whether it is a rise; None before the
+        series is long enough."""
         s = self.s
         if len(self._steps) < s.min_baseline + s.recent:
             return None
@@ -90,47 +193,92 @@ class SlowdownDetector:
         threshold = med + max(s.mad_k * MAD_SCALE * mad, s.min_rise * med)
         level = statistics.median(recent)
         above = [v > (med + threshold) / 2 for v in recent]
-        if level <= threshold or 3 * sum(above) < 2 * len(above):
-            return None
+        rose = level > threshold and 3 * sum(above) >= 2 * len(above)
         recent_steps = [st for st, _ in list(self._steps)[-s.recent:]]
-        # the onset: where the recent steps turn above half the rise for good, the start that
-        # maximises (steps above) - (steps below) from it on (a stray slow step before the rise
-        # is not the onset)
+        # the onset: where the recent values turn above half the rise for good, the start that
+        # maximises (values above) - (values below) from it on (a stray slow step before the
+        # rise is not the onset)
         scores = [sum(1 if up else -1 for up in above[i:]) for i in range(len(above))]
         onset = recent_steps[scores.index(max(scores))]
-        self._steps.clear()  # the new level is the next baseline: a job that stays slow fires once
-        now = time.time_ns() if now_ns is None else now_ns
-        if len(self.fired_ns) >= s.max_per_run or \
-                sum(now - t < HOUR_NS for t in self.fired_ns) >= s.max_per_hour:
-            self.suppressed += 1
+        return Slowdown(self._steps[-1][0], onset, med, level, threshold, self.rank), rose
+
+    def add(self, step: int, seconds: float, now_ns: int | None = None) -> Slowdown | None:
+        found = self.check(step, seconds)
+        if found is None:
             return None
-        self.fired_ns.append(now)
-        return Slowdown(step, onset, med, level, threshold)
+        self.reset()
+        now = time.time_ns() if now_ns is None else now_ns
+        return found if self.budget.take(now) is None else None
+
+
+def traces_bytes(run_root: Path) -> int:
+    """The bytes of every rank's trace windows in the run directory (`ranks/*/traces/`)."""
+    total = 0
+    try:
+        ranks = list(os.scandir(RunDir(run_root).ranks_dir))
+    except OSError:
+        return 0
+    for rank in ranks:
+        try:
+            with os.scandir(Path(rank.path) / TRACES_DIR) as files:
+                total += sum(f.stat().st_size for f in files if f.is_file())
+        except OSError:
+            continue
+    return total
+
+
+DISK_BUDGET_MAX = 5 * 10**9  # the default disk budget's cap: a few hundred windows of a big job
+
+
+def default_disk_budget(run_root: Path) -> int:
+    """The default disk budget: the smaller of 5 GB and a tenth of the free space of the disk
+    that holds the run directory (or of its nearest existing parent) now."""
+    path = run_root
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return DISK_BUDGET_MAX
+    return min(DISK_BUDGET_MAX, free // 10)
 
 
 @dataclass
 class SlowdownTrigger:
-    """The node agent's side: step times from the watchdog's reads, one per step once every
-    local rank that is still running finished it, and a request when the detector fires."""
+    """The node agent's side: step times (and each rank's CPU time) from the watchdog's reads,
+    one step at a time once every local rank that is still running finished it, and a request
+    when a series rose. `on_detection` is told after each detection (node.json follows)."""
 
     run_root: Path
     log: AgentLog
     settings: SlowdownSettings = field(default_factory=SlowdownSettings)
+    trace_ranks: tuple[int, ...] | None = None  # `--trace-ranks`: windows on these only
+    on_detection: Callable[[], None] | None = None
     detections: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.detector = SlowdownDetector(self.settings)
-        self._pending: dict[int, dict[Any, float]] = {}
-        self._next = 0  # the next step to hand to the detector
+        self.budget = Budget(self.settings, self.run_root)
+        self.detector = SlowdownDetector(self.settings, self.budget)
+        self.lateness: dict[int, SlowdownDetector] = {}
+        self._pending: dict[int, dict[Any, tuple[float, float | None]]] = {}
+        self._recent: deque[float] = deque(maxlen=self.settings.recent)  # step times
+        self._baseline_s = 0.0  # the step time's baseline at the last detection
+        self.cpu_ns = 0  # this trigger's own CPU time (the node agent's watchdog thread)
+        self.watched = 0  # steps handed to the detectors
+        self._next = 0  # the next step to hand to the detectors
         self._latest = -1  # the last step any local rank finished, as read so far
 
-    def step_read(self, rank: Any, step: int, seconds: float, local_ranks: int) -> None:
-        """Rank `rank` of this node finished `step` in `seconds`; never raises."""
+    def step_read(self, rank: Any, step: int, seconds: float, local_ranks: int,
+                  cpu_s: float | None = None) -> None:
+        """Rank `rank` of this node finished `step` in `seconds` (`cpu_s` of them on its
+        training thread's CPU, if known); never raises. Its own CPU time adds up in
+        `cpu_ns` (node.json's `slowdowns.watch_cpu_ms`)."""
+        start = time.thread_time_ns()
         try:
             self._latest = max(self._latest, step)
             if step < self._next:
                 return
-            self._pending.setdefault(step, {})[rank] = seconds
+            self._pending.setdefault(step, {})[rank] = (seconds, cpu_s)
             while self._pending:
                 first = min(self._pending)
                 times = self._pending[first]
@@ -142,29 +290,121 @@ class SlowdownTrigger:
                     break
                 del self._pending[first]
                 self._next = first + 1
-                found = self.detector.add(first, statistics.median(times.values()))
-                if found is not None:
-                    self._ask(found)
+                self.watched += 1
+                self._step_done(first, times)
         except Exception as exc:  # noqa: BLE001 - the trigger is a courtesy, the job goes on
             self.log.error("the slowdown trigger", exc)
+        finally:
+            self.cpu_ns += time.thread_time_ns() - start
 
-    def _ask(self, found: Slowdown) -> None:
-        from uberprof.collect.trace_request import margin_steps, write_request
+    def _step_done(self, step: int, times: dict[Any, tuple[float, float | None]]) -> None:
+        step_s = statistics.median(v[0] for v in times.values())
+        self._recent.append(step_s)
+        rose = self.detector.check(step, step_s)
+        late = [f for f in (self._late(step, rank, times) for rank in times) if f is not None]
+        if rose is None and not late:
+            return
+        levels = {r: lv for r, d in self.lateness.items() if (lv := d.level()) is not None}
+        now = self.detector.level()  # the step time's baseline, risen or not
+        self._baseline_s = now[0].baseline_s if now is not None else step_s
+        involved = sorted({f.rank for f in late if f.rank is not None} |
+                          {r for r, (f, _) in levels.items() if _elevated(f)})
+        for d in (self.detector, *self.lateness.values()):
+            d.reset()  # the new levels are the next baselines
+        self._detected(step, rose, late, involved, levels)
 
-        n = len(self.detector.fired_ns)
+    def _late(self, step: int, rank: Any, times: dict[Any, tuple[float, float | None]]
+              ) -> Slowdown | None:
+        """Rank `rank`'s lateness at `step`: its CPU time over the median of the others'."""
+        cpu = times[rank][1]
+        others = [c for r, (_, c) in times.items() if r != rank and c is not None]
+        if not self.settings.lateness or cpu is None or not isinstance(rank, int) or not others:
+            return None
+        peers = statistics.median(others)
+        if peers <= 0:
+            return None
+        if rank not in self.lateness:
+            self.lateness[rank] = SlowdownDetector(self.settings, self.budget, rank=rank)
+        return self.lateness[rank].check(step, cpu / peers)
+
+    def _detected(self, step: int, rose: Slowdown | None, late: list[Slowdown],
+                  involved: list[int], levels: dict[int, tuple[Slowdown, bool]]) -> None:
+        lead = rose or max(late, key=lambda f: f.level_s / max(f.baseline_s, 1e-9))
+        ranks, reference = self._window_ranks(involved, levels)
+        refused = self.budget.take(time.time_ns())
+        n = len(self.detections) + 1
+        step_level = statistics.median(self._recent)
         # ahead of the last step read on this node (the watchdog reads every few seconds: the
         # ranks may be well past the step the detector just saw)
-        first = max(found.step, self._latest) + margin_steps(found.level_s)
-        written = write_request(self.run_root, first=first, steps=self.settings.window_steps,
-                                ranks=None, trigger="slowdown", name=f"slowdown-{n}",
-                                expires_s=600.0, detail={"slowdown": found.words()})
-        record = {"step": found.step, "onset": found.onset,
-                  "baseline_ms": round(found.baseline_s * 1e3, 3),
-                  "level_ms": round(found.level_s * 1e3, 3),
-                  "window": [first, first + self.settings.window_steps - 1],
-                  "requested": written is not None}
+        first = max(step, self._latest) + _margin(step_level)
+        said = {f.rank for f in late}
+        reason = "; ".join([f.words() for f in ([rose] if rose else []) + late] + [
+            f"rank {r}'s work per step is {levels[r][0].level_s:.2f}x the other ranks'"
+            for r in involved if r not in said and r in levels])
+        record: dict[str, Any] = {
+            "trigger": "slowdown" if rose else "lateness", "step": step, "onset": lead.onset,
+            "baseline_ms": round(self._baseline_s * 1e3, 3),
+            "level_ms": round(step_level * 1e3, 3), "involved": involved,
+            "lateness": {str(r): round(f.level_s, 3) for r, (f, _) in sorted(levels.items())},
+            "ranks": ranks, "reference": reference, "reason": reason,
+            "window": [first, first + self.settings.window_steps - 1], "refused": refused,
+            "requested": False}
+        if refused is None:
+            record["requested"] = self._ask(record, len(self.budget.fired_ns))
         self.detections.append(record)
-        self.log.notice(f"{found.words()}: trace window on steps {first}-"
-                        f"{first + self.settings.window_steps - 1} on every rank"
-                        + ("" if written else " (another node asked first)"),
-                        key=f"slowdown-{n}")
+        self._say(record, n)
+
+    def _window_ranks(self, involved: list[int], levels: dict[int, tuple[Slowdown, bool]]
+                      ) -> tuple[list[int] | None, list[int]]:
+        """The window's ranks (None: every rank) and its healthy reference: with
+        `--trace-ranks`, the involved ranks plus one rank measured healthy here (a selected
+        one first, the least late otherwise), else a selected rank; no involved rank known,
+        the selected ranks."""
+        if self.trace_ranks is None:
+            return None, []
+        if not involved:
+            return sorted(self.trace_ranks), []
+        healthy = sorted((r for r, (f, _) in levels.items() if r not in involved),
+                         key=lambda r: (r not in self.trace_ranks, levels[r][0].level_s, r))
+        spare = [r for r in self.trace_ranks if r not in involved]
+        reference = healthy[:1] or spare[:1]
+        return sorted(set(involved) | set(reference)), reference
+
+    def _ask(self, record: dict[str, Any], n: int) -> bool:
+        from uberprof.collect.trace_request import write_request
+
+        detail = {k: record[k] for k in ("involved", "reference", "reason", "onset")}
+        detail["slowdown"] = record["reason"]  # the field's first name (kept for readers)
+        if record["involved"]:
+            detail["rank"] = record["involved"][0]
+        written = write_request(self.run_root, first=record["window"][0],
+                                steps=self.settings.window_steps, ranks=record["ranks"],
+                                trigger=record["trigger"], name=f"slowdown-{n}",
+                                expires_s=600.0, detail=detail)
+        return written is not None
+
+    def _say(self, record: dict[str, Any], n: int) -> None:
+        first, last = record["window"]
+        on = "every rank" if record["ranks"] is None else \
+            f"rank(s) {','.join(map(str, record['ranks']))}"
+        if record["reference"]:
+            on += f" (reference: rank {record['reference'][0]})"
+        if record["refused"] is not None:
+            tail = f": no trace window, {record['refused']}"
+        else:
+            tail = f": trace window on steps {first}-{last} on {on}" + \
+                ("" if record["requested"] else " (another node asked first)")
+        self.log.notice(f"{record['reason']}{tail}", key=f"slowdown-{n}")
+        if self.on_detection is not None:
+            self.on_detection()
+
+
+def _elevated(found: Slowdown) -> bool:
+    """A level above half its rise's threshold: the rank stands out, if less than a trigger."""
+    return found.level_s > (found.baseline_s + found.threshold_s) / 2
+
+
+def _margin(step_s: float) -> int:
+    from uberprof.collect.trace_request import margin_steps
+
+    return margin_steps(step_s)

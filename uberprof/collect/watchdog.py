@@ -92,14 +92,16 @@ class HangWatchdog:
     def __init__(self, run: RunDir, node_dir: Path, log: AgentLog, timeout_s: float | None = None,
                  action: str = "report", on_hang: Callable[[dict[str, Any]], None] | None = None,
                  poll_s: float | None = None,
-                 on_step: Callable[[int, int, float, int], None] | None = None) -> None:
+                 on_step: Callable[[int, int, float, int, float | None], None] | None = None
+                 ) -> None:
         self.run = run
         self.node_dir = node_dir
         self.log = log
         self.timeout_s = timeout_s
         self.action = action
         self.on_hang = on_hang
-        # each step read, (rank, step, seconds, local ranks): the slowdown trigger (slowdown.py)
+        # each step read, (rank, step, seconds, local ranks, CPU seconds or None): the slowdown
+        # trigger (slowdown.py)
         self.on_step = on_step
         self.poll_s = poll_s or (min(5.0, max(0.5, timeout_s / 10)) if timeout_s else 5.0)
         self.job_pid: int | None = None
@@ -203,7 +205,9 @@ class HangWatchdog:
                     r.durations.append((b - a) / 1e9)
                     step = row.get("step")
                     if self.on_step is not None and isinstance(step, int):
-                        self.on_step(r.rank, step, (b - a) / 1e9, len(self._ranks))
+                        cpu = row.get("cpu_ns")
+                        self.on_step(r.rank, step, (b - a) / 1e9, len(self._ranks),
+                                     cpu / 1e9 if isinstance(cpu, int) else None)
 
     # ---- on a hang --------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ def render_info(inv: dict[str, Any], console: Console) -> None:
     if inv.get("traced_ranks"):
         console.print(f"[bold]traced ranks[/bold] {inv['traced_ranks']}; the others keep "
                       "their step timeline and Flight Recorder", highlight=False)
+    _triggers(inv, console)
     _counters(inv, console)
     if inv["problems"]:
         console.print("[bold red]problems[/bold red]")
@@ -59,6 +60,28 @@ def _window(w: dict[str, Any]) -> str:
     a, b = w["steps"]
     trigger = w.get("trigger") or "schedule"
     return f"{a}-{b}" if trigger == "schedule" else f"{a}-{b} ({trigger})"
+
+
+def _triggers(inv: dict[str, Any], console: Console) -> None:
+    """Each rise a node's slowdown trigger saw: what rose, and the window it asked for or why
+    it asked for none (the budget)."""
+    rows = [(n["node"], d) for n in inv["nodes"]
+            for d in (n.get("slowdowns") or {}).get("detected", [])]
+    if not rows:
+        return
+    console.print("[bold]triggered windows[/bold]")
+    for node, d in rows:
+        window = d.get("window") or ["?", "?"]
+        if d.get("refused"):
+            what = f"no window: {d['refused']}"
+        else:
+            ranks = d.get("ranks")
+            on = "every rank" if ranks is None else f"ranks {','.join(map(str, ranks))}"
+            what = f"steps {window[0]}-{window[1]} on {on}" + \
+                ("" if d.get("requested") else " (asked by another node)")
+        console.print(f"  {node}: {d.get('trigger', 'slowdown')} at step {d.get('step')} "
+                      f"({d.get('reason') or d.get('slowdown') or ''}): {what}",
+                      markup=False, highlight=False)
 
 
 def _counters(inv: dict[str, Any], console: Console) -> None:
