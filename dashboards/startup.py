@@ -239,7 +239,7 @@ def _diagnose_in_background(data: Any, stage: list[str], view: StartupView) -> N
 def _open_tables(root: Path, opts: Options, stage: list[str], view: StartupView) -> Any:
     """`read.open_tables` of the run, with the view's progress (and `stage[0]` saying how
     far)."""
-    from uberprof.analysis.diagnosis.model import READING_TRACES
+    from uberprof.analysis.progress import READING_TRACES
     from uberprof.analysis.read import open_tables
 
     stage[0] = "reading the run"

@@ -215,9 +215,11 @@ def test_no_import_circle_in_uberprof() -> None:
 
 VIEWS = ("uberprof/present", "dashboards")
 # What a view may take from the analysis: the one way to open a run and read it, the
-# diagnosis's model, the vocabulary of causes, and the comparison's type for `diff`.
+# diagnosis's model, the vocabulary of causes, the comparison's type for `diff`, and the
+# progress protocol a view implements (a leaf of stage names: taking them from the model
+# loaded numpy and pyarrow into `import uberprof.cli`, before any command ran).
 VIEW_MAY_IMPORT = ("uberprof.analysis.read", "uberprof.analysis.diagnosis.model",
-                   "uberprof.analysis.diagnosis.causes")
+                   "uberprof.analysis.diagnosis.causes", "uberprof.analysis.progress")
 VIEW_MAY_IMPORT_NAMES = {("uberprof.analysis.diff", "Comparison")}
 
 

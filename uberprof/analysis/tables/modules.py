@@ -24,10 +24,9 @@ import re
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from uberprof.analysis.tables.metrics import kind_mask, name_mask
-from uberprof.analysis.tables.operators import self_times
+from uberprof.analysis.tables.operators import self_times, text_codes
 from uberprof.analysis.tables.schemas import MODULE_SCHEMA
 from uberprof.ingest import classify as K
 
@@ -58,17 +57,26 @@ def module_table(events: pa.Table) -> pa.Table:
         step = ev.column("step").to_numpy(zero_copy_only=False)
         if (step >= 0).any():
             keep = step >= 0
-    names = pc.cast(ev.column("name"), pa.string())
-    paths = pc.replace_substring_regex(names, _STRIP.pattern, "")
-    sums = pa.table({"module": paths, "self": self_ns, "dur": dur}).filter(
-        pa.array(keep)).group_by(["module"]).aggregate(
-        [("dur", "count"), ("self", "sum"), ("dur", "sum")])
-    n = sums.num_rows
-    out = pa.table({"module": sums.column("module"),
-                    "source": pa.array([source] * n, pa.string()),
-                    "calls": sums.column("dur_count").cast(pa.int64()),
-                    "total_ns": sums.column("dur_sum").cast(pa.int64()),
-                    "self_ns": sums.column("self_sum").cast(pa.int64())}, schema=MODULE_SCHEMA)
+    # per distinct name, not per span: its path (prefix and `.forward` stripped), then the
+    # spans summed by path on integer codes (pyarrow's group_by loaded its query engine,
+    # acero, into every analysis process for this one table: 10-20 ms each)
+    codes, names = text_codes(ev.column("name"))
+    paths: dict[str | None, int] = {}
+    path_of = np.array([paths.setdefault(_STRIP.sub("", nm), len(paths)) for nm in names]
+                       + [paths.setdefault(None, len(paths)) if (codes < 0).any() else 0],
+                       dtype=np.int64)
+    group = path_of[codes[keep]]  # code -1 (no name): the last entry
+    n = len(paths)
+    calls = np.bincount(group, minlength=n)
+    total, own = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    np.add.at(total, group, dur[keep])
+    np.add.at(own, group, self_ns[keep])
+    some = calls > 0
+    out = pa.table({"module": pa.array(list(paths), pa.string()).filter(pa.array(some)),
+                    "source": pa.array([source] * int(some.sum()), pa.string()),
+                    "calls": pa.array(calls[some], pa.int64()),
+                    "total_ns": pa.array(total[some], pa.int64()),
+                    "self_ns": pa.array(own[some], pa.int64())}, schema=MODULE_SCHEMA)
     return out.sort_by([("total_ns", "descending"), ("module", "ascending")])
 
 

@@ -35,7 +35,7 @@ from uberprof.analysis.tables.schemas import OPERATOR_SCHEMA
 from uberprof.ingest import classify as K
 
 __all__ = ["DEVICE_OP_KINDS", "OP_KINDS", "OpStat", "by_name", "operator_table", "rank_ops",
-           "self_times"]
+           "self_times", "text_codes"]
 
 DEVICE_OP_KINDS = (K.KERNEL, K.COMM_KERNEL, K.MEMCPY, K.MEMSET)
 # CUDA runtime calls (cudaLaunchKernel, cudaMemcpyAsync, synchronisations) inside an operator
@@ -159,7 +159,7 @@ def _sums(events: pa.Table, steps: set[int] | None, by_shapes: bool = False) -> 
     ts = _ints(events.column("ts"), rows)
     dur = _ints(events.column("dur"), rows)
     tid = _ints(events.column("tid"), rows)
-    kind, kinds = _codes(events.column("kind"))
+    kind, kinds = text_codes(events.column("kind"))
     kind = kind[rows]
     runtime = np.isin(kind, [i for i, k in enumerate(kinds) if k in _RUNTIME_KINDS])
     self_ns = dur.copy()
@@ -172,11 +172,11 @@ def _sums(events: pa.Table, steps: set[int] | None, by_shapes: bool = False) -> 
         keep &= np.isin(_ints(events.column("step"), rows),
                         np.fromiter(steps, dtype=np.int64))
     rows = rows[keep]
-    name, names = _codes(events.column("name"))
+    name, names = text_codes(events.column("name"))
     parts = [(kind[keep], kinds), (name[rows], names)]
     del name
     if by_shapes and "shapes" in events.column_names:
-        shape, shapes = _codes(events.column("shapes"))
+        shape, shapes = text_codes(events.column("shapes"))
         parts.append((shape[rows], shapes))
         del shape
     return _grouped(parts, self_ns[keep], dur[keep])
@@ -189,7 +189,7 @@ def _ints(column: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
     return column.to_numpy().astype(np.int64, copy=False)[rows]
 
 
-def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+def text_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     """A text column as int64 codes into its distinct values (-1: null), and those values:
     each event's position in the dictionary, no string per event."""
     arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)

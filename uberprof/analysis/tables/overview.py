@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from uberprof.analysis.tables import quantiles as Q
 from uberprof.analysis.tables.derived import (
     OVERVIEW_FILE,
     OVERVIEW_HEATMAP_FILE,
@@ -138,19 +138,20 @@ def series_of(t: pa.Table, column: str) -> list[RankSeries]:
 
 def step_quantiles(steps: pa.Table) -> dict[str, Any]:
     """Host step time over every step (>= 0) of every rank: its median and p90 in ms, the
-    number of distinct steps, the first and last, and the median data wait in ms."""
-    con = duckdb.connect()
-    try:
-        con.register("s", steps.select(["step", "step_time_ns", "data_wait_ns"]))
-        v = con.execute("""
-            SELECT median(step_time_ns) / 1e6, quantile_cont(step_time_ns, 0.9) / 1e6,
-                   count(DISTINCT step), max(step), min(step), median(data_wait_ns) / 1e6
-            FROM s WHERE step_time_ns IS NOT NULL AND step >= 0
-        """).fetchone()
-    finally:
-        con.close()
-    return {"step_ms_median": v[0], "step_ms_p90": v[1], "steps": v[2] or 0,
-            "first_step": v[4], "last_step": v[3], "data_wait_ms_median": v[5]}
+    number of distinct steps, the first and last, and the median data wait in ms (None where
+    nothing is left to take them from). Numpy, not a query: `quantiles.py` says why."""
+    s = steps.filter(pc.and_(pc.is_valid(steps.column("step_time_ns")),
+                             pc.greater_equal(steps.column("step"), 0)))  # null: dropped
+    step = s.column("step").to_numpy()
+    time_ns = s.column("step_time_ns").to_numpy()
+    ms, p90 = Q.quantile_cont(time_ns, 0.5), Q.quantile_cont(time_ns, 0.9)
+    wait_med = Q.quantile_cont(s.column("data_wait_ns").drop_null().to_numpy(), 0.5)
+    return {"step_ms_median": None if ms is None else ms / 1e6,
+            "step_ms_p90": None if p90 is None else p90 / 1e6,
+            "steps": pc.count_distinct(s.column("step")).as_py(),
+            "first_step": int(step.min()) if step.size else None,
+            "last_step": int(step.max()) if step.size else None,
+            "data_wait_ms_median": None if wait_med is None else wait_med / 1e6}
 
 
 def _unique_sorted(a: pa.ChunkedArray) -> list[int]:

@@ -17,13 +17,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from uberprof.analysis.tables import derived as D
 from uberprof.analysis.tables import metrics as M
+from uberprof.analysis.tables import quantiles as Q
 
-__all__ = ["TIME_SHARES_SCHEMA", "read_run_breakdown", "read_time_shares", "run_breakdown",
+__all__ = ["COLLECTIVE_KINDS_SCHEMA", "TIME_SHARES_SCHEMA", "collective_kinds", "read_run_breakdown", "read_time_shares", "run_breakdown",
            "time_shares", "write_collective_kinds", "write_shares"]
 
 _TOTALS = ("window", "compute", "comm", "overlap", "exposed_comm", "memory", "idle")
@@ -84,17 +86,54 @@ def read_run_breakdown(derived: Path) -> dict[str, Any] | None:
     return (D.read_shares(derived) or {}).get("run")
 
 
+COLLECTIVE_KINDS_SCHEMA = pa.schema([("name", pa.string()), ("bytes", pa.int64()),
+                                     ("calls", pa.int64()), ("ranks", pa.int64()),
+                                     ("total_ms", pa.float64()), ("median_ms", pa.float64())])
+
+
+def _kind_groups(c: pa.Table) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """Each collective's kind: (the kinds' names, their sizes, each row's kind index), the name
+    being the collective's (the event's where it has none), the size its input bytes (else
+    output). One kind per distinct (name, size), nulls included as values of their own."""
+    name = pc.coalesce(c.column("name"), c.column("event")).combine_chunks().dictionary_encode()
+    size = pc.coalesce(c.column("in_bytes"), c.column("out_bytes")).combine_chunks()
+    n_idx = name.indices.fill_null(-1).to_numpy().astype(np.int64)
+    s_val = size.fill_null(0).to_numpy().astype(np.int64)
+    s_null = size.is_null().to_numpy(zero_copy_only=False).astype(np.int64)
+    keys = np.stack([n_idx, s_null, s_val], axis=1)
+    uniq, first, group = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    names = pc.take(name.dictionary, pa.array(np.where(uniq[:, 0] < 0, None, uniq[:, 0]),
+                                                pa.int64()))
+    sizes = pc.take(size, pa.array(first, pa.int64()))
+    return names, sizes, group.reshape(-1)
+
+
+def collective_kinds(c: pa.Table) -> pa.Table:
+    """Per collective kind (`_kind_groups`) of the collectives table `c`: the calls, the ranks,
+    total and median time in ms, by total time (then name and size, for a stable order)."""
+    if c.num_rows == 0:
+        return COLLECTIVE_KINDS_SCHEMA.empty_table()
+    names, sizes, group = _kind_groups(c)
+    n = len(names)
+    dur = pc.subtract(c.column("end_ns"), c.column("start_ns")).combine_chunks()
+    ok = dur.is_valid().to_numpy(zero_copy_only=False)
+    d = dur.fill_null(0).to_numpy().astype(np.int64)
+    timed = np.bincount(group[ok], minlength=n)
+    totals = np.zeros(n, dtype=np.int64)
+    np.add.at(totals, group[ok], d[ok])
+    rank = c.column("rank").combine_chunks()
+    pairs = np.unique(np.stack([group, rank.fill_null(-1).to_numpy().astype(np.int64)], 1)
+                      [rank.is_valid().to_numpy(zero_copy_only=False)], axis=0)
+    medians = Q.group_quantiles(group[ok], d[ok], n, 0.5)
+    t = pa.table({
+        "name": names, "bytes": sizes, "calls": np.bincount(group, minlength=n),
+        "ranks": np.bincount(pairs[:, 0], minlength=n) if len(pairs) else np.zeros(n, np.int64),
+        "total_ms": pa.array(totals / 1e6, mask=timed == 0),
+        "median_ms": pa.array(medians / 1e6, mask=timed == 0)}, schema=COLLECTIVE_KINDS_SCHEMA)
+    return t.sort_by([("total_ms", "descending"), ("name", "ascending"),
+                      ("bytes", "ascending")])
+
+
 def write_collective_kinds(derived: Path) -> None:
-    """derived/collective_kinds.parquet from the run's collectives table: per collective name
-    (the event's where it has none) and message size (input bytes, else output), the calls, the
-    ranks, total and median time in ms, by total time."""
-    with duckdb.connect() as con:
-        con.register("c", D.read_collectives(derived))
-        t = con.sql("""
-            SELECT coalesce(name, event) AS name, coalesce(in_bytes, out_bytes) AS bytes,
-                   count(*) AS calls, count(DISTINCT rank) AS ranks,
-                   sum(end_ns - start_ns) / 1e6 AS total_ms,
-                   median(end_ns - start_ns) / 1e6 AS median_ms
-            FROM c GROUP BY ALL ORDER BY total_ms DESC
-        """).to_arrow_table()
-    D.write_collective_kinds(derived, t)
+    """derived/collective_kinds.parquet: `collective_kinds` of the run's collectives table."""
+    D.write_collective_kinds(derived, collective_kinds(D.read_collectives(derived)))

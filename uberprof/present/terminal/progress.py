@@ -1,5 +1,5 @@
 """The progress bar shown on stderr while traces are read and ranks combined or written (analyze,
-report, export, dashboard): one bar, its stage named in front (`model.Progress`)."""
+report, export, dashboard): one bar, its stage named in front (`analysis.progress.Progress`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from uberprof.analysis.diagnosis.model import READING_TRACES
+from uberprof.analysis.progress import READING_TRACES
 
 __all__ = ["ReadProgress"]
 
