@@ -59,6 +59,7 @@ from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
 from uberprof.analysis.diagnosis.report_doc import RunDoc, as_json
 from uberprof.analysis.diagnosis.stragglers import StragglerTests, name_straggler
 from uberprof.analysis.diagnosis.summaries import summarise
+from uberprof.analysis.diagnosis.timeline_changes import timeline_changes
 from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
 from uberprof.analysis.tables.align import Alignment, align_clocks
@@ -138,6 +139,7 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run.host_wall_ms = _ms(_analysed_wall_ns(traced, host_only=True)) if traced.num_rows else None
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.fix_top_two = top_two(findings, proj)
+    run.timeline_changes = timeline_changes(ctx, busy, alignment.offsets())
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     return Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                      alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
