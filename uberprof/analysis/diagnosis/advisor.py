@@ -62,6 +62,7 @@ from uberprof.analysis.diagnosis.summaries import summarise
 from uberprof.analysis.diagnosis.timeline_changes import timeline_changes
 from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
+from uberprof.analysis.diagnosis.window_compare import compare_windows
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
@@ -141,11 +142,13 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run.fix_top_two = top_two(findings, proj)
     run.timeline_changes = timeline_changes(ctx, busy, alignment.offsets())
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
-    return Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
-                     alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
-                     classes=classes, straggler=tests.straggler, steps=traced,
-                     summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
-                     inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+    d = Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
+                  alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
+                  classes=classes, straggler=tests.straggler, steps=traced,
+                  summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
+                  inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+    compare_windows(ctx, d)  # the windows either side of a change, from the diagnosis made
+    return d
 
 
 def _median_step(traced: pa.Table) -> float | None:
