@@ -37,7 +37,13 @@ import pyarrow.compute as pc
 
 from uberprof.analysis.diagnosis.arrivals import flight_basis
 from uberprof.analysis.diagnosis.busy import BusyTimes
-from uberprof.analysis.diagnosis.level_shifts import MIN_CHANGE, LevelChange, level_changes
+from uberprof.analysis.diagnosis.level_shifts import (
+    MIN_CHANGE,
+    MIN_SEGMENT,
+    LevelChange,
+    level_changes,
+    pettitt,
+)
 from uberprof.analysis.diff.stats import median_ratio_test
 from uberprof.analysis.tables.context import RunContext
 from uberprof.analysis.tables.steptime import own_cost_steps, step_walls
@@ -52,7 +58,8 @@ RANK_MIN_CHANGE = MIN_CHANGE  # a rank's own measure moved by this share of its 
 RANK_MIN_SHARE = 0.5  # ... and by half the job's change at least: it accounts for much of it
 MAX_TESTED = 1000  # steps on each side the strength test reads (the nearest to the onset)
 
-MEASURES = {  # measure -> its words
+MEASURES = {  # measure -> its words; a rank is named by the first that tells, in this order:
+    # its own work before its effect on the others
     "busy": "CPU time per step",
     "data_wait": "data wait per step",
     "lateness": "lateness at the collectives",
@@ -118,11 +125,16 @@ class TimelineWindow:
                 "trigger": self.trigger, "ranks": self.ranks}
 
 
-def job_series(steps: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, ms): the job's step time per untraced step (module docstring)."""
+def job_series(steps: pa.Table, windows: list[TimelineWindow] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, ms): the job's step time per step, without the traced steps, the first step
+    and each step right after a window (module docstring). `windows` names the traced steps
+    too, where their traces were not analysed."""
     walls = step_walls(steps)
     first, after = own_cost_steps(walls)
     skip = set(after) | ({first} if first is not None else set())
+    for w in windows or []:
+        skip |= set(range(w.first, w.last + 2))
     keep = [(s, w) for s, (w, traced) in walls.items() if not traced and s not in skip]
     if not keep:
         return np.zeros(0, np.int64), np.zeros(0, np.float64)
@@ -166,7 +178,8 @@ def strength(ep: Episode) -> tuple[str, dict[str, Any]]:
 def rank_moves(c: LevelChange, steps: np.ndarray, ms: np.ndarray,
                measures: list[RankSeries]) -> dict[str, Any]:
     """Which ranks' own measures moved at the change (module docstring), as `ranks`,
-    `every_rank` and `rank_changes` (each named rank's largest move)."""
+    `every_rank` and `rank_changes` (each named rank's move, by the first measure in
+    `MEASURES` that tells, with the step its own measure changed at)."""
     before = (int(steps[c.lo]), int(steps[c.at - 1]))
     after = (int(steps[c.at]), int(steps[c.hi - 1]))
     rise = float(np.median(ms[c.at:c.hi]) - np.median(ms[c.lo:c.at]))
@@ -183,8 +196,9 @@ def rank_moves(c: LevelChange, steps: np.ndarray, ms: np.ndarray,
             others = [d for q, d in deltas.items() if q != r]
             beyond = (a - b) - (float(np.median(others)) if others else 0.0)
             if _moved(b, a, rise) and (not others or _moved(b, b + beyond, rise)) and \
-                    abs(a - b) > abs(named.get(r, {}).get("delta_ms", 0.0)):
+                    r not in named:  # the first measure that tells, in MEASURES' order
                 named[r] = {"rank": r, "measure": m.measure, "what": MEASURES[m.measure],
+                            "onset_step": _own_onset(m, r, c, steps),
                             "before_ms": round(b, 3), "after_ms": round(a, 3),
                             "delta_ms": round(a - b, 3),
                             "others_delta_ms": round(float(np.median(others)), 3)
@@ -193,6 +207,19 @@ def rank_moves(c: LevelChange, steps: np.ndarray, ms: np.ndarray,
         named = {}
     return {"ranks": sorted(named), "every_rank": every,
             "rank_changes": [named[r] for r in sorted(named)]}
+
+
+def _own_onset(m: RankSeries, rank: int, c: LevelChange, steps: np.ndarray) -> int | None:
+    """Where the rank's own measure changed near the job's change: its own change-point
+    (Pettitt's split) over as many steps either side of the job's onset as the shorter side
+    has (the test finds a split near the middle of what it reads more easily than one near an
+    end), which can be sharper than the job's, whose step times carry every rank's noise."""
+    half = min(c.at - c.lo, c.hi - c.at)
+    lo, hi = int(steps[c.at - half]), int(steps[c.at + half - 1])
+    s, v = m.series[rank]
+    keep = (s >= lo) & (s <= hi) & np.isfinite(v)
+    found = pettitt(v[keep], min_segment=max(2, min(MIN_SEGMENT, half // 2)))
+    return int(s[keep][found[0]]) if found is not None else None
 
 
 def _moved(before: float, after: float, rise: float) -> bool:
@@ -219,20 +246,20 @@ def _moves(m: RankSeries, before: tuple[int, int], after: tuple[int, int]
 
 def own_measures(ctx: RunContext, busy: BusyTimes | None,
                  lateness: pa.Table | None) -> list[RankSeries]:
-    """The ranks' own measures the run has: busy time and data wait (`busy`, CPU runs),
-    lateness (the Flight Recorder's, LATENESS_SCHEMA), and each rank's data wait and step
-    time from the step table."""
+    """The ranks' own measures the run has: busy time (`busy`, CPU runs), data wait and step
+    time (the step table's untraced steps), lateness (the Flight Recorder's,
+    LATENESS_SCHEMA)."""
     out = []
     if busy is not None:
         out.append(RankSeries("busy", {r: (busy.steps, busy.busy[i] / 1e6)
                                        for i, r in enumerate(busy.ranks)}))
-    if lateness is not None and lateness.num_rows:
-        out.append(_per_rank_step(lateness, "lateness_ns", "lateness", "max"))
     steps = ctx.steps(["rank", "step", "traced", "step_time_ns", "data_wait_ns"])
     steps = steps.filter(pc.invert(pc.fill_null(steps.column("traced"), False)))
     out.append(_per_rank_step(steps, "data_wait_ns", "data_wait", "max"))
+    if lateness is not None and lateness.num_rows:
+        out.append(_per_rank_step(lateness, "lateness_ns", "lateness", "max"))
     out.append(_per_rank_step(steps, "step_time_ns", "step_time", "max"))
-    return out
+    return out  # in MEASURES' order
 
 
 def _per_rank_step(t: pa.Table, col: str, measure: str, how: str) -> RankSeries:
@@ -282,13 +309,13 @@ def timeline_changes(ctx: RunContext, busy: BusyTimes | None,
     head tells: the largest change that names ranks, else the largest. The ranks' own
     measures (the Flight Recorder's arrivals among them) are read only when there is a
     change to explain."""
-    steps, ms = job_series(ctx.steps(["rank", "step", "step_time_ns", "traced"]))
+    windows = run_windows(ctx)
+    steps, ms = job_series(ctx.steps(["rank", "step", "step_time_ns", "traced"]), windows)
     changes = level_changes(ms)
     if not changes:
         return []
     fr = flight_basis(ctx, offsets)
     eps = episodes(changes, steps, ms, own_measures(ctx, busy, fr.lateness if fr else None))
-    windows = run_windows(ctx)
     docs = [episode_doc(ep, windows_around(ep, _stretch(eps, i), windows))
             for i, ep in enumerate(eps)]
     size = [(bool(d["ranks"]), abs(np.log(d["ratio"] or 1.0))) for d in docs]
@@ -350,10 +377,14 @@ def _ranks_words(doc: Mapping[str, Any]) -> str:
         return "every rank's own time moved alike"
     if not doc["rank_changes"]:
         return "no rank's own time moved (a cause they share: the machine, the network)"
-    return ", ".join(f"rank {c['rank']} ({c['what']} {c['before_ms']:.1f} -> "
+    return ", ".join(f"rank {c['rank']} ({_from(c)}{c['what']} {c['before_ms']:.1f} -> "
                      f"{c['after_ms']:.1f} ms, the others' {c['others_delta_ms']:+.1f} ms)"
                      for c in doc["rank_changes"][:3]) + \
         (f" and {len(doc['rank_changes']) - 3} more" if len(doc["rank_changes"]) > 3 else "")
+
+
+def _from(c: Mapping[str, Any]) -> str:
+    return f"from step {c['onset_step']}, " if c["onset_step"] is not None else ""
 
 
 def _windows_words(doc: Mapping[str, Any]) -> str:

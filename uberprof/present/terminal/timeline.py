@@ -25,6 +25,6 @@ def timeline_lines(run: dict[str, Any]) -> list[tuple[str, bool]]:
             out.append((c["windows_compared"]["sentence"], True))
     out += [(f"also {c['summary']}", False) for c in others[:MAX_OTHERS]]
     if len(others) > MAX_OTHERS:
-        out.append((f"{len(others) - MAX_OTHERS} more change(s) of level: --json "
-                    "(run.timeline_changes)", False))
+        more = f"{len(others) - MAX_OTHERS} more change(s) of level: --json (run.timeline_changes)"
+        out.append((more, False))
     return out
