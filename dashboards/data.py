@@ -310,8 +310,11 @@ class RunData(StepTables, Counters):
 
     def timeline_changes(self) -> list[dict[str, Any]]:
         """Where the step time changed level, as the diagnosis saved it
-        (`run.timeline_changes`); [] without a diagnosis."""
-        d = self.diagnose()
+        (`run.timeline_changes`); [] without a diagnosis. A run without traces has one too
+        (its step timelines tell the story, as `report` prints it), which `diagnose` keeps
+        from the other pages."""
+        self.diagnose()
+        d = self.opened.diagnosis if self.opened is not None else None
         return list(d.run["timeline_changes"]) if d is not None else []
 
     def failures(self) -> list[Finding]:

@@ -143,6 +143,6 @@ def test_the_report_head_says_the_lead_change_and_the_windows_compared(
     compared = {"sentence": "window 2 against window 1: median step 80 -> 250 ms (slower)"}
     changes = [{**c, "windows_compared": compared if c["lead"] else None} for c in slowdown]
     lines = timeline_lines({"timeline_changes": changes})
-    lead = [c for c in changes if c["lead"]][0]
+    lead = next(c for c in changes if c["lead"])
     assert lines[0] == (lead["summary"], True) and lines[1] == (compared["sentence"], True)
     assert timeline_lines({"timeline_changes": []}) == []
