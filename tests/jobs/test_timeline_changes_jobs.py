@@ -44,3 +44,4 @@ def test_report_names_the_slow_rank_and_the_step_the_slowdown_began(tmp_path: Pa
     compared = lead["windows_compared"]
     assert compared is not None and compared["step_time_ms"]["verdict"] == "slower"
     assert compared["before_window"] == 1 and compared["moved"], compared
+    assert isinstance(compared["findings"], list)  # each window diagnosed on its own

@@ -93,7 +93,9 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
         return _diagnose_context(ctx, threshold_ns)
 
 
-def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
+def _diagnose_context(ctx: RunContext, threshold_ns: int, story: bool = True) -> Diagnosis:
+    """The diagnosis; with `story`, the changes of the step time's level and the comparison
+    of the windows either side (whose own diagnoses are made without)."""
     problems = list(ctx.problems)
     matched, alignment, aligned = _aligned_collectives(ctx)
 
@@ -140,14 +142,15 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run.host_wall_ms = _ms(_analysed_wall_ns(traced, host_only=True)) if traced.num_rows else None
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.fix_top_two = top_two(findings, proj)
-    run.timeline_changes = timeline_changes(ctx, busy, alignment.offsets())
+    run.timeline_changes = timeline_changes(ctx, busy, alignment.offsets()) if story else []
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings)
     d = Diagnosis(run=as_json(run), ranks=ranks_doc(ctx, traced, summaries), findings=findings,
                   alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
                   classes=classes, straggler=tests.straggler, steps=traced,
                   summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
                   inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
-    compare_windows(ctx, d)  # the windows either side of a change, from the diagnosis made
+    if story:  # the windows either side of a change, each diagnosed on its own
+        compare_windows(ctx, d, lambda w: _diagnose_context(w, threshold_ns, story=False))
     return d
 
 

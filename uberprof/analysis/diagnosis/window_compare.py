@@ -1,22 +1,26 @@
 """What changed between the trace window before a change of the step time and the one after
-it: `uberprof diff`'s comparison (`diff.compare`) of the two windows of one run, each reduced
-to a `RunProfile` (`diff.profiles.profile_of`) from the run's own diagnosis and tables.
+it: each window diagnosed on its own, and the two compared as `uberprof diff` compares two
+runs (`diff.compare`, on each window's `RunProfile`: `diff.profiles.profile_of`).
 
 The windows compared: the nearest window before the onset, and after it the first window a
-trigger opened (a slowdown's own window), else the first one. Each is profiled on its own
-steps: the step time, the breakdown (compute, exposed communication, idle by cause, data
-wait, ...), operators and kernels (from each rank's events over those steps), collectives and
-counters; `compare` says whether the step time moved beyond the steps' own variation and what
-moved with it, per step. The findings are the run's, made from every analysed window at once:
-what the comparison tells apart is the measurements under them.
+trigger opened (a slowdown's own window), else the first one. Each is diagnosed as the run
+with only that window traced (`RunContext.window`: its steps and collectives; the Flight
+Recorder's arrivals over the untraced steps are the run's, as in any diagnosis), so its
+findings are its own; then profiled: step time, breakdown (compute, exposed communication,
+idle by cause, data wait, ...), operators and kernels (from each rank's events over those
+steps), collectives and counters. `compare` says whether the step time moved beyond the steps'
+own variation, which findings appeared, went or grew (time at stake per analysed step), and
+what moved under them.
 
-Reading operators over a window reads every compared rank's event table, so this runs only
-where a change has a window on either side, and over at most `MAX_RANKS` ranks: the named
-ranks first, then the lowest others.
+That is two more diagnoses and a read of each compared rank's events, so it runs only for the
+lead change (`lead`, the one the report's head tells; another change between the same two
+windows shares it), and reads operators over at most `MAX_RANKS` ranks: the named ranks first,
+then the lowest others.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.compute as pc
@@ -33,21 +37,27 @@ MAX_ROWS = 5  # rows of each kind kept: what moved most
 MIN_CHANGE_PCT = 5.0  # `uberprof diff`'s default: what a compared step time must move by
 
 
-def compare_windows(ctx: RunContext, d: Diagnosis) -> None:
-    """Fill `windows_compared` of every change in `d.run["timeline_changes"]` that has an
-    analysed window on either side (None for the others)."""
-    made: dict[tuple[int, int, tuple[int, ...]], dict[str, Any]] = {}
-    for change in d.run["timeline_changes"]:
-        pair = _pair(change, d)
-        if pair is None:
-            continue
-        ranks = _ranks(change, d)
-        key = (pair[0]["window"], pair[1]["window"], tuple(sorted(ranks)))
-        if key not in made:  # two changes between the same windows: compared once
-            before, after = (profile_of(ctx, d, ctx.root, ranks=ranks,
-                                        steps=(w["steps"][0], w["steps"][1])) for w in pair)
-            made[key] = windows_compared(compare(before, after, MIN_CHANGE_PCT), *pair)
-        change["windows_compared"] = made[key]
+def compare_windows(ctx: RunContext, d: Diagnosis,
+                    diagnose: Callable[[RunContext], Diagnosis]) -> None:
+    """Fill `windows_compared` of the lead change in `d.run["timeline_changes"]` (and of any
+    other between the same windows) where it has an analysed window on either side;
+    `diagnose` makes a window's diagnosis (the advisor's, without this step)."""
+    changes = d.run["timeline_changes"]
+    lead = next((c for c in changes if c["lead"]), None)
+    pair = _pair(lead, d) if lead is not None else None
+    if lead is None or pair is None:
+        return
+    ranks = _ranks(lead, d)
+    sides = []
+    for w in pair:
+        first, last = w["steps"]
+        wctx = ctx.window(first, last)
+        sides.append(profile_of(wctx, diagnose(wctx), ctx.root, ranks=ranks,
+                                steps=(first, last)))
+    doc = windows_compared(compare(sides[0], sides[1], MIN_CHANGE_PCT), *pair)
+    for c in changes:
+        if c is lead or _pair(c, d) == pair:
+            c["windows_compared"] = doc
 
 
 def _pair(change: dict[str, Any], d: Diagnosis) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -87,9 +97,29 @@ def windows_compared(c: Comparison, before: dict[str, Any], after: dict[str, Any
            "step_time_ms": {"before": st["a"]["median"], "after": st["b"]["median"],
                             "ratio": st["ratio"], "verdict": st["verdict"],
                             "reason": st["test"]["reason"]},
-           "moved": grew, "notes": c.notes}
+           "findings": _findings(c), "moved": grew, "notes": c.notes}
     doc["sentence"] = _sentence(doc)
     return doc
+
+
+def _findings(c: Comparison) -> list[dict[str, Any]]:
+    """The findings that appeared, grew, shrank or went, by their change in time at stake per
+    analysed step (ms), largest first: `{change, kind, cause, title, before_ms, after_ms,
+    delta_ms, before_severity, after_severity}`."""
+    out = []
+    for change, rows in (("appeared", c.findings["new"]), ("went", c.findings["gone"]),
+                         ("changed", c.findings["changed"])):
+        for r in rows:
+            a, b = r["a_ms"], r["b_ms"]
+            delta = (b or 0.0) - (a or 0.0)
+            word = change if change != "changed" else "grew" if delta > 0 else "shrank"
+            if word in ("grew", "shrank") and abs(delta) < 0.05:
+                continue
+            out.append({"change": word, "kind": r["kind"], "cause": r["cause"],
+                        "title": r["title"], "before_ms": a, "after_ms": b,
+                        "delta_ms": round(delta, 3), "before_severity": r["a_severity"],
+                        "after_severity": r["b_severity"]})
+    return sorted(out, key=lambda r: -abs(r["delta_ms"]))[:MAX_ROWS]
 
 
 def _row(kind: str, name: str, r: dict[str, Any]) -> dict[str, Any]:
@@ -108,12 +138,23 @@ def _sentence(doc: dict[str, Any]) -> str:
     st = doc["step_time_ms"]
     out = (f"window {doc['after_window']} against window {doc['before_window']}: median step "
            f"{_n(st['before'])} -> {_n(st['after'])} ms ({st['verdict']})")
+    if doc["findings"]:
+        out += "; findings: " + ", ".join(_finding_words(r) for r in doc["findings"][:3])
     if doc["moved"]:
         out += "; moved most: " + ", ".join(
             f"{r['name']} {r['delta_ms']:+.1f} ms/step"
             + (f" ({r['share_pct']:.0f}% of the change)" if r["share_pct"] is not None else "")
             for r in doc["moved"][:3])
     return out
+
+
+def _finding_words(r: dict[str, Any]) -> str:
+    """"idle (host) grew 7.1 -> 22.0 ms/step", "straggler appeared (12.0 ms/step)"."""
+    name = r["kind"] + (f" ({r['cause']})" if r["cause"] and r["cause"] != r["kind"] else "")
+    if r["change"] in ("grew", "shrank"):
+        return f"{name} {r['change']} {_n(r['before_ms'])} -> {_n(r['after_ms'])} ms/step"
+    ms = r["after_ms"] if r["change"] == "appeared" else r["before_ms"]
+    return f"{name} {r['change']} ({_n(ms)} ms/step)"
 
 
 def _n(v: float | None) -> str:
