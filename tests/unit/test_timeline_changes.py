@@ -20,6 +20,7 @@ from uberprof.analysis.diagnosis.timeline_changes import (
     RankSeries,
     TimelineWindow,
     episodes,
+    levels,
     rank_moves,
     timeline_changes,
     windows_around,
@@ -123,19 +124,25 @@ def test_a_rise_every_rank_shares_names_no_rank_and_says_so() -> None:
     assert moves["ranks"] == [2] and moves["rank_changes"][0]["onset_step"] == 50
 
 
-def test_the_windows_either_side_are_those_within_the_stretch_of_the_change() -> None:
+def test_the_windows_either_side_are_those_at_the_level_left_and_the_level_reached() -> None:
     steps = np.arange(400)
-    ms = np.where(steps < 150, 60.0, 120.0)
-    ms = np.where(steps >= 300, 60.0, ms)  # and back at 300
-    eps = episodes(level_changes(ms), steps, ms, [])
-    assert [e.onset for e in eps] == [150, 300]
+    ms = np.select([steps < 40, steps < 150, steps < 300], [90.0, 60.0, 120.0], 60.0)
+    changes = level_changes(ms)
+    eps = episodes(changes, steps, ms, [])
+    assert [(e.onset, e.slower) for e in eps] == [(40, False), (150, True), (300, False)]
     windows = [TimelineWindow(1, 10, 19, "schedule", [0, 1]),
                TimelineWindow(2, 200, 204, "slowdown", [0, 1]),
                TimelineWindow(3, 350, 359, "on demand", [0, 1])]
-    before, after = windows_around(eps[0], (-1, eps[1].onset), windows)
+    level_at = levels(changes, steps, ms)
+    # window 1 ran at 90 ms, before the job settled at 60: still below the 120 ms slowdown
+    before, after = windows_around(eps[1], eps[2].onset, windows, level_at)
     assert [w.number for w in before] == [1] and [w.number for w in after] == [2]
-    before, after = windows_around(eps[1], (eps[0].onset, 1 << 62), windows)
-    assert [w.number for w in before] == [2] and [w.number for w in after] == [3]
+    # the speed-up back to 60 ms departs from both (the comparison takes the nearest)
+    before, after = windows_around(eps[2], 1 << 62, windows, level_at)
+    assert [w.number for w in before] == [1, 2] and [w.number for w in after] == [3]
+    # a window at a level the change does not depart from is no "before" of it
+    flat = [TimelineWindow(1, 10, 19, "schedule", [0, 1])]
+    assert windows_around(eps[1], 1 << 62, flat, lambda _: 110.0)[0] == []
 
 
 def test_the_report_head_says_the_lead_change_and_the_windows_compared(

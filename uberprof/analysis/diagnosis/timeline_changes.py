@@ -21,13 +21,16 @@ windows cover the steps before and after (`run.timeline_changes`, docs/report.md
   move: the rank that slowed, not those that waited for it. When every rank's measure moved
   alike, `every_rank` says so (the work of every rank changed).
 - **Windows**: each trace window of the run (the same steps on several ranks are one window,
-  numbered by first step, with what opened it: rank.json's `trace.triggers`) that lies in the
-  steps before an episode, and after it.
+  numbered by first step, with what opened it: rank.json's `trace.triggers`) before the onset
+  that ran at a level the change departs from, and from the onset until the next change the
+  other way (`windows_around`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,14 +295,37 @@ def run_windows(ctx: RunContext) -> list[TimelineWindow]:
             for i, ((a, b, t), rs) in enumerate(sorted(found.items()))]
 
 
-def windows_around(ep: Episode, stretch: tuple[int, int], windows: list[TimelineWindow]
-                   ) -> tuple[list[TimelineWindow], list[TimelineWindow]]:
-    """The windows before the onset and from it, within `stretch`: the steps from the last
-    change the other way before the episode to the next one after it (a window taken before a
-    speed-up is no "before" of the slowdown that undoes it)."""
-    lo, hi = stretch
-    return ([w for w in windows if w.first >= lo and w.last < ep.onset],
-            [w for w in windows if w.first >= ep.onset and w.last < hi])
+def windows_around(ep: Episode, until: int, windows: list[TimelineWindow],
+                   level_at: Callable[[int], float]) -> tuple[list[TimelineWindow],
+                                                              list[TimelineWindow]]:
+    """The windows before the onset that ran at a level the change departs from (the job's
+    step time at them, `level_at`, below the new level by `MIN_CHANGE` for a slowdown, above
+    it for a speed-up: a window at start-up, before the job settled faster, is still a
+    "before" of a later slowdown), and the windows from the onset until step `until` (the
+    next change the other way)."""
+    after_ms = float(np.median(ep.after()))
+
+    def departs(w: TimelineWindow) -> bool:
+        lvl = level_at(w.first)
+        return after_ms >= (1 + MIN_CHANGE) * lvl if ep.slower else \
+            lvl >= (1 + MIN_CHANGE) * after_ms
+
+    return ([w for w in windows if w.last < ep.onset and departs(w)],
+            [w for w in windows if ep.onset <= w.first and w.last < until])
+
+
+def levels(changes: list[LevelChange], steps: np.ndarray, ms: np.ndarray
+           ) -> Callable[[int], float]:
+    """The job's level at a step: the median of the segment between changes that holds it
+    (a traced step, left out of the series, takes the segment of the next step kept)."""
+    bounds = [0, *(c.at for c in changes), int(ms.size)]
+    medians = [float(np.median(ms[a:b])) for a, b in itertools.pairwise(bounds)]
+
+    def at(step: int) -> float:
+        i = min(int(np.searchsorted(steps, step)), int(ms.size) - 1)
+        return medians[bisect.bisect_right(bounds[1:-1], i)]
+
+    return at
 
 
 def timeline_changes(ctx: RunContext, busy: BusyTimes | None,
@@ -316,20 +342,19 @@ def timeline_changes(ctx: RunContext, busy: BusyTimes | None,
         return []
     fr = flight_basis(ctx, offsets)
     eps = episodes(changes, steps, ms, own_measures(ctx, busy, fr.lateness if fr else None))
-    docs = [episode_doc(ep, windows_around(ep, _stretch(eps, i), windows))
+    level_at = levels(changes, steps, ms)
+    docs = [episode_doc(ep, windows_around(ep, _until(eps, i), windows, level_at))
             for i, ep in enumerate(eps)]
     size = [(bool(d["ranks"]), abs(np.log(d["ratio"] or 1.0))) for d in docs]
     docs[size.index(max(size))]["lead"] = True
     return docs
 
 
-def _stretch(eps: list[Episode], i: int) -> tuple[int, int]:
-    """From the onset of the last episode before `i` that went the other way (or the first
-    step) to the onset of the next one that does (or past the last step)."""
-    other = [e.onset for e in eps if e.slower != eps[i].slower]
-    lo = max([s for s in other if s < eps[i].onset], default=-1)
-    hi = min([s for s in other if s > eps[i].onset], default=1 << 62)
-    return lo, hi
+def _until(eps: list[Episode], i: int) -> int:
+    """The onset of the next episode after `i` that went the other way (or past the last
+    step)."""
+    return min([e.onset for e in eps if e.slower != eps[i].slower and e.onset > eps[i].onset],
+               default=1 << 62)
 
 
 def episode_doc(ep: Episode, around: tuple[list[TimelineWindow], list[TimelineWindow]]
