@@ -41,18 +41,28 @@ def test_the_lead_change_gets_the_comparison_of_its_two_windows(ctx: RunContext)
     windows = {n: {"window": n, "steps": [s, s], "trigger": t, "ranks": [0, 1]}
                for n, s, t in ((1, 10, "schedule"), (2, 12, "slowdown"))}
     lead = {"lead": True, "ranks": [1], "windows_before": [windows[1]],
+            "before": {"first_step": 1, "last_step": 11},
+            "after": {"first_step": 12, "last_step": 39},
             "windows_after": [windows[2]], "windows_compared": None}
     other = {**lead, "lead": False, "windows_after": []}
     d.run["timeline_changes"] = [other, lead]
     made: list[list[int]] = []
+    spans: list[tuple[int, int]] = []
+    diagnosed: list[advisor.Diagnosis] = []
 
     def diagnose(w: RunContext) -> advisor.Diagnosis:
         out = advisor.diagnose_context(w)
         made.append(out.run["analysed_steps"])
+        steps = w.steps().column("step").to_pylist()
+        spans.append((min(steps), max(steps)))
+        diagnosed.append(out)
         return out
 
     compare_windows(ctx, d, diagnose)
     assert made == [[10], [12]] and other["windows_compared"] is None
+    # each window's diagnosis read the steps of its own stretch only
+    assert spans == [(1, 11), (12, 39)]
+    assert [sorted(set(d.steps.column("step").to_pylist())) for d in diagnosed] == [[10], [12]]
     c = lead["windows_compared"]
     assert (c["before_window"], c["after_window"]) == (1, 2) and c["ranks"] == [0, 1]
     assert c["step_time_ms"]["before"] and c["step_time_ms"]["after"]

@@ -4,9 +4,10 @@ runs (`diff.compare`, on each window's `RunProfile`: `diff.profiles.profile_of`)
 
 The windows compared: the nearest window before the onset, and after it the first window a
 trigger opened (a slowdown's own window), else the first one. Each is diagnosed as the run
-with only that window traced (`RunContext.window`: its steps and collectives; the Flight
-Recorder's arrivals over the untraced steps are the run's, as in any diagnosis), so its
-findings are its own; then profiled: step time, breakdown (compute, exposed communication,
+with only that window traced and only the steps of its own level (`RunContext.window`: the
+window's steps and collectives, and the untraced steps from the change's `before`, or
+`after`, stretch, whose Flight Recorder arrivals join the straggler test), so its findings
+are its own: a straggler that began at the change is not found in the healthy window; then profiled: step time, breakdown (compute, exposed communication,
 idle by cause, data wait, ...), operators and kernels (from each rank's events over those
 steps), collectives and counters. `compare` says whether the step time moved beyond the steps'
 own variation, which findings appeared, went or grew (time at stake per analysed step), and
@@ -49,9 +50,12 @@ def compare_windows(ctx: RunContext, d: Diagnosis,
         return
     ranks = _ranks(lead, d)
     sides = []
-    for w in pair:
+    for w, stretch in zip(pair, (lead["before"], lead["after"]), strict=True):
         first, last = w["steps"]
-        wctx = ctx.window(first, last)
+        # the window's diagnosis reads the steps of its own level only (the Flight
+        # Recorder's arrivals among them): the healthy stretch's, or the changed one's
+        span = (min(first, stretch["first_step"]), max(last, stretch["last_step"]))
+        wctx = ctx.window(first, last, span)
         sides.append(profile_of(wctx, diagnose(wctx), ctx.root, ranks=ranks,
                                 steps=(first, last)))
     doc = windows_compared(compare(sides[0], sides[1], MIN_CHANGE_PCT), *pair)
