@@ -27,20 +27,22 @@ def test_report_names_the_slow_rank_and_the_step_the_slowdown_began(tmp_path: Pa
         "--slow-factor", "2", "--fault-steps", f"{SLOW_FROM}-{STEPS - 1}"),
         "--trace-on-slowdown")
     run = tmp_path / "story"
-    windows = [[(tuple(w["steps"]), w["trigger"]) for w in r["trace_windows"]]
-               for r in info_json(run)["ranks"]]
-    assert windows[0] == windows[1] and windows[0][0] == ((10, 19), "schedule"), windows
-    (slow_window,) = [w for w, trigger in windows[0] if trigger == "slowdown"]
-    assert SLOW_FROM < slow_window[0] and slow_window[1] < STEPS
-
     changes = report_json(run)["run"]["timeline_changes"]
     (lead,) = [c for c in changes if c["lead"]]
     assert lead["direction"] == "slower" and lead["ranks"] == [SLOW_RANK], lead["summary"]
     onsets = (lead["onset_step"], lead["rank_changes"][0]["onset_step"])
     assert all(abs(s - SLOW_FROM) <= NEAR for s in onsets), lead["summary"]
-    assert [w["window"] for w in lead["windows_before"]] == [1]
+    assert [w["window"] for w in lead["windows_before"]] == [1], lead["summary"]
+
+    windows = [[(tuple(w["steps"]), w["trigger"]) for w in r["trace_windows"]]
+               for r in info_json(run)["ranks"]]
+    assert windows[0] == windows[1] and windows[0][0] == ((10, 19), "schedule"), windows
+    slow = [w for w, trigger in windows[0] if trigger == "slowdown"]
+    (node,) = run.glob("nodes/*/node.json")
+    assert len(slow) == 1, ("the slowdown trigger opened no window", node.read_text())
+    assert SLOW_FROM < slow[0][0] and slow[0][1] < STEPS
     assert [(tuple(w["steps"]), w["trigger"]) for w in lead["windows_after"]] == \
-        [(slow_window, "slowdown")]
+        [(slow[0], "slowdown")]
     compared = lead["windows_compared"]
     assert compared is not None and compared["step_time_ms"]["verdict"] == "slower"
     assert compared["before_window"] == 1 and compared["moved"], compared
