@@ -1,8 +1,8 @@
 """The story in time on a real job (docs/report.md, "The story in time"): a 2-rank Gloo job
 under `uberprof run` with its default trace window (steps 10-19) and the slowdown trigger,
-healthy for 80 steps, then rank 1 computes twice as long. The slowdown's window lands on the
-slow stretch on every rank at the same steps, and `report` names rank 1 and the step the
-slowdown began at, with window 1 as the healthy before and what changed between the two."""
+healthy for 100 steps, then rank 1 computes three times as long. The slowdown's window lands
+on the slow stretch on every rank at the same steps, and `report` names rank 1 and the step
+the slowdown began at, with window 1 as the healthy before and what changed between the two."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from tests._jobs import SAMPLES, info_json, torchrun, uberprof_run
 # test's jobs on the same two cores would widen it (as for test_trace_on_slowdown_jobs.py)
 pytestmark = pytest.mark.solo
 
-SLOW_FROM, STEPS, SLOW_RANK = 80, 400, 1
+# three times as long (the trigger's own test uses twice): the default window's traced steps
+# widen the spread the trigger holds the rise to, and a load on the machine narrows the rise
+SLOW_FROM, STEPS, SLOW_RANK, FACTOR = 100, 400, 1, 3
 NEAR = 5  # steps between the injected onset and the one the report names
 
 
 def test_report_names_the_slow_rank_and_the_step_the_slowdown_began(tmp_path: Path) -> None:
     uberprof_run(tmp_path, "story", torchrun(
         2, SAMPLES / "train_ddp.py", "--steps", str(STEPS), "--slow-rank", str(SLOW_RANK),
-        "--slow-factor", "2", "--fault-steps", f"{SLOW_FROM}-{STEPS - 1}"),
+        "--slow-factor", str(FACTOR), "--fault-steps", f"{SLOW_FROM}-{STEPS - 1}"),
         "--trace-on-slowdown")
     run = tmp_path / "story"
     changes = report_json(run)["run"]["timeline_changes"]
