@@ -308,6 +308,15 @@ class RunData(StepTables, Counters):
         d = self.diagnose()
         return list(d.findings) if d is not None else []
 
+    def timeline_changes(self) -> list[dict[str, Any]]:
+        """Where the step time changed level, as the diagnosis saved it
+        (`run.timeline_changes`); [] without a diagnosis. A run without traces has one too
+        (its step timelines tell the story, as `report` prints it), which `diagnose` keeps
+        from the other pages."""
+        self.diagnose()
+        d = self.opened.diagnosis if self.opened is not None else None
+        return list(d.run["timeline_changes"]) if d is not None else []
+
     def failures(self) -> list[Finding]:
         """The hang and crash findings of the diagnosis (for a run directory without traces,
         read from the run directory alone: a job that hung or crashed before its trace

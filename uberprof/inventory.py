@@ -27,6 +27,7 @@ from uberprof.rundir import (
     rank_ranges,
     read_step_timeline,
     read_steps,
+    trace_triggers,
     trace_windows,
 )
 from uberprof.rundir.layout import disk_full_at, is_backwards_trace_file_name
@@ -216,7 +217,7 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
                         f"{cut['budget_mb']} MB (the profiler holds recorded tensors until a "
                         "window ends: trace fewer steps, --record-shapes off, or "
                         "--window-memory-mb)")
-    triggers = _triggers(meta.trace.get("triggers"))
+    triggers = trace_triggers(meta.trace.get("triggers"))
     for w in windows:
         # what opened it: "schedule" (also for runs from before triggers were recorded),
         # "on demand" (uberprof trace); a window cut short keeps its planned last step there
@@ -258,14 +259,6 @@ def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, 
         "clock": meta.clock or None,
     }
 
-
-def _triggers(value: Any) -> dict[int, str]:
-    """rank.json's `trace.triggers` as {first step: trigger}; anything malformed is left out."""
-    if not isinstance(value, list):
-        return {}
-    return {t["first"]: t["trigger"] for t in value
-            if isinstance(t, dict) and isinstance(t.get("first"), int)
-            and isinstance(t.get("trigger"), str)}
 
 
 def traced_ranks(ranks: list[dict[str, Any]]) -> str | None:

@@ -31,6 +31,7 @@ def layout(data: RunData, sel: Selection) -> html.Div:
     pending = data.diagnosis_pending()
     h = q.health(data)
     straggler = None if pending else data.straggler_rank()
+    changes = [] if pending else data.timeline_changes()
     later = ":pending" if pending else ""  # figures drawn without the straggler's outline
     return ui.page(
         "page-overview",
@@ -42,8 +43,10 @@ def layout(data: RunData, sel: Selection) -> html.Div:
                    sub="Ranked by the time at stake in the analysed steps, with the usual "
                        "remedy." if data.has_traces else None),
         ui.section("Step time per rank and step",
+                   *timeline_notices(changes),
                    ui.graph("step-heatmap", data.figure(
-                       "overview-heatmap" + later, lambda: heatmap_figure(data, straggler))),
+                       "overview-heatmap" + later,
+                       lambda: heatmap_figure(data, straggler, changes))),
                    sub="Host step time (ms). Click a cell to open that step on every rank."),
         ui.section("Where each rank's time goes",
                    ui.graph("rank-breakdown", data.figure(
@@ -183,9 +186,18 @@ def findings_list(data: RunData, sel: Selection) -> Any:
     return html.Div(items, className="findings")
 
 
-def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
+def timeline_notices(changes: list[dict[str, Any]]) -> list[Any]:
+    """The diagnosis's sentence for each change of the step time's level, the lead one first
+    (the onsets are marked on the heat map below)."""
+    ordered = sorted(changes, key=lambda c: not c["lead"])
+    return [ui.notice(c["summary"], "warn" if c["lead"] else "info",
+                      id="timeline-change" if c["lead"] else None) for c in ordered]
+
+
+def heatmap_figure(data: RunData, straggler: int | None,
+                   changes: list[dict[str, Any]] | None = None) -> go.Figure:
     """The rank x step heat map of step time (redrawn as steps arrive while the job runs:
-    `dashboards/live.py`)."""
+    `dashboards/live.py`), with the onset of each change of level the diagnosis found."""
     hm = q.step_heatmap(data)
     if hm is None:
         return ui.empty_figure("No step timelines in this run.")
@@ -209,6 +221,13 @@ def heatmap_figure(data: RunData, straggler: int | None) -> go.Figure:
     for lo, hi in _runs(data.traced_steps()):
         fig.add_annotation(x=(lo + hi) / 2, y=1.0, yref="paper", yanchor="bottom",
                            text="▼ traced", showarrow=False, font={"size": 10, "color": "#555"})
+    for c in changes or []:
+        fig.add_vline(x=c["onset_step"] - 0.5, line={"color": ui.STRAGGLER, "dash": "dash",
+                                                      "width": 2})
+        fig.add_annotation(x=c["onset_step"], y=0.0, yref="paper", yanchor="top",
+                           xanchor="left", showarrow=False,
+                           text=f"{c['direction']} from step {c['onset_step']}",
+                           font={"size": 10, "color": ui.STRAGGLER})
     return ui.base_layout(fig, height=max(260, min(14 * n + 80, 560)))
 
 

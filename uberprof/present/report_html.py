@@ -18,6 +18,7 @@ from uberprof.present.html_modules import memory_timeline_html, modules_html
 from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
 from uberprof.present.report_terminal import parallelism_line, scope_text, warmup_line
+from uberprof.present.terminal.timeline import timeline_lines
 from uberprof.units import fmt_num
 
 __all__ = ["render_html", "write_html"]
@@ -33,6 +34,7 @@ td.l,th.l{text-align:left} tr.strag{background:#fde8e8}
 .high{border-color:#c0392b} .medium{border-color:#e6a118} .low{border-color:#2e86c1}
 .sev{font-weight:bold;text-transform:uppercase;font-size:.8em} .remedy{color:#1e6b34}
 pre{white-space:pre-wrap;font-size:.8em;background:#f4f4f4;padding:6px}
+.timeline{color:#8a5a00;margin:2px 0} .timeline.lead{font-weight:bold}
 """
 
 
@@ -56,8 +58,9 @@ def render_html(d: Diagnosis) -> str:
     parts = [head,
              f"<h1>uberprof report: {e(str(r['run_id'] or r['path']))}</h1>",
              f"<div class='dim'>{e(_summary_line(d))}</div>",
-             _parallelism_html(r),
-             "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d), _rank_comm_html(d),
+             _parallelism_html(r), _timeline_html(r),
+             "<h2>Findings</h2>", _findings_html(d), "<h2>Ranks</h2>", _ranks_html(d),
+             _rank_comm_html(d),
              parallel_html(r), operators_html(r), memory_html(r),
              modules_html(r), memory_timeline_html(r),
              "<h2>Plots</h2>", *plots, "<h2>Run</h2>",
@@ -87,6 +90,13 @@ def _parallelism_html(r: dict[str, Any]) -> str:
     basis = "; ".join(f"{k}: {v}" for k, v in ev.items()) or "no marker in the traces"
     return (f"<div class='parallelism' title='{html.escape(basis, quote=True)}'>"
             f"{html.escape(line)}</div>")
+
+
+def _timeline_html(r: dict[str, Any]) -> str:
+    """The story in time, as the terminal prints it (`timeline_lines`): the lead change bold."""
+    lines = timeline_lines(r)
+    return "".join(f"<div class='timeline{' lead' if lead else ''}'>{html.escape(line)}</div>"
+                   for line, lead in lines)
 
 
 def _inflation(r: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from uberprof.present.terminal.modules import render_memory_timeline, render_mod
 from uberprof.present.terminal.operators import render_operators
 from uberprof.present.terminal.parallel import render_parallel
 from uberprof.present.terminal.rank_comm import render_rank_comm
+from uberprof.present.terminal.timeline import timeline_lines
 from uberprof.present.terminal.whatif import render_critical_path
 from uberprof.rundir import rank_ranges
 from uberprof.units import fmt_bytes, fmt_num, shorten
@@ -118,6 +119,9 @@ def _header(d: Diagnosis, console: Console) -> None:
     par = parallelism_line(r)
     if par:
         console.print(par, highlight=False)
+    for line, lead in timeline_lines(r):
+        console.print(line, style="bold yellow" if lead else "yellow", markup=False,
+                      highlight=False)
     st = r["step_time"] or {}
     line = _step_time_line(st)
     if line:

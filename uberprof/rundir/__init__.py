@@ -45,6 +45,7 @@ from uberprof.rundir.ranks import (
     read_step_timeline,
     read_steps,
     step_row_problem,
+    trace_triggers,
     trace_windows,
 )
 
@@ -87,6 +88,7 @@ __all__ = [
     "shown",
     "step_row_problem",
     "trace_file_name",
+    "trace_triggers",
     "trace_windows",
     "write_json_atomic",
 ]

@@ -338,6 +338,17 @@ def trace_windows(rank_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def trace_triggers(value: Any) -> dict[int, str]:
+    """rank.json's `trace.triggers` as {first step: what opened the window}; anything malformed
+    is left out (a window not listed there is the schedule's, as in runs from before
+    triggers were recorded)."""
+    if not isinstance(value, list):
+        return {}
+    return {t["first"]: t["trigger"] for t in value
+            if isinstance(t, dict) and isinstance(t.get("first"), int)
+            and isinstance(t.get("trigger"), str)}
+
+
 def rank_ranges(values: list[int]) -> str:
     """`[1, 2, 3, 7]` as "1-3, 7"."""
     out, start, prev = [], values[0], values[0]

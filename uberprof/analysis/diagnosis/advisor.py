@@ -61,9 +61,11 @@ from uberprof.analysis.diagnosis.rank_diagnosis import RankResult, rank_passes
 from uberprof.analysis.diagnosis.report_doc import RunDoc, as_json
 from uberprof.analysis.diagnosis.stragglers import StragglerTests, name_straggler
 from uberprof.analysis.diagnosis.summaries import summarise
+from uberprof.analysis.diagnosis.timeline_changes import timeline_changes
 from uberprof.analysis.diagnosis.top_modules import run_modules
 from uberprof.analysis.diagnosis.top_ops import run_operators
 from uberprof.analysis.diagnosis.warmup import EVIDENCE_SCHEMA, Warmup, warmup_of
+from uberprof.analysis.diagnosis.window_compare import compare_windows
 from uberprof.analysis.tables.align import Alignment, align_clocks
 from uberprof.analysis.tables.collectives import Matched, drop_inconsistent, match_collectives
 from uberprof.analysis.tables.context import RunContext, load_context
@@ -94,7 +96,9 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
         return _diagnose_context(ctx, threshold_ns)
 
 
-def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
+def _diagnose_context(ctx: RunContext, threshold_ns: int, story: bool = True) -> Diagnosis:
+    """The diagnosis; with `story`, the changes of the step time's level and the comparison
+    of the windows either side (whose own diagnoses are made without)."""
     problems = list(ctx.problems)
     matched, alignment, aligned = _aligned_collectives(ctx)
 
@@ -142,13 +146,17 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int) -> Diagnosis:
     run.critical_path, run.replay = cp_doc, rp_doc  # the graph built once, above
     run.warmup = warm.doc()
     run.fix_top_two = top_two(findings, proj)
+    run.timeline_changes = timeline_changes(ctx, busy, alignment.offsets()) if story else []
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings, warm)
     ranks = rank_accounting(ranks_doc(ctx, traced, summaries, facts.rank_comm), findings)
-    return Diagnosis(run=as_json(run), ranks=ranks, findings=findings,
-                     alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
-                     classes=classes, straggler=tests.straggler, steps=traced,
-                     summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
-                     inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+    d = Diagnosis(run=as_json(run), ranks=ranks, findings=findings,
+                  alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
+                  classes=classes, straggler=tests.straggler, steps=traced,
+                  summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
+                  inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
+    if story:  # the windows either side of a change, each diagnosed on its own
+        compare_windows(ctx, d, lambda w: _diagnose_context(w, threshold_ns, story=False))
+    return d
 
 
 def _group_of(instances: pa.Table) -> dict[int, str]:

@@ -90,6 +90,11 @@ class RunDoc:
     step_time: dict[str, Any] | None = field(default=None, metadata=_m(
         "step time with its basis, profiler inflation and uberprof's own cost (below); null "
         "where nothing was analysed"))
+    timeline_changes: list[dict[str, Any]] = field(default_factory=list, metadata=_m(
+        "where the job's step time changed level over the whole step timeline, one object "
+        "per episode (consecutive changes the same way), in step order (below; "
+        "[report.md](report.md#the-story-in-time)); `[]` where it held its level or there is "
+        "no step timeline"))
     accounting: dict[str, Any] | None = field(default=None, metadata=_m(
         "`analysed_wall_ms`, `at_stake_ms` (the findings' times at stake, summed: never more "
         "than `analysed_wall_ms`), and `rule`, the accounting rule in words; null where nothing "

@@ -68,7 +68,7 @@ __all__ = [
     "save",
 ]
 
-SAVED_VERSION = 24  # bump when what is saved changes: older saves are diagnosed again
+SAVED_VERSION = 25  # bump when what is saved changes: older saves are diagnosed again
 _TABLES = ("instances", "unmatched", "lateness", "gaps", "bandwidth", "steps", "rank_lateness",
            "idle", "p2p")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uberprof.analysis.diff.metadata import JOB_KEYS
-from uberprof.analysis.diff.profile import BREAKDOWN_PARTS, RunProfile
+from uberprof.analysis.diff.profiles import BREAKDOWN_PARTS, RunProfile
 from uberprof.analysis.diff.stats import (
     DEFAULT_MIN_CHANGE_PCT,
     ShiftTest,

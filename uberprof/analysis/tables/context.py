@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from uberprof.analysis.progress import Progress
 from uberprof.analysis.tables import derived as D
@@ -157,6 +158,27 @@ class RunContext:
     def host_of(self, rank: int) -> str | None:
         info = self.ranks.get(rank)
         return info.host if info else None
+
+    def window(self, first: int, last: int, span: tuple[int, int] | None = None
+               ) -> RunContext:
+        """The same run with only steps `first`..`last` traced, and only the steps in `span`
+        (all when None) in its step table: the other traced steps marked untraced, only the
+        window's collectives. A diagnosis of it is the window's own, with the Flight
+        Recorder's arrivals of the `span` steps only (the report compares two:
+        diagnosis/window_compare.py); the tables read so far are shared, none read again."""
+        def inside(t: pa.Table, lo: int, hi: int) -> pa.ChunkedArray:
+            s = t.column("step")
+            return pc.and_(pc.greater_equal(s, lo), pc.less_equal(s, hi))
+
+        steps = self.steps()
+        if span is not None:
+            steps = steps.filter(pc.or_(inside(steps, *span), pc.less(steps.column("step"), 0)))
+        traced = pc.and_(pc.fill_null(steps.column("traced"), False),
+                         inside(steps, first, last))
+        steps = steps.set_column(steps.schema.get_field_index("traced"), "traced", traced)
+        coll = self.collectives()
+        return replace(self, _cache={**self._cache, "steps": steps,
+                                     "collectives": coll.filter(inside(coll, first, last))})
 
 
 def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
