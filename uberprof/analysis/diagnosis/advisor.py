@@ -99,6 +99,15 @@ def diagnose_context(ctx: RunContext, threshold_ns: int = DEFAULT_THRESHOLD_NS) 
 def _diagnose_context(ctx: RunContext, threshold_ns: int, story: bool = True) -> Diagnosis:
     """The diagnosis; with `story`, the changes of the step time's level and the comparison
     of the windows either side (whose own diagnoses are made without)."""
+    d = _diagnose_once(ctx, threshold_ns, story)
+    if story:  # the windows either side of a change, each diagnosed on its own
+        compare_windows(ctx, d, lambda w: _diagnose_context(w, threshold_ns, story=False))
+    return d
+
+
+def _diagnose_once(ctx: RunContext, threshold_ns: int, story: bool) -> Diagnosis:
+    """One diagnosis of `ctx`'s analysed steps (with `story`, also the level changes over its
+    whole step timeline)."""
     problems = list(ctx.problems)
     matched, alignment, aligned = _aligned_collectives(ctx)
 
@@ -149,14 +158,11 @@ def _diagnose_context(ctx: RunContext, threshold_ns: int, story: bool = True) ->
     run.timeline_changes = timeline_changes(ctx, busy, alignment.offsets()) if story else []
     _add_verdict_docs(run, ctx, tests, median_step, wall_ns, findings, warm)
     ranks = rank_accounting(ranks_doc(ctx, traced, summaries, facts.rank_comm), findings)
-    d = Diagnosis(run=as_json(run), ranks=ranks, findings=findings,
-                  alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
-                  classes=classes, straggler=tests.straggler, steps=traced,
-                  summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
-                  inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
-    if story:  # the windows either side of a change, each diagnosed on its own
-        compare_windows(ctx, d, lambda w: _diagnose_context(w, threshold_ns, story=False))
-    return d
+    return Diagnosis(run=as_json(run), ranks=ranks, findings=findings,
+                     alignment=alignment, matched=matched, lateness=lat, gaps=gaps, bandwidth=bw,
+                     classes=classes, straggler=tests.straggler, steps=traced,
+                     summaries=summaries, top_gaps=top, derived=Path(ctx.run.derived),
+                     inputs=sorted(ctx.run.inputs), p2p=p2p.pairs)
 
 
 def _group_of(instances: pa.Table) -> dict[int, str]:
