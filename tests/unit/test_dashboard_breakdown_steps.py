@@ -91,3 +91,21 @@ def test_breakdown_hands_plotly_arrays_with_the_values_and_nulls_as_gaps() -> No
     assert np.isnan(first.y[5]) and first.y[4] == pct[4]
     assert first.customdata[6][1] == 0 and first.customdata[7][1] == ns[7] / 1e6
     assert list(first.customdata[:, 0]) == list(range(n))
+
+
+def test_breakdown_rank_columns_join_as_the_sql_join_did_without_duckdb() -> None:
+    """The breakdown's per-rank step times and host: the inner join on rank, by rank, that
+    DuckDB made before (a rank on one side only is left out), now in Arrow so that the start
+    does not import DuckDB."""
+    from uberprof.analysis.read import sql_table
+    from uberprof.dashboards.data import _with_rank_columns
+
+    shares = pa.table({"rank": [3, 0, 2, 7], "idle_pct": [1.0, 2.0, None, 4.0]})
+    rt = pa.table({"rank": [0, 2, 3, 5], "host": ["a", "b", None, "d"],
+                   "step_time_median_ms": [1.5, 2.5, 3.5, 4.5], "mode": ["gpu"] * 4})
+    got = _with_rank_columns(shares, rt, ("step_time_median_ms", "host"))
+    want = sql_table("SELECT t.*, r.step_time_median_ms, r.host FROM t JOIN r USING (rank) "
+                     "ORDER BY rank", t=shares, r=rt)
+    assert got.equals(want)
+    assert got.column("rank").to_pylist() == [0, 2, 3]
+    assert got.column("host").to_pylist() == ["a", "b", None]
