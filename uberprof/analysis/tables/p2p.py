@@ -102,8 +102,7 @@ def match_p2p(ctx: RunContext, offsets: dict[int, int], error_ns: int = 0) -> P2
     coll = ctx.collectives()
     if coll.num_rows == 0 or "peer" not in coll.column_names:
         return P2P(PAIR_SCHEMA.empty_table(), _empty_unmatched())
-    # imported where used: 45-90 ms that a start reading saved tables (the dashboard's) never needs
-    import duckdb
+    import duckdb  # here: 45-90 ms that a start reading saved tables never needs
 
     con = duckdb.connect()
     con.register("coll", coll)
