@@ -96,10 +96,12 @@ def start(opts: Options, view: StartupView, environ: Mapping[str, str] = os.envi
         try:
             t0 = time.perf_counter()
             from uberprof.analysis.read import keep_pandas_out
+            from uberprof.rundir.ranks import listed_once
 
             keep_pandas_out()  # pyarrow would import it (0.3 s of the start) for nothing here
-            prepared = _prepare(opts, auth, allowed, stage, view,
-                                show=lambda app: switch.to(app.server))
+            with listed_once():  # the analysis, diagnosis and counters each list the ranks
+                prepared = _prepare(opts, auth, allowed, stage, view,
+                                    show=lambda app: switch.to(app.server))
             if prepared is None:
                 return False
             app, data = prepared

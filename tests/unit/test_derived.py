@@ -134,3 +134,34 @@ def test_run_steps_are_the_row_paths(tmp_path: Path) -> None:
     one = {r["step"]: r for r in got.to_pylist() if r["rank"] == 1}
     assert one[21]["traced"] and one[20]["traced"] and not one[5]["traced"]
     assert one[5]["host_end_ns"] == rows[-1]["host_end_ns"]  # the timeline keeps the last row
+
+
+def test_first_input_summaries_reads_one_readable_summary_per_rank(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Each rank's first readable input summary, as `input_summaries` gives them, without
+    reading a rank's later inputs (a broken first one falls through to the next)."""
+    import orjson
+
+    from uberprof.analysis.tables import derived as d
+
+    inputs: dict[str, dict[str, Any]] = {}
+    for rel, rank, text in [("a", 0, {"host": "a"}), ("b", 0, {"host": "b"}),
+                            ("c", 1, None), ("e", 1, {"host": "e"}), ("f", 2, {"host": "f"})]:
+        key = d.entry_key(rel)
+        inputs[rel] = {"key": key, "rank": rank, "status": "ok"}
+        folder = d.input_dir(tmp_path, key)
+        folder.mkdir(parents=True)
+        body = orjson.dumps({"summary": text}) if text is not None else b"{broken"
+        (folder / d.SUMMARY_FILE).write_bytes(body)
+    inputs["g"] = {"key": d.entry_key("g"), "rank": 3, "status": "error"}
+    analysis = d.Analysis(source=tmp_path, derived=tmp_path, summary={}, ranks=[],
+                          inputs=inputs)
+    every: dict[int, dict[str, Any]] = {}
+    for r, s in analysis.input_summaries():
+        every.setdefault(r, s)
+    read: list[str] = []
+    real = d.read_input_summary
+    monkeypatch.setattr(d, "read_input_summary", lambda p, k: read.append(k) or real(p, k))
+    assert analysis.first_input_summaries() == every == {
+        0: {"host": "a"}, 1: {"host": "e"}, 2: {"host": "f"}}
+    assert read == [d.entry_key(x) for x in ("a", "c", "e", "f")]

@@ -219,3 +219,26 @@ def test_a_step_file_that_cannot_be_read_is_named_and_read_as_empty(tmp_path: Pa
     problems = " | ".join(inv["problems"])
     assert f"{steps}: not read" in problems
     assert "recorded 0 steps" not in problems  # no advice about optimizer.step()
+
+
+def test_inside_listed_once_a_run_is_listed_once_and_outside_afresh(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """The dashboard's start lists the ranks once for the analysis, the diagnosis and the
+    counters: inside `listed_once` every reader of a run gets the first listing (a folder
+    added meanwhile is not seen, nor read again); after it, a listing is read afresh."""
+    from uberprof.rundir import ranks as mod
+
+    for r in range(3):
+        rank_folder(tmp_path, str(r), {"rank": r})
+    reads: list[str] = []
+    real = mod.read_rank
+    monkeypatch.setattr(mod, "read_rank", lambda p: reads.append(p.name) or real(p))
+    with mod.listed_once():
+        first = list_ranks(tmp_path)
+        rank_folder(tmp_path, "3", {"rank": 3})
+        with mod.listed_once():  # nested: the outer listing still
+            again = list_ranks(RunDir(tmp_path / "ranks" / ".."))
+        assert sorted(ranks_by_id(tmp_path)) == [0, 1, 2]
+    assert [m.rank for m in again] == [m.rank for m in first] == [0, 1, 2]
+    assert sorted(reads) == ["0", "1", "2"]
+    assert [m.rank for m in list_ranks(tmp_path)] == [0, 1, 2, 3]

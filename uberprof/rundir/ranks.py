@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,10 +156,42 @@ def _read_rank(folder: Path) -> RankMeta:
     )
 
 
+_SHARED: dict[str, list[RankMeta]] | None = None  # list_ranks' listings, inside `listed_once`
+_SHARED_LOCK = threading.Lock()
+
+
 def list_ranks(run: RunDir | Path | str) -> list[RankMeta]:
     """Every rank folder of a run, in folder order (`3`, `3-2`, `3-10`, `4`), including
-    folders whose rank is unreadable (rank None, listed last)."""
-    return [read_rank(p) for p in as_run_dir(run).rank_dirs()]
+    folders whose rank is unreadable (rank None, listed last). Inside `listed_once`, a run
+    is listed the first time only and that listing is handed out again."""
+    rd = as_run_dir(run)
+    shared = _SHARED
+    if shared is None:
+        return [read_rank(p) for p in rd.rank_dirs()]
+    key = str(rd.root.resolve())
+    with _SHARED_LOCK:
+        metas = shared.get(key)
+        if metas is None:
+            metas = shared[key] = [read_rank(p) for p in rd.rank_dirs()]
+    return list(metas)
+
+
+@contextmanager
+def listed_once() -> Iterator[None]:
+    """While inside: each run's rank folders are listed once, by whichever reader asks first,
+    and every later `list_ranks` of that run (on any thread) gets the same listing. For one
+    pass over a run that is not being written, such as the dashboard's start, where the
+    analysis, the diagnosis and the counters each list the run: 512 folders are two `stat`s
+    each, ~25 ms a listing. Nested uses share the outer one's listings."""
+    global _SHARED
+    if _SHARED is not None:
+        yield
+        return
+    _SHARED = {}
+    try:
+        yield
+    finally:
+        _SHARED = None
 
 
 def ranks_by_id(ranks: RunDir | Path | str | Iterable[RankMeta]) -> dict[int, RankMeta]:

@@ -192,9 +192,7 @@ def load_context(path: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     run_dir = RunDir(root)
     is_run = run_dir.is_run()
     meta = ranks_by_id(run_dir) if is_run else {}  # rank.json's fields, type-checked
-    summaries: dict[int, dict[str, Any]] = {}  # the first readable one per rank
-    for r, s in analysis.input_summaries():
-        summaries.setdefault(r, s)
+    summaries = analysis.first_input_summaries()
     ranks: dict[int, RankInfo] = {}
     for row in analysis.ranks:
         r = int(row["rank"])

@@ -195,6 +195,22 @@ class Analysis:
                 continue
             yield rank, doc.get("summary") or {}
 
+    def first_input_summaries(self) -> dict[int, dict[str, Any]]:
+        """Each rank's first readable summary of `input_summaries`, a rank's later inputs not
+        read once it has one: half the files where each rank has two trace windows (1,024
+        files at 512 ranks, read at every start of an analysed run)."""
+        first: dict[int, dict[str, Any]] = {}
+        for e in self.inputs.values():
+            rank = e.get("rank")
+            if not isinstance(rank, int) or rank in first or e.get("status") != "ok":
+                continue
+            try:
+                doc = read_input_summary(self.derived, e["key"])
+            except (OSError, ValueError, KeyError):
+                continue
+            first[rank] = doc.get("summary") or {}
+        return first
+
     def timeline_entry(self, rank_dir: Path) -> dict[str, Any] | None:
         """The manifest entry of a rank folder's step timeline when its table was written
         (rows, last step and its end); None without one (no steps.jsonl, unreadable, or not
