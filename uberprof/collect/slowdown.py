@@ -360,7 +360,9 @@ class SlowdownTrigger:
                 "nodes do not share it): a slowdown seen here opens a window on this node's "
                 "ranks only, at steps of its own; other nodes decide for theirs",
                 key="slowdown-scope")
-        self.shared = shared
+        changed, self.shared = shared != self.shared, shared
+        if changed and self.on_detection is not None:
+            self.on_detection()  # node.json says it while the job runs (`uberprof info`)
 
     def _step_done(self, step: int, times: dict[Any, tuple[float, float | None]]) -> None:
         step_s = statistics.median(v[0] for v in times.values())
