@@ -95,21 +95,25 @@ def make(n: int, steps: int, out: Path, ranks: list[int], samples: list[str]) ->
     return runs
 
 
-def cost(ranks: list[int], steps: int = 2000) -> None:
+def cost(nodes: list[tuple[int, int]], steps: int = 2000) -> None:
     """The trigger's own CPU time per step (the node agent's watchdog thread), in this
-    process on synthetic healthy steps of a node of `ranks` ranks: the step time and every
-    rank's lateness watched."""
-    for n in ranks:
+    process on synthetic healthy steps of a node of `ranks` ranks that also reads `peers`
+    ranks of other nodes (a shared run directory: each local rank's lateness against the
+    job's median): the step time and every local rank's lateness watched."""
+    for n, peers in nodes:
         rng = random.Random(n)
         data = [[(0.1 * rng.lognormvariate(0, 0.1), 0.05 * rng.lognormvariate(0, 0.05))
-                 for _ in range(n)] for _ in range(steps)]
+                 for _ in range(n + peers)] for _ in range(steps)]
         with tempfile.TemporaryDirectory() as scratch:
             trigger = SlowdownTrigger(Path(scratch), AgentLog("cost"))
             for step, row in enumerate(data):
-                for rank, (seconds, cpu) in enumerate(row):
+                for rank, (_, cpu) in enumerate(row[n:], start=n):
+                    trigger.peer_read(rank, step, cpu)
+                for rank, (seconds, cpu) in enumerate(row[:n]):
                     trigger.step_read(rank, step, seconds, n, cpu)
-        print(f"{n} ranks a node: {trigger.cpu_ns / 1e3 / steps:.0f} µs of the agent's CPU "
-              f"a step ({len(trigger.detections)} detection(s) in {steps} steps)")
+        print(f"{n} ranks a node, {peers} of other nodes read: {trigger.cpu_ns / 1e3 / steps:.0f}"
+              f" µs of the agent's CPU a step ({len(trigger.detections)} detection(s) in "
+              f"{steps} steps)")
 
 
 def main() -> None:
@@ -122,10 +126,11 @@ def main() -> None:
     p.add_argument("--samples", default="train_ddp.py",
                    help="samples/ scripts of the jobs made, in turn (comma-separated)")
     p.add_argument("--cost", action="store_true",
-                   help="only the trigger's CPU time per step, for 2 and 8 ranks a node")
+                   help="only the trigger's CPU time per step, for 2 and 8 ranks a node, "
+                   "with 0 or 8 ranks of other nodes read (1 and 1: two nodes of one rank)")
     args = p.parse_args()
     if args.cost:
-        cost([2, 8])
+        cost([(2, 0), (8, 0), (1, 1), (2, 8), (8, 8)])
         return
     settings = SlowdownSettings()
     runs = list(args.replay)

@@ -181,7 +181,10 @@ def _slowdowns(raw: dict[str, Any]) -> dict[str, Any] | None:
         return None
     detected = [d for d in value.get("detected") or [] if isinstance(d, dict)]
     suppressed = value.get("suppressed")
-    return {"detected": detected, "suppressed": suppressed if isinstance(suppressed, int) else 0}
+    shared = value.get("shared")
+    return {"detected": detected, "suppressed": suppressed if isinstance(suppressed, int) else 0,
+            "shared": shared if isinstance(shared, bool) else None,
+            "ranks_seen": value.get("ranks_seen"), "world_size": value.get("world_size")}
 
 
 def _rank(meta: RankMeta, problems: list[str], check_traces: bool) -> dict[str, Any]:

@@ -488,3 +488,27 @@ def test_a_rank_winding_down_is_no_hang_but_the_same_rank_silent_is(tmp_path: Pa
         assert seen and seen[0]["ranks"][0]["rank"] == 0
     finally:
         proc.kill()
+
+
+def test_the_watchdog_reads_other_nodes_ranks_for_the_trigger_and_counts_the_ranks_shown(
+        tmp_path: Path) -> None:
+    """A shared run: the watchdog of node n0 hands its own rank's steps to `on_step` and
+    rank 1's (node n1) to `on_peer_step`, each read once, and tells `on_scope` that the run
+    directory shows both ranks of the world of 2; rank 1 never enters the hang watch."""
+    run = RunDir(tmp_path / "run")
+    run.create("r")
+    node_dir = run.claim_node_dir("n0")
+    run.claim_node_dir("n1")
+    _fake_rank(run, "n0", 0, os.getpid(), steps=3, world=2)
+    _fake_rank(run, "n1", 1, 999_999_999, steps=4, world=2)
+    own: list[tuple[int, int]] = []
+    peers: list[tuple[int, int]] = []
+    scopes: list[tuple[int, int]] = []
+    dog = HangWatchdog(run, node_dir, AgentLog("node"), timeout_s=100.0,
+                       on_step=lambda rank, step, *rest: own.append((rank, step)),
+                       on_peer_step=lambda rank, step, cpu: peers.append((rank, step)),
+                       on_scope=lambda seen, world: scopes.append((seen, world)))
+    dog._poll()
+    dog._poll()
+    assert own == [(0, s) for s in range(3)] and peers == [(1, s) for s in range(4)]
+    assert scopes == [(2, 2), (2, 2)] and [r.rank for r in dog._ranks.values()] == [0]

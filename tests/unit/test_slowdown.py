@@ -228,3 +228,106 @@ def test_info_lists_each_detection_with_its_window_or_its_refusal(tmp_path: Path
     assert f"slowdown at step {trigger.detections[0]['step']}" in text
     assert f"steps {first}-{last} on every rank" in text
     assert "no window: over the budget of 1 triggered windows a run" in text
+
+
+def test_nodes_sharing_the_run_name_the_node_that_asked(tmp_path: Path) -> None:
+    """Two nodes see the same rise; the second finds the slot taken and records the first
+    node's request (its node, host and window), not a window of its own."""
+    first = SlowdownTrigger(tmp_path, AgentLog("node"), node="n0", host="host-a")
+    second = SlowdownTrigger(tmp_path, AgentLog("node"), node="n1", host="host-b")
+    for t, late in ((first, 0), (second, 7)):  # the second node reads a few steps later
+        for step, v in enumerate([0.1] * 100 + [0.3] * (20 + late)):
+            t.step_read(0, step, v, local_ranks=1)
+    (mine,), (theirs,) = first.detections, second.detections
+    assert (mine["requested"], theirs["requested"]) == (True, False)
+    assert mine["asked_by"] == theirs["asked_by"] == {"node": "n0", "host": "host-a"}
+    assert theirs["window"] == mine["window"]
+    req = json.loads((tmp_path / REQUESTS_DIR / "trace-slowdown-1.json").read_text())
+    assert (req["node"], req["host"], req["first"]) == ("n0", "host-a", mine["window"][0])
+
+
+def test_a_slot_taken_over_an_hour_ago_belongs_to_an_earlier_rise(tmp_path: Path) -> None:
+    """Node b's first rise comes over an hour after node a asked (for a rise b never saw): b
+    asks in the next slot rather than taking a's window for its own. Within the hour it
+    would take a's (the test above)."""
+    a = SlowdownTrigger(tmp_path, AgentLog("node"), node="n0", host="host-a")
+    for step, v in enumerate([0.1] * 100 + [0.3] * 20):
+        a.step_read(0, step, v, local_ranks=1)
+    path = tmp_path / REQUESTS_DIR / "trace-slowdown-1.json"
+    req = json.loads(path.read_text())
+    path.write_text(json.dumps({**req, "created_ns": req["created_ns"] - 3601 * 10**9}))
+    b = SlowdownTrigger(tmp_path, AgentLog("node"), node="n1", host="host-b")
+    for step, v in enumerate([0.1] * 300 + [0.3] * 20):
+        b.step_read(0, step, v, local_ranks=1)
+    (found,) = b.detections
+    assert found["requested"] and found["asked_by"]["node"] == "n1"
+    assert (tmp_path / REQUESTS_DIR / "trace-slowdown-2.json").exists()
+
+
+def test_with_one_rank_a_node_its_lateness_is_against_the_other_nodes_ranks(
+        tmp_path: Path) -> None:
+    """One rank on this node (rank 1), three on others read from the shared run directory:
+    rank 1's work grows 60% from step 100 while the step time stays: lateness fires, against
+    the other nodes' ranks. Without them it cannot (no peer on the node)."""
+    for with_peers in (True, False):
+        noise = _noisy(1)
+        trigger = SlowdownTrigger(tmp_path / str(with_peers), AgentLog("node"))
+        (tmp_path / str(with_peers) / REQUESTS_DIR).mkdir(parents=True)
+        for step in range(200):
+            if with_peers:
+                for peer in (0, 2, 3):
+                    trigger.peer_read(peer, step, noise(peer, step))
+            trigger.step_read(1, step, 0.1, 1, noise(1, step) * (1.6 if step >= 100 else 1))
+        if not with_peers:
+            assert trigger.detections == []
+            continue
+        (found,) = trigger.detections
+        assert found["trigger"] == "lateness" and found["involved"] == [1]
+        assert 100 <= found["onset"] <= 105 and trigger.peer_ranks == {0, 2, 3}
+
+
+def test_a_run_directory_that_shows_fewer_ranks_than_the_world_is_said_not_shared(
+        tmp_path: Path) -> None:
+    from uberprof.collect.safety import AgentLog as Log
+
+    log = Log("node")
+    said: list[str] = []
+    log.notice = lambda text, key=None: said.append(text)  # type: ignore[method-assign]
+    trigger = SlowdownTrigger(tmp_path, log)
+    trigger.scope(1, 2)
+    assert trigger.shared is None  # no step yet: the other ranks may still be registering
+    for step, v in enumerate([0.1] * 100 + [0.3] * 20):
+        trigger.step_read(0, step, v, local_ranks=1)
+        trigger.scope(1, 2)
+    assert trigger.shared is False and len([s for s in said if "1 of the job's 2" in s]) == 1
+    (found,) = trigger.detections
+    assert found["scope"] == "node" and found["requested"]
+    assert any("of this node (the run directory is not shared)" in s for s in said)
+
+
+def test_the_node_agent_asks_past_the_last_step_of_the_whole_read(tmp_path: Path) -> None:
+    """The watchdog reads every few seconds: a rise found at a row in the middle of a read
+    must ask past the read's last row (the ranks are there already), not past that row."""
+    trigger = SlowdownTrigger(tmp_path, AgentLog("node"), ask_at_poll_end=True)
+    for step, v in enumerate([0.1] * 100 + [0.3] * 60):  # one read of 160 rows
+        trigger.step_read(0, step, v, local_ranks=1)
+    assert trigger.detections == [] and not (tmp_path / REQUESTS_DIR).exists()
+    trigger.scope(1, 1)  # the read is through
+    (found,) = trigger.detections
+    assert found["step"] < 130 and found["window"][0] > 159 and found["requested"]
+
+
+def test_a_later_rise_on_another_node_within_the_hour_is_over_the_jobs_budget(
+        tmp_path: Path) -> None:
+    """Node a asked for a rise at step 100; node b sees a rise of its own from step 300, its
+    slot taken less than an hour ago for a window long over: b asks nothing and records why
+    (the job's hourly budget), not a's window as its own."""
+    a = SlowdownTrigger(tmp_path, AgentLog("node"), node="n0", host="host-a")
+    b = SlowdownTrigger(tmp_path, AgentLog("node"), node="n1", host="host-b")
+    for t, rise in ((a, 100), (b, 300)):
+        for step, v in enumerate([0.1] * rise + [0.3] * 20):
+            t.step_read(0, step, v, local_ranks=1)
+    (found,) = b.detections
+    assert not found["requested"] and found["asked_by"] is None
+    assert "node host-a asked for steps" in found["refused"] and b.budget.suppressed == 1
+    assert b.budget.fired_ns == [] and len(list((tmp_path / REQUESTS_DIR).iterdir())) == 1

@@ -102,12 +102,17 @@ class NodeAgent:
             if slowdown is not None:
                 self.slowdown = SlowdownTrigger(self.run.root, self.log, slowdown,
                                                 trace_ranks=self.config.trace_ranks,
-                                                on_detection=self._slowdowns_changed)
+                                                on_detection=self._slowdowns_changed,
+                                                node=self.dir.name, host=self.meta["host"],
+                                                ask_at_poll_end=True)
             on_step = self.slowdown.step_read if self.slowdown is not None else None
             figures = self.metrics.figures if self.metrics is not None else None
             on_step = fan_out(on_step, figures.step_read if figures is not None else None)
-            self.watchdog = HangWatchdog(self.run, self.dir, self.log, timeout_s, action, on_hang,
-                                         on_step=on_step)
+            trigger = self.slowdown
+            self.watchdog = HangWatchdog(
+                self.run, self.dir, self.log, timeout_s, action, on_hang, on_step=on_step,
+                on_peer_step=trigger.peer_read if trigger is not None else None,
+                on_scope=trigger.scope if trigger is not None else None)
             if figures is not None:
                 figures.watchdog, figures.slowdown = self.watchdog, self.slowdown
             self.watchdog.start(job_pid)
@@ -146,7 +151,14 @@ class NodeAgent:
             self.meta["slowdowns"] = {"detected": list(self.slowdown.detections),
                                       "suppressed": self.slowdown.budget.suppressed,
                                       "watched_steps": self.slowdown.watched,
-                                      "watch_cpu_ms": round(self.slowdown.cpu_ns / 1e6, 3)}
+                                      "watch_cpu_ms": round(self.slowdown.cpu_ns / 1e6, 3),
+                                      # lateness against how many other nodes' ranks, and
+                                      # whether the run directory shows every rank (null:
+                                      # not judged yet)
+                                      "peer_ranks": len(self.slowdown.peer_ranks),
+                                      "shared": self.slowdown.shared,
+                                      "ranks_seen": self.slowdown.ranks_seen,
+                                      "world_size": self.slowdown.world_size}
 
     def finish(self, exit_code: int) -> None:
         if self.metrics is not None:

@@ -7,12 +7,14 @@ each local rank's step timeline grew by, and hands every step it reads to `Slowd
 Two signals, each a series of one value per step, are watched by the same change-point test:
 - the step time: the median over the node's ranks that finished the step (in a synchronous job
   every rank's step lasts as long as the slowest rank's: one slow rank shows in all of them);
-- each rank's lateness: its own work in the step (`cpu_ns`, the training thread's CPU time
-  less uberprof's) over the median of the node's other ranks'. A rank that computes more than
+- each local rank's lateness: its own work in the step (`cpu_ns`, the training thread's CPU
+  time less uberprof's) over the median of its peers': the node's other ranks and, where the
+  run directory is shared, up to 8 ranks of other nodes that the watchdog reads too
+  (`peer_read`; with one rank a node, the job's ranks are its only peers). A rank that computes more than
   before stands out here even when the job's step barely moves (it fell behind inside slack:
   the others waited less), and the job's own phases (evaluation, a checkpoint) move every rank
-  alike and cancel. It needs two ranks on the node that report their CPU time; work off the
-  CPU (sleep, I/O, a GPU kernel) shows only in the step time.
+  alike and cancel. It needs one peer that reports its CPU time; work off the CPU (sleep,
+  I/O, a GPU kernel) shows only in the step time.
 
 The change-point test (`SlowdownDetector`), robust to noise and to isolated spikes:
 - level: the median of the last `recent` values (20);
@@ -39,7 +41,9 @@ the window is on the involved ranks plus at least one healthy `reference` rank (
 selected ranks, else the node's least late one); without it, on every rank. Its name is the
 trigger's slot (`trace-slowdown-<n>.json`), created exclusively, so on a shared run directory
 the node that sees the rise first asks, and the others' requests for the same slot are not
-written. Nodes that do not share the run directory each ask their own ranks.
+written: they record the request they found (`asked_by`, its window). Nodes that do not share
+the run directory (it shows fewer ranks than the world: `scope`, said once in the log) each ask
+their own ranks, at steps of their own.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ MAD_SCALE = 1.4826  # MAD to standard deviation under normal noise
 GATE_REFRESH = 10  # values between two full reads of a series' baseline
 GATE_SHARE = 0.8  # a recent level below this share of the rise is not tested in full
 HOUR_NS = 3600 * 1_000_000_000
+PEER_STEPS_KEPT = 1000  # other nodes' steps kept ahead of this node's (a node gone quiet)
+SCOPE_AFTER_STEPS = 5  # steps watched before the ranks the run directory shows are judged
 
 
 @dataclass(frozen=True)
@@ -196,10 +202,12 @@ class SlowdownDetector:
         rose = level > threshold and 3 * sum(above) >= 2 * len(above)
         recent_steps = [st for st, _ in list(self._steps)[-s.recent:]]
         # the onset: where the recent values turn above half the rise for good, the start that
-        # maximises (values above) - (values below) from it on (a stray slow step before the
-        # rise is not the onset)
+        # maximises (values above) - (values below) from it on, the latest of equal ones (a
+        # stray slow step before the rise, even one just before it, is not the onset: a slow
+        # step then a fast one add nothing)
         scores = [sum(1 if up else -1 for up in above[i:]) for i in range(len(above))]
-        onset = recent_steps[scores.index(max(scores))]
+        best = max(scores)
+        onset = recent_steps[max(i for i, v in enumerate(scores) if v == best)]
         return Slowdown(self._steps[-1][0], onset, med, level, threshold, self.rank), rose
 
     def add(self, step: int, seconds: float, now_ns: int | None = None) -> Slowdown | None:
@@ -255,6 +263,11 @@ class SlowdownTrigger:
     trace_ranks: tuple[int, ...] | None = None  # `--trace-ranks`: windows on these only
     on_detection: Callable[[], None] | None = None
     detections: list[dict[str, Any]] = field(default_factory=list)
+    node: str = ""  # this node's folder in the run directory, and its host: who asked
+    host: str = ""
+    # ask once the watchdog's read of every rank is through (`scope`, at each poll's end), so
+    # the window starts past the last step of that read, not of the rows read so far
+    ask_at_poll_end: bool = False
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.settings, self.run_root)
@@ -267,6 +280,12 @@ class SlowdownTrigger:
         self.watched = 0  # steps handed to the detectors
         self._next = 0  # the next step to hand to the detectors
         self._latest = -1  # the last step any local rank finished, as read so far
+        self._peers: dict[int, dict[int, float]] = {}  # step: other nodes' ranks' CPU time
+        self.peer_ranks: set[int] = set()  # the other nodes' ranks read (watchdog.PEER_RANKS)
+        self.shared: bool | None = None  # does the run directory show every rank of the job
+        self._to_ask: list[dict[str, Any]] = []  # detections waiting for the poll's end
+        self.ranks_seen = 0
+        self.world_size = 0
 
     def step_read(self, rank: Any, step: int, seconds: float, local_ranks: int,
                   cpu_s: float | None = None) -> None:
@@ -297,11 +316,63 @@ class SlowdownTrigger:
         finally:
             self.cpu_ns += time.thread_time_ns() - start
 
+    def peer_read(self, rank: int, step: int, cpu_s: float | None) -> None:
+        """Rank `rank` of another node (the run directory is shared) finished `step` with
+        `cpu_s` on its training thread's CPU: one more peer for this node's ranks' lateness at
+        that step. Never raises; costs count in `cpu_ns`."""
+        start = time.thread_time_ns()
+        try:
+            self.peer_ranks.add(rank)
+            if cpu_s is None or step < self._next:
+                return
+            self._peers.setdefault(step, {})[rank] = cpu_s
+            while len(self._peers) > PEER_STEPS_KEPT:  # this node stopped finishing steps
+                del self._peers[min(self._peers)]
+        except Exception as exc:  # noqa: BLE001 - the trigger is a courtesy, the job goes on
+            self.log.error("the slowdown trigger", exc)
+        finally:
+            self.cpu_ns += time.thread_time_ns() - start
+
+    def scope(self, ranks_seen: int, world_size: int) -> None:
+        """The watchdog's poll is through, and the run directory shows `ranks_seen` of the
+        job's `world_size` ranks: the detections of this read ask now. Fewer ranks than the
+        world, once this node's ranks run steps (every rank registered before its first
+        step): the nodes do not share it, and the trigger asks this node's ranks only, at the
+        steps this node sees; said once in the node's log. Never raises."""
+        start = time.thread_time_ns()
+        try:
+            self._judge_scope(ranks_seen, world_size)
+            while self._to_ask:
+                self._finish(self._to_ask.pop(0))
+        except Exception as exc:  # noqa: BLE001 - the trigger is a courtesy, the job goes on
+            self.log.error("the slowdown trigger", exc)
+        finally:
+            self.cpu_ns += time.thread_time_ns() - start
+
+    def _judge_scope(self, ranks_seen: int, world_size: int) -> None:
+        if self.watched < SCOPE_AFTER_STEPS or world_size <= 0:
+            return
+        self.ranks_seen, self.world_size = ranks_seen, world_size
+        shared = ranks_seen >= world_size
+        if shared is False and self.shared is not False:
+            self.log.notice(
+                f"the run directory shows {ranks_seen} of the job's {world_size} ranks (the "
+                "nodes do not share it): a slowdown seen here opens a window on this node's "
+                "ranks only, at steps of its own; other nodes decide for theirs",
+                key="slowdown-scope")
+        changed, self.shared = shared != self.shared, shared
+        if changed and self.on_detection is not None:
+            self.on_detection()  # node.json says it while the job runs (`uberprof info`)
+
     def _step_done(self, step: int, times: dict[Any, tuple[float, float | None]]) -> None:
         step_s = statistics.median(v[0] for v in times.values())
         self._recent.append(step_s)
         rose = self.detector.check(step, step_s)
-        late = [f for f in (self._late(step, rank, times) for rank in times) if f is not None]
+        peers = self._peers.pop(step, {})
+        for old in [s for s in self._peers if s < step]:
+            del self._peers[old]
+        late = [f for f in (self._late(step, rank, times, peers) for rank in times)
+                if f is not None]
         if rose is None and not late:
             return
         levels = {r: lv for r, d in self.lateness.items() if (lv := d.level()) is not None}
@@ -313,11 +384,17 @@ class SlowdownTrigger:
             d.reset()  # the new levels are the next baselines
         self._detected(step, rose, late, involved, levels)
 
-    def _late(self, step: int, rank: Any, times: dict[Any, tuple[float, float | None]]
-              ) -> Slowdown | None:
-        """Rank `rank`'s lateness at `step`: its CPU time over the median of the others'."""
+    def _late(self, step: int, rank: Any, times: dict[Any, tuple[float, float | None]],
+              peers: dict[int, float]) -> Slowdown | None:
+        """Rank `rank`'s lateness at `step`: its CPU time over the median of the others' (the
+        node's other ranks and the other nodes' ranks read at that step). A step for which
+        fewer than half of the other nodes' ranks read were found is left out: its median
+        would be the node's alone, another measure than the series'."""
         cpu = times[rank][1]
+        if 2 * len(peers) < len(self.peer_ranks):
+            return None
         others = [c for r, (_, c) in times.items() if r != rank and c is not None]
+        others += [c for r, c in peers.items() if r != rank]
         if not self.settings.lateness or cpu is None or not isinstance(rank, int) or not others:
             return None
         peers = statistics.median(others)
@@ -332,11 +409,7 @@ class SlowdownTrigger:
         lead = rose or max(late, key=lambda f: f.level_s / max(f.baseline_s, 1e-9))
         ranks, reference = self._window_ranks(involved, levels)
         refused = self.budget.take(time.time_ns())
-        n = len(self.detections) + 1
         step_level = statistics.median(self._recent)
-        # ahead of the last step read on this node (the watchdog reads every few seconds: the
-        # ranks may be well past the step the detector just saw)
-        first = max(step, self._latest) + _margin(step_level)
         said = {f.rank for f in late}
         reason = "; ".join([f.words() for f in ([rose] if rose else []) + late] + [
             f"rank {r}'s work per step is {levels[r][0].level_s:.2f}x the other ranks'"
@@ -347,12 +420,24 @@ class SlowdownTrigger:
             "level_ms": round(step_level * 1e3, 3), "involved": involved,
             "lateness": {str(r): round(f.level_s, 3) for r, (f, _) in sorted(levels.items())},
             "ranks": ranks, "reference": reference, "reason": reason,
-            "window": [first, first + self.settings.window_steps - 1], "refused": refused,
-            "requested": False}
-        if refused is None:
+            "window": None, "refused": refused, "requested": False, "asked_by": None}
+        if self.shared is False:
+            record["scope"] = "node"  # this node's ranks only: the run directory is not shared
+        if self.ask_at_poll_end:
+            self._to_ask.append(record)
+        else:
+            self._finish(record)
+
+    def _finish(self, record: dict[str, Any]) -> None:
+        """The window, ahead of the last step read on this node (the watchdog reads every
+        few seconds: the ranks may be well past the step the detector just saw, and past
+        the rows of this read that follow it), then the request and the line."""
+        first = max(record["step"], self._latest) + _margin(record["level_ms"] / 1e3)
+        record["window"] = [first, first + self.settings.window_steps - 1]
+        if record["refused"] is None:
             record["requested"] = self._ask(record, len(self.budget.fired_ns))
         self.detections.append(record)
-        self._say(record, n)
+        self._say(record, len(self.detections))
 
     def _window_ranks(self, involved: list[int], levels: dict[int, tuple[Slowdown, bool]]
                       ) -> tuple[list[int] | None, list[int]]:
@@ -375,13 +460,46 @@ class SlowdownTrigger:
 
         detail = {k: record[k] for k in ("involved", "reference", "reason", "onset")}
         detail["slowdown"] = record["reason"]  # the field's first name (kept for readers)
+        detail["node"], detail["host"] = self.node, self.host
         if record["involved"]:
             detail["rank"] = record["involved"][0]
-        written = write_request(self.run_root, first=record["window"][0],
-                                steps=self.settings.window_steps, ranks=record["ranks"],
-                                trigger=record["trigger"], name=f"slowdown-{n}",
-                                expires_s=600.0, detail=detail)
-        return written is not None
+        # a slot another node took within the hourly budget's spacing is this rise's (nodes
+        # see one rise at different steps, up to a few polls apart; a second rise that soon
+        # would be over the budget anyway); one taken earlier was another rise, and the next
+        # slot is this one's
+        for slot in range(n, n + 2 * self.settings.max_per_run + 1):
+            written = write_request(self.run_root, first=record["window"][0],
+                                    steps=self.settings.window_steps, ranks=record["ranks"],
+                                    trigger=record["trigger"], name=f"slowdown-{slot}",
+                                    expires_s=600.0, detail=detail)
+            if written is not None:
+                record["asked_by"] = {"node": self.node, "host": self.host}
+                return True
+            other = _slot_request(self.run_root, slot)
+            if other is None or self._same_rise(other):
+                break
+        if other is None or not self._same_rise(other):
+            return False
+        asker = {"node": other.get("node"), "host": other.get("host")}
+        window = [other["first"], other["first"] + other["steps"] - 1]
+        if window[1] < record["onset"]:  # an earlier rise, within the hour: the job's budget
+            self.budget.fired_ns.pop()
+            self.budget.suppressed += 1
+            record["refused"] = (f"node {asker['host']} asked for steps {window[0]}-{window[1]} "
+                                 f"on an earlier rise less than an hour ago, over the job's "
+                                 f"budget of {self.settings.max_per_hour} triggered window(s) "
+                                 "an hour")
+            return False
+        # the same rise, asked by the node that saw it first
+        record["asked_by"], record["window"], record["ranks"] = asker, window, other.get("ranks")
+        return False
+
+    def _same_rise(self, request: dict[str, Any]) -> bool:
+        """Another node's request is for the rise this node sees: made less than the hourly
+        budget's spacing ago (an hour at one window an hour)."""
+        created = request.get("created_ns")
+        spacing = HOUR_NS // max(1, self.settings.max_per_hour)
+        return isinstance(created, int) and time.time_ns() - created < spacing
 
     def _say(self, record: dict[str, Any], n: int) -> None:
         first, last = record["window"]
@@ -389,14 +507,31 @@ class SlowdownTrigger:
             f"rank(s) {','.join(map(str, record['ranks']))}"
         if record["reference"]:
             on += f" (reference: rank {record['reference'][0]})"
+        if record.get("scope") == "node":
+            on += " of this node (the run directory is not shared)"
         if record["refused"] is not None:
             tail = f": no trace window, {record['refused']}"
         else:
+            asker = (record.get("asked_by") or {}).get("host")
             tail = f": trace window on steps {first}-{last} on {on}" + \
-                ("" if record["requested"] else " (another node asked first)")
+                ("" if record["requested"] else
+                 f" (asked first by node {asker})" if asker else " (another node asked first)")
         self.log.notice(f"{record['reason']}{tail}", key=f"slowdown-{n}")
         if self.on_detection is not None:
             self.on_detection()
+
+
+def _slot_request(run_root: Path, slot: int) -> dict[str, Any] | None:
+    """The request another node wrote in slot `slot` (its `first` and `steps` checked), or
+    None when it cannot be read."""
+    from uberprof.rundir.layout import REQUESTS_DIR, read_json
+
+    try:
+        req = read_json(run_root / REQUESTS_DIR / f"trace-slowdown-{slot}.json")
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(req, dict) and all(isinstance(req.get(k), int) for k in ("first", "steps"))
+    return req if ok else None
 
 
 def _elevated(found: Slowdown) -> bool:

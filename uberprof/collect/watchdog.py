@@ -22,7 +22,11 @@ the hang timeout.
 - If steps resume, the record gets `resumed_ns` and the watchdog arms again.
 
 It reads the run directory only (the same files `uberprof info` reads); each poll reads the
-bytes the step files grew by, so its cost does not grow with the run.
+bytes the step files grew by, so its cost does not grow with the run. For the slowdown trigger
+(`on_peer_step`) it also reads, the same way, the step timelines of up to `PEER_RANKS` ranks of
+other nodes where the run directory is shared (their CPU time per step: the job's median that
+each local rank's lateness is compared against), and tells (`on_scope`) how many of the job's
+ranks the run directory shows: fewer than the world, it is not shared.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ UNRESPONSIVE_MIN_S = 2.0
 # Other nodes' watchdogs are not visible where each node writes its own run directory: then
 # ending this node's part of the job waits this long (and a poll) for them to capture theirs.
 PEER_GRACE_S = 10.0
+PEER_RANKS = 8  # other nodes' ranks read for the job's median CPU time a step: a sample, so
+# a node agent's reads do not grow with the job (8 of a 1,000-rank job: spread over the ranks)
 STOPPED_STATES = ("T", "t")  # /proc state: stopped by a signal, or by a tracer
 ACTIONS = ("report", "stop")
 HANG_EXIT_CODE = 124
@@ -92,8 +98,9 @@ class HangWatchdog:
     def __init__(self, run: RunDir, node_dir: Path, log: AgentLog, timeout_s: float | None = None,
                  action: str = "report", on_hang: Callable[[dict[str, Any]], None] | None = None,
                  poll_s: float | None = None,
-                 on_step: Callable[[int, int, float, int, float | None], None] | None = None
-                 ) -> None:
+                 on_step: Callable[[int, int, float, int, float | None], None] | None = None,
+                 on_peer_step: Callable[[int, int, float | None], None] | None = None,
+                 on_scope: Callable[[int, int], None] | None = None) -> None:
         self.run = run
         self.node_dir = node_dir
         self.log = log
@@ -103,6 +110,13 @@ class HangWatchdog:
         # each step read, (rank, step, seconds, local ranks, CPU seconds or None): the slowdown
         # trigger (slowdown.py)
         self.on_step = on_step
+        # each step of another node's rank read, (rank, step, CPU seconds or None); and after
+        # each poll (ranks the run directory shows, the world size): the slowdown trigger
+        self.on_peer_step = on_peer_step
+        self.on_scope = on_scope
+        self._peers: dict[Path, _Rank] = {}
+        self._peers_seen = -1  # other nodes' ranks seen when the peers were chosen
+        self.visible_ranks = 0  # ranks of the job the run directory shows (all nodes)
         self.poll_s = poll_s or (min(5.0, max(0.5, timeout_s / 10)) if timeout_s else 5.0)
         self.job_pid: int | None = None
         self.world_size = 0  # the largest world any local rank reported
@@ -133,8 +147,13 @@ class HangWatchdog:
 
     def _poll(self) -> None:
         self._discover()
+        if self.on_peer_step is not None:  # first: a local step then finds its peers' read
+            for r in self._peers.values():
+                self._read_peer(r)
         for r in self._ranks.values():
             self._read_steps(r)
+        if self.on_scope is not None:
+            self.on_scope(self.visible_ranks, self.world_size)
         ends = [r.last_end_ns for r in self._ranks.values() if r.last_end_ns is not None]
         if not ends:
             return  # still starting up
@@ -166,7 +185,11 @@ class HangWatchdog:
         """New ranks of this node, and how to ask each for its stacks: a rank writes rank.json
         before it arms its capture and again after, so a rank first seen without `capture` is
         read again until it has one (else a hang would get nothing from it)."""
-        for meta in list_ranks(self.run):
+        metas = list_ranks(self.run)
+        self.visible_ranks = len({m.rank for m in metas if m.rank is not None})
+        if self.on_peer_step is not None:
+            self._discover_peers(metas)
+        for meta in metas:
             known = self._ranks.get(meta.folder)
             if meta.node == self.node_dir.name:
                 self.world_size = max(self.world_size, meta.world_size or 0)
@@ -185,19 +208,29 @@ class HangWatchdog:
                 rank=meta.rank, folder=meta.folder, pid=meta.pid, signal=sig,
                 helper=bool(capture.get("helper")), armed=armed)
 
-    def _read_steps(self, r: _Rank) -> None:
-        try:
-            with open(r.folder / STEPS_FILE, "rb") as f:
-                f.seek(r.offset)
-                data = f.read()
-        except OSError:
+    def _discover_peers(self, metas: list[Any]) -> None:
+        """Other nodes' ranks to read (`PEER_RANKS` of them at most, spread evenly over their
+        ranks), chosen again only when new ranks appear."""
+        others = sorted((m for m in metas if m.rank is not None and m.node
+                         and m.node != self.node_dir.name), key=lambda m: m.rank)
+        if not others or len(others) == self._peers_seen:
             return
-        end = data.rfind(b"\n") + 1
-        r.offset += end
-        for line in data[:end].splitlines():
-            row = step_record(line)
-            if row is None:
-                continue
+        self._peers_seen = len(others)
+        stride = max(1, len(others) // PEER_RANKS)
+        chosen = others[::stride][:PEER_RANKS]
+        self._peers = {m.folder: self._peers.get(m.folder) or
+                       _Rank(rank=m.rank, folder=m.folder, pid=None, signal=None, helper=False)
+                       for m in chosen}
+
+    def _read_peer(self, r: _Rank) -> None:
+        assert self.on_peer_step is not None
+        for row in _new_rows(r):
+            step, cpu = row.get("step"), row.get("cpu_ns")
+            if isinstance(step, int):
+                self.on_peer_step(r.rank, step, cpu / 1e9 if isinstance(cpu, int) else None)
+
+    def _read_steps(self, r: _Rank) -> None:
+        for row in _new_rows(r):
             a, b = row.get("host_start_ns"), row.get("host_end_ns")
             if isinstance(b, int):
                 r.last_step, r.last_end_ns = row.get("step"), b
@@ -327,6 +360,21 @@ class HangWatchdog:
             deadline = time.monotonic() + STOP_GRACE_S
             while time.monotonic() < deadline and any(_alive(p) for p in pids + [self.job_pid]):
                 time.sleep(0.2)
+
+
+def _new_rows(r: _Rank) -> list[dict[str, Any]]:
+    """The step records rank `r`'s step timeline grew by since the last read (whole lines
+    only: one being written is read next time)."""
+    try:
+        with open(r.folder / STEPS_FILE, "rb") as f:
+            f.seek(r.offset)
+            data = f.read()
+    except OSError:
+        return []
+    end = data.rfind(b"\n") + 1
+    r.offset += end
+    rows = (step_record(line) for line in data[:end].splitlines())
+    return [row for row in rows if row is not None]
 
 
 def unresponsive_bound(timeout_s: float) -> float:

@@ -67,9 +67,16 @@ def _triggers(inv: dict[str, Any], console: Console) -> None:
     it asked for none (the budget)."""
     rows = [(n["node"], d) for n in inv["nodes"]
             for d in (n.get("slowdowns") or {}).get("detected", [])]
-    if not rows:
+    apart = [(n["node"], n["slowdowns"]) for n in inv["nodes"]
+             if (n.get("slowdowns") or {}).get("shared") is False]
+    if not rows and not apart:
         return
     console.print("[bold]triggered windows[/bold]")
+    for node, s in apart:
+        console.print(f"  {node}: the run directory shows {s.get('ranks_seen')} of the job's "
+                      f"{s.get('world_size')} ranks (not shared): a slowdown this node sees "
+                      "opens a window on its own ranks only, at steps of its own",
+                      markup=False, highlight=False)
     for node, d in rows:
         window = d.get("window") or ["?", "?"]
         if d.get("refused"):
@@ -77,8 +84,10 @@ def _triggers(inv: dict[str, Any], console: Console) -> None:
         else:
             ranks = d.get("ranks")
             on = "every rank" if ranks is None else f"ranks {','.join(map(str, ranks))}"
+            asker = (d.get("asked_by") or {}).get("host")
             what = f"steps {window[0]}-{window[1]} on {on}" + \
-                ("" if d.get("requested") else " (asked by another node)")
+                ("" if d.get("requested") else
+                 f" (asked by node {asker})" if asker else " (asked by another node)")
         console.print(f"  {node}: {d.get('trigger', 'slowdown')} at step {d.get('step')} "
                       f"({d.get('reason') or d.get('slowdown') or ''}): {what}",
                       markup=False, highlight=False)
