@@ -41,7 +41,8 @@ def _finished_by_all(run: Path) -> set[int]:
     sets = []
     for rd in sorted((run / "ranks").iterdir()):
         lines = (rd / "steps.jsonl").read_text().splitlines()
-        sets.append({json.loads(x)["step"] for x in lines if '"kind": "step"' in x})
+        rows = [json.loads(x) for x in lines if x.strip()]
+        sets.append({r["step"] for r in rows if r.get("kind") == "step"})
     return set.intersection(*sets)
 
 

@@ -22,6 +22,7 @@ from uberprof.rundir import (
     RunDir,
     list_ranks,
     parse_trace_file_name,
+    shown,
 )
 
 __all__ = ["NoTraces", "Source", "TraceInput", "discover", "rank_from_name"]
@@ -80,7 +81,7 @@ def discover(path: Path) -> Source:
     for p in sorted(_trace_files(path)):
         rel = p.relative_to(path).as_posix()
         if not _may_be_a_trace(p):
-            skipped.append(f"{p}: not a trace (no traceEvents at its start; a companion file "
+            skipped.append(f"{shown(p)}: not a trace (no traceEvents at its start; a companion file "
                            "such as torch.profiler's key_averages output): skipped")
             continue
         hint = rank_from_name(rel)

@@ -133,6 +133,8 @@ def _per_rank_part(f: Finding, comm: dict[int, RankComm], left: dict[int, float]
                   f"{'rank ' + str(w['peer']) if w['peer'] is not None else 'its peers'} "
                   f"in {w['name']}" if w and top["wait_ms"] >= top["exposed_ms"] / 2 else
                   f"{top['transfer_ms']} ms of it transfer, {top['wait_ms']} ms waiting")
+        if top["unmatched_ms"]:  # calls no peer's matched: a dead or departed peer's share
+            mostly += f", {top['unmatched_ms']} ms in calls no peer matched"
         f.title += (f"; {ranks_text([r['rank'] for r in rows])} "
                     f"{'pays' if len(rows) == 1 else 'pay up to'} "
                     f"{top['more_than_least_ms']} ms more (rank {top['rank']}: {mostly})")
