@@ -26,8 +26,8 @@ NEAR = 5  # steps between the injected onset and the one the report names
 def test_report_names_the_slow_rank_and_the_step_the_slowdown_began(tmp_path: Path) -> None:
     uberprof_run(tmp_path, "story", torchrun(
         2, SAMPLES / "train_ddp.py", "--steps", str(STEPS), "--slow-rank", str(SLOW_RANK),
-        "--slow-factor", str(FACTOR), "--fault-steps", f"{SLOW_FROM}-{STEPS - 1}"),
-        "--trace-on-slowdown")
+        "--slow-factor", str(FACTOR), "--fault-steps", f"{SLOW_FROM}-{STEPS - 1}"))
+    # default options: the slowdown trigger is on by default
     run = tmp_path / "story"
     changes = report_json(run)["run"]["timeline_changes"]
     (lead,) = [c for c in changes if c["lead"]]
