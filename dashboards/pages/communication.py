@@ -14,6 +14,7 @@ from uberprof.dashboards import ui
 from uberprof.dashboards.data import RunData
 from uberprof.dashboards.queries import communication as q
 from uberprof.dashboards.ui import Selection
+from uberprof.present.terminal.rank_comm import waits_text
 from uberprof.units import fmt_num
 
 PATH = "/communication"
@@ -65,10 +66,7 @@ def rank_comm_table(data: RunData) -> Any:
         return ui.notice("No rank has exposed communication in the analysed steps.", "info")
     out = []
     for r in rows[:64]:
-        waits = "; ".join(
-            f"{'rank ' + str(w['peer']) if w['peer'] is not None else 'peers'} in {w['name']}"
-            f"{'' if w['group'] == 'default' else ' (' + w['group'] + ')'} {w['ms']:.1f} ms"
-            for w in r["top_waits"][:3]) or "-"
+        waits = waits_text(r["top_waits"], ms=lambda v: f"{v:.1f}")
         out.append([str(r["rank"]), fmt_num(r["exposed_ms"]), fmt_num(r["wait_ms"]),
                     fmt_num(r["transfer_ms"]), fmt_num(r["unmatched_ms"]), waits,
                     fmt_num(r["unexplained_ms"])])

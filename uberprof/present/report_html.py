@@ -18,6 +18,7 @@ from uberprof.present.html_modules import memory_timeline_html, modules_html
 from uberprof.present.html_operators import operators_html
 from uberprof.present.html_parallel import parallel_html
 from uberprof.present.report_terminal import parallelism_line, scope_text, warmup_line
+from uberprof.present.terminal.rank_comm import waits_text
 from uberprof.present.terminal.timeline import timeline_lines
 from uberprof.units import fmt_num
 
@@ -213,10 +214,7 @@ def _rank_comm_html(d: Diagnosis) -> str:
     out = []
     for x in rows:
         c, acc = x["exposed_comm"], x.get("accounted") or {}
-        waits = "; ".join(
-            f"{'rank ' + str(w['peer']) if w['peer'] is not None else 'peers'} in {w['name']}"
-            f"{'' if w['group'] == 'default' else ' (' + w['group'] + ')'} {w['ms']} ms"
-            for w in c["top_waits"][:3]) or "-"
+        waits = waits_text(c["top_waits"], ms=str)
         cells = [x["rank"], c["exposed_ms"], c["wait_ms"], c["transfer_ms"], c["unmatched_ms"],
                  waits, (acc.get("exposed_comm") or {}).get("unexplained_ms"),
                  (acc.get("idle") or {}).get("unexplained_ms")]

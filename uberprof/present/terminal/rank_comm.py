@@ -16,7 +16,7 @@ from rich.table import Table
 
 from uberprof.units import fmt_num
 
-__all__ = ["render_rank_comm", "unexplained_line"]
+__all__ = ["render_rank_comm", "unexplained_line", "wait_text", "waits_text"]
 
 PrintTable = Callable[[Console, Table], None]
 MAX_ROWS = 16  # ranks shown, the most exposed first
@@ -27,13 +27,21 @@ def _num(v: Any, digits: int = 1) -> str:
     return fmt_num(v, digits, missing="-")
 
 
-def _waits_most(c: dict[str, Any]) -> str:
-    w = (c.get("top_waits") or [None])[0]
-    if not w:
-        return "-"
+def wait_text(w: dict[str, Any], ms: Callable[[Any], str] = _num) -> str:
+    """One of a rank's largest waits (`exposed_comm.top_waits[]`) in words, as every view of
+    the per-rank communication table says it: whom, in which collective (and group), how long."""
     who = f"rank {w['peer']}" if w.get("peer") is not None else "peers"
     group = "" if w.get("group") in (None, "default") else f" ({w['group']})"
-    return f"{who} in {w['name']}{group} {_num(w['ms'])} ms"
+    return f"{who} in {w['name']}{group} {ms(w['ms'])} ms"
+
+
+def waits_text(waits: list[dict[str, Any]], ms: Callable[[Any], str] = _num, n: int = 3) -> str:
+    """A rank's `n` largest waits in words, "-" when it waited for none."""
+    return "; ".join(wait_text(w, ms) for w in waits[:n]) or "-"
+
+
+def _waits_most(c: dict[str, Any]) -> str:
+    return waits_text(c.get("top_waits") or [], n=1)
 
 
 def _unexplained(x: dict[str, Any], part: str) -> float:
